@@ -1,0 +1,77 @@
+"""A DFlash-style block drafter.
+
+As in DFlash (REFERENCE.md): a few Qwen3-style layers with no embedding or head of their own
+(the target's are used). The target's hidden states at `target_layer_ids` are concatenated,
+projected (`fc`, `hidden_norm`) and turned into extra keys and values in every draft layer: the
+drafter's "context cache", appended to as tokens are committed. One forward drafts a whole block:
+input [bonus, MASK x (B-1)] at positions len .. len+B-1, non-causal inside the block, each block
+position seeing the whole context cache; the B-1 drafted positions give per-position logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from harness.decode import attention
+from harness.decode.model import KVCache, Layer, RMSNorm, Target, TargetConfig
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    layers: int
+    target_layer_ids: tuple[int, ...]
+    block_size: int
+    # Random-weight drafters produce nearly flat distributions over the vocabulary, which would
+    # make every DDTree shallow and wide. Scaling the logits gives top-k log-probs shaped like a
+    # trained drafter's (a confident first choice), so tree depth and verify cost are realistic.
+    # A trained drafter checkpoint would use 1.0.
+    logit_scale: float = 8.0
+
+
+class Drafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig, target_cfg: TargetConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.target_cfg = target_cfg
+        n = len(cfg.target_layer_ids)
+        self.fc = nn.Linear(n * target_cfg.hidden, target_cfg.hidden, bias=False)
+        self.hidden_norm = RMSNorm(target_cfg.hidden, target_cfg.rms_eps)
+        self.layers = nn.ModuleList(Layer(target_cfg) for _ in range(cfg.layers))
+        self.norm = RMSNorm(target_cfg.hidden, target_cfg.rms_eps)
+        # The last vocabulary id stands in for DFlash's mask token.
+        self.mask_token_id = target_cfg.vocab_size - 1
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        p = self.fc.weight
+        t = self.target_cfg
+        return KVCache(self.cfg.layers, batch, t.kv_heads, max_len, t.head_dim, p.dtype, p.device)
+
+    def ingest(self, cache: KVCache, target_hidden: torch.Tensor, positions: torch.Tensor,
+               slots: torch.Tensor) -> None:
+        """Add committed tokens to the context cache. target_hidden [b, T, n*hidden] are the
+        target's captured hidden states of those tokens, at `positions` / `slots` [b, T]."""
+        feats = self.hidden_norm(self.fc(target_hidden))
+        for i, layer in enumerate(self.layers):
+            layer.self_attn.write_kv(feats, positions, cache, i, slots)
+
+    def draft(self, target: Target, cache: KVCache, bonus: torch.Tensor,
+              lengths: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """bonus [b] (the next token, not yet in any cache), lengths [b] committed tokens,
+        kv_len >= max(lengths) + B (keys read). Returns logits [b, B-1, V] for positions 1 .. B-1."""
+        b, B = bonus.shape[0], self.cfg.block_size
+        ids = torch.full((b, B), self.mask_token_id, dtype=torch.long, device=bonus.device)
+        ids[:, 0] = bonus
+        offsets = torch.arange(B, device=bonus.device)
+        positions = lengths[:, None] + offsets
+        # The block's own keys/values go to the slots just past the context; the next ingest
+        # overwrites them with committed tokens, so nothing stale is ever visible.
+        mask = attention.Mask(lengths, torch.ones(b, B, B, dtype=torch.bool, device=bonus.device),
+                              kv_len=kv_len)
+        x = target.embed_tokens(ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, cache, i, positions, mask)
+        logits = target.lm_head(self.norm(x[:, 1:]))
+        return logits * self.cfg.logit_scale

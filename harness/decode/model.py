@@ -1,0 +1,196 @@
+"""A Qwen3-style target model with a preallocated KV cache.
+
+RMSNorm, rotary position embeddings, grouped-query attention with per-head q/k norms, SwiGLU.
+Weights are seeded random (presets in `presets.py`) or loaded from a local HF-format safetensors
+checkpoint. The forward pass takes explicit positions, cache slots and an attention mask, so the
+same code serves prefill (causal), plain decoding (one token) and tree verification (1+N tree
+tokens at positions len+depth, each seeing the prefix and its ancestors).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from harness.decode import attention
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    vocab_size: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    rope_theta: float = 1_000_000.0
+    rms_eps: float = 1e-6
+    tie_embeddings: bool = False
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 as Qwen3 does, then return to the activation dtype.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (rotate-half form). x [b, T, h, d], positions [b, T] (int)."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+    angles = positions.to(torch.float32)[..., None] * inv_freq          # [b, T, d/2]
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, :, None, :]  # [b, T, 1, d]
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, :, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class KVCache:
+    """Preallocated keys and values for every layer: [layers, batch, kv_heads, max_len, head_dim].
+
+    The head-major layout makes `k[l, :, :, :S]` a view whose last dimension is contiguous, which
+    is what attention kernels want; new tokens are scattered to explicit slots per sequence.
+    """
+
+    def __init__(self, layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        shape = (layers, batch, kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [b, T, kv_heads, d] go to positions `slots` [b, T] of each sequence."""
+        b_idx = torch.arange(slots.shape[0], device=slots.device)[:, None]
+        self.k[layer][b_idx, :, slots] = k
+        self.v[layer][b_idx, :, slots] = v
+
+    def move(self, b: int, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy slots `src` to slots `dst` of sequence b in every layer (accepted-KV compaction)."""
+        self.k[:, b, :, dst] = self.k[:, b, :, src]
+        self.v[:, b, :, dst] = self.v[:, b, :, src]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.cfg = cfg
+        h, kvh, d = cfg.heads, cfg.kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden, h * d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden, kvh * d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden, kvh * d, bias=False)
+        self.o_proj = nn.Linear(h * d, cfg.hidden, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_eps)
+
+    def write_kv(self, x, positions, cache: KVCache, layer: int, slots) -> None:
+        """Project x [b, T, hidden] to keys and values and store them at `slots` [b, T]."""
+        b, T, _ = x.shape
+        cfg = self.cfg
+        k = self.k_norm(self.k_proj(x).view(b, T, cfg.kv_heads, cfg.head_dim))
+        v = self.v_proj(x).view(b, T, cfg.kv_heads, cfg.head_dim)
+        cache.write(layer, slots, apply_rope(k, positions, cfg.rope_theta), v)
+
+    def forward(self, x, positions, cache: KVCache, layer: int, slots, mask: attention.Mask):
+        b, T, _ = x.shape
+        cfg = self.cfg
+        q = self.q_norm(self.q_proj(x).view(b, T, cfg.heads, cfg.head_dim))
+        q = apply_rope(q, positions, cfg.rope_theta)
+        self.write_kv(x, positions, cache, layer, slots)
+        S = mask.kv_len
+        out = attention.attend(q.transpose(1, 2), cache.k[layer, :, :, :S], cache.v[layer, :, :, :S], mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, T, cfg.heads * cfg.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.down_proj = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, positions, cache, layer, slots, mask):
+        x = x + self.self_attn(self.input_layernorm(x), positions, cache, layer, slots, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Target(nn.Module):
+    """The target model. `forward` returns logits and the hidden states of `capture_layers`
+    (outputs of those layers), which the DFlash drafter is conditioned on."""
+
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.layers))
+        self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        p = self.lm_head.weight
+        return KVCache(self.cfg.layers, batch, self.cfg.kv_heads, max_len, self.cfg.head_dim,
+                       p.dtype, p.device)
+
+    def forward(self, ids, positions, cache: KVCache, slots, mask: attention.Mask,
+                capture_layers: tuple[int, ...] = (), logits_for: torch.Tensor | None = None):
+        """ids, positions, slots: [b, T]. Returns (logits [b, T', V], captured hidden [b, T, n*hidden]).
+
+        `logits_for` (optional [b, T'] indices) restricts the vocabulary projection to some rows,
+        which keeps prefill from materialising T x V logits.
+        """
+        x = self.embed_tokens(ids)
+        captured = []
+        for i, layer in enumerate(self.layers):
+            x = layer(x, positions, cache, i, slots, mask)
+            if i in capture_layers:
+                captured.append(x)
+        x = self.norm(x)
+        if logits_for is not None:
+            x = torch.gather(x, 1, logits_for[..., None].expand(-1, -1, x.shape[-1]))
+        logits = self.lm_head(x)
+        hidden = torch.cat(captured, dim=-1) if captured else None
+        return logits, hidden
+
+
+@torch.no_grad()
+def init_random_(module: nn.Module, seed: int) -> None:
+    """Seeded random weights, drawn on the module's device (fast even for 8B parameters).
+
+    Linear weights ~ N(0, 1/fan_in) keep activations O(1) through depth; norms stay at one.
+    """
+    gen = torch.Generator(device=next(module.parameters()).device).manual_seed(seed)
+    for name, p in sorted(module.named_parameters()):
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        elif p.dim() == 2:
+            fan_in = p.shape[1] if "embed" not in name else 1
+            p.normal_(0.0, 1.0 / math.sqrt(fan_in), generator=gen)
+        else:
+            p.normal_(0.0, 0.02, generator=gen)

@@ -1,0 +1,90 @@
+"""The parameters of one cell: names, allowed values, defaults.
+
+This module is the single source of truth shared by the controller (scenario validation,
+cell ids, MLflow params) and the worker (which reads a cell from JSON). It imports only the
+standard library, so the worker can use it on a GPU host with nothing installed.
+
+A *cell* is one point of a scenario's matrix: a flat dict of the parameters below, all
+JSON scalars. Its id is a hash of its canonical form (see `cell_id`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+# Allowed values of the enumerated knobs (DESIGN.md, "Knobs each cell sets").
+WORKLOADS = ("decode",)
+VERIFY_MODES = ("custom", "triton", "sdpa", "flex")
+GRAPH_CAPTURES = ("none", "verify", "full")
+TREE_BUILDS = ("cpu", "gpu")
+ACCEPTS = ("cpu", "gpu")
+ACCEPTANCES = ("greedy", "synthetic")
+SPECULATIONS = ("ddtree", "none")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")
+PRESETS = ("tiny", "qwen3-8b")
+
+# Every cell parameter with its default. A scenario's `defaults:` and `matrix:` may set any of
+# these and nothing else. Changing a default changes the ids of cells that relied on it, so
+# defaults are folded into the id (see `canonical`).
+DEFAULTS: dict[str, object] = {
+    "workload": "decode",
+    "model": "tiny",              # a preset name
+    "checkpoint": None,           # path to a local HF-format safetensors checkpoint (overrides weights)
+    "context_length": 256,        # tokens already in the KV cache when decoding starts
+    "batch_size": 1,
+    "verify_mode": "sdpa",
+    "graph_capture": "none",
+    "tree_build": "cpu",
+    "accept": "cpu",
+    "speculation": "ddtree",
+    "acceptance": "greedy",
+    "tau": 6.5,                   # mean accepted length per step when acceptance is synthetic
+    "tree_budget": 16,            # DDTree node budget N
+    "block_size": 8,              # DFlash block size B (bonus + B-1 drafted positions)
+    "device": "auto",
+    "dtype": "auto",              # auto: float32 on CPU, bfloat16 on CUDA
+    "seed": 0,
+    "warmup_steps": 2,
+    "steps": 8,                   # decode steps timed per repeat (the steady window)
+    "repeats": 3,
+    "profile_steps": 4,           # steps under the CUDA-activity profiler (GPU only; 0 = off)
+    "timeout_s": 900,             # the controller kills the worker after this long
+}
+
+# Parameters that describe how a cell is measured rather than what it measures. They are
+# logged but excluded from the cell id, so raising `repeats` still lines up with baselines.
+MEASUREMENT_KNOBS = ("warmup_steps", "steps", "repeats", "profile_steps", "timeout_s")
+
+
+def canonical(cell: dict) -> dict:
+    """The cell with every default filled in, keys sorted."""
+    full = dict(DEFAULTS)
+    full.update(cell)
+    return {k: full[k] for k in sorted(full)}
+
+
+def cell_id(cell: dict) -> str:
+    """Stable id of a cell: a short hash of its canonical identity parameters.
+
+    Reruns and baselines of the same configuration get the same id; measurement knobs
+    (repeats, steps, ...) do not change it.
+    """
+    ident = {k: v for k, v in canonical(cell).items() if k not in MEASUREMENT_KNOBS}
+    blob = json.dumps(ident, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def cell_label(cell: dict) -> str:
+    """A readable name, e.g. `ctx=32768 verify=sdpa graph=none tree=cpu`."""
+    c = canonical(cell)
+    parts = [f"ctx={c['context_length']}", f"verify={c['verify_mode']}",
+             f"graph={c['graph_capture']}", f"tree={c['tree_build']}"]
+    if c["accept"] != "cpu":
+        parts.append(f"accept={c['accept']}")
+    if c["speculation"] != "ddtree":
+        parts.append(f"spec={c['speculation']}")
+    if c["batch_size"] != 1:
+        parts.append(f"bs={c['batch_size']}")
+    return " ".join(parts)

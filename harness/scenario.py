@@ -1,0 +1,631 @@
+"""Scenarios: load a YAML sweep, validate it, expand its matrix into cells.
+
+A scenario names an MLflow experiment and describes a set of cells (harness.params): shared
+`defaults`, a `matrix` whose cartesian product gives the cells, `exclude` entries that drop
+cells, and `include` entries that add cells. Every mistake becomes an `InputError` that points
+at the YAML node responsible (`file:line:column: message`), never a traceback.
+
+How it works:
+1. `_read_yaml` composes the YAML node tree and turns it into plain data, remembering where
+   every value and every mapping key starts (keyed by its data path, e.g. ('matrix', 'tau', 2)).
+2. pydantic models check the shape and the value of every parameter; each pydantic error is
+   mapped back to its node through that data path.
+3. `_expand` builds the cells, remembering which node set each value, so the checks that need a
+   whole cell (context vs. model limit, impossible combinations, ...) point at the right node.
+
+The controller never imports torch: this module needs only the standard library, PyYAML and
+pydantic.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import os
+import re
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal, NamedTuple
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from harness import params
+from harness.decode import presets
+from harness.errors import InputError
+
+# A position in the parsed data: mapping keys and list indices from the document root.
+DataPath = tuple
+
+TRIGGERS = ("manual", "nightly", "pr")
+METRIC_DIRECTIONS = ("higher", "lower")
+
+
+# --------------------------------------------------------------------------------------------
+# YAML with positions
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class _Source:
+    """A parsed YAML document and the 1-based (line, column) where each of its nodes starts."""
+
+    path: str | None
+    data: Any
+    value_marks: dict[DataPath, tuple[int, int]] = field(default_factory=dict)
+    key_marks: dict[DataPath, tuple[int, int]] = field(default_factory=dict)
+
+    def error(self, at: DataPath, message: str, *, key: bool = False) -> InputError:
+        """An InputError at the value node `at` (or at its key node when `key`).
+
+        Falls back to the nearest enclosing node when `at` has no node of its own, e.g. a
+        pydantic location that names a key the document does not have.
+        """
+        marks = self.key_marks if key else self.value_marks
+        at = tuple(at)
+        while at and at not in marks:
+            marks = self.value_marks
+            at = at[:-1]
+        line, column = marks.get(at, (None, None))
+        return InputError(self.path, line, column, message)
+
+
+def _position(mark) -> tuple[int, int]:
+    # PyYAML marks are 0-based; editors and compilers count from 1.
+    return mark.line + 1, mark.column + 1
+
+
+def _position_in_text(text: str, index: int) -> tuple[int, int]:
+    line = text.count("\n", 0, index) + 1
+    column = index - (text.rfind("\n", 0, index) + 1) + 1
+    return line, column
+
+
+def _read_yaml(text: str, path: str | None) -> _Source:
+    """Parse one YAML document into plain data plus the positions of its nodes."""
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as err:  # a character YAML does not allow, found up front
+        raise InputError(path, *_position_in_text(text, err.position),
+                         f"YAML syntax error: {err.reason}") from None
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            raise InputError(path, None, None, "empty scenario file: expected a mapping with "
+                             "at least 'name' and 'matrix'")
+        return _TreeReader(loader, path).read(root)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        # PyYAML's context and problem read as one sentence: "while parsing X, expected Y".
+        what = ", ".join(part for part in (err.context, err.problem) if part) or "invalid YAML"
+        line, column = _position(mark) if mark else (None, None)
+        raise InputError(path, line, column, f"YAML syntax error: {what}") from None
+    except yaml.reader.ReaderError as err:
+        raise InputError(path, *_position_in_text(text, err.position),
+                         f"YAML syntax error: {err.reason}") from None
+    except yaml.YAMLError as err:  # any other PyYAML error: still one line, no traceback
+        raise InputError(path, None, None, f"YAML error: {err}") from None
+    finally:
+        loader.dispose()
+
+
+class _TreeReader:
+    """Turns a composed YAML node tree into data, recording where each node starts."""
+
+    _MERGE_TAG = "tag:yaml.org,2002:merge"
+
+    def __init__(self, loader: yaml.SafeLoader, path: str | None):
+        self.loader = loader
+        self.source = _Source(path, None)
+        self._open: set[int] = set()  # nodes being read: an alias back to one is a cycle
+
+    def read(self, root: yaml.Node) -> _Source:
+        self.source.data = self._read(root, ())
+        return self.source
+
+    def _fail(self, node: yaml.Node, message: str) -> InputError:
+        return InputError(self.source.path, *_position(node.start_mark), message)
+
+    def _read(self, node: yaml.Node, at: DataPath) -> Any:
+        self.source.value_marks[at] = _position(node.start_mark)
+        if isinstance(node, yaml.ScalarNode):
+            # The safe constructor resolves `1`, `1.5`, `true`, `null`, quoted strings, ...
+            return self.loader.construct_object(node, deep=True)
+        if id(node) in self._open:
+            raise self._fail(node, "recursive YAML alias")
+        self._open.add(id(node))
+        try:
+            if isinstance(node, yaml.SequenceNode):
+                return [self._read(item, at + (i,)) for i, item in enumerate(node.value)]
+            return self._read_mapping(node, at)
+        finally:
+            self._open.discard(id(node))
+
+    def _read_mapping(self, node: yaml.MappingNode, at: DataPath) -> dict:
+        # Duplicates are checked among the keys written here, before merge keys (`<<: *x`)
+        # bring in keys that these are allowed to override.
+        self._reject_duplicate_keys(node)
+        self.loader.flatten_mapping(node)
+        out: dict = {}
+        for key_node, value_node in node.value:
+            key = self._key(key_node)
+            self.source.key_marks[at + (key,)] = _position(key_node.start_mark)
+            out[key] = self._read(value_node, at + (key,))
+        return out
+
+    def _reject_duplicate_keys(self, node: yaml.MappingNode) -> None:
+        seen: dict[str, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == self._MERGE_TAG:
+                continue
+            first = seen.setdefault(key_node.value, key_node)
+            if first is not key_node:
+                line, _col = _position(first.start_mark)
+                raise self._fail(key_node, f"duplicate key '{key_node.value}' "
+                                           f"(first given on line {line})")
+
+    def _key(self, key_node: yaml.Node) -> str:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise self._fail(key_node, "mapping keys must be plain names")
+        key = self.loader.construct_object(key_node)
+        if not isinstance(key, str):
+            # e.g. `yes:` or `1:`, which YAML reads as a bool or a number
+            raise self._fail(key_node, f"mapping key {_show(key)} must be a string (quote it)")
+        return key
+
+
+# --------------------------------------------------------------------------------------------
+# Schema
+# --------------------------------------------------------------------------------------------
+
+# Strict: "abc" or 1.5 is not an int, "true" is not a bool, 5 is not a string. Ints are still
+# accepted where a float is expected.
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+_PositiveInt = Annotated[int, Field(gt=0)]
+_NonNegativeInt = Annotated[int, Field(ge=0)]
+
+# The enumerated cell parameters and their allowed values.
+_PARAM_CHOICES: dict[str, tuple] = {
+    "workload": params.WORKLOADS,
+    "model": tuple(presets.PRESETS),
+    "verify_mode": params.VERIFY_MODES,
+    "graph_capture": params.GRAPH_CAPTURES,
+    "tree_build": params.TREE_BUILDS,
+    "accept": params.ACCEPTS,
+    "speculation": params.SPECULATIONS,
+    "acceptance": params.ACCEPTANCES,
+    "device": params.DEVICES,
+    "dtype": params.DTYPES,
+}
+
+# Every other cell parameter: its type and, for error messages, what it must be.
+_PARAM_TYPES: dict[str, tuple[Any, str]] = {
+    "checkpoint": (str | None, "a path to a local checkpoint (or null)"),
+    "context_length": (_PositiveInt, "a positive integer"),
+    "batch_size": (_PositiveInt, "a positive integer"),
+    "tau": (Annotated[float, Field(ge=1, allow_inf_nan=False)], "a number >= 1"),
+    "tree_budget": (_PositiveInt, "a positive integer"),
+    "block_size": (Annotated[int, Field(ge=2)], "an integer >= 2"),
+    "seed": (_NonNegativeInt, "an integer >= 0"),
+    "warmup_steps": (_NonNegativeInt, "an integer >= 0"),
+    "steps": (_PositiveInt, "a positive integer"),
+    "repeats": (_PositiveInt, "a positive integer"),
+    "profile_steps": (_NonNegativeInt, "an integer >= 0"),
+    "timeout_s": (_PositiveInt, "a positive integer (seconds)"),
+}
+
+# A parameter added to harness.params must be given a type here before any scenario loads.
+if set(_PARAM_CHOICES) | set(_PARAM_TYPES) != set(params.DEFAULTS):
+    raise RuntimeError("harness.scenario and harness.params.DEFAULTS disagree on the cell "
+                       "parameters: "
+                       f"{sorted(set(_PARAM_CHOICES) ^ set(_PARAM_TYPES) ^ set(params.DEFAULTS))}")
+
+
+def _param_type(name: str) -> Any:
+    if name in _PARAM_CHOICES:
+        return Literal[_PARAM_CHOICES[name]]
+    return _PARAM_TYPES[name][0]
+
+
+# All fields default to None and are left out with `exclude_unset`, so "not given" (use the
+# default) stays distinct from an explicit `checkpoint: null`.
+CellParams = create_model(
+    "CellParams", __config__=_STRICT,
+    **{name: (_param_type(name), None) for name in params.DEFAULTS})
+
+MatrixParams = create_model(
+    "MatrixParams", __config__=_STRICT,
+    **{name: (Annotated[list[_param_type(name)], Field(min_length=1)], None)
+       for name in params.DEFAULTS})
+
+
+class MetricPolicy(BaseModel):
+    """How the regression gate treats one metric (used by the gate, validated here)."""
+
+    model_config = _STRICT
+    direction: Literal[METRIC_DIRECTIONS] | None = None
+    threshold_rel: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    threshold_abs: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+
+
+class ScenarioSpec(BaseModel):
+    """The top level of a scenario file."""
+
+    model_config = _STRICT
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    trigger: Literal[TRIGGERS] = "manual"
+    defaults: CellParams = Field(default_factory=CellParams)
+    matrix: MatrixParams
+    exclude: list[CellParams] = Field(default_factory=list)
+    include: list[CellParams] = Field(default_factory=list)
+    hosts: list[str] = Field(default_factory=list)
+    metrics: dict[str, MetricPolicy] = Field(default_factory=dict)
+
+
+_TOP_WHAT = {
+    "name": "a non-empty string (the MLflow experiment name)",
+    "description": "a string",
+    "defaults": "a mapping of cell parameters",
+    "matrix": "a mapping of cell parameter -> list of values",
+    "exclude": "a list of mappings of cell parameters",
+    "include": "a list of mappings of cell parameters",
+    "hosts": "a list of host names",
+    "metrics": "a mapping of metric name -> policy",
+}
+_METRIC_WHAT = {"threshold_rel": "a number >= 0", "threshold_abs": "a number >= 0"}
+_CELL_SECTIONS = ("defaults", "matrix", "exclude", "include")
+
+
+# --------------------------------------------------------------------------------------------
+# pydantic errors -> InputError at the right node
+# --------------------------------------------------------------------------------------------
+
+class _Field(NamedTuple):
+    """What an error message says about the value at a location."""
+
+    label: str                 # how the message names it, e.g. `context_length`, `hosts[2]`
+    what: str = ""             # what it must be, e.g. `a positive integer`
+    choices: tuple = ()        # allowed values of an enumeration
+
+
+def _describe(loc: DataPath) -> _Field:
+    """Name and expectation of the value at pydantic location `loc` (a data path)."""
+    if not loc:
+        return _Field("the scenario", "a mapping with at least 'name' and 'matrix'")
+    section, rest = loc[0], loc[1:]
+    if not rest:
+        return _Field(section, _TOP_WHAT.get(section, ""), TRIGGERS if section == "trigger" else ())
+    if section == "hosts":
+        return _Field(f"hosts[{rest[0]}]", "a host name (a string)")
+    if section == "metrics":
+        if len(rest) == 1:
+            return _Field(f"metrics.{rest[0]}", "a mapping of direction, threshold_rel, "
+                                                "threshold_abs")
+        key = rest[1]
+        return _Field(key, _METRIC_WHAT.get(key, ""),
+                      METRIC_DIRECTIONS if key == "direction" else ())
+    if section in ("exclude", "include"):
+        if len(rest) == 1:
+            return _Field(f"{section}[{rest[0]}]", "a mapping of cell parameters")
+        rest = rest[1:]
+    if section == "matrix" and len(rest) == 1:
+        return _Field(f"matrix.{rest[0]}", "a non-empty list of values")
+    name = rest[0]
+    what = _PARAM_TYPES[name][1] if name in _PARAM_TYPES else ""
+    return _Field(name, what, _PARAM_CHOICES.get(name, ()))
+
+
+def _allowed_keys(parent: DataPath) -> list[str]:
+    if not parent:
+        return list(ScenarioSpec.model_fields)
+    if parent[0] == "metrics":
+        return list(MetricPolicy.model_fields)
+    return list(params.DEFAULTS)
+
+
+def _did_you_mean(word: Any, candidates) -> str:
+    close = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1)
+    return f"did you mean '{close[0]}'?" if close else ""
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it in YAML, kept short."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "[]" if not value else "a list"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _pydantic_error(err: dict, source: _Source) -> InputError:
+    loc = tuple(err["loc"])
+    kind = err["type"]
+    if kind == "missing":
+        return source.error(loc[:-1], f"missing required key '{loc[-1]}'")
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        hint = _did_you_mean(loc[-1], allowed) or "expected one of: " + ", ".join(allowed)
+        return source.error(loc, f"unknown key '{loc[-1]}' ({hint})", key=True)
+    described = _describe(loc)
+    if kind == "literal_error" and described.choices:
+        hint = _did_you_mean(err["input"], described.choices)
+        allowed = "allowed: " + ", ".join(described.choices) + (f"; {hint}" if hint else "")
+        return source.error(loc, f"unknown {described.label} {_show(err['input'])} ({allowed})")
+    if described.what:
+        return source.error(loc, f"{described.label} must be {described.what}, "
+                                 f"got {_show(err['input'])}")
+    return source.error(loc, f"{described.label}: {err['msg']}")
+
+
+def _first_schema_error(exc: ValidationError, source: _Source) -> InputError:
+    """The error that comes first in the file, so fixing errors top-down converges.
+
+    Missing keys go last: they sit at their parent mapping, ahead of everything inside it, yet
+    are often explained by a misspelt key further down ("unknown key 'matrx'").
+    """
+    ranked = [(err["type"] == "missing", _pydantic_error(err, source)) for err in exc.errors()]
+    return min(ranked, key=lambda r: (r[0], r[1].line or 0, r[1].column or 0))[1]
+
+
+# --------------------------------------------------------------------------------------------
+# Expansion and whole-cell checks
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class _Draft:
+    """A cell before canonicalisation, and the data path of the node that set each value."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    origin: dict[str, DataPath] = field(default_factory=dict)
+
+    def with_values(self, values: dict[str, Any], origin: dict[str, DataPath]) -> "_Draft":
+        return _Draft({**self.values, **values}, {**self.origin, **origin})
+
+    def where(self, *names: str) -> DataPath:
+        """Where the first of `names` that the scenario sets was set (else the root)."""
+        for name in names:
+            if name in self.origin:
+                return self.origin[name]
+        return ()
+
+
+def _matches(draft: _Draft, entry: dict) -> bool:
+    full = params.canonical(draft.values)
+    return all(full[key] == value for key, value in entry.items())
+
+
+def _expand(spec: ScenarioSpec, source: _Source) -> list[_Draft]:
+    """Defaults x matrix product, minus excluded cells, plus included ones (in that order)."""
+    defaults = spec.defaults.model_dump(exclude_unset=True)
+    base = _Draft(defaults, {name: ("defaults", name) for name in defaults})
+
+    matrix = spec.matrix.model_dump(exclude_unset=True)
+    # Keys in the order the file gives them, so the first key varies slowest.
+    keys = [key for key in source.data["matrix"] if key in matrix]
+    excludes = [entry.model_dump(exclude_unset=True) for entry in spec.exclude]
+
+    drafts = []
+    for combo in itertools.product(*(list(enumerate(matrix[key])) for key in keys)):
+        draft = base.with_values(
+            {key: value for key, (_, value) in zip(keys, combo)},
+            {key: ("matrix", key, index) for key, (index, _) in zip(keys, combo)})
+        if not any(_matches(draft, entry) for entry in excludes):
+            drafts.append(draft)
+
+    for j, entry in enumerate(spec.include):
+        values = entry.model_dump(exclude_unset=True)
+        drafts.append(base.with_values(values, {name: ("include", j, name) for name in values}))
+    return drafts
+
+
+def _check_structure(spec: ScenarioSpec, source: _Source) -> None:
+    """Shape problems pydantic cannot express: an empty matrix, an exclude that drops all."""
+    if not spec.matrix.model_fields_set:
+        raise source.error(("matrix",), "matrix is empty: give at least one cell parameter "
+                                        "with a list of values")
+    for j, entry in enumerate(spec.exclude):
+        if not entry.model_fields_set:
+            raise source.error(("exclude", j), "empty exclude entry: it would drop every cell")
+
+
+def _decoded_tokens_bound(cell: dict) -> int:
+    """The most positions a cell's decoding can add to the KV cache after the prompt.
+
+    Conservative on purpose: every step (warm-up, timed, profiled) may commit a whole block,
+    no repeat is assumed to restart from the prompt, and the last verify adds a tree of
+    1 + tree_budget tokens on top.
+    """
+    step_count = cell["warmup_steps"] + cell["repeats"] * cell["steps"] + cell["profile_steps"]
+    if cell["speculation"] == "none":
+        return step_count
+    return step_count * cell["block_size"] + 1 + cell["tree_budget"]
+
+
+def _check_context(draft: _Draft, cell: dict, source: _Source) -> None:
+    limit = presets.max_context(cell["model"])
+    context = cell["context_length"]
+    at = draft.where("context_length", "model")
+    if context > limit:
+        raise source.error(at, f"context_length {context} exceeds model '{cell['model']}' "
+                               f"limit {limit}")
+    decoded = _decoded_tokens_bound(cell)
+    if context + decoded > limit:
+        raise source.error(at, f"context_length {context} plus up to {decoded} decoded tokens "
+                               f"exceeds model '{cell['model']}' limit {limit}")
+
+
+def _check_tau(draft: _Draft, cell: dict, source: _Source) -> None:
+    # tau only drives synthetic acceptance; greedy cells ignore it, so their block size is free.
+    if cell["acceptance"] == "synthetic" and cell["tau"] > cell["block_size"]:
+        raise source.error(draft.where("tau", "block_size", "acceptance"),
+                           f"tau {cell['tau']} exceeds block_size {cell['block_size']}: a step "
+                           f"accepts at most block_size tokens")
+
+
+def _check_graph_capture(draft: _Draft, cell: dict, source: _Source) -> None:
+    if cell["graph_capture"] == "full" and (cell["tree_build"], cell["accept"]) != ("gpu", "gpu"):
+        raise source.error(draft.where("graph_capture"),
+                           "graph_capture 'full' captures tree build and accept in one replay: "
+                           "it needs tree_build: gpu and accept: gpu")
+
+
+def _resolve_checkpoint(draft: _Draft, cell: dict, source: _Source, base_dir: Path) -> None:
+    """Make a relative checkpoint path absolute (against the scenario's folder); it must exist."""
+    if cell["checkpoint"] is None:
+        return
+    given = cell["checkpoint"]
+    resolved = Path(os.path.expanduser(given))
+    if not resolved.is_absolute():
+        resolved = base_dir / resolved
+    resolved = Path(os.path.abspath(resolved))
+    if not resolved.exists():
+        raise source.error(draft.where("checkpoint"),
+                           f"checkpoint '{given}' does not exist (looked for {resolved})")
+    draft.values["checkpoint"] = str(resolved)
+
+
+def _finish_cells(drafts: list[_Draft], source: _Source, base_dir: Path) -> list[dict]:
+    """Check each cell as a whole and return the canonical cells, duplicates dropped."""
+    cells: dict[str, dict] = {}
+    for draft in drafts:
+        cell = params.canonical(draft.values)
+        _check_context(draft, cell, source)
+        _check_tau(draft, cell, source)
+        _check_graph_capture(draft, cell, source)
+        _resolve_checkpoint(draft, cell, source, base_dir)
+        cell = params.canonical(draft.values)
+        cells.setdefault(params.cell_id(cell), cell)
+    return list(cells.values())
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+class Scenario:
+    """A validated scenario. `cells()` gives its expanded cells, canonical and de-duplicated."""
+
+    def __init__(self, *, name: str, description: str | None, trigger: str, path: str | None,
+                 text: str, hosts: list[str], metrics: dict[str, dict], cells: list[dict]):
+        self.name = name
+        self.description = description
+        self.trigger = trigger
+        self.path = path
+        self.text = text          # the raw YAML, e.g. to log as an MLflow artifact
+        self.hosts = hosts        # empty: the scenario does not choose hosts
+        self.metrics = metrics    # metric name -> {direction, threshold_rel, threshold_abs}
+        self._cells = cells
+
+    def cells(self) -> list[dict]:
+        """Canonical cells in matrix order (first matrix key slowest), then include entries."""
+        return [dict(cell) for cell in self._cells]
+
+    def cell_ids(self) -> list[str]:
+        return [params.cell_id(cell) for cell in self._cells]
+
+    def __repr__(self) -> str:
+        return f"Scenario(name={self.name!r}, path={self.path!r}, cells={len(self._cells)})"
+
+
+def parse_scenario(text: str, path: str | os.PathLike | None = None) -> Scenario:
+    """Validate scenario YAML `text`; `path` names it in errors and anchors relative paths."""
+    shown_path = None if path is None else str(path)
+    source = _read_yaml(text, shown_path)
+    try:
+        spec = ScenarioSpec.model_validate(source.data)
+    except ValidationError as exc:
+        raise _first_schema_error(exc, source) from None
+    _check_structure(spec, source)
+
+    drafts = _expand(spec, source)
+    if not drafts:
+        raise source.error(("exclude",), "exclude drops every cell of the matrix: nothing to run")
+    base_dir = Path(shown_path).parent if shown_path else Path.cwd()
+    cells = _finish_cells(drafts, source, base_dir)
+
+    return Scenario(
+        name=spec.name, description=spec.description, trigger=spec.trigger, path=shown_path,
+        text=text, hosts=list(spec.hosts),
+        metrics={name: policy.model_dump() for name, policy in spec.metrics.items()},
+        cells=cells)
+
+
+def load_scenario(path: str | os.PathLike) -> Scenario:
+    """Read and validate the scenario file at `path`."""
+    shown_path = str(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise InputError(shown_path, None, None, "no such file") from None
+    except IsADirectoryError:
+        raise InputError(shown_path, None, None, "is a directory, not a scenario file") from None
+    except UnicodeDecodeError as err:
+        raise InputError(shown_path, None, None, f"not UTF-8 text ({err.reason})") from None
+    except OSError as err:
+        raise InputError(shown_path, None, None, err.strerror or str(err)) from None
+    return parse_scenario(text, shown_path)
+
+
+# --------------------------------------------------------------------------------------------
+# Tracking URI
+# --------------------------------------------------------------------------------------------
+
+_TRACKING_URI_FORMS = ("sqlite:///PATH, http(s)://HOST[:PORT], file:///PATH or a local path, "
+                       "postgresql://..., mysql://..., mssql://..., databricks")
+_DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")  # each optionally `+driver`, as SQLAlchemy
+
+
+def _tracking_uri_problem(uri: str) -> str | None:
+    """Why `uri` is not a tracking URI MLflow understands, or None if it looks fine."""
+    if not uri or uri != uri.strip():
+        return "empty or surrounded by spaces"
+    if re.match(r"^[A-Za-z]:[\\/]", uri):  # a Windows drive path, not a one-letter scheme
+        return None
+    scheme, sep, rest = uri.partition(":")
+    if not sep or "/" in scheme or "\\" in scheme:
+        return None  # a plain local path
+    scheme = scheme.lower()
+    if scheme == "databricks":
+        return None if rest == "" or re.fullmatch(r"//[^/\s]+", rest) else "bad databricks profile"
+    if scheme == "sqlite":
+        return None if re.fullmatch(r"///.+", rest) else "an SQLite URI is sqlite:///PATH"
+    if scheme == "file":
+        parsed = urllib.parse.urlparse(uri)
+        if parsed.netloc in ("", "localhost") and parsed.path and rest.startswith("/"):
+            return None
+        return "a file URI is file:///ABSOLUTE/PATH"
+    if scheme in ("http", "https"):
+        return _http_problem(uri)
+    if scheme.split("+", 1)[0] in _DATABASE_SCHEMES:
+        return None if rest.startswith("//") and len(rest) > 2 else "no database after //"
+    return f"unknown scheme '{scheme}'"
+
+
+def _http_problem(uri: str) -> str | None:
+    parsed = urllib.parse.urlparse(uri)
+    if not uri.lower().startswith(parsed.scheme + "://"):
+        return "expected http(s)://HOST[:PORT]"
+    if not parsed.hostname:
+        return "no host"
+    try:
+        parsed.port  # noqa: B018 -- raises on a non-numeric or out-of-range port
+    except ValueError:
+        return "bad port"
+    return None
+
+
+def validate_tracking_uri(uri: str) -> str:
+    """Return `uri` if it is a tracking URI MLflow can use; raise InputError otherwise."""
+    problem = _tracking_uri_problem(uri) if isinstance(uri, str) else "not a string"
+    if problem:
+        raise InputError(None, None, None,
+                         f"malformed tracking URI {uri!r}: {problem} (expected {_TRACKING_URI_FORMS})")
+    return uri
