@@ -77,14 +77,21 @@ def cell_id(cell: dict) -> str:
 
 
 def cell_label(cell: dict) -> str:
-    """A readable name, e.g. `ctx=32768 verify=sdpa graph=none tree=cpu`."""
+    """A readable name, e.g. `qwen3-8b ctx=32768 N=64 verify=sdpa graph=none tree=cpu`.
+
+    Knobs left at their defaults are omitted unless they are the ones sweeps usually vary.
+    """
     c = canonical(cell)
-    parts = [f"ctx={c['context_length']}", f"verify={c['verify_mode']}",
-             f"graph={c['graph_capture']}", f"tree={c['tree_build']}"]
+    parts = [c["model"], f"ctx={c['context_length']}"]
+    if c["speculation"] == "none":
+        parts.append("spec=none")
+    else:
+        parts.append(f"N={c['tree_budget']}")
+    parts += [f"verify={c['verify_mode']}", f"graph={c['graph_capture']}", f"tree={c['tree_build']}"]
     if c["accept"] != "cpu":
         parts.append(f"accept={c['accept']}")
-    if c["speculation"] != "ddtree":
-        parts.append(f"spec={c['speculation']}")
+    if c["acceptance"] == "synthetic":
+        parts.append(f"tau={c['tau']:g}")
     if c["batch_size"] != 1:
         parts.append(f"bs={c['batch_size']}")
     return " ".join(parts)

@@ -66,7 +66,7 @@ def test_quickstart_is_cpu_and_small():
     cells = load_scenario(REPO / "scenarios" / "quickstart.yaml").cells()
     assert {c["model"] for c in cells} == {"tiny"}
     assert {c["device"] for c in cells} == {"cpu"}
-    assert {c["acceptance"] for c in cells} == {"greedy"}
+    assert {c["acceptance"] for c in cells} == {"greedy", "synthetic"}
     assert {c["profile_steps"] for c in cells} == {0}
 
 

@@ -1,0 +1,44 @@
+# specdec-harness: the two commands a fresh clone needs.
+#
+#   make run    set up .venv and run scenarios/quickstart.yaml on this machine (CPU is fine),
+#               logging to the embedded MLflow store results/mlflow.db
+#   make test   set up .venv with the dev extras and run the test suite
+#
+# torch is needed only by the worker. TORCH pins the build this machine serves (the CPU
+# build of 2.13.0 here); on a GPU box, point it at your CUDA build or reuse an installed one.
+
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
+
+.PHONY: run test setup clean ui
+
+run: $(VENV)/.installed
+	$(VENV)/bin/harness run scenarios/quickstart.yaml
+
+test: $(VENV)/.installed-dev
+	$(PY) -m pytest -q
+
+ui: $(VENV)/.installed
+	$(VENV)/bin/harness ui
+
+setup: $(VENV)/.installed-dev
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first and pinned, so the ">=" in the extras is already satisfied and pip never
+# reaches for a multi-gigabyte CUDA build.
+$(VENV)/.installed: pyproject.toml | $(VENV)/bin/python
+	$(PIP) "$(TORCH)"
+	$(PIP) -e ".[worker]"
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	$(PIP) -e ".[dev]"
+	touch $@
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,25 @@
+"""The commit a run measured: recorded on every run so numbers can be traced to code."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+
+def _git(*args: str, cwd: Path) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_info(cwd: str | Path = ".") -> dict:
+    """sha, branch and whether the tree had uncommitted changes (a dirty run is not a
+    faithful measurement of its sha, so it says so)."""
+    cwd = Path(cwd)
+    sha = _git("rev-parse", "HEAD", cwd=cwd)
+    status = _git("status", "--porcelain", "--untracked-files=no", cwd=cwd)
+    return {"sha": sha or "unknown",
+            "branch": _git("rev-parse", "--abbrev-ref", "HEAD", cwd=cwd) or "unknown",
+            "dirty": bool(status) if status is not None else None}

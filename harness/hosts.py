@@ -1,0 +1,136 @@
+"""Hosts: where cells run. An executor takes one cell and returns its result dict.
+
+Every executor speaks the worker protocol (one cell JSON on stdin, progress on stderr, one
+result JSON on stdout). `LocalHost` runs the worker as a subprocess of this machine; the SSH
+executor (remote GPU hosts) and a Slurm one implement the same `Host` interface.
+
+Whatever goes wrong with the process itself (a crash, a timeout, garbage on stdout) becomes a
+failed result carrying the stderr tail, so one broken cell never stops a sweep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections import deque
+from typing import Callable, Protocol
+
+from harness import params
+
+PROGRESS_PREFIX = "@@progress "
+STDERR_TAIL_LINES = 40
+
+ProgressFn = Callable[[dict], None]
+
+
+class Host(Protocol):
+    name: str
+    slots: int          # cells this host runs at once (one per GPU)
+    labels: dict
+
+    async def run_cell(self, cell: dict, slot: int, on_progress: ProgressFn) -> dict: ...
+
+
+def failed_result(cell: dict, host: str, error: str, wall_s: float | None = None) -> dict:
+    """A result for a cell whose worker produced none."""
+    cell = params.canonical(cell)
+    return {"cell": cell, "cell_id": params.cell_id(cell), "label": params.cell_label(cell),
+            "status": "failed", "error": error, "metrics": {}, "samples": {}, "env": {},
+            "host": host, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": wall_s}
+
+
+class LocalHost:
+    """Runs cells on this machine, one at a time per slot, as `python -m harness.worker`."""
+
+    def __init__(self, name: str = "local", python: str = sys.executable, gpus: list[int] | None = None,
+                 labels: dict | None = None, env: dict | None = None):
+        self.name = name
+        self.python = python
+        self.gpus = gpus or []
+        self.slots = max(1, len(self.gpus))
+        self.labels = labels or {}
+        self.env = env or {}
+
+    async def run_cell(self, cell: dict, slot: int, on_progress: ProgressFn) -> dict:
+        env = dict(os.environ, **self.env, PYTHONUNBUFFERED="1")
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpus[slot])
+        timeout = params.canonical(cell)["timeout_s"]
+        t0 = time.perf_counter()
+        # A new session makes the worker a process-group leader, so a timeout or Ctrl-C kills
+        # it together with anything it started (compiler subprocesses, for instance).
+        proc = await asyncio.create_subprocess_exec(
+            self.python, "-m", "harness.worker", stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+            start_new_session=True)
+        tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        try:
+            stdout = await asyncio.wait_for(
+                _communicate(proc, json.dumps(cell).encode(), tail, on_progress), timeout)
+        except asyncio.TimeoutError:
+            _kill_group(proc)
+            await proc.wait()
+            return failed_result(cell, self.name, f"timeout after {timeout} s\n" + "\n".join(tail),
+                                 time.perf_counter() - t0)
+        except BaseException:
+            _kill_group(proc)  # cancelled (Ctrl-C): leave no orphan behind
+            raise
+        return parse_result(cell, self.name, proc.returncode, stdout, tail, time.perf_counter() - t0)
+
+
+async def _communicate(proc, data: bytes, tail: deque, on_progress: ProgressFn) -> bytes:
+    try:
+        proc.stdin.write(data)
+        await proc.stdin.drain()
+        proc.stdin.close()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the worker died before reading its cell; its exit status tells the rest
+
+    async def pump_stderr():
+        async for raw in proc.stderr:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if line.startswith(PROGRESS_PREFIX):
+                try:
+                    on_progress(json.loads(line[len(PROGRESS_PREFIX):]))
+                except json.JSONDecodeError:
+                    tail.append(line)
+            else:
+                tail.append(line)
+
+    stdout, _ = await asyncio.gather(proc.stdout.read(), pump_stderr())
+    await proc.wait()
+    return stdout
+
+
+def parse_result(cell: dict, host: str, returncode: int | None, stdout: bytes, tail, wall_s: float) -> dict:
+    """The worker's result, or a failed result that says why there is none."""
+    text = stdout.decode(errors="replace").strip()
+    stderr_tail = "\n".join(tail)
+    if text:
+        try:
+            result = json.loads(text.splitlines()[-1])
+            result["host"] = host
+            return result
+        except (json.JSONDecodeError, IndexError):
+            pass
+    if returncode is not None and returncode < 0:
+        why = f"worker killed by signal {signal.Signals(-returncode).name}"
+    else:
+        why = f"worker exited with code {returncode} and no result"
+    return failed_result(cell, host, f"{why}\n{stderr_tail}", wall_s)
+
+
+def _kill_group(proc) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def local_hosts() -> dict[str, Host]:
+    """The inventory without a hosts file: just this machine."""
+    return {"local": LocalHost()}

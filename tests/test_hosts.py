@@ -1,0 +1,77 @@
+"""LocalHost: the worker protocol over a real subprocess, and every way a worker can fail."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import sys
+from pathlib import Path
+
+from harness.hosts import LocalHost
+
+CELL = {"context_length": 32, "steps": 2, "repeats": 1, "warmup_steps": 0, "profile_steps": 0,
+        "device": "cpu", "timeout_s": 120}
+
+
+def run(host, cell=CELL):
+    seen = []
+    result = asyncio.run(host.run_cell(cell, 0, seen.append))
+    return result, seen
+
+
+def fake_python(tmp_path: Path, body: str) -> str:
+    """A stand-in interpreter: a shell script that misbehaves as told."""
+    path = tmp_path / "python"
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_real_worker_streams_progress_and_returns_a_result():
+    result, seen = run(LocalHost())
+    assert result["status"] == "ok", result["error"]
+    assert result["host"] == "local"
+    assert [p["stage"] for p in seen][:2] == ["build", "prefill"]
+    assert result["metrics"]["tokens_per_s"] > 0
+
+
+def test_failure_inside_the_workload_is_reported_with_its_error():
+    result, _ = run(LocalHost(), dict(CELL, verify_mode="triton"))
+    assert result["status"] == "failed"
+    assert "NotImplementedError" in result["error"]
+
+
+def test_worker_exit_without_result_keeps_stderr_tail(tmp_path):
+    host = LocalHost(python=fake_python(tmp_path, "echo 'CUDA error: out of memory' >&2; exit 3"))
+    result, _ = run(host)
+    assert result["status"] == "failed"
+    assert "exited with code 3" in result["error"] and "out of memory" in result["error"]
+    assert result["cell_id"] and result["metrics"] == {}
+
+
+def test_worker_killed_by_signal(tmp_path):
+    host = LocalHost(python=fake_python(tmp_path, "echo dying >&2; kill -9 $$"))
+    result, _ = run(host)
+    assert result["status"] == "failed" and "SIGKILL" in result["error"]
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    # The "worker" starts a grandchild and hangs; both must be gone after the timeout.
+    host = LocalHost(python=fake_python(tmp_path, f"sleep 300 & echo $! > {pidfile}; wait"))
+    result, _ = run(host, dict(CELL, timeout_s=1))
+    assert result["status"] == "failed" and result["error"].startswith("timeout after 1 s")
+    child = int(pidfile.read_text())
+    try:
+        os.kill(child, 0)
+        alive = Path(f"/proc/{child}/stat").read_text().split()[2] != "Z"
+    except ProcessLookupError:
+        alive = False
+    assert not alive
+
+
+def test_garbage_on_stdout_is_a_failed_cell(tmp_path):
+    host = LocalHost(python=fake_python(tmp_path, "cat >/dev/null; echo 'not json'"))
+    result, _ = run(host)
+    assert result["status"] == "failed" and "no result" in result["error"]
