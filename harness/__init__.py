@@ -1,0 +1,43 @@
+"""specdec-harness: benchmark and regression harness for speculative decoding with draft trees.
+
+The top-level folders `kernels/` and `dashboards/` are the subpackages `harness.kernels` and
+`harness.dashboards` (DESIGN.md: a top-level `kernels` import would collide with a widely
+installed library). An installed wheel maps them with setuptools' package-dir; a plain source
+checkout on PYTHONPATH (a GPU host running the repo or a shipped bundle) gets the same mapping
+from the small finder below, so `import harness.kernels.x` works in both.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+
+__version__ = "0.1.0"
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_HERE)
+_SUBPACKAGES = {"harness.kernels": "kernels", "harness.dashboards": "dashboards"}
+
+
+class _SourceTreeFinder(importlib.abc.MetaPathFinder):
+    """Resolve harness.kernels / harness.dashboards to the top-level folders of a checkout."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        folder = _SUBPACKAGES.get(fullname)
+        if folder is None:
+            return None
+        # PathFinder looks for the last component ("kernels") in the given folder.
+        return importlib.machinery.PathFinder.find_spec(fullname, [_ROOT])
+
+
+def _needs_finder() -> bool:
+    # Only in a source tree: there the subpackages are not inside harness/ itself.
+    return any(not os.path.isdir(os.path.join(_HERE, f.split(".")[1])) and
+               os.path.isfile(os.path.join(_ROOT, folder, "__init__.py"))
+               for f, folder in _SUBPACKAGES.items())
+
+
+if _needs_finder() and not any(isinstance(f, _SourceTreeFinder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _SourceTreeFinder())

@@ -103,6 +103,9 @@ def run(
                       f"{len(cells)} cell(s) on {', '.join(wanted)}")
 
     outcome = runner.run_cells(cells, chosen, journal, console)
+    from harness.derived import add_speedup_vs_ar
+    for r in add_speedup_vs_ar(list(journal.results().values())):
+        journal.write_cell(r)                  # derived metrics join the journal record
     results = list(journal.results().values())
     console.print(summary_table(results, f"{sc.name} — run {journal.run_id}"))
 

@@ -27,12 +27,28 @@ STDERR_TAIL_LINES = 40
 ProgressFn = Callable[[dict], None]
 
 
+class HostUnavailable(Exception):
+    """The host could not run the cell for reasons of its own, not the cell's: unreachable,
+    connection dropped mid-cell, GPU held by someone else for too long. The runner retries the
+    cell (bounded, with backoff) on this or another eligible host. The message is one line."""
+
+
+class HostBroken(HostUnavailable):
+    """The host cannot run anything until a person fixes it: its host key is unknown or
+    changed, login is refused, its Python is missing. The runner stops using it for the rest of
+    the sweep and says why in one line."""
+
+
 class Host(Protocol):
     name: str
     slots: int          # cells this host runs at once (one per GPU)
     labels: dict
 
     async def run_cell(self, cell: dict, slot: int, on_progress: ProgressFn) -> dict: ...
+
+    # Optional (the runner uses them when present):
+    #   async prepare() -> None    connect / ship code; raises HostUnavailable or HostBroken
+    #   async close() -> None      release connections at the end of a sweep
 
 
 def failed_result(cell: dict, host: str, error: str, wall_s: float | None = None) -> dict:

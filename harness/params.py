@@ -14,7 +14,7 @@ import hashlib
 import json
 
 # Allowed values of the enumerated knobs (DESIGN.md, "Knobs each cell sets").
-WORKLOADS = ("decode",)
+WORKLOADS = ("decode", "calibrate")
 VERIFY_MODES = ("custom", "triton", "sdpa", "flex")
 GRAPH_CAPTURES = ("none", "verify", "full")
 TREE_BUILDS = ("cpu", "gpu")
@@ -23,7 +23,8 @@ ACCEPTANCES = ("greedy", "synthetic")
 SPECULATIONS = ("ddtree", "none")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")
-PRESETS = ("tiny", "qwen3-8b")
+REPLAYS = ("eager", "graph")   # calibrate: eager launches or one CUDA graph replay per step
+PRESETS = ("tiny", "qwen3-8b", "kimi-k2.6-rank")  # shapes in harness/decode/presets.py
 
 # Every cell parameter with its default. A scenario's `defaults:` and `matrix:` may set any of
 # these and nothing else. Changing a default changes the ids of cells that relied on it, so
@@ -57,10 +58,27 @@ DEFAULTS: dict[str, object] = {
 # logged but excluded from the cell id, so raising `repeats` still lines up with baselines.
 MEASUREMENT_KNOBS = ("warmup_steps", "steps", "repeats", "profile_steps", "timeout_s")
 
+# Parameters that only one workload has, with their defaults. They join a cell's canonical form
+# (and so its id) only when the cell runs that workload, so adding a workload or a parameter
+# here never changes the ids of other workloads' cells. (DEFAULTS above keeps the shared and the
+# decode parameters exactly as before this registry existed: decode ids are unchanged.)
+WORKLOAD_PARAMS: dict[str, dict[str, object]] = {
+    "calibrate": {                # harness/workloads/calibrate.py: checks the idle meter
+        "work_us": 500.0,         # GPU work per step in µs (matmuls sized on the host)
+        "idle_target": 0.5,       # the GPU's true idle fraction by construction, in [0, 1)
+        "replay": "eager",        # eager launches or one CUDA graph replay per step
+    },
+}
+
+# Every parameter some cell may set: the scenario schema.
+ALL_PARAMS: dict[str, object] = {
+    **DEFAULTS, **{k: v for own in WORKLOAD_PARAMS.values() for k, v in own.items()}}
+
 
 def canonical(cell: dict) -> dict:
-    """The cell with every default filled in, keys sorted."""
+    """The cell with every default filled in (its workload's own ones too), keys sorted."""
     full = dict(DEFAULTS)
+    full.update(WORKLOAD_PARAMS.get(cell.get("workload", DEFAULTS["workload"]), {}))
     full.update(cell)
     return {k: full[k] for k in sorted(full)}
 
@@ -82,6 +100,9 @@ def cell_label(cell: dict) -> str:
     Knobs left at their defaults are omitted unless they are the ones sweeps usually vary.
     """
     c = canonical(cell)
+    if c["workload"] in WORKLOAD_PARAMS:  # e.g. `calibrate work_us=500 idle_target=0.5 replay=eager`
+        return " ".join([c["workload"]] + [f"{k}={c[k]:g}" if isinstance(c[k], float)
+                                           else f"{k}={c[k]}" for k in WORKLOAD_PARAMS[c["workload"]]])
     parts = [c["model"], f"ctx={c['context_length']}"]
     if c["speculation"] == "none":
         parts.append("spec=none")

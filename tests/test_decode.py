@@ -50,12 +50,13 @@ class OracleDrafter(Drafter):
     def __init__(self, base: Drafter, streams, prompt_lens, wrong_at=(), second_at=()):
         super().__init__(base.cfg, base.target_cfg)
         self.load_state_dict(base.state_dict())
-        self.to(next(base.parameters()).dtype)
+        p = next(base.parameters())
+        self.to(device=p.device, dtype=p.dtype)
         self.streams, self.prompt_lens = streams, prompt_lens
         self.wrong_at, self.second_at = set(wrong_at), set(second_at)
 
-    def draft(self, target, cache, bonus, lengths, kv_len):
-        logits = super().draft(target, cache, bonus, lengths, kv_len).clone()
+    def draft(self, target, cache, bonus, lengths, kv_len, mode="sdpa"):
+        logits = super().draft(target, cache, bonus, lengths, kv_len, mode).clone()
         for b in range(logits.shape[0]):
             done = int(lengths[b]) - self.prompt_lens[b]
             for i in range(logits.shape[1]):

@@ -36,10 +36,11 @@ def test_real_worker_streams_progress_and_returns_a_result():
     assert result["metrics"]["tokens_per_s"] > 0
 
 
-def test_failure_inside_the_workload_is_reported_with_its_error():
-    result, _ = run(LocalHost(), dict(CELL, verify_mode="triton"))
+def test_failure_inside_the_workload_is_reported_with_its_error(tmp_path):
+    (tmp_path / "config.json").write_text('{"vocab_size": 64}')   # not a Qwen3 config
+    result, _ = run(LocalHost(), dict(CELL, checkpoint=str(tmp_path)))
     assert result["status"] == "failed"
-    assert "NotImplementedError" in result["error"]
+    assert "KeyError" in result["error"] and "num_attention_heads" in result["error"]
 
 
 def test_worker_exit_without_result_keeps_stderr_tail(tmp_path):

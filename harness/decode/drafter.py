@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from harness.decode import attention
-from harness.decode.model import KVCache, Layer, RMSNorm, Target, TargetConfig
+from harness.decode.model import KVCache, Layer, RMSNorm, Target, TargetConfig, rope_tables
 
 
 @dataclass(frozen=True)
@@ -54,13 +54,17 @@ class Drafter(nn.Module):
         """Add committed tokens to the context cache. target_hidden [b, T, n*hidden] are the
         target's captured hidden states of those tokens, at `positions` / `slots` [b, T]."""
         feats = self.hidden_norm(self.fc(target_hidden))
+        t = self.target_cfg
+        rope = rope_tables(positions, t.head_dim, t.rope_theta, feats.dtype)
         for i, layer in enumerate(self.layers):
-            layer.self_attn.write_kv(feats, positions, cache, i, slots)
+            layer.self_attn.write_kv(feats, rope, cache, i, slots)
 
     def draft(self, target: Target, cache: KVCache, bonus: torch.Tensor,
-              lengths: torch.Tensor, kv_len: int) -> torch.Tensor:
+              lengths: torch.Tensor, kv_len: int, mode: str = "sdpa") -> torch.Tensor:
         """bonus [b] (the next token, not yet in any cache), lengths [b] committed tokens,
-        kv_len >= max(lengths) + B (keys read). Returns logits [b, B-1, V] for positions 1 .. B-1."""
+        kv_len >= max(lengths) + B (keys read); `mode` is the attention kernel (the block is a
+        fully visible "tree", so the verify kernels serve the drafter too).
+        Returns logits [b, B-1, V] for positions 1 .. B-1."""
         b, B = bonus.shape[0], self.cfg.block_size
         ids = torch.full((b, B), self.mask_token_id, dtype=torch.long, device=bonus.device)
         ids[:, 0] = bonus
@@ -69,9 +73,11 @@ class Drafter(nn.Module):
         # The block's own keys/values go to the slots just past the context; the next ingest
         # overwrites them with committed tokens, so nothing stale is ever visible.
         mask = attention.Mask(lengths, torch.ones(b, B, B, dtype=torch.bool, device=bonus.device),
-                              kv_len=kv_len)
+                              kv_len=kv_len, mode=mode)
         x = target.embed_tokens(ids)
+        t = self.target_cfg
+        rope = rope_tables(positions, t.head_dim, t.rope_theta, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, cache, i, positions, mask)
+            x = layer(x, rope, cache, i, positions, mask)
         logits = target.lm_head(self.norm(x[:, 1:]))
         return logits * self.cfg.logit_scale

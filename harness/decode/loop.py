@@ -85,7 +85,7 @@ class SpecDecoder:
 
     # -- setup ---------------------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, prompts: list[list[int]], chunk: int = 4096) -> None:
+    def prefill(self, prompts: list[list[int]], chunk: int = 1024) -> None:
         """Run the target over each prompt (causal, chunked), fill the drafter's context cache
         and take the first bonus token from the last prompt position."""
         self.lengths, self.bonus = prefill(self.target, self.cache, prompts, chunk,
@@ -115,7 +115,7 @@ class SpecDecoder:
 
         with self.phase("draft"):
             draft_logits = self.drafter.draft(self.target, self.draft_cache, self.bonus, lengths,
-                                              kv_len)
+                                              kv_len, mode=self.verify_mode)
 
         with self.phase("tree"):
             trees = []
@@ -203,7 +203,7 @@ class ARDecoder:
         self.output: list[list[int]] = [[] for _ in range(batch)]
 
     @torch.no_grad()
-    def prefill(self, prompts: list[list[int]], chunk: int = 4096) -> None:
+    def prefill(self, prompts: list[list[int]], chunk: int = 1024) -> None:
         self.lengths, self.bonus = prefill(self.target, self.cache, prompts, chunk)
 
     @torch.no_grad()

@@ -40,22 +40,24 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 as Qwen3 does, then return to the activation dtype.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (rotate-half form). x [b, T, h, d], positions [b, T] (int)."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos, sin [b, T, 1, d] for rotate-half RoPE at `positions` [b, T]. Computed once per
+    forward and shared by every layer (positions are the same in all of them)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
+                                              dtype=torch.float32) / head_dim))
     angles = positions.to(torch.float32)[..., None] * inv_freq          # [b, T, d/2]
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, :, None, :]  # [b, T, 1, d]
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, :, None, :]
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+    angles = torch.cat([angles, angles], dim=-1)[:, :, None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, rope) -> torch.Tensor:
+    """x [b, T, h, d]; rope = rope_tables(...). In the activation dtype, as HF Qwen3 does."""
+    cos, sin = rope
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 class KVCache:
@@ -96,20 +98,20 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_eps)
         self.k_norm = RMSNorm(d, cfg.rms_eps)
 
-    def write_kv(self, x, positions, cache: KVCache, layer: int, slots) -> None:
+    def write_kv(self, x, rope, cache: KVCache, layer: int, slots) -> None:
         """Project x [b, T, hidden] to keys and values and store them at `slots` [b, T]."""
         b, T, _ = x.shape
         cfg = self.cfg
         k = self.k_norm(self.k_proj(x).view(b, T, cfg.kv_heads, cfg.head_dim))
         v = self.v_proj(x).view(b, T, cfg.kv_heads, cfg.head_dim)
-        cache.write(layer, slots, apply_rope(k, positions, cfg.rope_theta), v)
+        cache.write(layer, slots, apply_rope(k, rope), v)
 
-    def forward(self, x, positions, cache: KVCache, layer: int, slots, mask: attention.Mask):
+    def forward(self, x, rope, cache: KVCache, layer: int, slots, mask: attention.Mask):
         b, T, _ = x.shape
         cfg = self.cfg
         q = self.q_norm(self.q_proj(x).view(b, T, cfg.heads, cfg.head_dim))
-        q = apply_rope(q, positions, cfg.rope_theta)
-        self.write_kv(x, positions, cache, layer, slots)
+        q = apply_rope(q, rope)
+        self.write_kv(x, rope, cache, layer, slots)
         S = mask.kv_len
         out = attention.attend(q.transpose(1, 2), cache.k[layer, :, :, :S], cache.v[layer, :, :, :S], mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, T, cfg.heads * cfg.head_dim))
@@ -134,8 +136,8 @@ class Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, cache, layer, slots, mask):
-        x = x + self.self_attn(self.input_layernorm(x), positions, cache, layer, slots, mask)
+    def forward(self, x, rope, cache, layer, slots, mask):
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, slots, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -166,9 +168,10 @@ class Target(nn.Module):
         which keeps prefill from materialising T x V logits.
         """
         x = self.embed_tokens(ids)
+        rope = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         captured = []
         for i, layer in enumerate(self.layers):
-            x = layer(x, positions, cache, i, slots, mask)
+            x = layer(x, rope, cache, i, slots, mask)
             if i in capture_layers:
                 captured.append(x)
         x = self.norm(x)

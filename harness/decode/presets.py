@@ -22,6 +22,20 @@ PRESETS: dict[str, dict] = {
         "drafter": dict(layers=5, target_layer_ids=[1, 9, 17, 25, 33]),
         "max_context": 131072,
     },
+    # Kimi K2.6 as one tensor-parallel rank of eight sees it (REFERENCE.md). Emulated: 61 layers,
+    # hidden 7168, 8 query heads per rank, the KV bytes per token per layer of the MLA latent
+    # (576 values: here one KV head of 288 for keys plus 288 for values), the per-rank width of
+    # the active FFN ((8 routed + 1 shared experts) x 2048 / 8 ranks = 2304, as a dense SwiGLU),
+    # the per-rank vocabulary shard (163840 / 8), and the K2.6 drafter (6 layers, block 8,
+    # target layers [1, 12, 24, 35, 47, 58]). Not emulated: MLA's absorbed projections and the
+    # sharing of one latent by keys and values, MoE routing and its all-to-all, the TP
+    # all-reduce. The `custom` verify mode's MLA-latent kernel targets the real layout.
+    "kimi-k2.6-rank": {
+        "target": dict(vocab_size=20480, hidden=7168, layers=61, heads=8, kv_heads=1,
+                       head_dim=288, ffn=2304, rope_theta=50000.0, rms_eps=1e-6),
+        "drafter": dict(layers=6, target_layer_ids=[1, 12, 24, 35, 47, 58]),
+        "max_context": 262144,
+    },
 }
 
 

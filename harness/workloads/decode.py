@@ -21,7 +21,8 @@ import torch
 from harness import measure
 from harness.decode import presets
 from harness.decode.drafter import Drafter, DrafterConfig
-from harness.decode.loop import ARDecoder, SpecDecoder
+from harness.decode.fast import FastARDecoder, FastSpecDecoder
+from harness.decode.loop import SpecDecoder
 from harness.decode.model import Target, TargetConfig, init_random_
 
 PHASES = ("draft", "tree", "verify", "accept", "commit")
@@ -42,7 +43,20 @@ def resolve_dtype(cell: dict, device: torch.device) -> torch.dtype:
     return getattr(torch, cell["dtype"])
 
 
+_MODELS: dict = {}
+
+
 def build_models(cell: dict, device: torch.device, dtype: torch.dtype) -> tuple[Target, Drafter]:
+    """The target and drafter of a cell. A worker runs one cell, but a script that runs many
+    cells in one process (ci/gpu/decode_modes.py) reuses the last pair when it matches."""
+    key = (cell["model"], cell["checkpoint"], cell["seed"], cell["block_size"], str(device), dtype)
+    if key not in _MODELS:
+        _MODELS.clear()                      # one model at a time: 8B weights are 16 GB
+        _MODELS[key] = _build_models(cell, device, dtype)
+    return _MODELS[key]
+
+
+def _build_models(cell: dict, device: torch.device, dtype: torch.dtype) -> tuple[Target, Drafter]:
     preset = presets.PRESETS[cell["model"]]
     with torch.device(device):
         if cell["checkpoint"]:
@@ -86,6 +100,7 @@ def run(cell: dict, progress) -> dict:
     max_len = ctx + (total_steps + 2) * per_step + cell["tree_budget"] + B + 8
     random_prefill = cell["acceptance"] == "synthetic"
 
+    lengths = prefix_lengths(ctx, batch)
     tps, accept_means, step_ms, phase_ms = [], [], [], defaultdict(list)
     trace_stats = {}
     for r in range(cell["repeats"]):
@@ -94,14 +109,14 @@ def run(cell: dict, progress) -> dict:
         dec = _decoder(cell, target, drafter, batch, max_len, clock)
         seed = cell["seed"] * 1000 + r
         if random_prefill:
-            dec.prefill_random([ctx] * batch, seed)
+            dec.prefill_random(lengths, seed)
         else:
             gen = torch.Generator().manual_seed(seed)
             vocab = target.cfg.vocab_size - 1
-            dec.prefill([torch.randint(0, vocab, (ctx,), generator=gen).tolist()
-                         for _ in range(batch)])
+            dec.prefill([torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths])
         for _ in range(cell["warmup_steps"]):
             dec.step()
+        drain(dec)  # what the fast loops still owe from warm-up is read outside the window
         progress(stage="measure", repeat=r + 1, repeats=cell["repeats"])
 
         clock.host_s.clear()
@@ -113,6 +128,7 @@ def run(cell: dict, progress) -> dict:
             with torch.profiler.record_function(measure.STEP_RANGE):
                 committed += sum(dec.step())
             times.append(time.perf_counter() - t0)
+        committed += sum(drain(dec))
         sync()
         window = time.perf_counter() - t_start
 
@@ -127,6 +143,8 @@ def run(cell: dict, progress) -> dict:
             progress(stage="profile", steps=cell["profile_steps"])
             trace_stats = _profile(dec, cell["profile_steps"])
         del dec
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
     metrics = {
         "tokens_per_s": statistics.median(tps),
@@ -141,6 +159,8 @@ def run(cell: dict, progress) -> dict:
         metrics[f"phase.{name}.host_ms"] = statistics.median(values)
     for name, p in trace_stats.get("phases", {}).items():
         metrics[f"phase.{name}.gpu_ms"] = p["gpu_ms"]
+    if device.type == "cuda":
+        metrics.update(roofline(cell, target, drafter, lengths, metrics))
     samples = {"tokens_per_s": tps, "accept_len_mean": accept_means, "step_ms": step_ms}
     extra = {}
     if trace_stats:
@@ -148,17 +168,58 @@ def run(cell: dict, progress) -> dict:
     return {"metrics": metrics, "samples": samples, **extra}
 
 
+def prefix_lengths(ctx: int, batch: int) -> list[int]:
+    """Committed tokens per sequence: the first has `context_length`, the others are spaced
+    evenly down towards half of it, so a batch exercises different prefix lengths."""
+    return [ctx - i * (ctx // (2 * batch)) for i in range(batch)]
+
+
+def drain(dec) -> list[int]:
+    """Tokens the decoder has committed but not yet reported (the fast loops report one step
+    behind); nothing for the baseline loop, which reports each step as it ends."""
+    return dec.finish() if hasattr(dec, "finish") else [0]
+
+
 def _decoder(cell, target, drafter, batch, max_len, clock):
     if cell["speculation"] == "none":
-        return ARDecoder(target, batch=batch, max_len=max_len, phase=clock)
-    if cell["tree_build"] != "cpu" or cell["accept"] != "cpu" or cell["graph_capture"] != "none":
-        raise NotImplementedError(
-            "this build has the baseline loop only (tree_build cpu, accept cpu, graph_capture "
-            "none); the fast modes are not implemented yet")
-    return SpecDecoder(target, drafter, batch=batch, max_len=max_len,
-                       tree_budget=cell["tree_budget"], verify_mode=cell["verify_mode"],
-                       acceptance=cell["acceptance"], tau=cell["tau"], seed=cell["seed"],
-                       phase=clock)
+        return FastARDecoder(target, batch=batch, max_len=max_len,
+                             attention_mode=cell["verify_mode"],
+                             graph_capture=cell["graph_capture"], phase=clock)
+    common = dict(batch=batch, max_len=max_len, tree_budget=cell["tree_budget"],
+                  verify_mode=cell["verify_mode"], acceptance=cell["acceptance"],
+                  tau=cell["tau"], seed=cell["seed"], phase=clock)
+    if (cell["tree_build"], cell["accept"], cell["graph_capture"]) == ("cpu", "cpu", "none"):
+        # The baseline: the plain host-orchestrated loop the fast modes are measured against.
+        return SpecDecoder(target, drafter, **common)
+    steps = cell["warmup_steps"] + cell["steps"] + cell["profile_steps"] + 4
+    return FastSpecDecoder(target, drafter, tree_build=cell["tree_build"], accept=cell["accept"],
+                           graph_capture=cell["graph_capture"], max_steps=steps, **common)
+
+
+def roofline(cell, target, drafter, lengths, metrics) -> dict:
+    """How close tokens/s is to what the hardware allows: the bytes each step must read
+    (weights and KV) over the copy bandwidth measured here, plus the step's matmul FLOPs over
+    the measured bf16 rate. `bw_pct_roofline` = measured tokens/s / that bound."""
+    from harness import ceilings
+    elt = next(target.parameters()).element_size()
+    t, spec = target.cfg, cell["speculation"] != "none"
+    weights = sum(p.numel() for n, p in target.named_parameters() if "embed" not in n)
+    kv = 2 * t.layers * t.kv_heads * t.head_dim * sum(lengths)
+    tokens = (1 + cell["tree_budget"]) if spec else 1            # target tokens per step
+    flops = 2 * weights * tokens * len(lengths)
+    flops += 4 * t.layers * t.heads * t.head_dim * tokens * sum(lengths)
+    if spec:
+        d = drafter
+        d_weights = sum(p.numel() for p in d.parameters()) + target.lm_head.weight.numel()
+        weights += d_weights
+        kv += 2 * d.cfg.layers * t.kv_heads * t.head_dim * sum(lengths)
+        flops += 2 * d_weights * cell["block_size"] * len(lengths)
+    step_s = (weights + kv) * elt / ceilings.copy_bandwidth() + flops / ceilings.matmul_rate()
+    per_step = (metrics["accept_len_mean"] if spec else 1.0) * len(lengths)
+    bound = per_step / step_s
+    return {"roofline_tokens_per_s": bound, "bw_pct_roofline": metrics["tokens_per_s"] / bound,
+            "copy_bw_tbps": ceilings.copy_bandwidth() / 1e12,
+            "matmul_tflops": ceilings.matmul_rate() / 1e12}
 
 
 def _profile(dec, steps: int) -> dict:
@@ -175,4 +236,10 @@ def _profile(dec, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
+        if os.environ.get("HARNESS_TRACE_DIR"):  # debugging aid: keep the raw trace
+            import gzip
+            import shutil
+            dst = os.path.join(os.environ["HARNESS_TRACE_DIR"], f"trace-{os.getpid()}.json.gz")
+            with open(path, "rb") as src, gzip.open(dst, "wb") as out:
+                shutil.copyfileobj(src, out)
         return measure.analyze_trace(measure.load_trace(path))

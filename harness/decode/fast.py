@@ -1,0 +1,398 @@
+"""The fast decode loop: device-resident state, GPU tree build, GPU accept, CUDA graphs.
+
+Same algorithm as `loop.SpecDecoder` (the baseline it is measured against and must match token
+for token under greedy acceptance), rearranged so the host never has to wait for the GPU:
+
+  * every per-step tensor lives in a static buffer (fixed shapes), so steps can be captured;
+  * tree_build=gpu builds the DDTree on the device (tree_gpu.py), no `.tolist()`;
+  * accept=gpu finds the accepted path with tensor ops: node i is accepted iff every node on
+    its root path matches the target's argmax at that node's parent (siblings carry distinct
+    tokens, so the accepted nodes form one path); KV compaction and bookkeeping stay on device;
+  * the host learns what was committed one step behind, from pinned buffers guarded by events
+    (two of each, alternating), so reading it never stalls the GPU;
+  * graph_capture=verify replays the target's verify forward as one CUDA graph; full replays
+    the whole step (draft, tree build, verify, accept, commit) as one graph (needs gpu/gpu).
+
+Modes that keep work on the host (tree_build=cpu, accept=cpu) reproduce the motivating case:
+a fast verify surrounded by host orchestration the GPU waits for.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.decode import attention, tree as ddtree
+from harness.decode.drafter import Drafter
+from harness.decode.loop import PhaseFn, SyntheticAcceptance, no_phase, prefill
+from harness.decode.model import Target
+
+
+class _OneStepBehind:
+    """What the host learns from the device, one step late and without stalling it: each step
+    copies its record [accepted length, committed tokens...] to one of two pinned host buffers
+    and records an event; the host reads the previous step's buffer after its event, which in
+    steady state completed while the current step was already queued."""
+
+    def _init_behind(self, batch: int, width: int, device: torch.device, phase: PhaseFn) -> None:
+        self.cuda = device.type == "cuda"
+        self.phase = phase
+        self.record = torch.zeros(batch, width, dtype=torch.long, device=device)
+        self.host_record = [torch.zeros(batch, width, dtype=torch.long, pin_memory=self.cuda)
+                            for _ in range(2)]
+        self.events = [torch.cuda.Event() if self.cuda else None for _ in range(2)]
+        self.pending: list[int] = []                 # parities of records not read yet
+        self.parity = 0
+        self.output: list[list[int]] = [[] for _ in range(batch)]
+        self.lengths_host = [0] * batch              # as of the last record read
+        self.graphs: dict = {}
+
+    def finish(self) -> list[int]:
+        """Read the record still outstanding (call at the end of a window, before timing)."""
+        return self._read_behind(drain=True)
+
+    def _publish(self) -> None:
+        """Queue a copy of this step's record to pinned host memory, marked by an event."""
+        p = self.parity
+        if self.cuda:
+            with self.phase("record"):
+                self.host_record[p].copy_(self.record, non_blocking=True)
+                self.events[p].record()
+        else:
+            self.host_record[p].copy_(self.record)
+        self.pending.append(p)
+        self.parity ^= 1
+
+    def _read_behind(self, drain: bool = False) -> list[int]:
+        """Read the previous step's record. Its event completed long ago in steady state (the
+        GPU is already on the next step), so the wait costs nothing."""
+        committed = [0] * self.b
+        while len(self.pending) > (0 if drain else 1):
+            p = self.pending.pop(0)
+            if self.cuda:
+                self.events[p].synchronize()
+            rec = self.host_record[p].tolist()
+            for i, row in enumerate(rec):
+                n = row[0]
+                self.output[i].extend(row[1:1 + n])
+                self.lengths_host[i] += n
+                committed[i] += n
+        return committed
+
+    # -- CUDA graphs ---------------------------------------------------------------------
+    def _graph(self, name: str, fn, warm_step: bool = False):
+        """Capture `fn` once and return the graph to replay. Torch wants a warm-up run on a
+        side stream first; when `fn` is a whole step (`warm_step`), that run is a real step
+        and its record is published like any other."""
+        if name in self.graphs:
+            return self.graphs[name]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        if warm_step:
+            self.steps_launched += 1
+            self._publish()
+            self._read_behind(drain=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        self.graphs[name] = graph
+        return graph
+
+
+class FastSpecDecoder(_OneStepBehind):
+    def __init__(self, target: Target, drafter: Drafter, *, batch: int, max_len: int,
+                 tree_budget: int, verify_mode: str = "sdpa", tree_build: str = "gpu",
+                 accept: str = "gpu", graph_capture: str = "none", acceptance: str = "greedy",
+                 tau: float = 6.5, seed: int = 0, max_steps: int = 4096,
+                 phase: PhaseFn = no_phase):
+        if graph_capture == "full" and (tree_build, accept) != ("gpu", "gpu"):
+            raise ValueError("graph_capture 'full' needs tree_build gpu and accept gpu")
+        self.target, self.drafter = target, drafter
+        self.tree_build, self.accept, self.graph_capture = tree_build, accept, graph_capture
+        self.verify_mode = verify_mode
+        dev = self.device = target.lm_head.weight.device
+        if graph_capture != "none" and dev.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.b, self.B, self.N = batch, drafter.cfg.block_size, tree_budget
+        self.D = self.B - 1
+        self.T = T = 1 + tree_budget
+        self.max_len = max_len
+        self.cache = target.new_cache(batch, max_len)
+        self.draft_cache = drafter.new_cache(batch, max_len)
+        self.capture = tuple(drafter.cfg.target_layer_ids)
+
+        # Static state and per-step buffers (the addresses a captured graph reads and writes).
+        L = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=dev)  # noqa: E731
+        self.lengths, self.bonus = L(batch), L(batch)
+        self.tree_ids, self.depth, self.parents, self.first_child = L(batch, T), L(batch, T), L(batch, T), L(batch, T)
+        self.vis = torch.zeros(batch, T, T, dtype=torch.bool, device=dev)
+        self.bits = torch.zeros(batch, T, (T + 31) // 32, dtype=torch.int32, device=dev)
+        self.arange_T = torch.arange(T, device=dev)
+        self.arange_B = torch.arange(self.B, device=dev)
+        self.step_index = L(1)
+        self.synthetic = acceptance == "synthetic"
+        if self.synthetic:
+            acc = SyntheticAcceptance(tau, self.B, seed)
+            self.draws_host = [[acc.draw() for _ in range(batch)] for _ in range(max_steps)]
+            self.draws = torch.tensor(self.draws_host, device=dev)
+        self.steps_launched = 0
+
+        self._init_behind(batch, 1 + self.B, dev, phase)
+
+    # -- setup ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]], chunk: int = 1024) -> None:
+        lengths, bonus = prefill(self.target, self.cache, prompts, chunk, capture=self.capture,
+                                 drafter=self.drafter, draft_cache=self.draft_cache)
+        self._set_state(lengths, bonus)
+
+    @torch.no_grad()
+    def prefill_random(self, lengths: list[int], seed: int) -> None:
+        """Random cache contents (see loop.SpecDecoder.prefill_random for why this is fair)."""
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        for c in (self.cache, self.draft_cache):
+            c.k.normal_(generator=gen)
+            c.v.normal_(generator=gen)
+        bonus = torch.randint(0, self.target.cfg.vocab_size - 1, (self.b,), generator=gen,
+                              device=self.device)
+        self._set_state(list(lengths), bonus)
+
+    def _set_state(self, lengths: list[int], bonus: torch.Tensor) -> None:
+        self.lengths.copy_(torch.tensor(lengths))
+        self.bonus.copy_(bonus)
+        self.lengths_host = list(lengths)
+        if max(lengths) + 2 * self.B + self.T > self.max_len:
+            raise ValueError(f"max_len {self.max_len} too small for prompts of {max(lengths)} tokens")
+
+    # -- the step ------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> list[int]:
+        """One speculative step. Returns the tokens committed per sequence by the step whose
+        record has been read (one step behind; the first call returns zeros)."""
+        if self.graph_capture == "full":
+            graph = self._graph("full", self._device_step, warm_step=True)
+            with self.phase("graph"):
+                graph.replay()
+        else:
+            self._eager_step()
+        self.steps_launched += 1
+        self._publish()
+        return self._read_behind()
+
+    def _eager_step(self) -> None:
+        with self.phase("draft"):
+            logits_d = self._draft()
+        with self.phase("tree"):
+            host_trees = self._build_tree(logits_d)
+        with self.phase("verify"):
+            if self.graph_capture == "verify":
+                self._graph("verify", self._verify).replay()
+                logits, hidden = self._verify_out
+            else:
+                logits, hidden = self._verify()
+        with self.phase("accept"):
+            idx, accepted = (self._accept_gpu(logits) if self.accept == "gpu"
+                             else self._accept_cpu(logits, host_trees))
+        with self.phase("commit"):
+            self._commit(idx, accepted, hidden)
+
+    def _device_step(self):
+        """The whole step with no host involvement: what graph_capture=full captures."""
+        logits_d = self._draft()
+        self._build_tree(logits_d)
+        logits, hidden = self._verify()
+        idx, accepted = self._accept_gpu(logits)
+        self._commit(idx, accepted, hidden)
+
+    # -- phases --------------------------------------------------------------------------
+    def _draft(self) -> torch.Tensor:
+        return self.drafter.draft(self.target, self.draft_cache, self.bonus, self.lengths,
+                                  self.max_len, mode=self.verify_mode)
+
+    def _build_tree(self, logits_d: torch.Tensor):
+        """Fill tree_ids / depth / parents / first_child / vis / bits for this step. Returns
+        the host trees when built on the host (the cpu accept walk uses their child maps)."""
+        self.tree_ids[:, 0] = self.bonus
+        if self.tree_build == "gpu":
+            from harness.decode import tree_gpu
+            lp, ids = tree_gpu.topk_logprobs_batched(logits_d, self.N)
+            t = tree_gpu.build_tree_gpu(lp, ids, self.N)
+            self.tree_ids[:, 1:] = t.tokens
+            self.depth[:, 1:] = t.depths
+            self.parents.copy_(t.parents)
+            self.first_child.copy_(t.first_child)
+            self.vis.copy_(t.visibility)
+            self.bits.copy_(t.bits)
+            return None
+        trees = []
+        for i in range(self.b):  # the reference heap, with its .tolist() syncs
+            lp, ids = ddtree.topk_logprobs(logits_d[i], self.N)
+            trees.append(ddtree.build_tree_cpu(lp, ids, self.N))
+        n = self.T - 1
+        tokens = torch.zeros(self.b, n, dtype=torch.long)
+        depth = torch.zeros(self.b, self.T, dtype=torch.long)
+        parents = torch.full((self.b, self.T), -1, dtype=torch.long)
+        first = torch.full((self.b, self.T), -1, dtype=torch.long)
+        vis = torch.eye(self.T, dtype=torch.bool).repeat(self.b, 1, 1)
+        for i, t in enumerate(trees):
+            m = len(t.tokens)
+            tokens[i, :m] = torch.tensor(t.tokens)
+            depth[i, : m + 1] = torch.tensor(ddtree.tree_positions(t))
+            parents[i, : m + 1] = torch.tensor(t.parents)
+            first[i, : m + 1] = torch.tensor(t.first_child)
+            vis[i, : m + 1, : m + 1] = ddtree.visibility_matrix(t)
+        self.tree_ids[:, 1:].copy_(tokens, non_blocking=True)
+        self.depth.copy_(depth, non_blocking=True)
+        self.parents.copy_(parents, non_blocking=True)
+        self.first_child.copy_(first, non_blocking=True)
+        self.vis.copy_(vis, non_blocking=True)
+        self.bits.copy_(attention.visibility_bits(vis), non_blocking=True)
+        return trees
+
+    def _verify(self):
+        positions = self.lengths[:, None] + self.depth
+        slots = self.lengths[:, None] + self.arange_T
+        mask = attention.Mask(self.lengths, self.vis, self.max_len, mode=self.verify_mode,
+                              bits=self.bits)
+        out = self.target(self.tree_ids, positions, self.cache, slots, mask,
+                          capture_layers=self.capture)
+        self._verify_out = out
+        return out
+
+    def _accept_gpu(self, logits: torch.Tensor):
+        """Accepted node indices per depth [b, B] (padded with the last accepted node) and the
+        accepted length [b] (root included), with tensor ops only."""
+        target_next = logits.argmax(-1)                                      # [b, T]
+        if self.synthetic:
+            # A drawn length along the drafter's best chain (first children), as on the host.
+            want = self.draws.index_select(0, self.step_index).squeeze(0)    # [b]
+            chain = [torch.zeros(self.b, dtype=torch.long, device=self.device)]
+            for _ in range(self.D):
+                prev = chain[-1]
+                nxt = self.first_child.gather(1, prev.clamp(min=0)[:, None]).squeeze(1)
+                chain.append(torch.where(prev >= 0, nxt, prev))
+            chain = torch.stack(chain, 1)                                    # [b, B]
+            ok = (chain >= 0) & (self.arange_B[None, :] < want[:, None])
+        else:
+            # Node i matches if its token is the target's argmax at its parent; accepted if
+            # it and all its ancestors match.
+            parent_next = target_next.gather(1, self.parents.clamp(min=0))
+            match = (self.tree_ids == parent_next)
+            match[:, 0] = True
+            on_path = ~(self.vis & ~match[:, None, :]).any(-1)               # [b, T]
+            per_depth = on_path[:, None, :] & (self.depth[:, None, :] == self.arange_B[None, :, None])
+            ok = per_depth.any(-1)                                           # [b, B], a prefix
+            chain = per_depth.to(torch.int8).argmax(-1)
+        accepted = ok.sum(-1)                                                # [b] >= 1
+        last = chain.gather(1, (accepted - 1)[:, None])
+        idx = torch.where(ok, chain, last)
+        self.bonus.copy_(target_next.gather(1, last).squeeze(1))
+        return idx, accepted
+
+    def _accept_cpu(self, logits: torch.Tensor, host_trees):
+        """The host walk of the baseline (one .tolist() sync), then back to device tensors."""
+        target_next = logits.argmax(-1).tolist()
+        if host_trees is None:  # tree built on the GPU: fetch it for the walk
+            host_trees = self._fetch_trees()
+        paths = []
+        for i, (t, nxt) in enumerate(zip(host_trees, target_next)):
+            path = [0]
+            if self.synthetic:
+                want = self.draws_host[self.steps_launched][i]
+                while len(path) < want and t.first_child[path[-1]] >= 0:
+                    path.append(t.first_child[path[-1]])
+            else:
+                while (c := t.child_maps[path[-1]].get(nxt[path[-1]])) is not None:
+                    path.append(c)
+            paths.append(path)
+        self.bonus.copy_(torch.tensor([nxt[p[-1]] for p, nxt in zip(paths, target_next)]))
+        idx = torch.tensor([p + [p[-1]] * (self.B - len(p)) for p in paths])
+        accepted = torch.tensor([len(p) for p in paths])
+        return idx.to(self.device), accepted.to(self.device)
+
+    def _fetch_trees(self) -> list[ddtree.Tree]:
+        first = self.first_child.tolist()
+        parents = self.parents.tolist()
+        tokens = self.tree_ids.tolist()
+        trees = []
+        for i in range(self.b):
+            maps = [dict() for _ in range(self.T)]
+            for node in range(1, self.T):
+                if parents[i][node] >= 0:
+                    maps[parents[i][node]][tokens[i][node]] = node
+            trees.append(ddtree.Tree(tokens=tokens[i][1:], depths=[], parents=parents[i],
+                                     first_child=first[i], next_sibling=[], child_maps=maps))
+        return trees
+
+    def _commit(self, idx: torch.Tensor, accepted: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Move the accepted KV to the front of the window, feed the drafter, advance."""
+        src = self.lengths[:, None] + idx                                    # [b, B]
+        dst = self.lengths[:, None] + self.arange_B
+        b_idx = torch.arange(self.b, device=self.device)[:, None]
+        for c in (self.cache.k, self.cache.v):
+            c[:, b_idx, :, dst] = c[:, b_idx, :, src]
+        feats = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
+        self.drafter.ingest(self.draft_cache, feats, dst, dst)
+        self.record[:, 0] = accepted
+        self.record[:, 1:] = self.tree_ids.gather(1, idx)
+        self.lengths.add_(accepted)
+        self.step_index.add_(1)
+
+
+class FastARDecoder(_OneStepBehind):
+    """Plain greedy decoding of the target, one token a step, graph-captured when asked: the
+    reference speculative speedups are quoted against (`speedup_vs_ar`)."""
+
+    def __init__(self, target: Target, *, batch: int, max_len: int, attention_mode: str = "sdpa",
+                 graph_capture: str = "full", phase: PhaseFn = no_phase):
+        self.target = target
+        self.device = dev = target.lm_head.weight.device
+        self.b, self.max_len, self.mode = batch, max_len, attention_mode
+        self.graph_capture = graph_capture if dev.type == "cuda" else "none"
+        self.cache = target.new_cache(batch, max_len)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=dev)
+        self.bonus = torch.zeros(batch, dtype=torch.long, device=dev)
+        self.one = torch.ones(batch, 1, 1, dtype=torch.bool, device=dev)
+        self.steps_launched = 0
+        self._init_behind(batch, 2, dev, phase)
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]], chunk: int = 1024) -> None:
+        lengths, bonus = prefill(self.target, self.cache, prompts, chunk)
+        self.lengths.copy_(torch.tensor(lengths))
+        self.bonus.copy_(bonus)
+        self.lengths_host = list(lengths)
+
+    @torch.no_grad()
+    def prefill_random(self, lengths: list[int], seed: int) -> None:
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.cache.k.normal_(generator=gen)
+        self.cache.v.normal_(generator=gen)
+        self.lengths.copy_(torch.tensor(lengths))
+        self.bonus.copy_(torch.randint(0, self.target.cfg.vocab_size, (self.b,), generator=gen,
+                                       device=self.device))
+        self.lengths_host = list(lengths)
+
+    def _device_step(self) -> None:
+        pos = self.lengths[:, None]
+        mask = attention.Mask(self.lengths, self.one, self.max_len, mode=self.mode)
+        logits, _ = self.target(self.bonus[:, None], pos, self.cache, pos, mask)
+        self.record[:, 0] = 1
+        self.record[:, 1] = self.bonus
+        self.bonus.copy_(logits[:, -1].argmax(-1))
+        self.lengths.add_(1)
+
+    @torch.no_grad()
+    def step(self) -> list[int]:
+        if self.graph_capture != "none":
+            graph = self._graph("ar", self._device_step, warm_step=True)
+            with self.phase("graph"):
+                graph.replay()
+        else:
+            with self.phase("verify"):
+                self._device_step()
+        self.steps_launched += 1
+        self._publish()
+        return self._read_behind()

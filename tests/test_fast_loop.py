@@ -1,0 +1,86 @@
+"""The fast loop (device-resident state, GPU tree build and accept) on CPU tensors: token for
+token the same output as plain greedy decoding and as the baseline loop, in every mode that
+runs without CUDA graphs. (Graph capture itself needs a GPU: ci/gpu/decode_modes.py.)"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from harness.decode.fast import FastARDecoder, FastSpecDecoder
+from harness.decode.loop import SpecDecoder
+from test_decode import OracleDrafter, ar_reference, make_models, prompts_for
+
+HAS_TREE_GPU = importlib.util.find_spec("harness.decode.tree_gpu") is not None
+MODES = [("cpu", "cpu"), ("cpu", "gpu")] + ([("gpu", "cpu"), ("gpu", "gpu")] if HAS_TREE_GPU else [])
+
+
+def run_fast(target, drafter, prompts, steps, **kw):
+    dec = FastSpecDecoder(target, drafter, batch=len(prompts), max_len=512, **kw)
+    dec.prefill(prompts)
+    for _ in range(steps):
+        dec.step()
+    dec.finish()
+    return dec
+
+
+@pytest.mark.parametrize("tree_build,accept", MODES)
+def test_fast_modes_are_lossless_with_sibling_branches_and_batches(tree_build, accept):
+    target, drafter = make_models(11, block=6)
+    prompts = prompts_for(11, [14, 33])
+    ref = ar_reference(target, prompts, 90)
+    oracle = OracleDrafter(drafter, ref, [14, 33], wrong_at={(6, 2), (13, 0)},
+                           second_at={(0, 1), (6, 0), (19, 3)})
+    dec = run_fast(target, oracle, prompts, 8, tree_budget=16, tree_build=tree_build, accept=accept)
+    for b in range(2):
+        assert len(dec.output[b]) > 8           # whole blocks were accepted along the way
+        assert dec.output[b] == ref[b][: len(dec.output[b])]
+        assert dec.lengths_host[b] == len(prompts[b]) + len(dec.output[b])
+    assert dec.lengths.tolist() == dec.lengths_host
+
+
+@pytest.mark.parametrize("tree_build,accept", MODES)
+def test_fast_equals_baseline_with_a_random_drafter(tree_build, accept):
+    target, drafter = make_models(12, block=8)
+    prompts = prompts_for(12, [40])
+    base = SpecDecoder(target, drafter, batch=1, max_len=512, tree_budget=16)
+    base.prefill(prompts)
+    for _ in range(10):
+        base.step()
+    fast = run_fast(target, drafter, prompts, 10, tree_budget=16, tree_build=tree_build, accept=accept)
+    assert fast.output == base.output
+
+
+@pytest.mark.parametrize("tree_build,accept", MODES)
+def test_synthetic_acceptance_matches_the_baseline_draws(tree_build, accept):
+    target, drafter = make_models(13, block=8, dtype=torch.float32)
+    kw = dict(tree_budget=32, acceptance="synthetic", tau=4.0, seed=3)
+    base = SpecDecoder(target, drafter, batch=1, max_len=1024, **kw)
+    base.prefill_random([200], seed=0)
+    lens = [base.step()[0] for _ in range(12)]
+    fast = FastSpecDecoder(target, drafter, batch=1, max_len=1024, tree_build=tree_build,
+                           accept=accept, **kw)
+    fast.prefill_random([200], seed=0)
+    got = [fast.step()[0] for _ in range(12)][1:] + fast.finish()
+    assert got == lens and fast.lengths_host[0] == 200 + sum(lens)
+
+
+def test_fast_ar_matches_plain_greedy():
+    target, _ = make_models(14)
+    prompts = prompts_for(14, [9, 21])
+    ref = ar_reference(target, prompts, 12)
+    ar = FastARDecoder(target, batch=2, max_len=128)
+    ar.prefill(prompts)
+    for _ in range(12):
+        ar.step()
+    ar.finish()
+    assert ar.output == ref
+
+
+def test_full_graph_needs_gpu_tree_and_accept():
+    target, drafter = make_models(15)
+    with pytest.raises(ValueError, match="needs tree_build gpu"):
+        FastSpecDecoder(target, drafter, batch=1, max_len=64, tree_budget=8,
+                        tree_build="cpu", accept="gpu", graph_capture="full")
