@@ -14,7 +14,7 @@ import hashlib
 import json
 
 # Allowed values of the enumerated knobs (DESIGN.md, "Knobs each cell sets").
-WORKLOADS = ("decode", "calibrate")
+WORKLOADS = ("decode", "calibrate", "noop", "kernel")
 VERIFY_MODES = ("custom", "triton", "sdpa", "flex")
 GRAPH_CAPTURES = ("none", "verify", "full")
 TREE_BUILDS = ("cpu", "gpu")
@@ -25,6 +25,8 @@ DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")
 REPLAYS = ("eager", "graph")   # calibrate: eager launches or one CUDA graph replay per step
 PRESETS = ("tiny", "qwen3-8b", "kimi-k2.6-rank")  # shapes in harness/decode/presets.py
+ATTENTIONS = ("gqa", "mla")        # kernel: grouped-query heads, or the MLA latent (one 576-wide head)
+LAYOUTS = ("contiguous", "paged")  # kernel: KV cache layout
 
 # Every cell parameter with its default. A scenario's `defaults:` and `matrix:` may set any of
 # these and nothing else. Changing a default changes the ids of cells that relied on it, so
@@ -56,7 +58,8 @@ DEFAULTS: dict[str, object] = {
 
 # Parameters that describe how a cell is measured rather than what it measures. They are
 # logged but excluded from the cell id, so raising `repeats` still lines up with baselines.
-MEASUREMENT_KNOBS = ("warmup_steps", "steps", "repeats", "profile_steps", "timeout_s")
+MEASUREMENT_KNOBS = ("warmup_steps", "steps", "repeats", "profile_steps", "timeout_s",
+                     "compare_modes")
 
 # Parameters that only one workload has, with their defaults. They join a cell's canonical form
 # (and so its id) only when the cell runs that workload, so adding a workload or a parameter
@@ -67,6 +70,19 @@ WORKLOAD_PARAMS: dict[str, dict[str, object]] = {
         "work_us": 500.0,         # GPU work per step in µs (matmuls sized on the host)
         "idle_target": 0.5,       # the GPU's true idle fraction by construction, in [0, 1)
         "replay": "eager",        # eager launches or one CUDA graph replay per step
+    },
+    "noop": {                     # harness/workloads/noop.py: a harness self-test (SSH, runner)
+        "sleep_s": 0.0,           # seconds the cell sleeps; nothing is measured
+    },
+    "kernel": {                   # harness/workloads/kernel.py: one verify-attention kernel
+        "attention": "gqa",       # gqa, or mla (kv_heads 1, head_dim 576: values are its first 512)
+        "tree_tokens": 16,        # T: queries of one verify forward (root + tree nodes)
+        "heads": 32,              # query heads
+        "kv_heads": 8,
+        "head_dim": 128,
+        "layout": "contiguous",   # KV cache: contiguous [b, Hkv, S, d] or paged [pages, Hkv, ps, d]
+        "page_size": 16,          # paged layout only
+        "compare_modes": "",      # comma-separated verify modes also timed in this cell
     },
 }
 
@@ -100,6 +116,14 @@ def cell_label(cell: dict) -> str:
     Knobs left at their defaults are omitted unless they are the ones sweeps usually vary.
     """
     c = canonical(cell)
+    if c["workload"] == "kernel":  # e.g. `kernel custom ctx=65536 T=16 gqa 32/8 d128 contiguous`
+        parts = ["kernel", c["verify_mode"], f"ctx={c['context_length']}", f"T={c['tree_tokens']}",
+                 c["attention"], f"{c['heads']}/{c['kv_heads']}", f"d{c['head_dim']}", c["layout"]]
+        if c["layout"] == "paged":
+            parts.append(f"ps={c['page_size']}")
+        if c["batch_size"] != 1:
+            parts.append(f"bs={c['batch_size']}")
+        return " ".join(parts)
     if c["workload"] in WORKLOAD_PARAMS:  # e.g. `calibrate work_us=500 idle_target=0.5 replay=eager`
         return " ".join([c["workload"]] + [f"{k}={c[k]:g}" if isinstance(c[k], float)
                                            else f"{k}={c[k]}" for k in WORKLOAD_PARAMS[c["workload"]]])

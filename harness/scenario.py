@@ -40,6 +40,7 @@ DataPath = tuple
 
 TRIGGERS = ("manual", "nightly", "pr")
 METRIC_DIRECTIONS = ("higher", "lower")
+GPU_BUSY_POLICIES = ("wait", "noisy")
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,9 +198,14 @@ _PARAM_CHOICES: dict[str, tuple] = {
     "acceptance": params.ACCEPTANCES,
     "device": params.DEVICES,
     "dtype": params.DTYPES,
+    "replay": params.REPLAYS,
+    "attention": params.ATTENTIONS,
+    "layout": params.LAYOUTS,
 }
 
 # Every other cell parameter: its type and, for error messages, what it must be.
+_MODE = "(" + "|".join(params.VERIFY_MODES) + ")"
+_MODE_LIST = rf"^({_MODE}(,{_MODE})*)?$"
 _PARAM_TYPES: dict[str, tuple[Any, str]] = {
     "checkpoint": (str | None, "a path to a local checkpoint (or null)"),
     "context_length": (_PositiveInt, "a positive integer"),
@@ -213,13 +219,24 @@ _PARAM_TYPES: dict[str, tuple[Any, str]] = {
     "repeats": (_PositiveInt, "a positive integer"),
     "profile_steps": (_NonNegativeInt, "an integer >= 0"),
     "timeout_s": (_PositiveInt, "a positive integer (seconds)"),
+    "sleep_s": (Annotated[float, Field(ge=0, allow_inf_nan=False)], "a number of seconds >= 0"),
+    "work_us": (Annotated[float, Field(gt=0, allow_inf_nan=False)], "a positive number (µs)"),
+    "idle_target": (Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)],
+                    "a number in [0, 1)"),
+    "tree_tokens": (_PositiveInt, "a positive integer"),
+    "heads": (_PositiveInt, "a positive integer"),
+    "kv_heads": (_PositiveInt, "a positive integer"),
+    "head_dim": (_PositiveInt, "a positive integer"),
+    "page_size": (_PositiveInt, "a positive integer"),
+    "compare_modes": (Annotated[str, Field(pattern=_MODE_LIST)],
+                      "a comma-separated list of verify modes (custom, triton, sdpa, flex), or ''"),
 }
 
 # A parameter added to harness.params must be given a type here before any scenario loads.
-if set(_PARAM_CHOICES) | set(_PARAM_TYPES) != set(params.DEFAULTS):
-    raise RuntimeError("harness.scenario and harness.params.DEFAULTS disagree on the cell "
+if set(_PARAM_CHOICES) | set(_PARAM_TYPES) != set(params.ALL_PARAMS):
+    raise RuntimeError("harness.scenario and harness.params.ALL_PARAMS disagree on the cell "
                        "parameters: "
-                       f"{sorted(set(_PARAM_CHOICES) ^ set(_PARAM_TYPES) ^ set(params.DEFAULTS))}")
+                       f"{sorted(set(_PARAM_CHOICES) ^ set(_PARAM_TYPES) ^ set(params.ALL_PARAMS))}")
 
 
 def _param_type(name: str) -> Any:
@@ -232,12 +249,12 @@ def _param_type(name: str) -> Any:
 # default) stays distinct from an explicit `checkpoint: null`.
 CellParams = create_model(
     "CellParams", __config__=_STRICT,
-    **{name: (_param_type(name), None) for name in params.DEFAULTS})
+    **{name: (_param_type(name), None) for name in params.ALL_PARAMS})
 
 MatrixParams = create_model(
     "MatrixParams", __config__=_STRICT,
     **{name: (Annotated[list[_param_type(name)], Field(min_length=1)], None)
-       for name in params.DEFAULTS})
+       for name in params.ALL_PARAMS})
 
 
 class MetricPolicy(BaseModel):
@@ -260,7 +277,10 @@ class ScenarioSpec(BaseModel):
     matrix: MatrixParams
     exclude: list[CellParams] = Field(default_factory=list)
     include: list[CellParams] = Field(default_factory=list)
-    hosts: list[str] = Field(default_factory=list)
+    # Host names, or label filters ({gpu: h200}: every inventory host with those labels).
+    hosts: list[str | Annotated[dict[str, str | int | float | bool], Field(min_length=1)]] = \
+        Field(default_factory=list)
+    gpu_busy: Literal[GPU_BUSY_POLICIES] | None = None   # overrides each host's policy
     metrics: dict[str, MetricPolicy] = Field(default_factory=dict)
 
 
@@ -271,7 +291,8 @@ _TOP_WHAT = {
     "matrix": "a mapping of cell parameter -> list of values",
     "exclude": "a list of mappings of cell parameters",
     "include": "a list of mappings of cell parameters",
-    "hosts": "a list of host names",
+    "hosts": "a list of host names or label filters like {gpu: h200}",
+    "gpu_busy": "wait or noisy (what a cell does when its GPU has a foreign process)",
     "metrics": "a mapping of metric name -> policy",
 }
 _METRIC_WHAT = {"threshold_rel": "a number >= 0", "threshold_abs": "a number >= 0"}
@@ -298,7 +319,8 @@ def _describe(loc: DataPath) -> _Field:
     if not rest:
         return _Field(section, _TOP_WHAT.get(section, ""), TRIGGERS if section == "trigger" else ())
     if section == "hosts":
-        return _Field(f"hosts[{rest[0]}]", "a host name (a string)")
+        return _Field(f"hosts[{rest[0]}]", "a host name or a non-empty mapping of labels "
+                                            "like {gpu: h200}")
     if section == "metrics":
         if len(rest) == 1:
             return _Field(f"metrics.{rest[0]}", "a mapping of direction, threshold_rel, "
@@ -322,7 +344,7 @@ def _allowed_keys(parent: DataPath) -> list[str]:
         return list(ScenarioSpec.model_fields)
     if parent[0] == "metrics":
         return list(MetricPolicy.model_fields)
-    return list(params.DEFAULTS)
+    return list(params.ALL_PARAMS)
 
 
 def _did_you_mean(word: Any, candidates) -> str:
@@ -398,7 +420,8 @@ class _Draft:
 
 def _matches(draft: _Draft, entry: dict) -> bool:
     full = params.canonical(draft.values)
-    return all(full[key] == value for key, value in entry.items())
+    # A key of another workload (work_us on a decode cell) is absent, so it does not match.
+    return all(key in full and full[key] == value for key, value in entry.items())
 
 
 def _expand(spec: ScenarioSpec, source: _Source) -> list[_Draft]:
@@ -449,6 +472,8 @@ def _decoded_tokens_bound(cell: dict) -> int:
 
 
 def _check_context(draft: _Draft, cell: dict, source: _Source) -> None:
+    if cell["workload"] != "decode":     # a model's context limit binds only cells that run it
+        return
     limit = presets.max_context(cell["model"])
     context = cell["context_length"]
     at = draft.where("context_length", "model")
@@ -476,6 +501,43 @@ def _check_graph_capture(draft: _Draft, cell: dict, source: _Source) -> None:
                            "it needs tree_build: gpu and accept: gpu")
 
 
+def _check_workload_params(draft: _Draft, cell: dict, source: _Source) -> None:
+    """A workload's own parameter (params.WORKLOAD_PARAMS) set on a cell of another workload."""
+    for name in draft.values:
+        owner = next((w for w, own in params.WORKLOAD_PARAMS.items() if name in own), None)
+        if owner is not None and owner != cell["workload"]:
+            raise source.error(draft.where(name),
+                               f"{name} is a parameter of workload '{owner}' only; this cell "
+                               f"runs workload '{cell['workload']}'")
+
+
+def _check_kernel(draft: _Draft, cell: dict, source: _Source) -> None:
+    """Shapes a verify-attention kernel cell can have (harness/workloads/kernel.py)."""
+    if cell["workload"] != "kernel":
+        return
+    heads, kv_heads = cell["heads"], cell["kv_heads"]
+    if cell["attention"] == "mla":
+        if kv_heads != 1 or cell["head_dim"] != 576:
+            raise source.error(draft.where("kv_heads", "head_dim", "attention"),
+                               "attention mla is one latent KV head of 576 values (512 latent + "
+                               "64 rope; values are the first 512): set kv_heads: 1, head_dim: 576")
+    group = heads // kv_heads
+    if heads % kv_heads or group & (group - 1):
+        raise source.error(draft.where("heads", "kv_heads"),
+                           f"heads {heads} over kv_heads {kv_heads} is not a power-of-two group")
+    modes = [cell["verify_mode"]] + [m for m in cell["compare_modes"].split(",") if m]
+    if len(set(modes)) != len(modes):
+        raise source.error(draft.where("compare_modes", "verify_mode"),
+                           f"compare_modes '{cell['compare_modes']}' repeats a mode or names the "
+                           f"cell's own verify_mode '{cell['verify_mode']}'")
+    if cell["attention"] == "gqa" and "custom" in modes and cell["head_dim"] not in (64, 128):
+        raise source.error(draft.where("head_dim"),
+                           f"the custom kernel supports head_dim 64 and 128, not {cell['head_dim']}")
+    if cell["layout"] == "paged" and {"sdpa", "flex"} & set(modes):
+        raise source.error(draft.where("layout", "verify_mode", "compare_modes"),
+                           "sdpa and flex read a contiguous cache only: drop them from paged cells")
+
+
 def _resolve_checkpoint(draft: _Draft, cell: dict, source: _Source, base_dir: Path) -> None:
     """Make a relative checkpoint path absolute (against the scenario's folder); it must exist."""
     if cell["checkpoint"] is None:
@@ -499,6 +561,8 @@ def _finish_cells(drafts: list[_Draft], source: _Source, base_dir: Path) -> list
         _check_context(draft, cell, source)
         _check_tau(draft, cell, source)
         _check_graph_capture(draft, cell, source)
+        _check_workload_params(draft, cell, source)
+        _check_kernel(draft, cell, source)
         _resolve_checkpoint(draft, cell, source, base_dir)
         cell = params.canonical(draft.values)
         cells.setdefault(params.cell_id(cell), cell)
@@ -513,13 +577,15 @@ class Scenario:
     """A validated scenario. `cells()` gives its expanded cells, canonical and de-duplicated."""
 
     def __init__(self, *, name: str, description: str | None, trigger: str, path: str | None,
-                 text: str, hosts: list[str], metrics: dict[str, dict], cells: list[dict]):
+                 text: str, hosts: list, metrics: dict[str, dict], cells: list[dict],
+                 gpu_busy: str | None = None):
         self.name = name
         self.description = description
         self.trigger = trigger
         self.path = path
         self.text = text          # the raw YAML, e.g. to log as an MLflow artifact
-        self.hosts = hosts        # empty: the scenario does not choose hosts
+        self.hosts = hosts        # names and label filters (dicts); empty: not chosen here
+        self.gpu_busy = gpu_busy  # None: each host's own policy (hosts.yaml)
         self.metrics = metrics    # metric name -> {direction, threshold_rel, threshold_abs}
         self._cells = cells
 
@@ -552,7 +618,7 @@ def parse_scenario(text: str, path: str | os.PathLike | None = None) -> Scenario
 
     return Scenario(
         name=spec.name, description=spec.description, trigger=spec.trigger, path=shown_path,
-        text=text, hosts=list(spec.hosts),
+        text=text, hosts=list(spec.hosts), gpu_busy=spec.gpu_busy,
         metrics={name: policy.model_dump() for name, policy in spec.metrics.items()},
         cells=cells)
 

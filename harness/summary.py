@@ -44,8 +44,8 @@ def summary_table(results: list[dict], title: str) -> Table:
     hosts = {r.get("host") for r in results}
     if len(hosts) > 1:
         table.add_column("host")
-    for name in ("tok/s", "±", "accept", "step p50 ms", "idle"):
-        table.add_column(name, justify="right")
+    for name in ("tok/s", "±", "accept", "p50 ms", "idle"):
+        table.add_column(name, justify="right", no_wrap=True)
     table.add_column("status")
 
     def order(r):

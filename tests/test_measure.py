@@ -56,8 +56,12 @@ def test_phase_attribution_follows_the_launch_not_the_kernel_time():
               x("cudaMemcpyAsync", "cuda_runtime", 60, 2, correlation=8),
               x("Memcpy DtoH", "gpu_memcpy", 96, 2, correlation=8)]
     phases = measure.analyze_trace(events)["phases"]
-    assert phases["verify"] == {"host_ms": pytest.approx(0.03), "gpu_ms": pytest.approx(0.015)}
-    assert phases["accept"] == {"host_ms": pytest.approx(0.05), "gpu_ms": pytest.approx(0.002)}
+    # idle_ms: the whole GPU's idle time while the host was inside the phase (verify: the GPU
+    # did nothing from 20 to 50; accept: 50..100 minus the gemm and the copy).
+    assert phases["verify"] == {"host_ms": pytest.approx(0.03), "gpu_ms": pytest.approx(0.015),
+                                "idle_ms": pytest.approx(0.03)}
+    assert phases["accept"] == {"host_ms": pytest.approx(0.05), "gpu_ms": pytest.approx(0.002),
+                                "idle_ms": pytest.approx(0.033)}
 
 
 def test_no_steps_no_numbers():

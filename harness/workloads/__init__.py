@@ -11,6 +11,9 @@ import importlib
 
 REGISTRY: dict[str, str] = {
     "decode": "harness.workloads.decode:run",
+    "calibrate": "harness.workloads.calibrate:run",   # checks the idle meter (issue 5)
+    "noop": "harness.workloads.noop:run",             # harness self-test: sleeps sleep_s
+    "kernel": "harness.workloads.kernel:run",         # one verify-attention kernel vs roofline
 }
 
 

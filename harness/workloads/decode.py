@@ -10,15 +10,13 @@ tokens/s, and give the idle fraction and per-phase GPU time.
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
-import tempfile
 import time
 from collections import defaultdict
 
 import torch
 
-from harness import measure
+from harness import idle, measure, syncaudit
 from harness.decode import presets
 from harness.decode.drafter import Drafter, DrafterConfig
 from harness.decode.fast import FastARDecoder, FastSpecDecoder
@@ -26,6 +24,7 @@ from harness.decode.loop import SpecDecoder
 from harness.decode.model import Target, TargetConfig, init_random_
 
 PHASES = ("draft", "tree", "verify", "accept", "commit")
+AUDIT_STEPS = 3   # steps under the sync audit (GPU only; its own untimed, unprofiled window)
 
 
 def resolve_device(cell: dict) -> torch.device:
@@ -96,13 +95,13 @@ def run(cell: dict, progress) -> dict:
 
     batch, ctx, B = cell["batch_size"], cell["context_length"], cell["block_size"]
     per_step = B if cell["speculation"] == "ddtree" else 1
-    total_steps = cell["warmup_steps"] + cell["steps"] + cell["profile_steps"]
+    total_steps = cell["warmup_steps"] + cell["steps"] + cell["profile_steps"] + 1 + AUDIT_STEPS
     max_len = ctx + (total_steps + 2) * per_step + cell["tree_budget"] + B + 8
     random_prefill = cell["acceptance"] == "synthetic"
 
     lengths = prefix_lengths(ctx, batch)
     tps, accept_means, step_ms, phase_ms = [], [], [], defaultdict(list)
-    trace_stats = {}
+    trace_stats, event_ms, audit = {}, [], None
     for r in range(cell["repeats"]):
         progress(stage="prefill", repeat=r + 1, repeats=cell["repeats"])
         clock = PhaseClock()
@@ -120,17 +119,21 @@ def run(cell: dict, progress) -> dict:
         progress(stage="measure", repeat=r + 1, repeats=cell["repeats"])
 
         clock.host_s.clear()
+        events = idle.EventStepClock(cell["steps"], enabled=device.type == "cuda")
         sync()
         committed, times = 0, []
         t_start = time.perf_counter()
         for _ in range(cell["steps"]):
+            events.mark()
             t0 = time.perf_counter()
             with torch.profiler.record_function(measure.STEP_RANGE):
                 committed += sum(dec.step())
             times.append(time.perf_counter() - t0)
+        events.mark()
         committed += sum(drain(dec))
         sync()
         window = time.perf_counter() - t_start
+        event_ms.append(events.window_ms())
 
         tps.append(committed / window)
         accept_means.append(committed / (cell["steps"] * batch))
@@ -139,9 +142,14 @@ def run(cell: dict, progress) -> dict:
             if name in clock.host_s:
                 phase_ms[name].append(clock.host_s[name] * 1e3 / cell["steps"])
 
-        if r == cell["repeats"] - 1 and device.type == "cuda" and cell["profile_steps"] > 0:
-            progress(stage="profile", steps=cell["profile_steps"])
-            trace_stats = _profile(dec, cell["profile_steps"])
+        if r == cell["repeats"] - 1 and device.type == "cuda":
+            # After the timed windows, never inside them: the profiler and the audit slow
+            # the host, and CUPTI takes one subscriber at a time.
+            if cell["profile_steps"] > 0:
+                progress(stage="profile", steps=cell["profile_steps"])
+                trace_stats = idle.profile_window(dec.step, cell["profile_steps"])
+            progress(stage="sync audit", steps=AUDIT_STEPS)
+            audit = syncaudit.audit_window(dec.step, AUDIT_STEPS, device)
         del dec
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -152,19 +160,17 @@ def run(cell: dict, progress) -> dict:
         "accept_len_mean": statistics.mean(accept_means),
         "step_ms_p50": measure.percentile(step_ms, 50),
         "step_ms_p90": measure.percentile(step_ms, 90),
-        # Absent, not zero, where it cannot be measured (no GPU, or profiling off).
-        "idle_fraction": trace_stats.get("idle_fraction"),
     }
     for name, values in phase_ms.items():
         metrics[f"phase.{name}.host_ms"] = statistics.median(values)
-    for name, p in trace_stats.get("phases", {}).items():
-        metrics[f"phase.{name}.gpu_ms"] = p["gpu_ms"]
+    # idle_fraction (profiled window), idle_fraction_est (every repeat, from CUDA events),
+    # per-phase GPU and idle time, syncs per step: absent, never zero, where not measured.
+    meter, meter_samples, extra = idle.meter_outputs(trace_stats, event_ms, cell["steps"], audit)
+    metrics.update(meter)
+    samples = {"tokens_per_s": tps, "accept_len_mean": accept_means, "step_ms": step_ms,
+               **meter_samples}
     if device.type == "cuda":
         metrics.update(roofline(cell, target, drafter, lengths, metrics))
-    samples = {"tokens_per_s": tps, "accept_len_mean": accept_means, "step_ms": step_ms}
-    extra = {}
-    if trace_stats:
-        extra["profile"] = {k: v for k, v in trace_stats.items() if k != "phases"}
     return {"metrics": metrics, "samples": samples, **extra}
 
 
@@ -220,26 +226,3 @@ def roofline(cell, target, drafter, lengths, metrics) -> dict:
     return {"roofline_tokens_per_s": bound, "bw_pct_roofline": metrics["tokens_per_s"] / bound,
             "copy_bw_tbps": ceilings.copy_bandwidth() / 1e12,
             "matmul_tflops": ceilings.matmul_rate() / 1e12}
-
-
-def _profile(dec, steps: int) -> dict:
-    """Run `steps` steps under torch.profiler (CPU + CUDA activity) and analyse the trace.
-    One profiler at a time: CUPTI allows a single subscriber per process."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            with torch.profiler.record_function(measure.STEP_RANGE):
-                dec.step()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        if os.environ.get("HARNESS_TRACE_DIR"):  # debugging aid: keep the raw trace
-            import gzip
-            import shutil
-            dst = os.path.join(os.environ["HARNESS_TRACE_DIR"], f"trace-{os.getpid()}.json.gz")
-            with open(path, "rb") as src, gzip.open(dst, "wb") as out:
-                shutil.copyfileobj(src, out)
-        return measure.analyze_trace(measure.load_trace(path))
