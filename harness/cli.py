@@ -30,7 +30,8 @@ RESULTS_DIR = Path("results")
 
 
 def fail_input(e: Exception) -> "typer.Exit":
-    err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+    err.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -53,6 +54,8 @@ def validate(scenario: Path = typer.Argument(..., help="scenario YAML file")):
 def run(
     scenario: Path = typer.Argument(..., help="scenario YAML file"),
     host: Optional[list[str]] = typer.Option(None, "--host", help="run on this host (repeatable)"),
+    hosts_file: Optional[Path] = typer.Option(None, "--hosts", metavar="FILE",
+                                              help="hosts inventory (default ./hosts.yaml if present; `local` always exists)"),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri",
                                                help="MLflow URI (default $MLFLOW_TRACKING_URI or sqlite:///results/mlflow.db)"),
     resume: Optional[str] = typer.Option(None, "--resume", metavar="RUN_ID",
@@ -61,7 +64,8 @@ def run(
     results_dir: Path = typer.Option(RESULTS_DIR, "--results", help="journal root is RESULTS/runs"),
 ):
     """Run a scenario's cells, journal every result, log the run to MLflow."""
-    from harness import gitinfo, hosts as hostmod, journal as jr, params, runner, tracking
+    from harness import gitinfo, journal as jr, runner, tracking
+    from harness.inventory import load_hosts, select_hosts
     from harness.scenario import TRIGGERS, load_scenario, validate_tracking_uri
     from harness.summary import summary_table
 
@@ -70,13 +74,16 @@ def run(
         uri = validate_tracking_uri(tracking_uri or tracking.default_tracking_uri())
         if trigger is not None and trigger not in TRIGGERS:
             raise InputError(None, None, None, f"--trigger must be one of {', '.join(TRIGGERS)}, not '{trigger}'")
-        inventory = hostmod.local_hosts()
-        wanted = host or sc.hosts or ["local"]
-        unknown = [h for h in wanted if h not in inventory]
-        if unknown:
-            raise InputError(None, None, None,
-                             f"unknown host '{unknown[0]}' (known: {', '.join(sorted(inventory))})")
-        chosen = [inventory[h] for h in wanted]
+        inventory = load_hosts(hosts_file)
+        if host:
+            chosen = select_hosts(inventory, host, "--host")
+        else:
+            chosen = select_hosts(inventory, sc.hosts or ["local"], f"{scenario}: hosts")
+        if sc.gpu_busy:                        # the scenario's policy beats the hosts file's
+            for h in chosen:
+                if hasattr(h, "gpu_busy"):
+                    h.gpu_busy = sc.gpu_busy
+        wanted = [h.name for h in chosen]
     except InputError as e:
         raise fail_input(e)
 
@@ -110,13 +117,16 @@ def run(
     console.print(summary_table(results, f"{sc.name} — run {journal.run_id}"))
 
     # MLflow after the journal: a dead server costs a re-upload, never a measurement.
+    logged = False
     try:
         report = tracking.log_run(journal, uri)
         console.print(str(report), highlight=False)
+        logged = True
     except tracking.TrackingUnavailable as e:
         err.print(f"[yellow]MLflow logging failed:[/] {e}\n"
                   f"The results are safe in the journal; log them later with: "
                   f"harness run {scenario} --resume {journal.run_id}", highlight=False)
+    write_report(journal, uri if logged else None)
 
     console.print(f"Journal: {journal.path}", highlight=False)
     if outcome.interrupted:
@@ -132,12 +142,21 @@ def run(
 
 @app.command()
 def report(run_id: str = typer.Argument(..., metavar="RUN", help="run id (a folder of results/runs)"),
+           compare: Optional[str] = typer.Option(None, "--compare", metavar="RUN",
+                                                 help="base run to compare with: head/base ratio and verdict per cell"),
+           reference: Optional[str] = typer.Option(None, "--reference", metavar="MODE",
+                                                   help="verify mode the speedup heatmap divides by (default: triton, else sdpa, ...)"),
+           tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri",
+                                                      help="MLflow store to attach the report to (default: where the run was logged)"),
+           no_mlflow: bool = typer.Option(False, "--no-mlflow", help="do not upload the report to MLflow"),
            results_dir: Path = typer.Option(RESULTS_DIR, "--results")):
-    """Print a finished run's summary table from its journal."""
+    """Write a run's HTML report (results/runs/RUN/report/index.html), print its path and
+    attach it to the run in MLflow."""
     from harness import journal as jr
     from harness.summary import summary_table
     try:
         journal = jr.RunJournal.open(results_dir / "runs", run_id)
+        base = jr.RunJournal.open(results_dir / "runs", compare) if compare else None
     except jr.JournalError as e:
         raise fail_input(e)
     results = list(journal.results().values())
@@ -145,6 +164,36 @@ def report(run_id: str = typer.Argument(..., metavar="RUN", help="run id (a fold
     missing = journal.missing()
     if missing:
         console.print(f"{len(missing)} of {len(journal.cells)} cell(s) have no ok result")
+    path = write_report(journal, None if no_mlflow else (tracking_uri or "auto"), base, reference)
+    if path is None:
+        raise typer.Exit(1)
+
+
+def write_report(journal, tracking_uri: Optional[str], base=None, reference: Optional[str] = None):
+    """Write the run's HTML report and print its path; attach it to the run's parent in MLflow
+    unless `tracking_uri` is None ("auto": the store the run was logged to). A report that
+    cannot be written or uploaded is a warning, never a lost run: returns the path or None."""
+    from harness import tracking
+    from harness.dashboards.report import build_report
+    try:
+        built = build_report(journal, base=base, reference=reference)
+    except Exception as e:  # noqa: BLE001 - the journal and MLflow run are intact either way
+        err.print(f"[yellow]report failed:[/] {type(e).__name__}: {e}", highlight=False)
+        return None
+    console.print(f"Report: {built.path}", highlight=False)
+    if built.verdicts is not None:
+        from collections import Counter
+        tally = Counter(v.verdict for v in built.verdicts.values())
+        console.print(f"Compared with {base.run_id}: "
+                      + ", ".join(f"{n} {word}" for word, n in tally.most_common()), highlight=False)
+    if tracking_uri is not None:
+        try:
+            tracking.log_report(journal, built.path.parent,
+                                None if tracking_uri == "auto" else tracking_uri)
+            console.print("Report attached to the MLflow run (artifacts: report/index.html)")
+        except tracking.TrackingUnavailable as e:
+            console.print(f"[dim]Report not attached to MLflow: {e}[/]", highlight=False)
+    return built.path
 
 
 @app.command()
@@ -163,21 +212,34 @@ def ui(port: int = typer.Option(5000, help="port of the MLflow UI"),
 
 
 @hosts_app.command("check")
-def hosts_check():
-    """One line per host: reachable, python/torch versions, GPUs."""
-    import json
-    import subprocess
-    from harness.hosts import local_hosts
-    for name, h in local_hosts().items():
-        code = "import json; from harness.worker import environment; print(json.dumps(environment()))"
-        out = subprocess.run([h.python, "-c", code], capture_output=True, text=True, timeout=120)
-        if out.returncode != 0:
-            console.print(f"{name}: [red]broken[/] {out.stderr.strip().splitlines()[-1:]}")
-            continue
-        env = json.loads(out.stdout)
-        gpu = f"{env['gpu_count']}× {env['gpu']} (driver {env['driver']})" if env.get("gpu") else "no GPU"
-        console.print(f"{name}: reachable, python {env['python']}, torch {env['torch']}, {gpu}",
-                      highlight=False)
+def hosts_check(
+    names: Optional[list[str]] = typer.Argument(None, metavar="[HOST]...", help="hosts to check (default: all)"),
+    hosts_file: Optional[Path] = typer.Option(None, "--hosts", metavar="FILE",
+                                              help="hosts inventory (default ./hosts.yaml if present)"),
+):
+    """One line per host, checked in parallel: reachable, host key known, python/torch
+    versions, GPUs, driver, busy GPUs. Exit 0 when every host is usable, 1 otherwise."""
+    import asyncio
+    from harness import hostcheck
+    from harness.inventory import load_hosts, select_hosts
+    try:
+        inventory = load_hosts(hosts_file)
+        chosen = select_hosts(inventory, names, "hosts check") if names else list(inventory.values())
+    except InputError as e:
+        raise fail_input(e)
+    usable = True
+    for facts in asyncio.run(hostcheck.check_all(chosen)):
+        ok, line = hostcheck.describe(facts)
+        usable = usable and ok
+        console.print(line, highlight=False)
+    if not usable:
+        raise typer.Exit(1)
+
+
+# Regression gating: gate, history, bisect, baseline (harness/gate/commands.py).
+from harness.gate.commands import register as _register_gate_commands  # noqa: E402
+
+_register_gate_commands(app)
 
 
 def main() -> None:

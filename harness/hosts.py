@@ -1,8 +1,10 @@
 """Hosts: where cells run. An executor takes one cell and returns its result dict.
 
 Every executor speaks the worker protocol (one cell JSON on stdin, progress on stderr, one
-result JSON on stdout). `LocalHost` runs the worker as a subprocess of this machine; the SSH
-executor (remote GPU hosts) and a Slurm one implement the same `Host` interface.
+result JSON on stdout). `LocalHost` runs the worker as a subprocess of this machine;
+`harness.ssh.SSHHost` (remote GPU hosts) and, later, a Slurm executor implement the same `Host`
+interface. Hosts raise HostUnavailable / HostBroken for failures of the host itself (the runner
+retries those elsewhere); everything that goes wrong with a cell is a result.
 
 Whatever goes wrong with the process itself (a crash, a timeout, garbage on stdout) becomes a
 failed result carrying the stderr tail, so one broken cell never stops a sweep.
@@ -63,18 +65,31 @@ class LocalHost:
     """Runs cells on this machine, one at a time per slot, as `python -m harness.worker`."""
 
     def __init__(self, name: str = "local", python: str = sys.executable, gpus: list[int] | None = None,
-                 labels: dict | None = None, env: dict | None = None):
+                 labels: dict | None = None, env: dict | None = None,
+                 code_root: str | os.PathLike | None = None):
         self.name = name
         self.python = python
         self.gpus = gpus or []
         self.slots = max(1, len(self.gpus))
         self.labels = labels or {}
         self.env = env or {}
+        # A source tree (a checkout or git worktree) whose `harness` the worker runs, instead
+        # of the one this controller imports: the A/B gate runs a base and a head this way.
+        self.code_root = None if code_root is None else os.path.abspath(code_root)
+
+    def for_code_tree(self, code_root: str | os.PathLike) -> "LocalHost":
+        """The same host, running the worker from the source tree at `code_root`."""
+        return LocalHost(self.name, self.python, list(self.gpus), dict(self.labels),
+                         dict(self.env), code_root)
 
     async def run_cell(self, cell: dict, slot: int, on_progress: ProgressFn) -> dict:
         env = dict(os.environ, **self.env, PYTHONUNBUFFERED="1")
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpus[slot])
+        if self.code_root:
+            # First on the path and the working directory: `python -m` puts the cwd first.
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (self.code_root, env.get("PYTHONPATH")) if p)
         timeout = params.canonical(cell)["timeout_s"]
         t0 = time.perf_counter()
         # A new session makes the worker a process-group leader, so a timeout or Ctrl-C kills
@@ -82,7 +97,7 @@ class LocalHost:
         proc = await asyncio.create_subprocess_exec(
             self.python, "-m", "harness.worker", stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-            start_new_session=True)
+            cwd=self.code_root, start_new_session=True)
         tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         try:
             stdout = await asyncio.wait_for(

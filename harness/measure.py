@@ -190,7 +190,25 @@ def analyze_trace(events: list[dict]) -> dict:
         "records_dropped": not consistent,
         "phases": _phase_attribution(tr, lo, hi, n),
         "gaps": _gaps(tr, lo, hi, n),
+        "top_kernels": top_kernels(events, lo, hi, n),
     }
+
+
+def top_kernels(events: list[dict], lo: float, hi: float, n_steps: int, k: int = 12) -> list[dict]:
+    """The device activities that take the most time per step inside [lo, hi): where the busy
+    time goes (names shortened; durations summed per name, which is fine for a ranking)."""
+    total: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in DEVICE_CATEGORIES:
+            s, t = _span(e)
+            if t > lo and s < hi:
+                name = e.get("name", "?")[:90]
+                total[name] += min(t, hi) - max(s, lo)
+                count[name] += 1
+    ranked = sorted(total, key=total.get, reverse=True)[:k]
+    return [{"name": n, "us_per_step": total[n] / n_steps, "calls_per_step": count[n] / n_steps}
+            for n in ranked]
 
 
 def _phase_attribution(tr: _Trace, lo: float, hi: float, n_steps: int) -> dict:

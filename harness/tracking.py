@@ -156,6 +156,63 @@ def log_run(journal: RunJournal, tracking_uri: str | None = None,
             raise TrackingUnavailable(f"{type(e).__name__}: {_one_line(e)}") from e
 
 
+REPORT_ARTIFACT_DIR = "report"
+
+
+def log_report(journal: RunJournal, report_dir: str | os.PathLike,
+               tracking_uri: str | None = None) -> str:
+    """Upload a run's report folder (index.html + PNGs) as artifacts `report/` of its parent
+    MLflow run; returns the parent run id. Re-logging overwrites the same artifact paths.
+
+    The parent is the one `log_run` recorded in tracking.json for this store, else found by its
+    `harness.run_id` tag. TrackingUnavailable when the store is unreachable, does not exist
+    (a sqlite file is never created just for this) or has no parent run for the journal.
+    """
+    uri = _absolute(tracking_uri or journal.tracking_state().get("tracking_uri")
+                    or journal.meta.get("tracking_uri") or default_tracking_uri())
+    path = _sqlite_path(uri)
+    if path is not None and not path.is_file():
+        raise TrackingUnavailable(f"no MLflow store at {path}")
+    check_reachable(uri)
+    try:
+        import mlflow  # noqa: F401
+    except ImportError as e:
+        raise TrackingUnavailable(f"mlflow is not importable: {_one_line(e)}") from e
+
+    with _quiet_mlflow(), _env(MLFLOW_ENV):
+        try:
+            from mlflow import MlflowClient
+
+            client = MlflowClient(tracking_uri=uri)
+            parent = _find_parent(client, journal, uri)
+            if parent is None:
+                raise TrackingUnavailable(
+                    f"run {journal.run_id} is not in {uri} yet (log it with harness run "
+                    f"--resume {journal.run_id})")
+            client.log_artifacts(parent, str(report_dir), artifact_path=REPORT_ARTIFACT_DIR)
+            return parent
+        except TrackingUnavailable:
+            raise
+        except Exception as e:  # noqa: BLE001 - the report on disk is intact either way
+            raise TrackingUnavailable(f"{type(e).__name__}: {_one_line(e)}") from e
+
+
+def _find_parent(client, journal: RunJournal, uri: str) -> str | None:
+    state = journal.tracking_state()
+    if state.get("parent_run_id") and state.get("tracking_uri") == uri:
+        try:
+            run = client.get_run(state["parent_run_id"])
+            if run.info.lifecycle_stage == "active":
+                return run.info.run_id
+        except Exception:  # noqa: BLE001 - deleted or another store: search below
+            pass
+    exp = client.get_experiment_by_name(journal.scenario_name)
+    if exp is None:
+        return None
+    runs = client.search_runs([exp.experiment_id], f"tags.`{TAG_RUN_ID}` = '{journal.run_id}'")
+    return next((r.info.run_id for r in runs if TAG_PARENT not in r.data.tags), None)
+
+
 class _Uploader:
     """One log_run call: holds the client, the journal and what has been found/logged."""
 
@@ -173,7 +230,9 @@ class _Uploader:
             "git.sha": meta.get("git_sha") or git.get("sha") or "unknown",
             "git.branch": meta.get("git_branch") or git.get("branch") or "unknown",
             "trigger": meta.get("trigger") or "manual",
-            "baseline": "false",
+            # `harness baseline mark` records the mark in the journal too, so re-logging the
+            # run (--resume) keeps it.
+            "baseline": "true" if meta.get("baseline") else "false",
             TAG_RUN_ID: journal.run_id,
         }
         # MLflow's own source tags: the UI shows them in its "Source"/"Version" columns.

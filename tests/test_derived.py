@@ -8,7 +8,7 @@ def result(status="ok", tps=100.0, **cell):
             "metrics": {"tokens_per_s": tps} if status == "ok" else {}}
 
 
-def test_speedup_against_matching_ar_cell_prefers_graph_captured():
+def test_speedup_against_the_fastest_matching_ar_cell():
     ar_eager = result(tps=20.0, speculation="none", context_length=4096)
     ar_graph = result(tps=40.0, speculation="none", context_length=4096, graph_capture="full")
     spec = result(tps=100.0, context_length=4096)

@@ -340,7 +340,7 @@ def test_unknown_preset(tmp_path):
           model: qwen3-7b
         matrix: {tree_budget: [8]}
         """) == ("s.yaml:3:10: unknown model 'qwen3-7b' "
-                 "(allowed: tiny, qwen3-8b; did you mean 'qwen3-8b'?)")
+                 "(allowed: tiny, qwen3-8b, kimi-k2.6-rank; did you mean 'qwen3-8b'?)")
 
 
 def test_nonexistent_checkpoint(tmp_path):
@@ -400,7 +400,8 @@ def test_bad_hosts_and_metrics(tmp_path):
         name: x
         matrix: {tree_budget: [8]}
         hosts: [gpu-a, 7]
-        """) == "s.yaml:3:16: hosts[1] must be a host name (a string), got 7"
+        """) == ("s.yaml:3:16: hosts[1] must be a host name or a non-empty mapping of labels "
+                 "like {gpu: h200}, got 7")
     assert error(tmp_path, """
         name: x
         matrix: {tree_budget: [8]}

@@ -267,7 +267,8 @@ class FastSpecDecoder(_OneStepBehind):
         target_next = logits.argmax(-1)                                      # [b, T]
         if self.synthetic:
             # A drawn length along the drafter's best chain (first children), as on the host.
-            want = self.draws.index_select(0, self.step_index).squeeze(0)    # [b]
+            # The draws are cyclic, so a long run never indexes past them.
+            want = self.draws.index_select(0, self.step_index % self.draws.shape[0]).squeeze(0)
             chain = [torch.zeros(self.b, dtype=torch.long, device=self.device)]
             for _ in range(self.D):
                 prev = chain[-1]
@@ -300,7 +301,7 @@ class FastSpecDecoder(_OneStepBehind):
         for i, (t, nxt) in enumerate(zip(host_trees, target_next)):
             path = [0]
             if self.synthetic:
-                want = self.draws_host[self.steps_launched][i]
+                want = self.draws_host[self.steps_launched % len(self.draws_host)][i]
                 while len(path) < want and t.first_child[path[-1]] >= 0:
                     path.append(t.first_child[path[-1]])
             else:

@@ -197,7 +197,7 @@ def _decoder(cell, target, drafter, batch, max_len, clock):
     if (cell["tree_build"], cell["accept"], cell["graph_capture"]) == ("cpu", "cpu", "none"):
         # The baseline: the plain host-orchestrated loop the fast modes are measured against.
         return SpecDecoder(target, drafter, **common)
-    steps = cell["warmup_steps"] + cell["steps"] + cell["profile_steps"] + 4
+    steps = cell["warmup_steps"] + cell["steps"] + cell["profile_steps"] + AUDIT_STEPS + 8
     return FastSpecDecoder(target, drafter, tree_build=cell["tree_build"], accept=cell["accept"],
                            graph_capture=cell["graph_capture"], max_steps=steps, **common)
 

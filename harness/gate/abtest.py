@@ -1,0 +1,194 @@
+"""Same-job A/B: measure the base commit and the head on one host, interleaved.
+
+The strongest answer to noisy runners and to "which baseline?": both sides run in the same job
+on the same GPU, alternating, so whatever the machine does (clocks, thermals, a neighbour's
+job) lands on both. The base commit is checked out into a temporary `git worktree`; each side's
+worker runs from its own tree (LocalHost.for_code_tree: cwd and PYTHONPATH point at the tree),
+while this controller stays the head's.
+
+Per cell, on one host slot (one GPU), the rounds alternate A B, B A, A B, ... (a linear drift
+over the cell hits both sides equally), each round one worker run per side of `repeats`
+samples. When the cell looks regressed after its rounds (`needs_more`), it gets `remeasure`
+more rounds before the verdict is final. Different cells may run on different slots at once;
+the two sides of one cell never do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import statistics
+import subprocess
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from harness import params
+from harness.errors import InputError
+from harness.hosts import Host
+from harness.journal import atomic_write_json
+
+BASE, HEAD = "base", "head"
+
+
+# -- git ---------------------------------------------------------------------------------------
+
+
+def git(*args: str, cwd: str | Path, check: bool = True) -> str:
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    if check and out.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)}: {out.stderr.strip() or out.stdout.strip()}")
+    return out.stdout.strip()
+
+
+def repo_root(path: str | Path = ".") -> Path:
+    """The top of the git checkout containing `path` (InputError outside one)."""
+    try:
+        top = git("rev-parse", "--show-toplevel", cwd=path)
+    except (RuntimeError, OSError):
+        raise InputError(str(path), None, None, "not inside a git checkout: the A/B gate "
+                                                "needs the repository to check out the base") from None
+    return Path(top)
+
+
+def resolve_commit(repo: str | Path, ref: str) -> str:
+    """The full sha of `ref` (InputError naming the ref if git does not know it)."""
+    if not ref or ref.startswith("-"):
+        raise InputError(None, None, None, f"bad git ref {ref!r}")
+    try:
+        return git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", cwd=repo)
+    except RuntimeError:
+        raise InputError(None, None, None, f"unknown git ref '{ref}' in {repo} (fetch it "
+                                           f"first, e.g. git fetch origin main)") from None
+
+
+@contextmanager
+def worktree(repo: str | Path, sha: str, prefix: str = "harness-gate-") -> Iterator[Path]:
+    """A detached worktree of `sha` in a temporary folder, removed afterwards (also on error
+    or Ctrl-C)."""
+    parent = Path(tempfile.mkdtemp(prefix=prefix))
+    path = parent / sha[:12]
+    try:
+        git("worktree", "add", "--detach", "--quiet", str(path), sha, cwd=repo)
+        yield path
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=repo,
+                       capture_output=True, timeout=120)
+        shutil.rmtree(parent, ignore_errors=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=repo, capture_output=True, timeout=120)
+
+
+def host_for_tree(host: Host, tree: str | Path) -> Host:
+    """`host`, running its worker from the source tree `tree`."""
+    for_tree = getattr(host, "for_code_tree", None)
+    if for_tree is None:
+        raise InputError(None, None, None, f"host '{host.name}' cannot run a worker from another "
+                                           f"source tree: the A/B gate needs a local host")
+    return for_tree(tree)
+
+
+# -- measuring ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Measured:
+    """Every worker result, per cell id and side, in the order they ran."""
+
+    results: dict[str, dict[str, list[dict]]] = field(default_factory=dict)
+    remeasured: set[str] = field(default_factory=set)
+    interrupted: bool = False
+
+
+OnResult = Callable[[int, dict, str, int, dict], None]   # (cell no., cell, side, round, result)
+NeedsMore = Callable[[str, dict[str, list[dict]]], bool]  # (cell id, results per side)
+
+
+def side_order(sides: list[str], round_no: int) -> list[str]:
+    """A B, B A, A B, ...: alternating, so a drift within a cell's rounds cancels out."""
+    return list(sides) if round_no % 2 == 0 else list(reversed(sides))
+
+
+def measure(cells: list[dict], hosts: dict[str, Host], *, rounds: int, remeasure: int = 0,
+            needs_more: NeedsMore | None = None, on_result: OnResult | None = None) -> Measured:
+    """Run every cell `rounds` times per side, interleaved, plus `remeasure` rounds for the
+    cells `needs_more` picks. `hosts` maps side name -> host; all must be the same machine
+    (slot i of each is the same GPU). Ctrl-C stops and keeps what finished."""
+    if rounds < 1:
+        raise InputError(None, None, None, f"--rounds must be at least 1, got {rounds}")
+    if remeasure < 0:
+        raise InputError(None, None, None, f"--remeasure must be 0 or more, got {remeasure}")
+    measured = Measured()
+    try:
+        asyncio.run(_measure(cells, hosts, rounds, remeasure, needs_more, on_result, measured))
+    except KeyboardInterrupt:
+        measured.interrupted = True
+    return measured
+
+
+async def _measure(cells, hosts, rounds, remeasure, needs_more, on_result, measured) -> None:
+    sides = list(hosts)
+    queue: asyncio.Queue = asyncio.Queue()
+    for i, cell in enumerate(cells, start=1):
+        queue.put_nowait((i, cell))
+    slots = min(h.slots for h in hosts.values())
+
+    async def run_rounds(i, cell, slot, per_side, first, count):
+        for r in range(first, first + count):
+            for side in side_order(sides, r):
+                result = await hosts[side].run_cell(cell, slot, lambda _p: None)
+                per_side[side].append(result)
+                if on_result:
+                    on_result(i, cell, side, r, result)
+
+    async def slot_loop(slot: int):
+        while True:
+            try:
+                i, cell = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            cid = params.cell_id(cell)
+            per_side = {side: [] for side in sides}
+            measured.results[cid] = per_side
+            await run_rounds(i, cell, slot, per_side, 0, rounds)
+            if remeasure and needs_more is not None and needs_more(cid, per_side):
+                measured.remeasured.add(cid)
+                await run_rounds(i, cell, slot, per_side, rounds, remeasure)
+
+    await asyncio.gather(*(slot_loop(s) for s in range(slots)))
+
+
+def merge_results(cell: dict, results: list[dict]) -> dict:
+    """One journal result for a cell measured in several worker runs: per-repeat samples
+    concatenated, tokens/s the median of all repeats, acceptance their mean, every other metric
+    the median over runs. A cell with no ok run keeps the first failure."""
+    ok = [r for r in results if r.get("status") == "ok"]
+    if not ok:
+        first = dict(results[0]) if results else {"status": "failed", "error": "not measured"}
+        first.update(cell_id=params.cell_id(cell), cell=params.canonical(cell))
+        return first
+    merged = json.loads(json.dumps(ok[0]))
+    merged["cell_id"] = params.cell_id(cell)   # the head's id, whatever the base computes
+    samples: dict[str, list] = {}
+    for r in ok:
+        for k, v in (r.get("samples") or {}).items():
+            if isinstance(v, list):
+                samples.setdefault(k, []).extend(v)
+    metrics: dict = {}
+    for k in ok[0].get("metrics") or {}:
+        values = [r["metrics"].get(k) for r in ok if isinstance(r["metrics"].get(k), (int, float))]
+        metrics[k] = statistics.median(values) if values else None
+    if samples.get("tokens_per_s"):
+        metrics["tokens_per_s"] = statistics.median(samples["tokens_per_s"])
+    if samples.get("accept_len_mean"):
+        metrics["accept_len_mean"] = statistics.mean(samples["accept_len_mean"])
+    merged.update(metrics=metrics, samples=samples, runs=len(ok),
+                  failed_runs=len(results) - len(ok),
+                  wall_s=sum(float(r.get("wall_s") or 0) for r in results))
+    return merged
+
+
+def write_raw(raw_dir: Path, cell: dict, side: str, round_no: int, result: dict) -> None:
+    atomic_write_json(raw_dir / f"{params.cell_id(cell)}.{side}.r{round_no}.json", result)

@@ -1,0 +1,321 @@
+"""Baselines: what a head measurement is compared with, and how a run becomes one.
+
+Three sources, one shape (`Side`: the samples of every metric of one cell, plus provenance):
+
+- same-job A/B (harness.gate.abtest): the base commit measured on the same host, interleaved
+  with the head. The recommended PR gate: same machine, same hour, same noise.
+- MLflow: per cell, the latest child run tagged `baseline=true` for the same scenario (the
+  experiment), the same cell id and the same GPU class. The nightly job on main marks itself.
+- a JSON file `results/baselines/<gpu-class>/<scenario>.json`, committed with the code.
+- (and any journaled run, `run:RUN_ID`, handy for comparing two runs by hand.)
+
+Numbers from different GPU classes are never compared: an H100 baseline says nothing about an
+H200 head. The class is the GPU's name as the worker reports it, lower-cased, vendor dropped
+(`NVIDIA H200` -> `h200`, `NVIDIA H100 80GB HBM3` -> `h100-80gb-hbm3`); `cpu` without a GPU.
+
+`harness baseline mark RUN` tags a run's MLflow runs `baseline=true` and/or writes its cells
+into the JSON file (merged per cell, so a run with a failed cell keeps that cell's older entry).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from harness.errors import InputError
+from harness.journal import JournalError, RunJournal, atomic_write_json, utc_now_iso
+
+DEFAULT_BASELINES_DIR = Path("results/baselines")
+FILE_FORMAT = 1
+TAG_CELL_ID = "harness.cell_id"
+TAG_RUN_ID = "harness.run_id"
+TAG_SUPERSEDED = "harness.superseded_by"
+TAG_PARENT = "mlflow.parentRunId"
+
+
+def gpu_class(gpu_name: str | None) -> str:
+    """`NVIDIA H200` -> `h200`; no GPU -> `cpu`."""
+    if not gpu_name or str(gpu_name).strip().lower() in ("none", "null"):
+        return "cpu"
+    name = str(gpu_name).strip().lower()
+    name = re.sub(r"^(nvidia|amd|intel)\s+", "", name)
+    return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "cpu"
+
+
+def result_gpu_class(result: dict) -> str:
+    return gpu_class((result.get("env") or {}).get("gpu"))
+
+
+@dataclass
+class Side:
+    """One side of a comparison for one cell: every metric's samples and where they came from."""
+
+    cell_id: str
+    label: str
+    gpu_class: str | None
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    source: str = ""             # e.g. "A/B base 1a2b3c4d", "mlflow run 9f.. (sha 1a2b3c4d)"
+    git_sha: str | None = None
+    error: str | None = None     # set when there is no ok measurement
+    n_runs: int = 0              # worker runs pooled into these samples
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def samples_of(results: list[dict]) -> dict[str, list[float]]:
+    """Every metric's samples pooled over ok results: the per-repeat list where the worker gives
+    one (`samples.tokens_per_s`), else the metric's single value (one sample per run)."""
+    pooled: dict[str, list[float]] = {}
+    for r in results:
+        if r.get("status") != "ok":
+            continue
+        per_repeat = r.get("samples") or {}
+        for name, value in (r.get("metrics") or {}).items():
+            listed = per_repeat.get(name)
+            if isinstance(listed, list) and listed and all(_is_number(v) for v in listed):
+                pooled.setdefault(name, []).extend(float(v) for v in listed)
+            elif _is_number(value):
+                pooled.setdefault(name, []).append(float(value))
+    return pooled
+
+
+def side_from_results(cell_id: str, label: str, results: list[dict], source: str,
+                      git_sha: str | None = None) -> Side:
+    ok = [r for r in results if r.get("status") == "ok"]
+    classes = sorted({result_gpu_class(r) for r in ok})
+    side = Side(cell_id, label, classes[0] if len(classes) == 1 else None,
+                samples_of(ok), source, git_sha, n_runs=len(ok))
+    if len(classes) > 1:  # pooled over two GPU classes: a measurement of neither
+        side.error = f"measured on more than one GPU class ({', '.join(classes)})"
+    elif not ok:
+        errors = [(r.get("error") or "no result").strip().splitlines() for r in results]
+        first = next((e[0] for e in errors if e), "not measured")
+        side.error = first[:300] if results else "not measured"
+    return side
+
+
+def check_same_class(head: Side, base: Side) -> None:
+    """Refuse a cross-GPU-class comparison (InputError: the gate exits 2)."""
+    if head.gpu_class and base.gpu_class and head.gpu_class != base.gpu_class:
+        raise InputError(None, None, None,
+                         f"cell {head.cell_id}: baseline is from GPU class '{base.gpu_class}' "
+                         f"({base.source}) but the head ran on '{head.gpu_class}': results of "
+                         f"different GPU classes are never compared")
+
+
+# -- JSON files --------------------------------------------------------------------------------
+
+
+def baseline_path(root: str | Path, scenario: str, cls: str) -> Path:
+    return Path(root) / cls / f"{scenario}.json"
+
+
+def from_file(root: str | Path, scenario: str, cls: str) -> dict[str, Side]:
+    """The cells of `<root>/<cls>/<scenario>.json` (InputError if there is none)."""
+    path = baseline_path(root, scenario, cls)
+    if not path.is_file():
+        others = sorted(p.parent.name for p in Path(root).glob(f"*/{scenario}.json"))
+        hint = (f" (baselines exist for GPU class {', '.join(others)}; never compared across "
+                f"classes)" if others else "")
+        raise InputError(str(path), None, None,
+                         f"no baseline for scenario '{scenario}' on GPU class '{cls}'{hint}; "
+                         f"make one with: harness baseline mark RUN --file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise InputError(str(path), None, None, f"unreadable baseline file: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), dict):
+        raise InputError(str(path), None, None, "not a baseline file (no 'cells' mapping)")
+    if data.get("gpu_class") not in (None, cls):
+        raise InputError(str(path), None, None,
+                         f"file says GPU class '{data.get('gpu_class')}' but lies under "
+                         f"'{cls}': never compared across classes")
+    out = {}
+    for cid, entry in data["cells"].items():
+        sha = entry.get("git_sha")
+        source = f"{path} (run {entry.get('run_id', '?')}, sha {str(sha)[:8]})"
+        out[cid] = side_from_results(cid, entry.get("label", cid), [{**entry, "status": "ok"}],
+                                     source, sha)
+        out[cid].gpu_class = cls
+    return out
+
+
+def write_file(root: str | Path, journal: RunJournal, replace: bool = False) -> list[tuple[Path, int, int]]:
+    """Write the ok cells of `journal` into `<root>/<class>/<scenario>.json`, one file per GPU
+    class the run measured. Cells already in a file and not in this run are kept (unless
+    `replace`). Returns (path, cells written, cells kept) per file."""
+    by_class: dict[str, dict[str, dict]] = {}
+    for cid, r in journal.results().items():
+        if r.get("status") != "ok":
+            continue
+        metrics = {k: v for k, v in (r.get("metrics") or {}).items() if _is_number(v)}
+        # Per-repeat samples of the metrics only (not e.g. every step time): what the gate uses.
+        samples = {k: v for k, v in (r.get("samples") or {}).items() if k in metrics}
+        by_class.setdefault(result_gpu_class(r), {})[cid] = {
+            "label": r.get("label"), "cell": r.get("cell"), "run_id": journal.run_id,
+            "git_sha": journal.meta.get("git_sha"), "started_at": r.get("started_at"),
+            "gpu": (r.get("env") or {}).get("gpu"), "host": r.get("host"),
+            "metrics": metrics, "samples": samples}
+    written = []
+    for cls, cells in sorted(by_class.items()):
+        path = baseline_path(root, journal.scenario_name, cls)
+        kept: dict[str, dict] = {}
+        if path.is_file() and not replace:
+            try:
+                kept = json.loads(path.read_text(encoding="utf-8")).get("cells") or {}
+            except (OSError, json.JSONDecodeError, AttributeError):
+                kept = {}
+        kept = {cid: entry for cid, entry in kept.items() if cid not in cells}
+        atomic_write_json(path, {"format": FILE_FORMAT, "scenario": journal.scenario_name,
+                                 "gpu_class": cls, "updated_at": utc_now_iso(),
+                                 "cells": {**kept, **cells}})
+        written.append((path, len(cells), len(kept)))
+    return written
+
+
+# -- journaled runs ----------------------------------------------------------------------------
+
+
+def from_journal(runs_root: str | Path, run_id: str) -> tuple[RunJournal, dict[str, Side]]:
+    try:
+        journal = RunJournal.open(runs_root, run_id)
+    except JournalError as e:
+        raise InputError(None, None, None, str(e)) from None
+    sha = journal.meta.get("git_sha")
+    labels = {c["cell_id"]: c["label"] for c in journal.cells}
+    sides = {cid: side_from_results(cid, labels.get(cid, r.get("label", cid)), [r],
+                                    f"run {run_id} (sha {str(sha)[:8]})", sha)
+             for cid, r in journal.results().items()}
+    return journal, sides
+
+
+# -- MLflow ------------------------------------------------------------------------------------
+
+
+@contextmanager
+def mlflow_client(uri: str | None) -> Iterator:
+    """An MlflowClient on `uri` (default: $MLFLOW_TRACKING_URI or results/mlflow.db), quiet and
+    failing fast; InputError for a sqlite store that does not exist (never create one to read)."""
+    from harness import tracking
+
+    uri = tracking._absolute(uri or tracking.default_tracking_uri())
+    path = tracking._sqlite_path(uri)
+    if path is not None and not path.is_file():
+        raise InputError(None, None, None, f"no MLflow store at {path} (nothing logged there yet)")
+    try:
+        tracking.check_reachable(uri)
+    except tracking.TrackingUnavailable as e:
+        raise InputError(None, None, None, str(e)) from None
+    import mlflow  # noqa: F401 - before _quiet_mlflow: importing mlflow resets its logger level
+    from mlflow import MlflowClient
+
+    with tracking._quiet_mlflow(), tracking._env(tracking.MLFLOW_ENV):
+        yield MlflowClient(tracking_uri=uri)
+
+
+def search_all(client, experiment_ids: list[str], filter_string: str,
+               order_by: list[str] | None = None) -> Iterator:
+    """Every active run matching the filter, following pagination."""
+    token = None
+    while True:
+        page = client.search_runs(experiment_ids, filter_string, max_results=1000,
+                                  order_by=order_by, page_token=token)
+        yield from page
+        token = page.token
+        if not token:
+            return
+
+
+def run_result(client, run) -> dict:
+    """The cell result a child run holds: its cell.json artifact, else rebuilt from its metrics
+    (and the tokens_per_s_repeat history for the per-repeat samples)."""
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            local = client.download_artifacts(run.info.run_id, "cell.json", tmp)
+            return json.loads(Path(local).read_text(encoding="utf-8"))
+    except Exception:  # noqa: BLE001 - artifacts can be unreachable (another machine's store)
+        pass
+    metrics = dict(run.data.metrics)
+    samples = {}
+    if "tokens_per_s_repeat" in metrics:
+        history = client.get_metric_history(run.info.run_id, "tokens_per_s_repeat")
+        samples["tokens_per_s"] = [m.value for m in sorted(history, key=lambda m: m.step)]
+    metrics.pop("tokens_per_s_repeat", None)
+    return {"status": "ok", "metrics": metrics, "samples": samples,
+            "env": {"gpu": run.data.tags.get("gpu")}}
+
+
+def from_mlflow(uri: str | None, scenario: str, cls: str,
+                cell_ids: list[str] | None = None) -> dict[str, Side]:
+    """Per cell, the latest ok child run tagged baseline=true of experiment `scenario` whose
+    GPU class is `cls` (InputError when the experiment or every baseline is missing)."""
+    with mlflow_client(uri) as client:
+        exp = client.get_experiment_by_name(scenario)
+        if exp is None:
+            raise InputError(None, None, None,
+                             f"no MLflow experiment '{scenario}' in {client.tracking_uri}: no "
+                             f"baseline (mark one with: harness baseline mark RUN)")
+        wanted = set(cell_ids) if cell_ids is not None else None
+        found: dict[str, Side] = {}
+        other_classes: set[str] = set()
+        runs = search_all(client, [exp.experiment_id],
+                          "tags.baseline = 'true' and tags.status = 'ok'",
+                          order_by=["attributes.start_time DESC"])
+        for run in runs:
+            tags = run.data.tags
+            cid = tags.get(TAG_CELL_ID)
+            if not cid or TAG_SUPERSEDED in tags or cid in found:
+                continue
+            if wanted is not None and cid not in wanted:
+                continue
+            run_cls = gpu_class(tags.get("gpu"))
+            if run_cls != cls:
+                other_classes.add(run_cls)
+                continue
+            result = run_result(client, run)
+            sha = tags.get("git.sha")
+            found[cid] = side_from_results(
+                cid, run.info.run_name or cid, [{**result, "status": "ok"}],
+                f"mlflow run {run.info.run_id[:12]} of {tags.get(TAG_RUN_ID, '?')} "
+                f"(sha {str(sha)[:8]})", sha)
+            found[cid].gpu_class = cls
+        if not found:
+            hint = (f" (baselines exist for GPU class {', '.join(sorted(other_classes))}; never "
+                    f"compared across classes)" if other_classes else "")
+            raise InputError(None, None, None,
+                             f"no run tagged baseline=true for scenario '{scenario}' on GPU class "
+                             f"'{cls}' in {client.tracking_uri}{hint}")
+        return found
+
+
+def mark_mlflow(uri: str | None, run_id: str, scenario: str | None = None) -> tuple[int, int]:
+    """Tag the parent and the ok (not superseded) children of run `run_id` baseline=true.
+    Returns (children tagged, children left as they are because they failed)."""
+    with mlflow_client(uri) as client:
+        if scenario:
+            exp = client.get_experiment_by_name(scenario)
+            experiments = [exp.experiment_id] if exp is not None else []
+        else:
+            experiments = [e.experiment_id for e in client.search_experiments()]
+        runs = list(search_all(client, experiments, f"tags.`{TAG_RUN_ID}` = '{run_id}'")) \
+            if experiments else []
+        if not runs:
+            raise InputError(None, None, None, f"run {run_id} is not in {client.tracking_uri}")
+        tagged = skipped = 0
+        for run in runs:
+            tags = run.data.tags
+            child = TAG_PARENT in tags
+            if child and (tags.get("status") != "ok" or TAG_SUPERSEDED in tags):
+                skipped += child and tags.get("status") != "ok"
+                continue
+            client.set_tag(run.info.run_id, "baseline", "true")
+            tagged += child
+        return tagged, skipped

@@ -1,0 +1,114 @@
+"""Build the CUDA verify-attention library on the GPU host, at first use, for that host's GPU.
+
+`load_library()` compiles kernels/verify_attention.cu with torch's extension builder
+(torch.utils.cpp_extension.load: ninja + nvcc, no torch headers needed by the source) for the
+architecture of the current device (sm_90a on an H200 — the arch-specific target, for wgmma —
+sm_120 on an RTX PRO 6000 Blackwell, anything else as its own SASS plus PTX), and opens the result with ctypes. Builds are cached on
+disk by (source hash, flags, arch, torch and CUDA versions) under $HARNESS_CACHE_DIR (default
+~/.cache/specdec-harness/kernels), so a worker compiles once per host and version; the builder's
+file lock keeps concurrent workers on one host from building the same thing twice.
+
+Importing this module needs neither a GPU nor nvcc; only `load_library()` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("verify_attention.cu")
+# -lineinfo costs nothing at run time and lets a profiler map time to source lines.
+NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
+
+# Architectures built as exactly that machine code; any other GPU gets its own SASS plus PTX.
+# Hopper builds 9.0a: its wgmma instructions exist only in the arch-specific target.
+_EXACT_ARCHS = {(8, 0): "8.0", (8, 6): "8.6", (8, 9): "8.9", (9, 0): "9.0a", (10, 0): "10.0",
+                (12, 0): "12.0"}
+
+_lock = threading.Lock()
+_libraries: dict[str, ctypes.CDLL] = {}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("HARNESS_CACHE_DIR") or os.path.join("~", ".cache", "specdec-harness")
+    return Path(os.path.expanduser(root)) / "kernels"
+
+
+def arch_list(capability: tuple[int, int]) -> str:
+    """TORCH_CUDA_ARCH_LIST value for a device of compute capability `capability`."""
+    return _EXACT_ARCHS.get(tuple(capability), f"{capability[0]}.{capability[1]}+PTX")
+
+
+def build_key(arch: str) -> str:
+    """What a cached build depends on: the source, the flags, the arch, torch and its CUDA."""
+    import torch
+
+    h = hashlib.sha256()
+    h.update(SOURCE.read_bytes())
+    h.update(repr((NVCC_FLAGS, arch, torch.__version__, torch.version.cuda)).encode())
+    return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _env(**values: str):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def load_library(device=None, verbose: bool = False) -> ctypes.CDLL:
+    """The compiled library for `device` (default: the current CUDA device), built if needed."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("the custom verify kernel needs a CUDA GPU (none is visible)")
+    capability = torch.cuda.get_device_capability(device)
+    arch = arch_list(capability)
+    name = f"tree_verify_{build_key(arch)}"
+    with _lock:
+        if name in _libraries:
+            return _libraries[name]
+        from torch.utils import cpp_extension
+
+        build_dir = cache_dir() / name
+        build_dir.mkdir(parents=True, exist_ok=True)
+        # Always through the builder, also when the library exists: its lock file makes a worker
+        # that finds another one mid-build wait for it, and ninja then finds nothing to do.
+        with _env(TORCH_CUDA_ARCH_LIST=arch):
+            cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cuda_cflags=list(NVCC_FLAGS),
+                               build_directory=str(build_dir), is_python_module=False,
+                               verbose=verbose)
+        lib = ctypes.CDLL(str(build_dir / f"{name}.so"))
+        _declare(lib)
+        _libraries[name] = lib
+        return lib
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    """C signatures of the extern "C" entry points (see the bottom of verify_attention.cu)."""
+    c_int, c_void_p = ctypes.c_int, ctypes.c_void_p
+    lib.tva_gqa_forward.argtypes = [c_void_p, c_int, c_int, c_int, c_int, c_void_p]
+    lib.tva_gqa_forward.restype = c_int
+    lib.tva_mla_forward.argtypes = [c_void_p, c_int, c_void_p]
+    lib.tva_mla_forward.restype = c_int
+    lib.tva_gqa_occupancy.argtypes = [c_int, c_int, c_int, c_int]
+    lib.tva_gqa_occupancy.restype = c_int
+    lib.tva_gqa_smem_bytes.argtypes = [c_int, c_int, c_int]
+    lib.tva_gqa_smem_bytes.restype = c_int
+    lib.tva_mla_smem_bytes.argtypes = []
+    lib.tva_mla_smem_bytes.restype = c_int
+    lib.tva_error_string.argtypes = [c_int]
+    lib.tva_error_string.restype = ctypes.c_char_p
+    lib.tva_struct_size.argtypes = []
+    lib.tva_struct_size.restype = c_int

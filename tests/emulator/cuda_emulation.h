@@ -1,0 +1,509 @@
+// CPU stand-ins for the CUDA builtins and PTX helpers that kernels/verify_attention.cu uses, so
+// its kernels run, unchanged, on a machine without a GPU (tests only; build with -DTVA_EMULATE).
+//
+// - Every CUDA thread of a block is a fiber (ucontext) on one OS thread; a scheduler runs them
+//   round-robin between barriers. __syncthreads is a barrier of the block's live threads;
+//   warp-wide operations are barriers of the warp's 32 lanes around an exchange of values.
+//   (On x86-64 the fibers switch with a few instructions of assembly; elsewhere with
+//   swapcontext, which also saves the signal mask: correct, only slower.)
+// - ldmatrix (.x4, plain and .trans), mma.sync.m16n8k16.row.col bf16->fp32 and shfl.xor follow
+//   the fragment layouts of the PTX ISA: the emulator reassembles whole matrices from the
+//   lanes' registers, so a kernel that indexes them wrongly computes the wrong numbers here too.
+// - wgmma.mma_async m64n64k16 (A in registers, B through a K-major 128-byte-swizzle shared-memory
+//   descriptor) is a barrier of the warpgroup's 128 threads that completes at issue; the
+//   descriptor is decoded bit by bit and the swizzle applied to absolute shared addresses.
+// - cp.async copies are queued per thread and land as late as the rules allow: at the
+//   cp.async.wait_group that retires their group (TVA_EMU_EARLY=1: at issue instead). A kernel
+//   that reads a tile before waiting for it reads the poison (0xff bytes: bf16 NaN).
+// - Skew (a non-zero seed) makes the scheduler skip random warps in each round, so warps drift
+//   apart between barriers and a missing __syncthreads shows up as wrong numbers.
+// - emu_configure(early, skew_seed) (extern "C") sets both; the environment variables
+//   TVA_EMU_EARLY=1 and TVA_EMU_SKEW=<seed> give the defaults.
+// - Shared memory is a poisoned buffer of the launch's dynamic size; every access is bounds
+//   checked. A deadlock (threads stuck at different barriers) aborts with a message.
+#pragma once
+
+#include <ucontext.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct float2 {
+    float x, y;
+};
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline int min(int a, int b) { return a < b ? a : b; }
+
+struct __nv_bfloat16 {
+    uint16_t bits;
+};
+struct __nv_bfloat162 {
+    __nv_bfloat16 x, y;
+};
+inline uint16_t emu_f2bf(float f) {       // round to nearest even, NaN stays NaN
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return static_cast<uint16_t>(u >> 16);
+}
+inline float emu_bf2f(uint16_t h) {
+    uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) { return {{emu_f2bf(lo)}, {emu_f2bf(hi)}}; }
+inline float __log2f(float x) { return std::log2(x); }
+template <typename T>
+inline T __ldg(const T* p) { return *p; }
+
+// The CUDA runtime, as far as the launchers use it.
+typedef int cudaError_t;
+typedef void* cudaStream_t;
+enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+template <typename K>
+inline cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, int) { return cudaSuccess; }
+inline cudaError_t cudaGetDevice(int* d) { *d = 0; return cudaSuccess; }
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline const char* cudaGetErrorString(cudaError_t e) { return e ? "emulated error" : "no error"; }
+template <typename K>
+inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, K, int, size_t) {
+    *n = 2;
+    return cudaSuccess;
+}
+
+#if defined(__x86_64__)
+// emu_switch(save, to): push the callee-saved registers, store the stack pointer in *save,
+// continue on stack `to` (popping what its own emu_switch pushed, or a fresh fiber's frame).
+asm(R"(
+.text
+.globl emu_switch
+.type emu_switch,@function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+.size emu_switch, .-emu_switch
+)");
+extern "C" void emu_switch(void** save, void* to);
+#define EMU_FAST_SWITCH 1
+#endif
+
+namespace emu {
+
+[[noreturn]] inline void die(const char* what) {
+    std::fprintf(stderr, "cuda emulation: %s\n", what);
+    std::abort();
+}
+
+struct Copy {
+    uint32_t dst;
+    const void* src;
+    int bytes;
+};
+
+struct Fiber {
+    ucontext_t ctx;
+    void* sp = nullptr;
+    char* stack = nullptr;
+    int tid = 0;
+    bool done = false;
+    std::vector<Copy> open;
+    std::deque<std::vector<Copy>> groups;
+};
+
+struct Block {
+    dim3 idx, dim;
+    std::vector<uint8_t> smem;
+    std::vector<Fiber> fibers;
+    ucontext_t sched;
+    void* sched_sp = nullptr;
+    int cur = 0, live = 0;
+    long progress = 0;
+    int bar_count = 0;
+    long bar_gen = 0;
+    std::vector<int> warp_count, group_count;
+    std::vector<long> warp_gen, group_gen;
+    std::vector<std::array<uint32_t, 16>> slots;   // per thread: values it shares with its warp
+    void (*body)(const void*) = nullptr;
+    const void* arg = nullptr;
+};
+
+inline Block*& current_block() {
+    static thread_local Block* b = nullptr;
+    return b;
+}
+inline uint64_t& skew_state() {
+    static uint64_t state = [] {
+        const char* s = std::getenv("TVA_EMU_SKEW");
+        return s ? std::strtoull(s, nullptr, 10) : 0ull;
+    }();
+    return state;
+}
+// With skew on: does warp w run in this round? (xorshift; about half the warps sit out)
+inline bool skip_warp() {
+    uint64_t& x = skew_state();
+    if (!x) return false;
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return (x >> 11) & 1;
+}
+inline bool& late_copies() {
+    static bool late = !std::getenv("TVA_EMU_EARLY") || std::getenv("TVA_EMU_EARLY")[0] != '1';
+    return late;
+}
+
+inline Fiber& me() { return current_block()->fibers[current_block()->cur]; }
+inline void to_scheduler(Fiber& f) {
+    Block* b = current_block();
+#ifdef EMU_FAST_SWITCH
+    emu_switch(&f.sp, b->sched_sp);
+#else
+    swapcontext(&f.ctx, &b->sched);
+#endif
+}
+inline void yield() { to_scheduler(current_block()->fibers[current_block()->cur]); }
+
+inline void barrier(int& count, long& gen, int participants) {
+    Block* b = current_block();
+    const long mine = gen;
+    ++b->progress;
+    if (++count == participants) {
+        count = 0;
+        ++gen;
+        return;
+    }
+    while (gen == mine) yield();
+}
+
+inline void syncthreads() {
+    Block* b = current_block();
+    barrier(b->bar_count, b->bar_gen, b->live);
+}
+inline int lane() { return me().tid & 31; }
+inline int warp() { return me().tid >> 5; }
+inline void warp_sync() {
+    Block* b = current_block();
+    barrier(b->warp_count[warp()], b->warp_gen[warp()], 32);
+}
+inline std::array<uint32_t, 16>& slot(int l) { return current_block()->slots[warp() * 32 + l]; }
+inline void warpgroup_sync() {
+    Block* b = current_block();
+    barrier(b->group_count[warp() / 4], b->group_gen[warp() / 4], 128);
+}
+
+inline uint8_t* smem_at(uint32_t off, uint32_t bytes) {
+    Block* b = current_block();
+    if (static_cast<size_t>(off) + bytes > b->smem.size()) die("shared-memory access out of bounds");
+    return b->smem.data() + off;
+}
+
+// -- cp.async --------------------------------------------------------------------------------
+inline void perform(const Copy& c) {
+    uint8_t* dst = smem_at(c.dst, 16);
+    if (c.bytes) std::memcpy(dst, c.src, 16);
+    else std::memset(dst, 0, 16);
+}
+inline void retire(size_t keep) {
+    Fiber& f = me();
+    while (f.groups.size() > keep) {
+        for (const Copy& c : f.groups.front()) perform(c);
+        f.groups.pop_front();
+    }
+}
+
+// -- launching -------------------------------------------------------------------------------
+inline void fiber_main() {
+    Block* b = current_block();
+    b->body(b->arg);
+    Fiber& f = me();
+    if (!f.open.empty() || !f.groups.empty()) {   // cp.async never waited for: lands anyway
+        f.groups.push_back(f.open);
+        f.open.clear();
+        retire(0);
+    }
+    f.done = true;
+    --b->live;
+    ++b->progress;
+    if (b->bar_count > 0 && b->bar_count >= b->live) {   // the exited thread was awaited
+        b->bar_count = 0;
+        ++b->bar_gen;
+    }
+    to_scheduler(f);
+    die("a finished fiber was resumed");
+}
+
+// Fiber stacks, reused by every block (allocating and zeroing them per block costs more than
+// the emulated kernel).
+constexpr size_t kStackBytes = 128 * 1024;
+inline char* fiber_stack(unsigned t) {
+    static thread_local std::vector<std::unique_ptr<char[]>> pool;
+    while (pool.size() <= t) pool.emplace_back(new char[kStackBytes]);
+    return pool[t].get();
+}
+
+inline void run_block(Block& b) {
+    current_block() = &b;
+    b.live = static_cast<int>(b.dim.x);
+    b.fibers.resize(b.dim.x);
+    b.slots.assign(b.dim.x, {});
+    b.warp_count.assign((b.dim.x + 31) / 32, 0);
+    b.warp_gen.assign((b.dim.x + 31) / 32, 0);
+    b.group_count.assign((b.dim.x + 127) / 128, 0);
+    b.group_gen.assign((b.dim.x + 127) / 128, 0);
+    for (unsigned t = 0; t < b.dim.x; ++t) {
+        Fiber& f = b.fibers[t];
+        f.tid = static_cast<int>(t);
+        f.stack = fiber_stack(t);
+#ifdef EMU_FAST_SWITCH
+        // A frame emu_switch can return into: six zeroed registers, then fiber_main as the
+        // return address, placed so fiber_main starts with the stack alignment of a call.
+        uintptr_t top = reinterpret_cast<uintptr_t>(f.stack + kStackBytes) & ~uintptr_t(15);
+        void** frame = reinterpret_cast<void**>(top - 64);
+        for (int i = 0; i < 6; ++i) frame[i] = nullptr;
+        frame[6] = reinterpret_cast<void*>(&fiber_main);
+        frame[7] = nullptr;
+        f.sp = frame;
+#else
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = f.stack;
+        f.ctx.uc_stack.ss_size = kStackBytes;
+        f.ctx.uc_link = nullptr;
+        makecontext(&f.ctx, fiber_main, 0);
+#endif
+    }
+    bool all_warps = false;              // after a round without progress, run everyone
+    while (b.live > 0) {
+        const long before = b.progress;
+        bool skip = false;
+        for (unsigned t = 0; t < b.dim.x; ++t) {
+            if (t % 32 == 0) skip = !all_warps && skip_warp();
+            if (skip || b.fibers[t].done) continue;
+            b.cur = static_cast<int>(t);
+#ifdef EMU_FAST_SWITCH
+            emu_switch(&b.sched_sp, b.fibers[t].sp);
+#else
+            swapcontext(&b.sched, &b.fibers[t].ctx);
+#endif
+        }
+        if (b.progress == before && all_warps) die("deadlock: threads wait at barriers that cannot complete");
+        all_warps = b.progress == before;
+    }
+    current_block() = nullptr;
+}
+
+template <typename P>
+inline void launch(void (*kernel)(const P), dim3 grid, dim3 block, size_t smem_bytes, const P& p) {
+    struct Call {
+        void (*kernel)(const P);
+        const P* p;
+        static void body(const void* self) {
+            const Call* c = static_cast<const Call*>(self);
+            c->kernel(*c->p);
+        }
+    } call{kernel, &p};
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) {
+                Block b;
+                b.idx = dim3(x, y, z);
+                b.dim = block;
+                b.smem.assign(smem_bytes, 0xff);       // poison: bf16 NaN, fp32 NaN
+                b.body = &Call::body;
+                b.arg = &call;
+                run_block(b);
+            }
+}
+
+inline uint8_t* shared_memory() { return current_block()->smem.data(); }
+
+}  // namespace emu
+
+inline dim3 emu_thread_idx() { return dim3(static_cast<unsigned>(emu::me().tid)); }
+#define threadIdx (emu_thread_idx())
+#define blockIdx (emu::current_block()->idx)
+#define blockDim (emu::current_block()->dim)
+
+inline void __syncthreads() { emu::syncthreads(); }
+
+inline float __shfl_xor_sync(unsigned, float v, int mask) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    emu::slot(emu::lane())[0] = u;
+    emu::warp_sync();
+    const uint32_t r = emu::slot(emu::lane() ^ mask)[0];
+    emu::warp_sync();
+    float out;
+    std::memcpy(&out, &r, 4);
+    return out;
+}
+
+// -- the PTX helpers of verify_attention.cu ---------------------------------------------------------
+inline uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(static_cast<const uint8_t*>(p) - emu::shared_memory());
+}
+
+inline void cp_async16(uint32_t dst, const void* src, bool valid) {
+    emu::Copy c{dst, src, valid ? 16 : 0};
+    emu::smem_at(dst, 16);                          // bounds check at issue
+    if (emu::late_copies()) emu::me().open.push_back(c);
+    else emu::perform(c);
+}
+inline void cp_async_commit() {
+    emu::Fiber& f = emu::me();
+    f.groups.push_back(f.open);
+    f.open.clear();
+}
+template <int N>
+inline void cp_async_wait() {
+    emu::retire(N);
+}
+
+inline uint16_t emu_ld16(uint32_t addr) {
+    uint16_t v;
+    std::memcpy(&v, emu::smem_at(addr, 2), 2);
+    return v;
+}
+
+// ldmatrix.x4: lanes 8i..8i+7 give the row addresses of matrix i; lane l receives row l/4,
+// columns 2(l%4), 2(l%4)+1 of each matrix (with .trans: rows 2(l%4), 2(l%4)+1 of column l/4).
+inline void emu_ldsm(uint32_t (&r)[4], uint32_t addr, bool trans) {
+    const int l = emu::lane();
+    if (addr % 16) emu::die("ldmatrix row address not 16-byte aligned");
+    emu::slot(l)[0] = addr;
+    emu::warp_sync();
+    for (int i = 0; i < 4; ++i) {
+        uint16_t lo, hi;
+        if (!trans) {
+            const uint32_t row = emu::slot(8 * i + l / 4)[0];
+            lo = emu_ld16(row + 4 * (l % 4));
+            hi = emu_ld16(row + 4 * (l % 4) + 2);
+        } else {
+            lo = emu_ld16(emu::slot(8 * i + 2 * (l % 4))[0] + 2 * (l / 4));
+            hi = emu_ld16(emu::slot(8 * i + 2 * (l % 4) + 1)[0] + 2 * (l / 4));
+        }
+        r[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    }
+    emu::warp_sync();
+}
+inline void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, uint32_t a) {
+    uint32_t r[4];
+    emu_ldsm(r, a, false);
+    r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3];
+}
+inline void ldsm_x4_t(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, uint32_t a) {
+    uint32_t r[4];
+    emu_ldsm(r, a, true);
+    r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3];
+}
+
+inline bool current_warp_count_check(int tid) {
+    return static_cast<int>(emu::current_block()->dim.x) < (tid & ~127) + 128;
+}
+
+inline float emu_half(uint32_t reg, int hi) { return emu_bf2f(static_cast<uint16_t>(hi ? reg >> 16 : reg)); }
+
+// mma.m16n8k16.row.col: A row r, col k is in lane (r%8)*4 + (k%8)/2, register (r>=8) + 2(k>=8),
+// half k%2; B row k, col n in lane n*4 + (k%8)/2, register (k>=8), half k%2; C/D row r, col n
+// in lane (r%8)*4 + n/2, element 2(r>=8) + n%2.
+inline void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    const int l = emu::lane();
+    auto& s = emu::slot(l);
+    for (int i = 0; i < 4; ++i) s[i] = a[i];
+    s[4] = b0, s[5] = b1;
+    emu::warp_sync();
+    float out[4];
+    for (int e = 0; e < 4; ++e) {
+        const int r = l / 4 + 8 * (e >> 1), n = 2 * (l % 4) + (e & 1);
+        float acc = d[e];
+        for (int k = 0; k < 16; ++k) {
+            const auto& sa = emu::slot((r % 8) * 4 + (k % 8) / 2);
+            const auto& sb = emu::slot(n * 4 + (k % 8) / 2);
+            acc += emu_half(sa[(r >= 8) + 2 * (k >= 8)], k % 2) * emu_half(sb[4 + (k >= 8)], k % 2);
+        }
+        out[e] = acc;
+    }
+    emu::warp_sync();
+    for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
+
+inline float fast_exp2(float x) { return std::exp2(x); }
+
+inline void fence_proxy_async() {}
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+template <int N>
+inline void wgmma_wait() {}
+
+inline void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
+    const int tid = emu::me().tid, lane = tid & 31, w = (tid >> 5) & 3, group0 = tid & ~127;
+    if (current_warp_count_check(tid)) emu::die("wgmma needs a whole warpgroup of 128 threads");
+    auto& mine = emu::current_block()->slots[tid];
+    for (int i = 0; i < 4; ++i) mine[i] = a[i];
+    mine[4] = static_cast<uint32_t>(desc);
+    mine[5] = static_cast<uint32_t>(desc >> 32);
+    emu::warpgroup_sync();
+    const auto& first = emu::current_block()->slots[group0];
+    if (first[4] != mine[4] || first[5] != mine[5]) emu::die("wgmma descriptor differs across the warpgroup");
+    const uint32_t start = static_cast<uint32_t>(desc & 0x3FFF) << 4;
+    const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4;
+    if ((desc >> 62) != 1) emu::die("emulated wgmma supports the 128-byte swizzle only");
+    auto b_at = [&](int k, int n) {            // K-major: row n (8-row groups SBO apart), column k
+        uint32_t addr = start + (n / 8) * sbo + (n % 8) * 128 + 2 * k;
+        addr ^= ((addr >> 7) & 7u) << 4;
+        return emu_bf2f(emu_ld16(addr));
+    };
+    auto a_at = [&](int r, int k) {            // warp r / 16 of the group, mma A layout
+        const int rr = r % 16;
+        const auto& sl = emu::current_block()->slots[group0 + (r / 16) * 32 + (rr % 8) * 4 + (k % 8) / 2];
+        return emu_half(sl[(rr >= 8) + 2 * (k >= 8)], k % 2);
+    };
+    float out[8][4];
+    for (int j = 0; j < 8; ++j)
+        for (int e = 0; e < 4; ++e) {
+            const int row = 16 * w + lane / 4 + 8 * (e >> 1), n = 8 * j + 2 * (lane % 4) + (e & 1);
+            float acc = accumulate ? d[j][e] : 0.f;
+            for (int k = 0; k < 16; ++k) acc += a_at(row, k) * b_at(k, n);
+            out[j][e] = acc;
+        }
+    emu::warpgroup_sync();
+    for (int j = 0; j < 8; ++j)
+        for (int e = 0; e < 4; ++e) d[j][e] = out[j][e];
+}
+inline void st_shared_b32(uint32_t a, uint32_t v) { std::memcpy(emu::smem_at(a, 4), &v, 4); }
+
+extern "C" void emu_configure(int early, unsigned long long skew_seed) {
+    emu::late_copies() = !early;
+    emu::skew_state() = skew_seed;
+}

@@ -1,0 +1,147 @@
+"""The CUDA verify-attention kernels, run on the CPU through the emulator (no GPU needed).
+
+kernels/verify_attention.cu is compiled as C++ with -DTVA_EMULATE against
+tests/emulator/cuda_emulation.h: threads become fibers, ldmatrix / mma.sync / shuffles follow the
+PTX fragment layouts, cp.async lands as late as wait_group allows. The same extern "C" entry
+points as the GPU build are called through ctypes with the same parameter struct as
+kernels/custom_verify.py, and the output is compared with the float64 reference. Three schedules:
+warps in lockstep; warps skewed at random; skewed with copies landing at issue (the stage-reuse
+race). Each one catches a missing barrier or wait that the others may not (verified by breaking
+the kernel on purpose while writing these tests).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.kernels import build, custom_verify as cv, verify_reference as ref
+from harness.workloads import kernel as kw
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEDULES = {"lockstep": (0, 0), "skewed": (0, 12345), "skewed-early-copies": (1, 777)}
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++) to build the kernel emulator")
+    so = tmp_path_factory.mktemp("emu") / "tva_emu.so"
+    cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-DTVA_EMULATE",
+           f"-I{ROOT / 'tests' / 'emulator'}", "-Wno-unknown-pragmas", "-x", "c++",
+           str(ROOT / "kernels" / "verify_attention.cu"), "-o", str(so)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    lib = ctypes.CDLL(str(so))
+    build._declare(lib)
+    lib.emu_configure.argtypes = [ctypes.c_int, ctypes.c_ulonglong]
+    assert lib.tva_struct_size() == ctypes.sizeof(cv._Params)
+    return lib
+
+
+def _point(attention="gqa", b=1, heads=4, kv_heads=1, T=16, d=64, layout="contiguous", ps=16):
+    dv = kw.MLA_DV if attention == "mla" else d
+    return kw.Point(attention, b, 0, T, heads, kv_heads, d, dv, layout, ps)
+
+
+def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, seed=0, lengths_dtype=torch.int32):
+    inp = kw.make_inputs(pt, lengths, seed, torch.device("cpu"), torch.bfloat16)
+    inp["lengths"] = inp["lengths"].to(lengths_dtype)
+    b, T = pt.batch, pt.tokens
+    out = torch.full((b, pt.heads, T, pt.dv), float("nan"), dtype=torch.bfloat16)
+    ws = (torch.full((splits * b * pt.heads * T * pt.dv,), float("nan")),
+          torch.full((splits * b * pt.heads * T,), float("nan")))
+    table = inp.get("page_table")
+    page_size = pt.page_size if table is not None else 1
+    scale = 1.0 / math.sqrt(pt.dk)
+    p = cv._params(inp["q"], inp["k"], inp["k"] if pt.mla else inp["v"], out, inp["lengths"],
+                   inp["bits"], table, ws, pt.kv_heads, splits, page_size, scale)
+    if pt.mla:
+        rc = lib.tva_mla_forward(ctypes.byref(p), int(table is not None), None)
+    else:
+        w = warps or cv.gqa_warps(pt.heads // pt.kv_heads * T)
+        rc = lib.tva_gqa_forward(ctypes.byref(p), pt.dk, w, int(table is not None), None)
+    assert rc == 0
+    return ref.relative_error(out, kw.reference(pt, inp))
+
+
+# (point, lengths, splits, warps): every feature at least once, small enough for seconds.
+GQA_CASES = {
+    "d128-g4-T16-3splits-b2": (_point(b=2, heads=8, kv_heads=2, T=16, d=128), [300, 171], 3, None),
+    "d64-g8-T65-4splits": (_point(b=2, heads=8, kv_heads=1, T=65, d=64), [97, 260], 4, None),
+    "g1-T1-decode": (_point(heads=4, kv_heads=4, T=1, d=128), [200], 2, None),
+    "g4-T64-8warps": (_point(b=2, heads=16, kv_heads=4, T=64, d=64), [130, 64], 2, 8),
+    "T128-one-split-direct-write": (_point(heads=2, kv_heads=1, T=128, d=128), [40], 1, None),
+    "paged-ps16": (_point(b=2, heads=8, kv_heads=2, T=17, d=128, layout="paged"), [150, 77], 3, None),
+    "paged-ps1": (_point(b=2, heads=4, kv_heads=2, T=33, d=64, layout="paged", ps=1), [90, 33], 2, None),
+    "empty-prefix": (_point(T=16), [0], 1, None),
+    "more-splits-than-tiles": (_point(T=16), [1000], 40, None),
+}
+MLA_CASES = {
+    "mla-H8-T16": (_point("mla", heads=8, T=16, d=576), [100], 1),
+    "mla-b2-T17-3splits": (_point("mla", b=2, heads=4, T=17, d=576), [150, 61], 3),
+    "mla-paged-ps16": (_point("mla", heads=16, T=5, d=576, layout="paged"), [70], 2),
+    "mla-paged-ps1-empty": (_point("mla", b=2, heads=2, T=33, d=576, layout="paged", ps=1), [0, 40], 1),
+}
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("case", list(GQA_CASES))
+def test_gqa_kernel_matches_reference(emu, case, schedule):
+    emu.emu_configure(*SCHEDULES[schedule])
+    pt, lengths, splits, warps = GQA_CASES[case]
+    assert _run(emu, pt, lengths, splits, warps=warps) < 5e-3
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("case", list(MLA_CASES))
+def test_mla_kernel_matches_reference(emu, case, schedule):
+    emu.emu_configure(*SCHEDULES[schedule])
+    pt, lengths, splits = MLA_CASES[case]
+    assert _run(emu, pt, lengths, splits) < 5e-3
+
+
+def test_int64_lengths_and_every_warp_count(emu):
+    emu.emu_configure(0, 0)
+    pt = _point(b=2, heads=8, kv_heads=2, T=16, d=128)
+    for warps in (2, 4, 8):
+        assert _run(emu, pt, [129, 64], 2, warps=warps, lengths_dtype=torch.int64) < 5e-3
+
+
+def test_a_wrong_mask_is_caught(emu):
+    """The check is not vacuous: the same kernel fed another tree's bits is far off."""
+    emu.emu_configure(0, 0)
+    pt = _point(T=16, d=64)
+    inp = kw.make_inputs(pt, [64], 0, torch.device("cpu"), torch.bfloat16)
+    out = torch.empty(1, 4, 16, 64, dtype=torch.bfloat16)
+    wrong_bits = ref.pack_visibility(torch.ones(1, 16, 16, dtype=torch.bool))   # everything visible
+    p = cv._params(inp["q"], inp["k"], inp["v"], out, inp["lengths"], wrong_bits, None,
+                   (torch.empty(0), torch.empty(0)), 1, 1, 1, 1 / 8)
+    assert emu.tva_gqa_forward(ctypes.byref(p), 64, 4, 0, None) == 0
+    assert ref.relative_error(out, kw.reference(pt, inp)) > 0.05
+
+
+# -- host-side planning (pure Python) -------------------------------------------------------------
+
+def test_warps_minimise_padding():
+    assert cv.gqa_warps(1 * 4) == 2        # decode step, group 4: 32 rows of 16 * 2
+    assert cv.gqa_warps(16 * 4) == 4       # T 16, group 4: exactly one block of 64
+    assert cv.gqa_warps(64 * 4) == 8       # T 64, group 4: two blocks of 128
+    assert cv.gqa_warps(8 * 16) == 8       # group 8, T 16: one block of 128, KV read once
+    assert cv.gqa_warps(65 * 4) == 8       # 260 rows: 3 x 128, not 9 x 32 (nine L2 re-reads)
+
+
+def test_splits_avoid_a_partial_second_wave():
+    # 16 CTAs per split on 132 one-CTA slots: 8 splits (128 CTAs, one wave), never 9 (144: two).
+    assert cv.best_splits(16, 132, 65600, 320) == 8
+    # 8 CTAs per split, 264 slots: 33 splits fill exactly one wave.
+    assert cv.best_splits(8, 264, 65552, 192) == 33
+    # Tiny contexts never split below one tile per split.
+    assert cv.best_splits(8, 264, 100, 192) <= 2
+    assert cv.best_splits(1, 1, 10**6, 64) == 1
