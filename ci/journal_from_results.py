@@ -4,7 +4,7 @@ For results produced without the controller — `ci/gpu_cells.sh` on a GPU host 
 torch installed writes one worker result JSON per cell — copied back to this machine:
 
     python ci/journal_from_results.py --scenario nightly gpu-out/[0-9]*.json
-    ci/screenshot_report.sh RUN_ID docs/report-h200.png
+    ci/screenshot_report.sh RUN_ID results/h200/report-h200.png
 
 Prints the new run id. The journal records the commit of this checkout (the code the results
 were measured with should be the same: say so with --sha if not) and trigger `manual`.

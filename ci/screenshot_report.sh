@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Screenshot of a run's HTML report, for the README (docs/report-h200.png) or a PR comment.
+# Screenshot of a run's HTML report, for the README (results/h200/report-h200.png) or a PR comment.
 #
 #   ci/screenshot_report.sh RUN_ID [OUT.png] [--compare BASE_RUN_ID]
 #
@@ -17,7 +17,7 @@ if [ $# -lt 1 ]; then
     sed -n '2,13p' "$0"; exit 2
 fi
 run=$1; shift
-out=docs/report-h200.png
+out=results/h200/report-h200.png
 if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then out=$1; shift; fi
 
 harness=${HARNESS:-.venv/bin/harness}

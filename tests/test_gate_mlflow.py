@@ -166,8 +166,9 @@ def test_history_names_the_commit_range_of_a_step(tmp_path, store):
     assert step.index == 6 and series[0].commit_range(step) == f"{'05' * 5}..{'06' * 5}"
 
     code, out = harness("history", name, "--metric", "tokens_per_s", "--tracking-uri", store,
-                        "--json", tmp_path / "h.json")
+                        "--json", tmp_path / "h.json", "--plot", tmp_path / "plots")
     assert code == 1, out
+    assert (tmp_path / "plots" / f"{cid}-h200-tokens_per_s.png").stat().st_size > 1000
     assert f"harness bisect --good {'05' * 20} --bad {'06' * 20} --cell {cid}" in out
     data = json.loads((tmp_path / "h.json").read_text())
     assert data["series"][0]["steps"][0]["regression"] is True
