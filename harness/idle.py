@@ -20,10 +20,26 @@ profiled window), so
 The profiler's own host overhead inflates the profiled window's idle time; the estimate's
 window is unprofiled, so the two disagreeing by more than the calibration error (see
 `harness.workloads.calibrate`) says the profiler distorted the loop.
+
+The profiler runs at the lowest overhead that still gives what the analysis reads:
+  - CPU activity, but the RecordFunction callbacks only for USER_SCOPE ranges (our
+    `harness.step` / `phase.*` record_function ranges), not for every aten op. With all scopes
+    each op costs the host a few µs more under the profiler (2x on a CPU loop of small ops here;
+    ~2.5x on an eager 8B decode step on the H200), which inflated the profiled idle of eager
+    loops (0.79 vs an estimate of 0.35). torch.profiler.profile has no argument for it; the
+    scopes are an argument of torch's `_enable_profiler`, passed here for the one call that
+    starts the trace (`_user_scope_callbacks`). Kernel, memcpy, memset and CUDA runtime/driver
+    records come from CUPTI and are unaffected, so launch correlation still works.
+  - TEARDOWN_CUPTI=1 (unless set): by default Kineto leaves CUPTI subscribed when the profile
+    ends (pytorch/pytorch#144455), and every later launch pays for it: -39 % steps/s on a
+    launch-bound loop on the H200 *after* a profiled window. Teardown with CUDA graphs crashed
+    before CUDA 12.6 (torch's own comment in torch/profiler/profiler.py), so older CUDA keeps
+    the default.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import shutil
@@ -42,15 +58,16 @@ def profile_window(step_fn, steps: int, *, warmup: int = 1) -> dict:
     state rather than at the profiler's start-up. Returns `measure.analyze_trace`'s dict
     (idle_fraction, window_ms, busy_ms, idle_ms, step_busy_ms, steps, kernels_per_step,
     records_dropped, phases{name: host_ms/gpu_ms/idle_ms}, gaps{a_to_b: host_ms/idle_ms})
-    plus `timeline` (a few steady steps, see `measure.build_timeline`) and
-    `timeline_merge_us`. Needs CUDA. Set HARNESS_TRACE_DIR to keep the raw trace (gzipped).
+    plus `timeline` (a few steady steps, see `measure.build_timeline`), `timeline_merge_us`
+    and `profiler` (the settings `lean_profile` applied). Needs CUDA. Set HARNESS_TRACE_DIR
+    to keep the raw trace (gzipped).
     """
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, record_function
 
     if not torch.cuda.is_available():
         raise RuntimeError("profile_window needs a CUDA device")
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with lean_profile([ProfilerActivity.CPU, ProfilerActivity.CUDA]) as (prof, config):
         for _ in range(warmup):
             step_fn()
         for _ in range(steps):
@@ -69,7 +86,58 @@ def profile_window(step_fn, steps: int, *, warmup: int = 1) -> dict:
         events = measure.load_trace(path)
     stats = measure.analyze_trace(events)
     stats["timeline"], stats["timeline_merge_us"] = measure.build_timeline(events)
+    stats["profiler"] = config
     return stats
+
+
+@contextlib.contextmanager
+def lean_profile(activities):
+    """A running torch.profiler.profile with the lowest-overhead settings (module docstring):
+    yields (profiler, config), config saying what was applied ({"scopes": "user" | "all",
+    "teardown_cupti": "1" | "0" | None}). Works on a CPU too (activities [CPU]), which is
+    how the tests check the scopes."""
+    from torch.profiler import profile
+
+    teardown = _release_cupti_after_profiling()
+    prof = profile(activities=activities)
+    with _user_scope_callbacks() as scopes:
+        prof.__enter__()              # the trace starts here: the only _enable_profiler call
+    try:
+        yield prof, {"scopes": scopes, "teardown_cupti": teardown}
+    finally:
+        prof.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _user_scope_callbacks():
+    """While active, torch's profiler registers its RecordFunction callbacks for USER_SCOPE
+    ranges only. Yields "user", or "all" where this torch lacks the hook (then nothing
+    changes)."""
+    try:
+        import torch.autograd.profiler as autograd_profiler
+        from torch._C._profiler import RecordScope
+        enable = autograd_profiler._enable_profiler
+    except (ImportError, AttributeError):
+        yield "all"
+        return
+
+    def enable_user_scopes(config, activities, scopes=None):
+        return enable(config, activities, {RecordScope.USER_SCOPE})
+
+    autograd_profiler._enable_profiler = enable_user_scopes
+    try:
+        yield "user"
+    finally:
+        autograd_profiler._enable_profiler = enable
+
+
+def _release_cupti_after_profiling() -> str | None:
+    """Ask Kineto to tear CUPTI down when the profile stops (read when it stops). An explicit
+    TEARDOWN_CUPTI in the environment wins. Returns the value in effect."""
+    cuda = torch.version.cuda
+    if cuda and tuple(int(x) for x in cuda.split(".")[:2]) >= (12, 6):
+        os.environ.setdefault("TEARDOWN_CUPTI", "1")
+    return os.environ.get("TEARDOWN_CUPTI")
 
 
 class EventStepClock:

@@ -100,7 +100,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     c_int, c_void_p = ctypes.c_int, ctypes.c_void_p
     lib.tva_gqa_forward.argtypes = [c_void_p, c_int, c_int, c_int, c_int, c_void_p]
     lib.tva_gqa_forward.restype = c_int
-    lib.tva_mla_forward.argtypes = [c_void_p, c_int, c_void_p]
+    lib.tva_mla_forward.argtypes = [c_void_p, c_int, c_int, c_void_p]
     lib.tva_mla_forward.restype = c_int
     lib.tva_gqa_occupancy.argtypes = [c_int, c_int, c_int, c_int]
     lib.tva_gqa_occupancy.restype = c_int

@@ -12,8 +12,12 @@ see harness.decode.attention.visibility_bits). bf16 in and out, fp32 accumulatio
 
 Calls never synchronise with the host and allocate only the output and the split-KV workspace
 (pass `out=` and `workspace=` from `alloc_workspace` to allocate nothing), so they can be
-captured in a CUDA graph. The library is compiled on first use (kernels/build.py); importing
-this module works on a host without a GPU.
+captured in a CUDA graph; make the first call outside the capture (it compiles and loads the
+library). The library is compiled on first use (kernels/build.py); importing this module works
+on a host without a GPU.
+
+Two implementations of S = QK^T (`impl=`, default from $HARNESS_TVA_IMPL, else "mma"):
+"mma" (mma.sync, any GPU from sm_80) and "wgmma" (Hopper warpgroup MMA; P V stays on mma.sync).
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ import os
 
 import torch
 
-TILE_KEYS = 64         # keys per tile of the kernels (BN in verify_attention.cu)
-MAX_SPLITS = 1024          # chosen here at most
+TILE_KEYS = 64               # keys per tile of the kernels (BN in verify_attention.cu)
+MAX_SPLITS = 1024            # chosen here at most
 MAX_REQUESTED_SPLITS = 4096  # asked for at most (the combine keeps one lse per split in shared memory)
 MLA_DK, MLA_DV = 576, 512
 
@@ -69,20 +73,27 @@ IMPLS = ("mma", "wgmma")
 def default_impl() -> str:
     """S = QK^T on mma.sync everywhere ("mma"), or on Hopper's wgmma ("wgmma": compute
     capability 9.0, 4 or 8 warps). $HARNESS_TVA_IMPL overrides the default, which stays "mma"
-    until the wgmma path has been measured on an H200."""
+    until the wgmma path has been measured on an H200. As a default, "wgmma" applies where it
+    can and falls back to "mma" elsewhere; asked for explicitly, it is an error where it cannot."""
     return os.environ.get("HARNESS_TVA_IMPL", "mma")
 
 
 def _resolve_impl(impl: str | None, index: int, warps: int) -> bool:
-    impl = impl or default_impl()
+    """Whether to launch the wgmma variant."""
+    explicit = impl is not None
+    impl = impl if explicit else default_impl()
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    if impl == "wgmma":
-        if torch.cuda.get_device_capability(index) != (9, 0):
-            raise ValueError("impl 'wgmma' needs a Hopper GPU (compute capability 9.0)")
-        if warps not in (4, 8):
-            raise ValueError(f"impl 'wgmma' needs 4 or 8 warps per CTA (whole warpgroups), got {warps}")
-    return impl == "wgmma"
+    if impl == "mma":
+        return False
+    problem = None
+    if torch.cuda.get_device_capability(index) != (9, 0):
+        problem = "impl 'wgmma' needs a Hopper GPU (compute capability 9.0)"
+    elif warps not in (4, 8):
+        problem = f"impl 'wgmma' needs 4 or 8 warps per CTA (whole warpgroups), got {warps}"
+    if problem and explicit:
+        raise ValueError(problem)
+    return problem is None
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,11 +146,11 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
         m_blocks = math.ceil(hq * T / 64)
         splits = _splits(num_splits, b * m_blocks, _sm_count(index), max_keys,
                          _overhead_keys(64, MLA_DV, MLA_DK * 2))
-        return dict(num_warps=8, m_blocks=m_blocks, num_splits=splits, dv=MLA_DV)
+        return dict(num_warps=8, m_blocks=m_blocks, num_splits=splits, dv=MLA_DV,
+                    wgmma=_resolve_impl(impl, index, 8))
     d = q.shape[-1]
     rows = hq // heads_kv * T
-    wants_wgmma = (impl or default_impl()) == "wgmma"
-    warps = num_warps or (max(4, gqa_warps(rows)) if wants_wgmma else gqa_warps(rows))
+    warps = num_warps or (max(4, gqa_warps(rows)) if impl == "wgmma" else gqa_warps(rows))
     if warps not in (2, 4, 8):
         raise ValueError(f"num_warps must be 2, 4 or 8, got {warps}")
     wgmma = _resolve_impl(impl, index, warps)
@@ -327,13 +338,14 @@ def _check_mla_smem(device: torch.device) -> None:
 def mla_tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, lengths: torch.Tensor,
                               tree_bits: torch.Tensor, sm_scale: float | None = None,
                               num_splits: int | None = None, *, page_table: torch.Tensor | None = None,
-                              out: torch.Tensor | None = None, workspace=None) -> torch.Tensor:
+                              impl: str | None = None, out: torch.Tensor | None = None,
+                              workspace=None) -> torch.Tensor:
     """MLA latent tree-verify attention: one KV head of 576 values (512 latent + 64 rope) for the
     keys, its first 512 values for the values.
 
     q [b, H, T, 576]; kv [b, 1, S, 576] (or pages [num_pages, 1, page_size, 576] with
     `page_table` [b, max_pages] int32). Returns [b, H, T, 512] bfloat16. The default scale is
-    1/sqrt(576); MLA models usually pass their own.
+    1/sqrt(576); MLA models usually pass their own. `impl` as for tree_verify_attention.
     """
     _check_rows("q", q)
     _check_rows("kv", kv)
@@ -349,12 +361,13 @@ def mla_tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, lengths: torch.
             raise ValueError(f"kv batch {kv.shape[0]} != q batch {q.shape[0]}")
         page_size, max_keys = 1, kv.shape[2]
     _check_mla_smem(q.device)
-    pl = plan(q, 1, max_keys, page_table is not None, mla=True, num_splits=num_splits)
+    pl = plan(q, 1, max_keys, page_table is not None, mla=True, num_splits=num_splits, impl=impl)
     out, ws = _prepare_out_ws(q, MLA_DV, pl, out, workspace)
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(MLA_DK)
     p = _params(q, kv, kv, out, lengths, tree_bits, page_table, ws, 1, pl["num_splits"], page_size, scale)
     with torch.cuda.device(q.device):
         lib = _lib()
         stream = torch.cuda.current_stream(q.device).cuda_stream
-        _run(lib.tva_mla_forward, ctypes.byref(p), int(page_table is not None), ctypes.c_void_p(stream))
+        _run(lib.tva_mla_forward, ctypes.byref(p), int(page_table is not None), int(pl["wgmma"]),
+             ctypes.c_void_p(stream))
     return out

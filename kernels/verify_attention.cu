@@ -176,6 +176,24 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t
     __trap();
 #endif
 }
+
+// d[64 x 32] (+)= A[64 x 16] x B[16 x 32], both operands through shared-memory descriptors.
+__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b,
+                                                   int accumulate) {
+#ifdef TVA_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "%16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#else
+    __trap();
+#endif
+}
 #endif  // TVA_EMULATE
 
 // Shared-memory matrix descriptor for wgmma: K-major operand, 128-byte swizzle, rows of 128
@@ -489,19 +507,28 @@ constexpr int Q_BYTES = BM * DK * 2;              // 73728
 constexpr int TILE = BN * DK * 2;                 // 73728
 constexpr int P_BYTES = BM * BN * 2;              // 8192
 constexpr int RED_BYTES = 2 * 2 * BM * 4;         // row max and row sum halves: 1024
-constexpr int SMEM = Q_BYTES + STAGES * TILE + P_BYTES + RED_BYTES;   // 230400
+constexpr int SMEM = Q_BYTES + STAGES * TILE + P_BYTES + RED_BYTES + 1024;   // 231424 (+1 KB: alignment)
 }  // namespace mla
 
-template <bool PAGED>
+// Byte offset of 16-byte chunk c of row r in a tile of ROWS rows stored as 64-column blocks of
+// 128-byte rows, swizzled: the layout wgmma's 128-byte-swizzle descriptors read (block base
+// 1024-byte aligned), and one ldmatrix reads without bank conflicts.
+template <int ROWS>
+__device__ __forceinline__ uint32_t blk(int r, int c) {
+    return static_cast<uint32_t>((c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// WG: S = Q K^T with wgmma, Q and K both read by descriptor (each warpgroup: 64 rows x 32 keys).
+template <bool PAGED, bool WG>
 __global__ void __launch_bounds__(mla::NT, 1)
 mla_kernel(const AttnParams p) {
     using namespace mla;
     TVA_DYNAMIC_SMEM(smem);
-    const uint32_t sQ = smem_addr(smem);
+    const uint32_t sQ = (smem_addr(smem) + 1023u) & ~1023u;     // Q and KV tiles: 1024-byte aligned
     const uint32_t sKV = sQ + Q_BYTES;
     const uint32_t sP = sKV + STAGES * TILE;
-    float* red_max = reinterpret_cast<float*>(smem + Q_BYTES + STAGES * TILE + P_BYTES);   // [2][BM]
-    float* red_sum = red_max + 2 * BM;                                                         // [2][BM]
+    float* red_max = reinterpret_cast<float*>(smem + (sP + P_BYTES - smem_addr(smem)));   // [2][BM]
+    float* red_sum = red_max + 2 * BM;                                                     // [2][BM]
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int gid = lane >> 2, tig = lane & 3;
@@ -521,7 +548,7 @@ mla_kernel(const AttnParams p) {
 #pragma unroll
         for (int j = 0; j < 3; ++j) {
             const int c = lane + 32 * j;
-            if (c < CH) cp_async16(sQ + swz<CH>(row, c), src + c * 16, ok);
+            if (c < CH) cp_async16(sQ + blk<BM>(row, c), src + c * 16, ok);
         }
     }
 
@@ -536,7 +563,7 @@ mla_kernel(const AttnParams p) {
 #pragma unroll
             for (int j = 0; j < 3; ++j) {
                 const int c = lane + 32 * j;
-                if (c < CH) cp_async16(dst + swz<CH>(row, c), src + c * 16, ok);
+                if (c < CH) cp_async16(dst + blk<BN>(row, c), src + c * 16, ok);
             }
         }
     };
@@ -571,28 +598,41 @@ mla_kernel(const AttnParams p) {
 
     for (int tile = 0; tile < sr.tiles; ++tile) {
         cp_async_wait<STAGES - 2>();
+        if (WG) fence_proxy_async();
         __syncthreads();                                         // (A) tile landed, stage free
         if (tile + STAGES - 1 < sr.tiles) load_tile(tile + STAGES - 1, (tile + STAGES - 1) % STAGES);
         cp_async_commit();
         const uint32_t kv_s = sKV + (tile % STAGES) * TILE;
 
-        // S = Q K^T for 16 rows x 32 keys, A fragments from shared memory.
+        // S = Q K^T for 16 rows x 32 keys per warp (warpgroup kh: 64 rows x keys 32kh..32kh+31).
         float s[4][4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll 6
-        for (int kk = 0; kk < DK / 16; kk += 2) {
-            uint32_t a0[4], a1[4];
-            const int qrow = rt * 16 + (lane & 15);
-            ldsm_x4(a0[0], a0[1], a0[2], a0[3], sQ + swz<CH>(qrow, 2 * kk + (lane >> 4)));
-            ldsm_x4(a1[0], a1[1], a1[2], a1[3], sQ + swz<CH>(qrow, 2 * kk + 2 + (lane >> 4)));
+        if constexpr (WG) {
+            wgmma_fence();
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-                const int row = kh * 32 + nt * 8 + (lane & 7), c = 2 * kk + (lane >> 3);
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4(b0, b1, b2, b3, kv_s + swz<CH>(row, c));
-                mma16816(s[nt], a0, b0, b1);
-                mma16816(s[nt], a1, b2, b3);
+            for (int kk = 0; kk < DK / 16; ++kk) {
+                const uint32_t kofs = (kk & 3) * 32;           // 16 columns of a 64-column block
+                wgmma_m64n32k16_ss(s, desc_kmajor_sw128(sQ + (kk >> 2) * (BM * 128) + kofs),
+                                   desc_kmajor_sw128(kv_s + (kk >> 2) * (BN * 128) + kh * 32 * 128 + kofs), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+        } else {                   // mma.sync, A fragments from shared memory
+#pragma unroll 6
+            for (int kk = 0; kk < DK / 16; kk += 2) {
+                uint32_t a0[4], a1[4];
+                const int qrow = rt * 16 + (lane & 15);
+                ldsm_x4(a0[0], a0[1], a0[2], a0[3], sQ + blk<BM>(qrow, 2 * kk + (lane >> 4)));
+                ldsm_x4(a1[0], a1[1], a1[2], a1[3], sQ + blk<BM>(qrow, 2 * kk + 2 + (lane >> 4)));
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt) {
+                    const int row = kh * 32 + nt * 8 + (lane & 7), c = 2 * kk + (lane >> 3);
+                    uint32_t b0, b1, b2, b3;
+                    ldsm_x4(b0, b1, b2, b3, kv_s + blk<BN>(row, c));
+                    mma16816(s[nt], a0, b0, b1);
+                    mma16816(s[nt], a1, b2, b3);
+                }
             }
         }
 
@@ -673,7 +713,7 @@ mla_kernel(const AttnParams p) {
                 const int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
                 const int c = warp * 8 + 2 * dp + (lane >> 4);
                 uint32_t b0, b1, b2, b3;
-                ldsm_x4_t(b0, b1, b2, b3, kv_s + swz<CH>(row, c));
+                ldsm_x4_t(b0, b1, b2, b3, kv_s + blk<BN>(row, c));
 #pragma unroll
                 for (int mt = 0; mt < 4; ++mt) {
                     mma16816(o[mt][2 * dp], pa[mt], b0, b1);
@@ -911,19 +951,22 @@ int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int p
     return static_cast<int>(err);
 }
 
-int tva_mla_forward(const AttnParams* params, int paged, void* stream) {
+// wgmma = 1: S = Q K^T on Hopper's warpgroup MMA (a 9.0a build on an sm_90 GPU).
+int tva_mla_forward(const AttnParams* params, int paged, int wgmma, void* stream) {
     const AttnParams& p = *params;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     const int M = static_cast<int>(p.heads_q * p.tokens);
     dim3 grid((M + tva::mla::BM - 1) / tva::mla::BM, static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.batch));
     cudaError_t err;
-    if (paged) {
-        err = tva::prepare(tva::mla_kernel<true>, tva::mla::SMEM);
-        if (err == cudaSuccess) TVA_LAUNCH(tva::mla_kernel<true>, grid, tva::mla::NT, tva::mla::SMEM, s, p);
-    } else {
-        err = tva::prepare(tva::mla_kernel<false>, tva::mla::SMEM);
-        if (err == cudaSuccess) TVA_LAUNCH(tva::mla_kernel<false>, grid, tva::mla::NT, tva::mla::SMEM, s, p);
+#define TVA_MLA(P, W)                                                                            \
+    if (paged == P && wgmma == W) {                                                              \
+        auto kernel = tva::mla_kernel<P, W>;                                                     \
+        err = tva::prepare(kernel, tva::mla::SMEM);                                              \
+        if (err == cudaSuccess) TVA_LAUNCH(kernel, grid, tva::mla::NT, tva::mla::SMEM, s, p);    \
     }
+    err = cudaErrorInvalidValue;
+    TVA_MLA(0, 0) TVA_MLA(0, 1) TVA_MLA(1, 0) TVA_MLA(1, 1)
+#undef TVA_MLA
     if (err == cudaSuccess) err = cudaGetLastError();
     if (err == cudaSuccess) err = tva::launch_combine<tva::mla::DV>(p, s);
     return static_cast<int>(err);

@@ -38,13 +38,14 @@ OUT = REPO / "results" / "ssh-benchmark.md"
 VENV_PYTHON = str(REPO / ".venv" / "bin" / "python")
 N_OVERHEAD = 20
 N_SWEEP = 40
+TOKEN = os.urandom(4).hex()       # this run's work dirs, apart from any other run's
 
 
 def hosts_yaml(servers, python="/usr/bin/python3", user=TEST_USER, tag="bench") -> str:
     text = "hosts:\n"
     for k, server in enumerate(servers):
         text += (f"  h{k}:\n    ssh: {user}@127.0.0.1:{server.port}\n    python: {python}\n"
-                 f"    workdir: ~/.cache/specdec-harness-test-{tag}-{k}\n")
+                 f"    workdir: ~/.cache/specdec-harness-bench-{TOKEN}-{tag}-{k}\n")
     return text
 
 
@@ -121,7 +122,7 @@ def main() -> int:
         world.close()
         shutil.rmtree(root, ignore_errors=True)
         home = Path(sshd_server.pwd.getpwnam(TEST_USER).pw_dir) / ".cache"
-        for d in home.glob("specdec-harness-test-*"):
+        for d in home.glob(f"specdec-harness-bench-{TOKEN}-*"):
             shutil.rmtree(d, ignore_errors=True)
 
     load = os.getloadavg()

@@ -195,9 +195,22 @@ def _comm(pid: int) -> str:
         return ""
 
 
-def user_processes(user: str, needle: str) -> list[str]:
-    """Command lines of `user`'s live processes that contain `needle` (what `ps -u` shows)."""
+def user_processes(user: str, needle: str, cwd_contains: str | None = None) -> list[str]:
+    """Command lines of `user`'s live processes that contain `needle` (what `ps -u` shows),
+    optionally only those whose working directory contains `cwd_contains` (a cell's processes
+    run in their bundle folder: that tells one test's processes from another's)."""
     out = subprocess.run(["ps", "-u", user, "-o", "pid=,stat=,args="], capture_output=True,
                          text=True)
-    return [line.strip() for line in out.stdout.splitlines()
-            if needle in line and " Z" not in line.split(needle)[0]]
+    found = []
+    for line in out.stdout.splitlines():
+        pid, stat, args = (line.split(None, 2) + ["", ""])[:3]
+        if needle not in args or stat.startswith("Z"):
+            continue
+        if cwd_contains is not None:
+            try:
+                if cwd_contains not in os.readlink(f"/proc/{pid}/cwd"):
+                    continue
+            except OSError:
+                continue
+        found.append(line.strip())
+    return found

@@ -20,10 +20,8 @@ REPO = Path(__file__).resolve().parent.parent
 def test_step_period_gives_the_target_idle():
     assert calibrate.step_period_s(1e-3, 0.5) == pytest.approx(2e-3)
     assert calibrate.step_period_s(1e-3, 0.9) == pytest.approx(1e-2)
+    assert calibrate.step_period_s(1e-3, 0.1) == pytest.approx(1e-3 / 0.9)
     assert calibrate.step_period_s(1e-3, 0.0) == pytest.approx(5e-4)   # host runs ahead
-    for target in (0.0, 0.1, 0.5, 0.9):
-        period = calibrate.step_period_s(1e-3, target)
-        assert calibrate.true_idle(1e-3, period) == pytest.approx(target)
     for bad in (1.0, -0.1):
         with pytest.raises(ValueError):
             calibrate.step_period_s(1e-3, bad)
@@ -35,11 +33,81 @@ def test_window_steps_fill_the_minimum_window():
     assert calibrate.window_steps(0.1, 16) == 16
 
 
-def test_choose_size():
-    timings = {1024: 5e-6, 2048: 30e-6, 4096: 220e-6}
-    assert calibrate.choose_size(50e-6, timings) == (2048, 2)
-    assert calibrate.choose_size(10e-3, timings) == (4096, 45)
-    assert calibrate.choose_size(1e-6, timings) == (1024, 1)     # nothing fits: the smallest
+# -- the truth from the kernels' own clock ---------------------------------------------------------
+US = 1000                 # ns
+GPU_CLOCK = 7_000_000_000  # the GPU clock's offset from the host's: unknown to gpu_truth
+
+
+def paced(n, period_us, work_us, latency_us=5, first_host_us=1000, late=None):
+    """Launches every period_us; each kernel runs work_us, starting latency_us after its
+    launch or when the previous one ends. late={k: extra µs} delays a kernel's start."""
+    launch, stamps, free = [], [], 0
+    for k in range(n):
+        h = (first_host_us + k * period_us) * US
+        start = max(h + (latency_us + (late or {}).get(k, 0)) * US, free) + GPU_CLOCK
+        stamps.append((start, start + work_us * US))
+        launch.append(h)
+        free = start + work_us * US - GPU_CLOCK
+    return stamps, launch
+
+
+def test_truth_when_the_gpu_waits():
+    stamps, launch = paced(40, period_us=100, work_us=50)
+    lo, hi = launch[0], launch[-1] + 100 * US
+    t = calibrate.gpu_truth(stamps, launch, 0, 40, lo, hi)
+    assert t["idle"] == pytest.approx(0.5)
+    assert t["kernel_us"] == pytest.approx(50) and t["busy_per_step_us"] == pytest.approx(50)
+    assert t["latency_us"] == pytest.approx(0)
+    # A window of the last 20 steps only: the same.
+    t = calibrate.gpu_truth(stamps, launch, 20, 20, launch[20], hi)
+    assert t["idle"] == pytest.approx(0.5)
+
+
+def test_truth_ignores_a_late_kernel_for_the_clock_and_sees_its_idle():
+    # Kernel 3 starts 30 µs late (the GPU was held up): the clock placement uses the smallest
+    # latency, and the late start is idle time the meter must see too.
+    stamps, launch = paced(10, period_us=100, work_us=50, late={3: 30})
+    t = calibrate.gpu_truth(stamps, launch, 0, 10, launch[0], launch[-1] + 100 * US)
+    assert t["idle"] == pytest.approx(0.5)          # 50 of every 100 µs, the late one included
+    assert t["latency_us"] == pytest.approx(0)      # median: the late one is one of ten
+
+
+def test_truth_when_the_host_runs_ahead():
+    # Host every 25 µs, kernels of 50 µs: the GPU is busy from its first kernel on; work
+    # launched in the window runs long after it, and is clipped away.
+    stamps, launch = paced(100, period_us=25, work_us=50, latency_us=5)
+    lo, hi = launch[0], launch[-1] + 25 * US
+    t = calibrate.gpu_truth(stamps, launch, 0, 100, lo, hi)
+    assert t["idle"] == pytest.approx(0.0, abs=1e-9)
+    assert t["latency_us"] > 1000                  # the GPU fell far behind the host
+    # A later window of a queue that never drained: the whole window is busy.
+    t = calibrate.gpu_truth(stamps, launch, 50, 50, launch[50], hi)
+    assert t["idle"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_truth_counts_a_backlog_from_before_the_window():
+    # 10 kernels of 200 µs launched at once before the window, then a window of 10 steps of
+    # 100 µs launching 20 µs kernels: the backlog covers the first 2000 µs of the window.
+    stamps, launch = paced(10, period_us=0, work_us=200, first_host_us=0)
+    more_stamps, more_launch = paced(10, period_us=100, work_us=20, first_host_us=10)
+    start = stamps[-1][1]                   # the window's kernels wait for the backlog
+    more_stamps = [(max(s, start + 20 * US * k), max(s, start + 20 * US * k) + 20 * US)
+                   for k, (s, _) in enumerate(more_stamps)]
+    t = calibrate.gpu_truth(stamps + more_stamps, launch + more_launch, 10, 10,
+                            more_launch[0], more_launch[-1] + 100 * US)
+    # Every window kernel queued: the clock is placed late by the queueing, but the GPU is
+    # busy for the whole (shifted) window anyway.
+    assert t["idle"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_truth_without_stamps():
+    stamps, launch = paced(4, period_us=100, work_us=50)
+    assert calibrate.gpu_truth([None] * 4, launch, 0, 4, launch[0], launch[-1]) is None
+    assert calibrate.gpu_truth(stamps, launch, 0, 4, launch[1], launch[0]) is None
+    # A lost slot inside the window is left out; the rest still places the clock.
+    t = calibrate.gpu_truth([stamps[0], None, *stamps[2:]], launch, 0, 4, launch[0],
+                            launch[-1] + 100 * US)
+    assert t["idle"] == pytest.approx(0.625)
 
 
 class FakeClock:

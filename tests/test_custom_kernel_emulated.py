@@ -50,7 +50,7 @@ def _point(attention="gqa", b=1, heads=4, kv_heads=1, T=16, d=64, layout="contig
     return kw.Point(attention, b, 0, T, heads, kv_heads, d, dv, layout, ps)
 
 
-def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, seed=0, lengths_dtype=torch.int32):
+def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, wgmma=False, seed=0, lengths_dtype=torch.int32):
     inp = kw.make_inputs(pt, lengths, seed, torch.device("cpu"), torch.bfloat16)
     inp["lengths"] = inp["lengths"].to(lengths_dtype)
     b, T = pt.batch, pt.tokens
@@ -63,10 +63,10 @@ def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, seed=0, lengths_dtyp
     p = cv._params(inp["q"], inp["k"], inp["k"] if pt.mla else inp["v"], out, inp["lengths"],
                    inp["bits"], table, ws, pt.kv_heads, splits, page_size, scale)
     if pt.mla:
-        rc = lib.tva_mla_forward(ctypes.byref(p), int(table is not None), None)
+        rc = lib.tva_mla_forward(ctypes.byref(p), int(table is not None), int(wgmma), None)
     else:
         w = warps or cv.gqa_warps(pt.heads // pt.kv_heads * T)
-        rc = lib.tva_gqa_forward(ctypes.byref(p), pt.dk, w, int(table is not None), None)
+        rc = lib.tva_gqa_forward(ctypes.byref(p), pt.dk, w, int(table is not None), int(wgmma), None)
     assert rc == 0
     return ref.relative_error(out, kw.reference(pt, inp))
 
@@ -99,12 +99,32 @@ def test_gqa_kernel_matches_reference(emu, case, schedule):
     assert _run(emu, pt, lengths, splits, warps=warps) < 5e-3
 
 
+# The wgmma variant (S = Q K^T on warpgroup MMA, 4 or 8 warps): K stored as swizzled 64-column
+# blocks and read through descriptors.
+WGMMA_CASES = {
+    "wgmma-d128-4warps-b2": (_point(b=2, heads=8, kv_heads=2, T=16, d=128), [300, 171], 3, 4),
+    "wgmma-d64-8warps-T65": (_point(b=2, heads=8, kv_heads=1, T=65, d=64), [97, 260], 4, 8),
+    "wgmma-d128-8warps-T64": (_point(heads=16, kv_heads=4, T=64, d=128), [130], 2, 8),
+    "wgmma-paged-ps16": (_point(b=2, heads=8, kv_heads=2, T=17, d=128, layout="paged"), [150, 77], 3, 4),
+    "wgmma-paged-ps1-decode": (_point(heads=4, kv_heads=1, T=1, d=64, layout="paged", ps=1), [70], 1, 4),
+}
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("case", list(WGMMA_CASES))
+def test_gqa_wgmma_kernel_matches_reference(emu, case, schedule):
+    emu.emu_configure(*SCHEDULES[schedule])
+    pt, lengths, splits, warps = WGMMA_CASES[case]
+    assert _run(emu, pt, lengths, splits, warps=warps, wgmma=True) < 5e-3
+
+
+@pytest.mark.parametrize("wgmma", [False, True], ids=["mma", "wgmma"])
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("case", list(MLA_CASES))
-def test_mla_kernel_matches_reference(emu, case, schedule):
+def test_mla_kernel_matches_reference(emu, case, schedule, wgmma):
     emu.emu_configure(*SCHEDULES[schedule])
     pt, lengths, splits = MLA_CASES[case]
-    assert _run(emu, pt, lengths, splits) < 5e-3
+    assert _run(emu, pt, lengths, splits, wgmma=wgmma) < 5e-3
 
 
 def test_int64_lengths_and_every_warp_count(emu):
@@ -123,11 +143,21 @@ def test_a_wrong_mask_is_caught(emu):
     wrong_bits = ref.pack_visibility(torch.ones(1, 16, 16, dtype=torch.bool))   # everything visible
     p = cv._params(inp["q"], inp["k"], inp["v"], out, inp["lengths"], wrong_bits, None,
                    (torch.empty(0), torch.empty(0)), 1, 1, 1, 1 / 8)
-    assert emu.tva_gqa_forward(ctypes.byref(p), 64, 4, 0, None) == 0
+    assert emu.tva_gqa_forward(ctypes.byref(p), 64, 4, 0, 0, None) == 0
     assert ref.relative_error(out, kw.reference(pt, inp)) > 0.05
 
 
 # -- host-side planning (pure Python) -------------------------------------------------------------
+
+def test_wgmma_needs_whole_warpgroups(emu):
+    emu.emu_configure(0, 0)
+    pt = _point(T=16, d=64)
+    inp = kw.make_inputs(pt, [64], 0, torch.device("cpu"), torch.bfloat16)
+    out = torch.empty(1, 4, 16, 64, dtype=torch.bfloat16)
+    p = cv._params(inp["q"], inp["k"], inp["v"], out, inp["lengths"], inp["bits"], None,
+                   (torch.empty(0), torch.empty(0)), 1, 1, 1, 1 / 8)
+    assert emu.tva_gqa_forward(ctypes.byref(p), 64, 2, 0, 1, None) != 0      # 2 warps: refused
+
 
 def test_warps_minimise_padding():
     assert cv.gqa_warps(1 * 4) == 2        # decode step, group 4: 32 rows of 16 * 2

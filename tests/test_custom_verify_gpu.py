@@ -72,6 +72,28 @@ def test_matches_float64_reference(case):
     assert check(pt, lengths) <= TOL
 
 
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+WGMMA_CASES = list(CASES)          # GQA (forced to >= 4 warps) and MLA
+
+
+@pytest.mark.skipif(not HOPPER, reason="wgmma needs compute capability 9.0")
+@pytest.mark.parametrize("case", WGMMA_CASES)
+def test_wgmma_variant_matches_float64_reference(case):
+    pt, lengths = CASES[case]
+    assert check(pt, lengths, impl="wgmma") <= TOL
+
+
+@pytest.mark.skipif(not HOPPER, reason="wgmma needs compute capability 9.0")
+def test_wgmma_variant_equals_mma_variant_closely():
+    """Same inputs, both variants: they differ only in fp32 summation order of Q K^T."""
+    from harness.kernels import custom_verify as cv
+    pt = point(b=2, T=64)
+    inp = kw.make_inputs(pt, [5000, 3000], 4, DEV, torch.bfloat16)
+    args = (inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"])
+    a, b = cv.tree_verify_attention(*args, impl="mma"), cv.tree_verify_attention(*args, impl="wgmma")
+    assert ref.relative_error(b, a.double()) < 5e-3
+
+
 @pytest.mark.parametrize("splits", [1, 2, 7, 64])
 def test_any_split_count(splits):
     assert check(point(b=2, T=17), [3000, 150], num_splits=splits) <= TOL

@@ -43,6 +43,9 @@ REPO = Path(__file__).resolve().parents[1]
 VENV_PYTHON = str(REPO / ".venv" / "bin" / "python")
 HARNESS = [sys.executable, "-m", "harness.cli"]
 NOOP = {"workload": "noop", "timeout_s": 120}
+# In the names of this run's work dirs: tells its processes and folders from those of another
+# run of these tests (or of tests/bench_ssh.py) on the same machine.
+TOKEN = os.urandom(4).hex()
 TINY = {"model": "tiny", "device": "cpu", "warmup_steps": 0, "steps": 2, "repeats": 1,
         "profile_steps": 0, "context_length": 32, "timeout_s": 300}
 
@@ -57,14 +60,14 @@ def world(tmp_path_factory):
     w.close()
     # The test user's work dirs (bundles, locks) are ours: leave its home as we found it.
     home = Path(pwd.getpwnam(TEST_USER).pw_dir)
-    for d in (home / ".cache").glob("specdec-harness-test*"):
+    for d in (home / ".cache").glob(f"specdec-harness-test-{TOKEN}-*"):
         shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
 def public(tmp_path):
     """A folder the test user can read (and write, inside `own/`): tmp_path is root's only."""
-    d = Path(tempfile.mkdtemp(prefix="specdec-ssh-"))
+    d = Path(tempfile.mkdtemp(prefix=f"specdec-ssh-{TOKEN}-"))
     d.chmod(0o755)
     own = d / "own"
     own.mkdir()
@@ -78,8 +81,12 @@ def public(tmp_path):
 def no_stray_processes():
     yield
     # Whatever a test did, the test user must have no harness process left afterwards.
-    assert wait_until(lambda: not user_processes(TEST_USER, "harness"), 15), \
-        user_processes(TEST_USER, "harness")
+    assert wait_until(lambda: not ours("harness"), 15), ours("harness")
+
+
+def ours(needle: str) -> list[str]:
+    """The test user's processes of this test run whose command line contains `needle`."""
+    return user_processes(TEST_USER, needle, cwd_contains=TOKEN)
 
 
 def wait_until(condition, seconds: float) -> bool:
@@ -94,7 +101,7 @@ def wait_until(condition, seconds: float) -> bool:
 def user_host(name: str, server, python: str = "/usr/bin/python3", **extra) -> str:
     """A hosts.yaml entry logging in as the non-root test user."""
     lines = [f"  {name}:", f"    ssh: {TEST_USER}@127.0.0.1:{server.port}",
-             f"    python: {python}", f"    workdir: ~/.cache/specdec-harness-test-{name}"]
+             f"    python: {python}", f"    workdir: ~/.cache/specdec-harness-test-{TOKEN}-{name}"]
     lines += [f"    {k}: {json.dumps(v)}" for k, v in extra.items()]
     return "\n".join(lines) + "\n"
 
@@ -263,7 +270,7 @@ def test_alias_and_proxyjump_from_ssh_config(world, tmp_path, monkeypatch):
     (home / ".ssh" / "id_ed25519").rename(keys / "harness")    # only IdentityFile finds it
     monkeypatch.setenv("HOME", str(home))
     hosts = inventory("  behind:\n    ssh: gpu-behind\n    python: /usr/bin/python3\n"
-                      "    workdir: ~/.cache/specdec-harness-test-proxy\n"
+                      f"    workdir: ~/.cache/specdec-harness-test-{TOKEN}-proxy\n"
                       "  jumpbox:\n    ssh: jumpbox\n    python: /usr/bin/python3\n"
                       f"    workdir: {tmp_path}/work-jump\n")
     jump_logins = jump.log.read_text().count("Accepted publickey for root")
@@ -305,7 +312,7 @@ def test_killed_sshd_mid_cell_retries_on_the_other_host_and_loses_nothing(world,
     assert "connection lost" in retried[0]["infra_retries"][0]
     assert outcome.retries >= 1 and not outcome.interrupted
     # The orphaned launcher on x saw its stdin close and took its worker down with it.
-    assert wait_until(lambda: not user_processes(TEST_USER, "harness"), 15)
+    assert wait_until(lambda: not ours("harness"), 15)
 
 
 def test_timeout_kills_the_remote_process_group(world, tmp_path, public, monkeypatch):
@@ -316,14 +323,14 @@ def test_timeout_kills_the_remote_process_group(world, tmp_path, public, monkeyp
     host = inventory(user_host("t", server, python=python))["t"]
     thread, box, journal, _ = sweep([dict(NOOP, sleep_s=300, timeout_s=3)], [host], tmp_path,
                                     background=True)
-    assert wait_until(lambda: user_processes(TEST_USER, "harness.worker")
-                      and user_processes(TEST_USER, "sleep 299.5"), 60)
+    assert wait_until(lambda: ours("harness.worker")
+                      and ours("sleep 299.5"), 60)
     thread.join(120)
     [result] = box["outcome"].results
     assert result["status"] == "failed" and result["error"].startswith("timeout after 3 s")
-    assert wait_until(lambda: not user_processes(TEST_USER, "harness")
-                      and not user_processes(TEST_USER, "sleep 299.5"), 15), \
-        user_processes(TEST_USER, "")
+    assert wait_until(lambda: not ours("harness")
+                      and not ours("sleep 299.5"), 15), \
+        ours("")
 
 
 def test_ctrl_c_on_the_controller_kills_the_remote_cell(world, tmp_path, public):
@@ -338,8 +345,8 @@ def test_ctrl_c_on_the_controller_kills_the_remote_cell(world, tmp_path, public)
     proc = subprocess.Popen([*HARNESS, "run", "long.yaml", "--tracking-uri",
                              f"sqlite:///{tmp_path}/mlflow.db"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert wait_until(lambda: user_processes(TEST_USER, "harness.worker")
-                      and user_processes(TEST_USER, "sleep 299.5"), 60)
+    assert wait_until(lambda: ours("harness.worker")
+                      and ours("sleep 299.5"), 60)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, out + err
@@ -348,9 +355,9 @@ def test_ctrl_c_on_the_controller_kills_the_remote_cell(world, tmp_path, public)
     # simply missing, for --resume to run.
     [run_dir] = (tmp_path / "results" / "runs").iterdir()
     assert list((run_dir / "cells").glob("*.json")) == []
-    assert wait_until(lambda: not user_processes(TEST_USER, "harness")
-                      and not user_processes(TEST_USER, "sleep 299.5"), 15), \
-        user_processes(TEST_USER, "")
+    assert wait_until(lambda: not ours("harness")
+                      and not ours("sleep 299.5"), 15), \
+        ours("")
 
 
 def test_remote_python_missing_is_one_clear_line(world, tmp_path):

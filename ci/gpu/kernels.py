@@ -12,8 +12,8 @@ Needs torch (CUDA), nvcc + ninja (torch's extension builder), Triton, pytest and
      lengths; split and warp counts; CUDA-graph capture without host syncs).
   4. Timing through the kernel workload's own code (harness/workloads/kernel.py: a check against
      float64 before any timing, CUDA-graph replays over input sets > 3x L2, median of 20):
-     GQA 32/8 d128, T 16 and 64, contexts 4096..131072: custom, triton, sdpa (flex at 65536
-     only: each shape is a fresh torch.compile); MLA 8 heads T 16 at 65536 (all four);
+     GQA 32/8 d128, T 16 and 64, contexts 4096..131072: custom (mma.sync), custom-wg (S = QK^T
+     on wgmma, Hopper only), triton, sdpa (flex at 65536 only: each shape is a fresh compile); MLA 8 heads T 16 at 65536 (all four);
      paged custom (page 16 and 1) at 65536; a num_splits and num_warps sweep of custom.
   5. One kernel cell end to end through `python -m harness.worker`.
 Writes $OUT/kernels.json and prints the table last (µs, TB/s, % of roofline, custom's speedup).
@@ -97,13 +97,17 @@ def time_point(pt: kw.Point, modes, label: str, **custom_kwargs):
     row = {"label": label, "point": pt.__dict__, "roofline_us": roofline_us,
            "bytes": pt.bytes(elem), "flops": pt.flops(), "modes": {}}
     for mode in modes:
+        # "custom-wg": the custom kernel with S = Q K^T on wgmma (HARNESS_TVA_IMPL, see custom_verify).
+        run_mode = "custom" if mode == "custom-wg" else mode
+        if mode == "custom-wg":
+            os.environ["HARNESS_TVA_IMPL"] = "wgmma"
         try:
-            err = kw.check(mode, pt, DEV, torch.bfloat16, seed=7919)
-            if mode == "custom" and custom_kwargs:
+            err = kw.check(run_mode, pt, DEV, torch.bfloat16, seed=7919)
+            if run_mode == "custom" and custom_kwargs:
                 calls = [_custom_call(pt, s, **custom_kwargs) for s in sets]
                 samples, graph = kw.time_calls(calls, REPEATS, WARMUP, DEV)
             else:
-                samples, graph = kw.measure_mode(mode, pt, sets, {"repeats": REPEATS, "warmup_steps": WARMUP}, DEV)
+                samples, graph = kw.measure_mode(run_mode, pt, sets, {"repeats": REPEATS, "warmup_steps": WARMUP}, DEV)
             us = statistics.median(samples)
             row["modes"][mode] = {"us": us, "spread_us": statistics.median(abs(x - us) for x in samples),
                                   "tbps": pt.bytes(elem) / us / 1e6, "pct_roofline": 100 * roofline_us / us,
@@ -117,6 +121,8 @@ def time_point(pt: kw.Point, modes, label: str, **custom_kwargs):
                     torch.cuda.synchronize()
                 except Exception:        # a sticky CUDA error: the next calls will say so
                     pass
+        finally:
+            os.environ.pop("HARNESS_TVA_IMPL", None)
     if pt.attention == "gqa" and "custom" in modes:
         row["custom_plan"] = cv.plan(sets[0]["q"], pt.kv_heads, sets[0]["k"].shape[2], pt.layout == "paged")
     RESULTS["timings"].append(row)
@@ -139,7 +145,8 @@ try:
 except Exception as exc:
     have_triton = False
     RESULTS["errors"]["triton_import"] = str(exc)
-base = ["custom"] + (["triton"] if have_triton else []) + ["sdpa"]
+HOPPER = torch.cuda.get_device_capability() == (9, 0)
+base = ["custom"] + (["custom-wg"] if HOPPER else []) + (["triton"] if have_triton else []) + ["sdpa"]
 
 for T in (16, 64):
     for ctx in (4096, 8192, 16384, 32768, 65536, 131072):
@@ -149,7 +156,8 @@ for T in (16, 64):
 mla = kw.Point("mla", 1, 65536, 16, 8, 1, 576, 512, "contiguous", 16)
 time_point(mla, base + (["flex"] if time.perf_counter() - T0 < DEADLINE_S else []), "mla H=8 T=16 ctx=65536")
 for ps in (16, 1):
-    time_point(kw.Point("gqa", 1, 65536, 16, 32, 8, 128, 128, "paged", ps), ["custom"], f"paged ps={ps} T=16 ctx=65536")
+    time_point(kw.Point("gqa", 1, 65536, 16, 32, 8, 128, 128, "paged", ps), ["custom"] + (["custom-wg"] if HOPPER else []),
+               f"paged ps={ps} T=16 ctx=65536")
 
 for T in (16, 64):               # the plan's choices against neighbours
     pl = cv.plan(torch.empty(1, 32, T, 128, device=DEV, dtype=torch.bfloat16), 8, 65536 + T, False)
@@ -179,11 +187,12 @@ save()
 print(f"\n{RESULTS['gpu']}  torch {RESULTS['torch']}  build {RESULTS['build_s']} s  "
       f"copy {RESULTS['copy_tbps']:.2f} TB/s  matmul {RESULTS['matmul_tflops']:.0f} TFLOP/s  "
       f"pytest rc={RESULTS['pytest']['rc']} ({RESULTS['pytest']['tail'].strip().splitlines()[-1][:80] if RESULTS['pytest']['tail'].strip() else ''})")
-print(f"{'point':30s} {'roof µs':>8s} | " + " | ".join(f"{m:>22s}" for m in ("custom", "triton", "sdpa", "flex")))
+COLUMNS = ("custom", "custom-wg", "triton", "sdpa", "flex")
+print(f"{'point':30s} {'roof µs':>8s} | " + " | ".join(f"{m:>22s}" for m in COLUMNS))
 for row in RESULTS["timings"]:
     cells = []
     cu = row["modes"].get("custom", {}).get("us")
-    for m in ("custom", "triton", "sdpa", "flex"):
+    for m in COLUMNS:
         r = row["modes"].get(m)
         if r is None:
             cells.append(f"{'':>22s}")
@@ -193,7 +202,8 @@ for row in RESULTS["timings"]:
             extra = f" x{r['us'] / cu:4.1f}" if cu and m != "custom" else f" {r['tbps']:4.2f}TB"
             cells.append(f"{r['us']:8.1f}us {r['pct_roofline']:4.0f}%{extra:>7s}")
     print(f"{row['label']:30s} {row['roofline_us']:8.1f} | " + " | ".join(cells))
-print("(per mode: µs, % of roofline, then TB/s for custom or custom's speedup over that mode)")
+print("(per mode: µs, % of roofline, then TB/s for custom or custom's speedup over that mode; "
+      "custom-wg = custom with S = QK^T on wgmma)")
 print("worker cell:", RESULTS["worker_cell"].get("status"), json.dumps(
     {k: round(v, 3) for k, v in (RESULTS["worker_cell"].get("metrics") or {}).items()
      if k in ("kernel_us", "pct_roofline", "achieved_tbps", "speedup_vs_sdpa")}))

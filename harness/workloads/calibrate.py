@@ -1,24 +1,35 @@
 """The calibration workload: known GPU work and known host gaps, to check the idle meter.
 
-One step launches `work` - r matmuls of n x n, sized on this GPU so that together they take
-about `work_us` (measured with CUDA events back to back, where the GPU never waits: D) - eagerly
-or as one CUDA graph replay (`replay`), then busy-waits the host until the step's deadline.
-Deadlines come every T (HostPacer), so the GPU runs D and then waits for the next launch:
-its true idle fraction is 1 - D / T, and T = D / (1 - idle_target). For idle_target 0
-the host runs at T = D / 2, ahead of the GPU, which then never waits.
+One step launches one spin kernel of `work_us` (harness.kernels.spin: it runs for that long by
+the GPU's own nanosecond timer and records its [start, end] on that timer), eagerly or as one
+CUDA graph replay (`replay`), then busy-waits the host until the step's deadline. Deadlines come
+every T = D / (1 - idle_target) (HostPacer), so the GPU runs D and waits for the next launch;
+for idle_target 0 the host runs at T = D / 2, ahead of the GPU, which then never waits.
 
-The truth of a window uses its own measured host period (host window / steps), so a host that
-fell behind schedule does not make the truth wrong, only different from the target.
+The truth is measured, not assumed. The kernels' own timestamps say when the GPU was busy
+(independently of the profiler and of CUDA events); the host window is the same steps' host
+time. Host and GPU clocks differ by an unknown offset: every kernel starts after its launch,
+so min(kernel start - host launch time) over the window is that offset plus the shortest
+launch latency, which places the host window on the GPU clock to within that latency (µs, over
+a window of >= 50 ms). `gpu_truth` does the arithmetic. The first calibration run computed the
+truth as 1 - D / T from a D measured back to back beforehand: a matmul's D is not that stable
+(on the H200 10 ms of matmuls took 11.3 ms back to back and 9.7 ms with 50 % idle gaps: power),
+which made the "truth" wrong by up to 9 points while the meter and the estimate agreed.
 
-Per repeat: warm-up steps, then a window of steps timed by `EventStepClock` (no profiler) ->
-`idle_fraction_est`; in the last repeat a profiled window (`idle.profile_window`) -> the
-meter's `idle_fraction` and the busy time per step that calibrates the estimate. Windows are
-at least `steps` (or `profile_steps`) steps and at least MIN_WINDOW_S long, so start-up and
-pacing jitter stay far below the 1-point target. Phases `work` (the launch) and `gap` (the
-wait) exercise the per-phase attribution: `phase.gap.idle_ms` should be ~ (T - D) per step.
+Per repeat: warm-up steps, a drain (the window starts with an empty queue), then a window of
+steps timed by `EventStepClock` (no profiler) -> `idle_fraction_est` against that window's
+truth; in the last repeat a profiled window (`idle.profile_window`) -> the meter's
+`idle_fraction` against the profiled window's own truth (the profiler slows the host, so the
+two windows' truths differ). Windows are at least `steps` (or `profile_steps`) steps and at
+least MIN_WINDOW_S long. Phases `work` (the launch) and `gap` (the wait) exercise the per-phase
+attribution: `phase.gap.idle_ms` should be ~ (T - D) per step.
 
-On a CPU the work is a CPU matmul and the pacing runs as on a GPU, but idle is not defined:
-every idle metric is absent.
+What the host can do bounds what is reachable: an eager launch costs the host tens of µs, so
+50 µs steps at idle 0 are out of reach; the achieved idle is the truth of the window, reported
+next to the target (`idle_target_missed`), and the meter is checked against the truth.
+
+On a CPU the "work" is a host busy-wait of work_us and the pacing runs as on a GPU, but idle
+is not defined: every idle metric is absent.
 """
 
 from __future__ import annotations
@@ -29,12 +40,11 @@ import time
 
 import torch
 
-from harness import idle
+from harness import idle, measure
 from harness.measure import PHASE_PREFIX
 
 MIN_WINDOW_S = 0.05
-GPU_SIZES = (1024, 2048, 4096, 8192)   # each matmul >= ~25 us at 2048: longer than a launch
-CPU_SIZES = (16, 32, 64, 128)
+TARGET_SLACK = 0.02   # achieved idle this far from the target: the host could not keep the pace
 
 
 # -- the schedule (pure) -------------------------------------------------------------------------
@@ -48,20 +58,6 @@ def step_period_s(work_s: float, idle_target: float) -> float:
 def window_steps(period_s: float, min_steps: int, min_window_s: float = MIN_WINDOW_S) -> int:
     """Steps in a window: at least `min_steps`, and enough to last `min_window_s`."""
     return max(min_steps, math.ceil(min_window_s / period_s))
-
-
-def true_idle(work_s: float, period_s: float) -> float:
-    """Idle fraction of a GPU that runs `work_s` per host period (never below 0: a GPU behind
-    the host is busy all the time)."""
-    return max(0.0, 1.0 - work_s / period_s)
-
-
-def choose_size(target_s: float, timings: dict[int, float]) -> tuple[int, int]:
-    """(n, r): the largest measured matmul size that fits in `target_s`, repeated r times to
-    fill it (the smallest size if none fits)."""
-    fitting = [n for n, t in timings.items() if t <= target_s]
-    n = max(fitting) if fitting else min(timings)
-    return n, max(1, round(target_s / timings[n]))
 
 
 class HostPacer:
@@ -86,6 +82,32 @@ class HostPacer:
         self.deadline = max(self.deadline, now) + self.period_s
 
 
+# -- the truth (pure) ------------------------------------------------------------------------------
+def gpu_truth(stamps, launch_ns, first: int, n: int, host_lo_ns: int, host_hi_ns: int) -> dict | None:
+    """The GPU's idle fraction over a host window, from the kernels' own clock.
+
+    stamps[k]: (start, end) of launch k on the GPU clock in ns (None: unknown); launch_ns[k]:
+    host time of launch k (perf_counter_ns). The window's launches are first .. first+n-1 and
+    the window is [host_lo_ns, host_hi_ns] on the host clock. Every kernel of the cell counts
+    (a backlog launched before the window still keeps the GPU busy inside it); busy time is
+    clipped to the window placed on the GPU clock. Returns {idle, busy_per_step_us, kernel_us
+    (median duration of the window's kernels), latency_us (median start - launch, relative to
+    the smallest: how far behind the GPU ran)}, or None without stamps in the window.
+    """
+    own = [(stamps[k], launch_ns[k]) for k in range(first, first + n) if stamps[k] is not None]
+    if not own or host_hi_ns <= host_lo_ns:
+        return None
+    offsets = [s[0] - h for s, h in own]
+    offset = min(offsets)      # clock offset + the shortest launch latency
+    lo, hi = host_lo_ns + offset, host_hi_ns + offset
+    busy = measure.covered_length(measure.merge_intervals(s for s in stamps if s is not None),
+                                  lo, hi)
+    return {"idle": max(0.0, 1.0 - busy / (hi - lo)),
+            "busy_per_step_us": busy / n / 1e3,
+            "kernel_us": statistics.median(e - s for (s, e), _ in own) / 1e3,
+            "latency_us": (statistics.median(offsets) - offset) / 1e3}
+
+
 # -- the work --------------------------------------------------------------------------------------
 def _device(cell: dict) -> torch.device:
     want = cell["device"]
@@ -96,157 +118,129 @@ def _device(cell: dict) -> torch.device:
     return torch.device(want)
 
 
-def _dtype(cell: dict, device: torch.device) -> torch.dtype:
-    if cell["dtype"] == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, cell["dtype"])
-
-
-def matmul_work(n: int, r: int, device, dtype, seed: int = 0):
-    """A closure that launches r matmuls of n x n into a preallocated output."""
-    gen = torch.Generator(device=device).manual_seed(seed)  # on the device: 8192^2 is quick
-    a = torch.randn(n, n, generator=gen, device=device).div_(math.sqrt(n)).to(dtype)
-    b = torch.randn(n, n, generator=gen, device=device).div_(math.sqrt(n)).to(dtype)
-    out = torch.empty(n, n, device=device, dtype=dtype)
-
+def host_spin(work_s: float):
+    """The CPU stand-in for the GPU work: the host busy for `work_s`."""
     def work():
-        for _ in range(r):
-            torch.mm(a, b, out=out)
+        end = time.perf_counter() + work_s
+        while time.perf_counter() < end:
+            pass
     return work
 
 
-def graphed(work):
-    """`work` captured once in a CUDA graph; returns the replay call."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):   # warm up outside the capture (cuBLAS workspaces)
-        work()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        work()
-    return graph.replay
+class Windows:
+    """Host time of every step, so a window's host span and its launches can be looked up."""
 
+    def __init__(self):
+        self.spans: list[tuple[int, int]] = []
 
-def busy_time_s(fn, device: torch.device, min_total_s: float = 0.02) -> float:
-    """Time of one call of `fn` with the device never waiting: CUDA events around calls
-    queued back to back (a few already in flight when the first event is recorded)."""
-    if device.type != "cuda":
-        fn()
-        t0 = time.perf_counter()
-        fn()
-        once = time.perf_counter() - t0
-        reps = max(3, math.ceil(min_total_s / max(once, 1e-7)))
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return (time.perf_counter() - t0) / reps
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    once = start.elapsed_time(end) / 1e3
-    reps = max(5, math.ceil(min_total_s / max(once, 1e-7)))
-    for _ in range(3):
-        fn()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / reps
-
-
-def size_work(target_s: float, device: torch.device, dtype, seed: int):
-    """(n, r, timings): measure matmul sizes up to the first one longer than the target."""
-    timings = {}
-    for n in (GPU_SIZES if device.type == "cuda" else CPU_SIZES):
-        timings[n] = busy_time_s(matmul_work(n, 1, device, dtype, seed), device, 0.005)
-        if timings[n] > target_s:
-            break
-    n, r = choose_size(target_s, timings)
-    return n, r, timings
+    def timed(self, step):
+        def timed_step():
+            t0 = time.perf_counter_ns()
+            step()
+            self.spans.append((t0, time.perf_counter_ns()))
+        return timed_step
 
 
 # -- the cell --------------------------------------------------------------------------------------
 def run(cell: dict, progress) -> dict:
     device = _device(cell)
-    dtype = _dtype(cell, device)
     on_gpu = device.type == "cuda"
     if cell["replay"] == "graph" and not on_gpu:
         raise RuntimeError("replay: graph needs a CUDA device")
-    torch.manual_seed(cell["seed"])
-
-    progress(stage="size", device=str(device), work_us=cell["work_us"])
-    n, r, timings = size_work(cell["work_us"] * 1e-6, device, dtype, cell["seed"])
-    work = matmul_work(n, r, device, dtype, cell["seed"])
-    if cell["replay"] == "graph":
-        work = graphed(work)
-    work_s = busy_time_s(work, device)
+    work_s = cell["work_us"] * 1e-6
     period_s = step_period_s(work_s, cell["idle_target"])
     steps = window_steps(period_s, cell["steps"])
     pacer = HostPacer(period_s)
 
+    progress(stage="prepare", device=str(device), work_us=cell["work_us"])
+    if on_gpu:
+        from harness.kernels.spin import SpinWork
+        spin = SpinWork(cell["work_us"], device)
+        launch = spin.graphed() if cell["replay"] == "graph" else spin.launch
+        sync = torch.cuda.synchronize
+    else:
+        spin, launch, sync = None, host_spin(work_s), (lambda: None)
+
     def step():
         with torch.profiler.record_function(PHASE_PREFIX + "work"):
-            work()
+            launch()
         with torch.profiler.record_function(PHASE_PREFIX + "gap"):
             pacer.wait()
 
-    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-    event_ms, host_s = [], []
+    if on_gpu:              # the kernel's compile and first launch, before any window
+        launch()
+        sync()
+
+    host = Windows()
+    timed_step = host.timed(step)
+    event_ms, windows = [], []            # windows: (first launch, first span index)
     for rep in range(cell["repeats"]):
         progress(stage="measure", repeat=rep + 1, repeats=cell["repeats"], steps=steps)
         clock = idle.EventStepClock(steps, enabled=on_gpu)
         pacer.start()
         for _ in range(cell["warmup_steps"]):
             step()
-        t0 = time.perf_counter()
+        sync()                            # drain: the window starts with an empty queue
+        pacer.start()
+        windows.append((spin.launches() if spin else 0, len(host.spans)))
         for _ in range(steps):
             clock.mark()
-            step()
+            timed_step()
         clock.mark()
-        host_s.append(time.perf_counter() - t0)
         sync()
         event_ms.append(clock.window_ms())
 
-    stats = {}
+    stats, prof_window = {}, None
     if on_gpu and cell["profile_steps"] > 0:
         prof_steps = window_steps(period_s, cell["profile_steps"])
+        warm = max(1, cell["warmup_steps"])
         progress(stage="profile", steps=prof_steps)
+        first_launch, first_span = spin.launches() + warm, len(host.spans) + warm
         pacer.start()
-        stats = idle.profile_window(step, prof_steps, warmup=max(1, cell["warmup_steps"]))
+        stats = idle.profile_window(timed_step, prof_steps, warmup=warm)
+        prof_window = (first_launch, first_span, prof_steps)
 
     meter, meter_samples, extra = idle.meter_outputs(stats, event_ms, steps)
-    ests = meter_samples.get("idle_fraction_est")
-    periods = [h / steps for h in host_s]
-    truths = [true_idle(work_s, p) for p in periods] if on_gpu else None
+    periods = [(host.spans[i + steps - 1][1] - host.spans[i][0]) / steps / 1e9
+               for _, i in windows]
     metrics = {
         **meter,
-        "work_us": work_s * 1e6,
+        "work_us": cell["work_us"],
         "step_us": statistics.median(periods) * 1e6,
         "step_us_target": period_s * 1e6,
         "idle_target": cell["idle_target"],
-        "idle_true": statistics.median(truths) if truths else None,
-        "idle_est_error_pp": (statistics.median((e - t) * 100 for e, t in zip(ests, truths))
-                              if ests and truths else None),
-        "idle_error_pp": None,
+        "idle_true": None, "idle_true_est": None, "idle_error_pp": None,
+        "idle_est_error_pp": None, "idle_target_missed": None,
     }
-    if stats:
-        # The profiled window's truth, from its own host period on the profiler's clock.
-        prof_truth = true_idle(work_s, stats["window_ms"] / 1e3 / stats["steps"])
-        metrics["idle_true_profiled"] = prof_truth
-        metrics["idle_error_pp"] = (stats["idle_fraction"] - prof_truth) * 100
-        # The GPU time per step the profiler saw, against work_us (measured back to back): a
-        # difference means the work itself ran differently when paced (clocks), not a
-        # mistake in the meter's window arithmetic.
-        metrics["work_us_profiled"] = stats["step_busy_ms"] * 1e3
-    extra["calibration"] = {"matmul_n": n, "matmuls_per_step": r, "steps": steps,
-                            "matmul_s": {str(k): v for k, v in timings.items()}}
     samples = {**meter_samples, "step_us": [p * 1e6 for p in periods]}
-    if truths:
-        samples["idle_true"] = truths
+    if on_gpu:
+        stamps = spin.stamps()
+        truths = [gpu_truth(stamps, spin.launch_ns, first, steps, host.spans[i][0],
+                            host.spans[i + steps - 1][1]) for first, i in windows]
+        if None not in truths:
+            samples["idle_true_est"] = [t["idle"] for t in truths]
+            metrics["idle_true_est"] = statistics.median(samples["idle_true_est"])
+            metrics["kernel_us"] = statistics.median(t["kernel_us"] for t in truths)
+            ests = meter_samples.get("idle_fraction_est")
+            if ests:
+                metrics["idle_est_error_pp"] = statistics.median(
+                    (e - t) * 100 for e, t in zip(ests, samples["idle_true_est"]))
+        if prof_window:
+            first, i, n = prof_window
+            truth = gpu_truth(stamps, spin.launch_ns, first, n, host.spans[i][0],
+                              host.spans[i + n - 1][1])
+            if truth:
+                metrics["idle_true"] = truth["idle"]
+                metrics["idle_error_pp"] = (stats["idle_fraction"] - truth["idle"]) * 100
+                metrics["step_us_profiled"] = (host.spans[i + n - 1][1] - host.spans[i][0]) / n / 1e3
+                # A kernel as CUPTI saw it (its whole run, one kernel per step) against its own
+                # timed body: the start-up and drain around the body that only the profiler
+                # sees, i.e. the resolution of this truth, per kernel.
+                metrics["kernel_edge_us"] = stats["step_busy_ms"] * 1e3 - truth["kernel_us"]
+                metrics["latency_us"] = truth["latency_us"]
+        reached = metrics["idle_true"] if metrics["idle_true"] is not None else metrics["idle_true_est"]
+        if reached is not None:
+            metrics["idle_target_missed"] = abs(reached - cell["idle_target"]) > TARGET_SLACK
+    extra["calibration"] = {"steps": steps, "launches": spin.launches() if spin else None,
+                            "work": "spin kernel" if on_gpu else "host busy-wait"}
     return {"metrics": metrics, "samples": samples, **extra}

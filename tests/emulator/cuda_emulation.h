@@ -466,41 +466,66 @@ inline void wgmma_commit() {}
 template <int N>
 inline void wgmma_wait() {}
 
-inline void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
-    const int tid = emu::me().tid, lane = tid & 31, w = (tid >> 5) & 3, group0 = tid & ~127;
-    if (current_warp_count_check(tid)) emu::die("wgmma needs a whole warpgroup of 128 threads");
-    auto& mine = emu::current_block()->slots[tid];
-    for (int i = 0; i < 4; ++i) mine[i] = a[i];
-    mine[4] = static_cast<uint32_t>(desc);
-    mine[5] = static_cast<uint32_t>(desc >> 32);
-    emu::warpgroup_sync();
-    const auto& first = emu::current_block()->slots[group0];
-    if (first[4] != mine[4] || first[5] != mine[5]) emu::die("wgmma descriptor differs across the warpgroup");
+// Element (row r, column k) of a K-major 128-byte-swizzle operand described by `desc`: rows in
+// groups of 8, the groups SBO bytes apart, rows 128 bytes apart; the swizzle XORs address bits
+// [4, 7) with bits [7, 10) of the absolute shared address.
+inline float emu_desc_at(uint64_t desc, int r, int k) {
+    if ((desc >> 62) != 1) emu::die("emulated wgmma supports the 128-byte swizzle only");
     const uint32_t start = static_cast<uint32_t>(desc & 0x3FFF) << 4;
     const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4;
-    if ((desc >> 62) != 1) emu::die("emulated wgmma supports the 128-byte swizzle only");
-    auto b_at = [&](int k, int n) {            // K-major: row n (8-row groups SBO apart), column k
-        uint32_t addr = start + (n / 8) * sbo + (n % 8) * 128 + 2 * k;
-        addr ^= ((addr >> 7) & 7u) << 4;
-        return emu_bf2f(emu_ld16(addr));
-    };
-    auto a_at = [&](int r, int k) {            // warp r / 16 of the group, mma A layout
+    uint32_t addr = start + (r / 8) * sbo + (r % 8) * 128 + 2 * k;
+    addr ^= ((addr >> 7) & 7u) << 4;
+    return emu_bf2f(emu_ld16(addr));
+}
+
+// One warpgroup-wide d[64 x N] (+)= A[64 x 16] B[16 x N]: every thread gives its operands, the
+// product is formed from the whole group's, each thread keeps its accumulator fragment (warp w of
+// the group: rows 16w + lane/4 (+8), n-tile j columns 8j + 2(lane%4) (+1)).
+template <int N, typename AAt>
+inline void emu_wgmma(float (&d)[N / 8][4], AAt a_at, uint64_t desc_b, int accumulate) {
+    const int tid = emu::me().tid, lane = tid & 31, w = (tid >> 5) & 3;
+    float out[N / 8][4];
+    for (int j = 0; j < N / 8; ++j)
+        for (int e = 0; e < 4; ++e) {
+            const int row = 16 * w + lane / 4 + 8 * (e >> 1), n = 8 * j + 2 * (lane % 4) + (e & 1);
+            float acc = accumulate ? d[j][e] : 0.f;
+            for (int k = 0; k < 16; ++k) acc += a_at(row, k) * emu_desc_at(desc_b, n, k);
+            out[j][e] = acc;
+        }
+    emu::warpgroup_sync();
+    for (int j = 0; j < N / 8; ++j)
+        for (int e = 0; e < 4; ++e) d[j][e] = out[j][e];
+}
+
+inline void emu_wgmma_enter(uint64_t d0, uint64_t d1, const uint32_t* a) {
+    const int tid = emu::me().tid, group0 = tid & ~127;
+    if (current_warp_count_check(tid)) emu::die("wgmma needs a whole warpgroup of 128 threads");
+    auto& mine = emu::current_block()->slots[tid];
+    for (int i = 0; i < 4; ++i) mine[i] = a ? a[i] : 0;
+    mine[4] = static_cast<uint32_t>(d0), mine[5] = static_cast<uint32_t>(d0 >> 32);
+    mine[6] = static_cast<uint32_t>(d1), mine[7] = static_cast<uint32_t>(d1 >> 32);
+    emu::warpgroup_sync();
+    const auto& first = emu::current_block()->slots[group0];
+    for (int i = 4; i < 8; ++i)
+        if (first[i] != mine[i]) emu::die("wgmma descriptor differs across the warpgroup");
+}
+
+inline void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
+    emu_wgmma_enter(desc, 0, a);
+    const int group0 = emu::me().tid & ~127;
+    auto a_at = [&](int r, int k) {            // registers: warp r / 16 of the group, mma A layout
         const int rr = r % 16;
         const auto& sl = emu::current_block()->slots[group0 + (r / 16) * 32 + (rr % 8) * 4 + (k % 8) / 2];
         return emu_half(sl[(rr >= 8) + 2 * (k >= 8)], k % 2);
     };
-    float out[8][4];
-    for (int j = 0; j < 8; ++j)
-        for (int e = 0; e < 4; ++e) {
-            const int row = 16 * w + lane / 4 + 8 * (e >> 1), n = 8 * j + 2 * (lane % 4) + (e & 1);
-            float acc = accumulate ? d[j][e] : 0.f;
-            for (int k = 0; k < 16; ++k) acc += a_at(row, k) * b_at(k, n);
-            out[j][e] = acc;
-        }
-    emu::warpgroup_sync();
-    for (int j = 0; j < 8; ++j)
-        for (int e = 0; e < 4; ++e) d[j][e] = out[j][e];
+    emu_wgmma<64>(d, a_at, desc, accumulate);
 }
+
+inline void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    emu_wgmma_enter(desc_a, desc_b, nullptr);
+    emu_wgmma<32>(d, [&](int r, int k) { return emu_desc_at(desc_a, r, k); }, desc_b, accumulate);
+}
+
 inline void st_shared_b32(uint32_t a, uint32_t v) { std::memcpy(emu::smem_at(a, 4), &v, 4); }
 
 extern "C" void emu_configure(int early, unsigned long long skew_seed) {
