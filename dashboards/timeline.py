@@ -18,15 +18,13 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-# Phase -> colour. The decode phases use Paul Tol's "muted" set (the same values as
-# dashboards/style.py); the calibration workload's phases and device work that no phase
-# launched get their own. Unknown phases take SPARE_COLORS in order of first appearance.
+from harness.dashboards.style import PHASE_COLORS as DECODE_PHASE_COLORS
+
+# Phase -> colour. The decode phases take the one palette of dashboards/style.py; the
+# calibration workload's phases and device work that no phase launched get their own. Unknown
+# phases take SPARE_COLORS in order of first appearance.
 PHASE_COLORS = {
-    "draft": "#88CCEE",
-    "tree": "#DDCC77",
-    "verify": "#117733",
-    "accept": "#CC6677",
-    "commit": "#AA4499",
+    **DECODE_PHASE_COLORS,
     "work": "#332288",     # calibrate: the launch of the known GPU work
     "gap": "#999933",      # calibrate: the host's busy-wait
     "other": "#BBBBBB",    # GPU work launched outside every phase range

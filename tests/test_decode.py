@@ -150,6 +150,11 @@ def test_synthetic_acceptance_drives_the_loop():
 def test_checkpoint_round_trip(tmp_path):
     target, _ = make_models(7, dtype=torch.float32)
     save_target(target, tmp_path / "ckpt")
+    from harness.decode.checkpoint import read_safetensors
+    names = set(read_safetensors(tmp_path / "ckpt" / "model.safetensors"))
+    assert {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.up_proj.weight",
+            "model.embed_tokens.weight", "lm_head.weight"} <= names     # HF names on disk
+    assert not any("qkv_proj" in n or "gate_up" in n for n in names)
     loaded = load_target(tmp_path / "ckpt", torch.float32, torch.device("cpu"))
     for (n1, p1), (n2, p2) in zip(sorted(target.state_dict().items()),
                                   sorted(loaded.state_dict().items())):

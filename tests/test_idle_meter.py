@@ -283,3 +283,41 @@ def test_recorded_trace_analyses_and_draws(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert _png(timeline_fig.timeline_png(items, tmp_path / "recorded.png"))
+
+
+# -- the profiler's settings ----------------------------------------------------------------------
+def test_lean_profile_records_user_ranges_but_not_ops(tmp_path):
+    import torch
+    from torch.profiler import ProfilerActivity, record_function
+
+    enable = torch.autograd.profiler._enable_profiler
+    x = torch.ones(8)
+    with idle.lean_profile([ProfilerActivity.CPU]) as (prof, config):
+        for _ in range(3):
+            with record_function(measure.STEP_RANGE):
+                with record_function("phase.draft"):
+                    x.mul_(2).add_(1)
+    assert torch.autograd.profiler._enable_profiler is enable       # the hook is undone
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    events = measure.load_trace(tmp_path / "t.json")
+    cats = {e.get("cat") for e in events if e.get("ph") == "X"}
+    names = {e["name"] for e in events if e.get("cat") == "user_annotation"}
+    assert config["scopes"] == "user"
+    assert names == {measure.STEP_RANGE, "phase.draft"}
+    assert "cpu_op" not in cats                 # aten::mul_ / aten::add_ were not recorded
+    # A profile started the ordinary way afterwards records ops again.
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as plain:
+        x.mul_(2)
+    assert any(e.name == "aten::mul_" for e in plain.events())
+
+
+def test_cupti_teardown_is_asked_for_on_cuda_12_6_and_later(monkeypatch):
+    import torch
+    for cuda, env, expect in (("13.0", None, "1"), ("12.6", None, "1"), ("12.4", None, None),
+                              (None, None, None), ("13.0", "0", "0")):
+        monkeypatch.setattr(torch.version, "cuda", cuda)
+        if env is None:
+            monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+        else:
+            monkeypatch.setenv("TEARDOWN_CUPTI", env)
+        assert idle._release_cupti_after_profiling() == expect, (cuda, env)

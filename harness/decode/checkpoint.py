@@ -61,9 +61,45 @@ def config_from_hf(cfg: dict) -> TargetConfig:
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)))
 
 
+# HF keeps q/k/v and gate/up as separate matrices; the model stacks them (see model.Attention).
+_STACKED = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                          "self_attn.v_proj.weight"),
+            "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
+
+
+def _stack_hf(state: dict) -> dict:
+    """HF names (without `model.`) -> ours: stack each layer's q/k/v and gate/up rows."""
+    out = dict(state)
+    for name in list(state):
+        for ours, parts in _STACKED.items():
+            if name.endswith(parts[0]):
+                prefix = name[: -len(parts[0])]
+                if all(prefix + p in state for p in parts):
+                    out[prefix + ours] = torch.cat([out.pop(prefix + p) for p in parts], dim=0)
+    return out
+
+
+def _split_ours(model: Target, state: dict) -> dict:
+    """Ours -> HF names: split the stacked matrices back (inverse of _stack_hf)."""
+    c = model.cfg
+    sizes = {"self_attn.qkv_proj.weight": [c.heads * c.head_dim, c.kv_heads * c.head_dim,
+                                           c.kv_heads * c.head_dim],
+             "mlp.gate_up_proj.weight": [c.ffn, c.ffn]}
+    out = {}
+    for name, t in state.items():
+        suffix = next((s for s in _STACKED if name.endswith(s)), None)
+        if suffix is None:
+            out[name] = t
+            continue
+        prefix = name[: -len(suffix)]
+        for part, chunk in zip(_STACKED[suffix], t.split(sizes[suffix], dim=0)):
+            out[prefix + part] = chunk.contiguous()
+    return out
+
+
 def load_target(checkpoint: str | Path, dtype: torch.dtype, device: torch.device) -> Target:
-    """Build a Target from an HF Qwen3 checkpoint directory. HF parameter names map one to one
-    onto ours once the leading `model.` is dropped."""
+    """Build a Target from an HF Qwen3 checkpoint directory. HF parameter names map onto ours
+    once the leading `model.` is dropped and q/k/v, gate/up are stacked."""
     root = Path(checkpoint)
     cfg = config_from_hf(json.loads((root / "config.json").read_text()))
     with torch.device(device):
@@ -72,6 +108,7 @@ def load_target(checkpoint: str | Path, dtype: torch.dtype, device: torch.device
     for f in sorted(root.glob("*.safetensors")):
         for name, t in read_safetensors(f).items():
             state[name.removeprefix("model.")] = t
+    state = _stack_hf(state)
     if cfg.tie_embeddings:
         state.setdefault("lm_head.weight", state["embed_tokens.weight"])
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -93,5 +130,5 @@ def save_target(model: Target, root: str | Path) -> None:
         "intermediate_size": c.ffn, "rope_theta": c.rope_theta, "rms_norm_eps": c.rms_eps,
         "tie_word_embeddings": c.tie_embeddings}, indent=2))
     state = {("model." + k if not k.startswith("lm_head") else k): v
-             for k, v in model.state_dict().items()}
+             for k, v in _split_ours(model, model.state_dict()).items()}
     write_safetensors(root / "model.safetensors", state)

@@ -87,31 +87,39 @@ class KVCache:
 
 
 class Attention(nn.Module):
+    """Grouped-query attention. The q, k and v projections are one matrix (`qkv_proj`, rows in
+    that order) and the SwiGLU's gate and up projections another: one GEMM launch instead of
+    three (two), which matters once a step is a graph of thousands of small kernels.
+    Checkpoints keep HF's separate matrices; checkpoint.py stacks and splits them."""
+
     def __init__(self, cfg: TargetConfig):
         super().__init__()
         self.cfg = cfg
         h, kvh, d = cfg.heads, cfg.kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden, h * d, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden, kvh * d, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden, kvh * d, bias=False)
+        self.qkv_proj = nn.Linear(cfg.hidden, (h + 2 * kvh) * d, bias=False)
         self.o_proj = nn.Linear(h * d, cfg.hidden, bias=False)
         self.q_norm = RMSNorm(d, cfg.rms_eps)
         self.k_norm = RMSNorm(d, cfg.rms_eps)
 
+    def _store(self, k, v, rope, cache: KVCache, layer: int, slots) -> None:
+        cache.write(layer, slots, apply_rope(self.k_norm(k), rope), v)
+
     def write_kv(self, x, rope, cache: KVCache, layer: int, slots) -> None:
-        """Project x [b, T, hidden] to keys and values and store them at `slots` [b, T]."""
+        """Project x [b, T, hidden] to keys and values only (the k and v rows of qkv_proj) and
+        store them at `slots` [b, T]: the drafter's context features need no queries."""
         b, T, _ = x.shape
         cfg = self.cfg
-        k = self.k_norm(self.k_proj(x).view(b, T, cfg.kv_heads, cfg.head_dim))
-        v = self.v_proj(x).view(b, T, cfg.kv_heads, cfg.head_dim)
-        cache.write(layer, slots, apply_rope(k, rope), v)
+        kv = F.linear(x, self.qkv_proj.weight[cfg.heads * cfg.head_dim:])
+        k, v = kv.view(b, T, 2 * cfg.kv_heads, cfg.head_dim).split(cfg.kv_heads, dim=2)
+        self._store(k, v, rope, cache, layer, slots)
 
     def forward(self, x, rope, cache: KVCache, layer: int, slots, mask: attention.Mask):
         b, T, _ = x.shape
         cfg = self.cfg
-        q = self.q_norm(self.q_proj(x).view(b, T, cfg.heads, cfg.head_dim))
-        q = apply_rope(q, rope)
-        self.write_kv(x, rope, cache, layer, slots)
+        qkv = self.qkv_proj(x).view(b, T, cfg.heads + 2 * cfg.kv_heads, cfg.head_dim)
+        q, k, v = qkv.split([cfg.heads, cfg.kv_heads, cfg.kv_heads], dim=2)
+        q = apply_rope(self.q_norm(q), rope)
+        self._store(k, v, rope, cache, layer, slots)
         S = mask.kv_len
         out = attention.attend(q.transpose(1, 2), cache.k[layer, :, :, :S], cache.v[layer, :, :, :S], mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, T, cfg.heads * cfg.head_dim))
@@ -120,12 +128,12 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: TargetConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.hidden, 2 * cfg.ffn, bias=False)
         self.down_proj = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Layer(nn.Module):

@@ -9,9 +9,9 @@ for idle_target 0 the host runs at T = D / 2, ahead of the GPU, which then never
 The truth is measured, not assumed. The kernels' own timestamps say when the GPU was busy
 (independently of the profiler and of CUDA events); the host window is the same steps' host
 time. Host and GPU clocks differ by an unknown offset: every kernel starts after its launch,
-so min(kernel start - host launch time) over the window is that offset plus the shortest
-launch latency, which places the host window on the GPU clock to within that latency (µs, over
-a window of >= 50 ms). `gpu_truth` does the arithmetic. The first calibration run computed the
+so the smallest (kernel start - host launch time) of the cell, taken on a launch that found
+the GPU idle, is that offset plus a bare launch latency: it places the host window on the GPU
+clock to within that latency (µs, over a window of >= 50 ms). `gpu_truth` does the arithmetic. The first calibration run computed the
 truth as 1 - D / T from a D measured back to back beforehand: a matmul's D is not that stable
 (on the H200 10 ms of matmuls took 11.3 ms back to back and 9.7 ms with 50 % idle gaps: power),
 which made the "truth" wrong by up to 9 points while the meter and the estimate agreed.
@@ -88,24 +88,25 @@ def gpu_truth(stamps, launch_ns, first: int, n: int, host_lo_ns: int, host_hi_ns
 
     stamps[k]: (start, end) of launch k on the GPU clock in ns (None: unknown); launch_ns[k]:
     host time of launch k (perf_counter_ns). The window's launches are first .. first+n-1 and
-    the window is [host_lo_ns, host_hi_ns] on the host clock. Every kernel of the cell counts
-    (a backlog launched before the window still keeps the GPU busy inside it); busy time is
-    clipped to the window placed on the GPU clock. Returns {idle, busy_per_step_us, kernel_us
-    (median duration of the window's kernels), latency_us (median start - launch, relative to
-    the smallest: how far behind the GPU ran)}, or None without stamps in the window.
+    the window is [host_lo_ns, host_hi_ns] on the host clock. The window is placed on the GPU
+    clock by the smallest (start - launch) over all the launches: a kernel never starts before
+    its launch, and some launches find the GPU idle (the first one, the first after each
+    drain), so that is the clock offset plus a bare launch latency. Every kernel counts (a
+    backlog launched before the window keeps the GPU busy inside it); busy time is clipped to
+    the window. Returns {idle, kernel_us (median duration of the window's kernels), latency_us
+    (median start - launch in the window, beyond the bare latency: how far the GPU ran
+    behind)}, or None without stamps in the window.
     """
     own = [(stamps[k], launch_ns[k]) for k in range(first, first + n) if stamps[k] is not None]
     if not own or host_hi_ns <= host_lo_ns:
         return None
-    offsets = [s[0] - h for s, h in own]
-    offset = min(offsets)      # clock offset + the shortest launch latency
+    offset = min(s[0] - h for s, h in zip(stamps, launch_ns) if s is not None)
     lo, hi = host_lo_ns + offset, host_hi_ns + offset
     busy = measure.covered_length(measure.merge_intervals(s for s in stamps if s is not None),
                                   lo, hi)
     return {"idle": max(0.0, 1.0 - busy / (hi - lo)),
-            "busy_per_step_us": busy / n / 1e3,
             "kernel_us": statistics.median(e - s for (s, e), _ in own) / 1e3,
-            "latency_us": (statistics.median(offsets) - offset) / 1e3}
+            "latency_us": (statistics.median(s[0] - h for s, h in own) - offset) / 1e3}
 
 
 # -- the work --------------------------------------------------------------------------------------
