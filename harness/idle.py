@@ -31,10 +31,12 @@ The profiler runs at the lowest overhead that still gives what the analysis read
     starts the trace (`_user_scope_callbacks`). Kernel, memcpy, memset and CUDA runtime/driver
     records come from CUPTI and are unaffected, so launch correlation still works.
   - TEARDOWN_CUPTI=1 (unless set): by default Kineto leaves CUPTI subscribed when the profile
-    ends (pytorch/pytorch#144455), and every later launch pays for it: -39 % steps/s on a
-    launch-bound loop on the H200 *after* a profiled window. Teardown with CUDA graphs crashed
-    before CUDA 12.6 (torch's own comment in torch/profiler/profiler.py), so older CUDA keeps
-    the default.
+    ends (pytorch/pytorch#144455) and later launches pay for it: -39 % steps/s on a
+    launch-bound loop on the H200 *after* a profiled window, for the rest of the process (a
+    script running many cells in one process measured every cell after the first profile
+    that way; ci/gpu/idle_meter.py's "legacy" run reproduces it). Teardown with CUDA graphs
+    crashed before CUDA 12.6 (torch's own comment in torch/profiler/profiler.py), so older
+    CUDA keeps the default.
 """
 
 from __future__ import annotations

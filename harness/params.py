@@ -67,7 +67,7 @@ MEASUREMENT_KNOBS = ("warmup_steps", "steps", "repeats", "profile_steps", "timeo
 # decode parameters exactly as before this registry existed: decode ids are unchanged.)
 WORKLOAD_PARAMS: dict[str, dict[str, object]] = {
     "calibrate": {                # harness/workloads/calibrate.py: checks the idle meter
-        "work_us": 500.0,         # GPU work per step in µs (matmuls sized on the host)
+        "work_us": 500.0,         # GPU work per step in µs (one self-timed spin kernel)
         "idle_target": 0.5,       # the GPU's true idle fraction by construction, in [0, 1)
         "replay": "eager",        # eager launches or one CUDA graph replay per step
     },

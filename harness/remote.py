@@ -15,9 +15,10 @@ On stderr, before the worker's own lines:
     @@infra REASON         the cell could not start here (exit 75): run it somewhere else
 The worker inherits stdout, so its result JSON goes straight to the controller.
 
-Dead man's switch: the controller keeps our stdin open for the whole cell. EOF on stdin means
-it is gone (Ctrl-C, a dropped connection, a killed sshd), and we kill our whole process group,
-so no worker is left computing for nobody.
+Dead man's switch: the controller keeps our stdin open for the whole cell. EOF on stdin, at any
+point from our first instruction on (before the job line came, while waiting for the GPU lock,
+while the worker runs), means it is gone (Ctrl-C, a dropped connection, a killed sshd), and we
+kill our whole process group, so no worker is left computing for nobody.
 
 Standard library only (it runs under the host's Python with nothing installed).
 """
@@ -54,16 +55,21 @@ def die_with_group() -> None:
     os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
-def read_job() -> dict:
-    """The first line on stdin. Raw reads (fd 0), no sys.stdin: the watcher thread below must
-    not hold the buffered reader's lock, or the interpreter's exit would wait on it."""
+def read_job() -> bytes | None:
+    """The first line on stdin, or None when stdin closes before a whole line came: the
+    controller is gone already (Ctrl-C while this launcher was still starting). Raw reads
+    (fd 0), no sys.stdin: the watcher thread below must not hold the buffered reader's lock, or
+    the interpreter's exit would wait on it."""
     data = b""
     while b"\n" not in data:
-        chunk = os.read(0, 65536)
+        try:
+            chunk = os.read(0, 65536)
+        except OSError:
+            return None
         if not chunk:
-            break
+            return None
         data += chunk
-    return json.loads(data.split(b"\n", 1)[0])
+    return data.split(b"\n", 1)[0]
 
 
 def watch_stdin() -> None:
@@ -128,8 +134,13 @@ def wait_for_gpu(gpu: int, policy: str, busy_wait_s: float) -> list[dict]:
 
 def main() -> int:
     say(f"@@pgid {os.getpgrp()}")
+    line = read_job()
+    if line is None:
+        # Nobody wants this cell any more. Whatever already runs in our group goes too (a
+        # wrapper script around the host's python may have started something before us).
+        die_with_group()
     try:
-        job = read_job()
+        job = json.loads(line)
         cell = job["cell"]
     except (ValueError, KeyError, TypeError) as exc:
         say(f"remote: bad job line on stdin: {exc}")

@@ -107,9 +107,18 @@ class _Sweep:
             return
         self.state = {h.name: _HostState(h.name) for h in self.hosts}
         self.live_slots = sum(h.slots for h in self.hosts)
+        self.stopping = False
+        slots = [asyncio.ensure_future(self._slot(h, s)) for h in self.hosts for s in range(h.slots)]
         try:
-            await asyncio.gather(*(self._slot(h, s) for h in self.hosts for s in range(h.slots)))
+            await asyncio.gather(*slots)
+        except BaseException:
+            # Ctrl-C (the sweep's task is cancelled) or a bug in one slot: no cell starts from
+            # now on, and the running ones are cancelled, which kills them where they run.
+            self.stopping = True
+            await _cancel_and_wait(slots)
+            raise
         finally:
+            # Only now, with every kill sent, may the connections close.
             closers = [h.close() for h in self.hosts if hasattr(h, "close")]
             await asyncio.gather(*closers, return_exceptions=True)
 
@@ -226,8 +235,8 @@ class _Sweep:
     def _slot_gone(self) -> None:
         """A slot stopped for good. With none left, the cells still queued cannot run."""
         self.live_slots -= 1
-        if self.live_slots > 0 or self.pending == 0:
-            return
+        if self.live_slots > 0 or self.pending == 0 or self.stopping:
+            return            # stopping (Ctrl-C): queued cells stay unrun, for --resume
         reasons = "; ".join(self.outcome.hosts_lost.values()) or "no host left"
         while not self.queue.empty():
             i, cell, errors = self.queue.get_nowait()
@@ -242,6 +251,8 @@ class _Sweep:
                 if not await self._ready(host):
                     return
                 i, cell, errors = await self._until_done(self.queue.get())
+                if self.stopping:
+                    return
                 label = params.cell_label(cell)
                 st.running[slot] = f"cell {i}/{self.n} {label}"
                 self._show(host)
@@ -279,6 +290,23 @@ class _Sweep:
         finally:
             if not cancelled:
                 self._slot_gone()
+
+
+async def _cancel_and_wait(tasks: list[asyncio.Future]) -> None:
+    """Cancel `tasks` and wait until each has finished (its kills sent), even if we are
+    cancelled again meanwhile: a second Ctrl-C must not close connections under the kills."""
+    for task in tasks:
+        task.cancel()
+    pending = [t for t in tasks if not t.done()]
+    while pending:
+        try:
+            await asyncio.wait(pending)
+        except asyncio.CancelledError:
+            pass
+        pending = [t for t in pending if not t.done()]
+    for task in tasks:               # retrieved, so asyncio does not log them as never awaited
+        if not task.cancelled():
+            task.exception()
 
 
 def _headline(result: dict) -> str:

@@ -41,6 +41,7 @@ from harness.hosts import (PROGRESS_PREFIX, STDERR_TAIL_LINES, HostBroken, HostU
 MAX_CHANNELS = 10            # sshd's default MaxSessions: at most 9 cells at once per host
 KEEPALIVE_S = 15             # a silently dead host is noticed after ~KEEPALIVE_S * 3
 KILL_TIMEOUT_S = 10
+PGID_WAIT_S = 5              # cancelled before the launcher said its group: how long to wait for it
 EX_TEMPFAIL = 75             # harness.remote: the cell cannot start here, try elsewhere
 MIN_PYTHON = (3, 10)
 
@@ -100,6 +101,8 @@ class SSHHost:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._prepare_lock: asyncio.Lock | None = None
         self._channels: asyncio.Semaphore | None = None
+        self._kill_lock: asyncio.Lock | None = None
+        self._kills: set[asyncio.Future] = set()   # kills under way: close() waits for them
         self.remote_workdir: str | None = None     # absolute, as the host sees it
         self.remote_python: str | None = None
         self.python_version: str | None = None
@@ -122,6 +125,8 @@ class SSHHost:
             self._loop = loop
             self._prepare_lock = asyncio.Lock()
             self._channels = asyncio.Semaphore(MAX_CHANNELS - 1)   # one kept for kills
+            self._kill_lock = asyncio.Lock()        # ... and kills take turns on it
+            self._kills = set()
             self._connection_lost(None)
         return self._prepare_lock, self._channels
 
@@ -351,8 +356,14 @@ class SSHHost:
             raise HostUnavailable(f"host {self.name}: connection lost")
         _, channels = self._locks()
         async with channels:
+            opening = asyncio.ensure_future(conn.create_process(self._launch_command(),
+                                                                encoding=None))
             try:
-                proc = await conn.create_process(self._launch_command(), encoding=None)
+                proc = await asyncio.shield(opening)
+            except asyncio.CancelledError:
+                # Ctrl-C while the channel opens: the launcher may run on the host already.
+                await self._shielded_kill(self._abandon(opening))
+                raise
             except (OSError, asyncssh.Error) as exc:
                 if not isinstance(exc, asyncssh.ChannelOpenError):   # that one: a busy sshd
                     self._connection_lost(exc)
@@ -384,7 +395,7 @@ class SSHHost:
                                      + "\n".join(tail), time.perf_counter() - t0)
             await proc.wait()
         except asyncio.CancelledError:
-            await asyncio.shield(self._kill(proc, state))      # Ctrl-C: leave no orphan
+            await self._shielded_kill(self._kill(proc, state))    # Ctrl-C: leave no orphan
             raise
         except (OSError, asyncssh.Error) as exc:
             self._connection_lost(exc)
@@ -411,27 +422,75 @@ class SSHHost:
             result.setdefault("env", {})["foreign_gpu_processes"] = state.busy["processes"]
         return result
 
+    async def _shielded_kill(self, kill) -> None:
+        """Run `kill` to the end even if the cell's task is cancelled again meanwhile; close()
+        waits for it too, so the connection never closes before the kill went out."""
+        task = asyncio.ensure_future(kill)
+        self._kills.add(task)
+        task.add_done_callback(self._kills.discard)
+        await asyncio.shield(task)
+
     async def _kill(self, proc, state: "_LaunchState") -> None:
         """Kill the cell's remote process group over a second channel, and close its stdin
-        (the launcher's dead man's switch) in case the group is not known yet. The kill channel
-        does not wait for the channel semaphore: one of sshd's sessions is kept for it."""
-        conn = self._conn
-        if state.pgid and conn is not None:
-            try:
-                await asyncio.wait_for(conn.run(shlex.join(["kill", "-KILL", "--", f"-{state.pgid}"]),
-                                                check=False), KILL_TIMEOUT_S)
-            except (OSError, asyncio.TimeoutError, asyncssh.Error):
-                pass   # the connection is gone: the launcher saw EOF and killed the group itself
-        try:
-            proc.stdin.write_eof()
-        except (OSError, asyncssh.Error):
-            pass
+        (the launcher's dead man's switch: it kills its group itself on EOF).
+
+        The launcher reports its group first thing, but on a loaded host it may not have run
+        that far yet: then we close its stdin at once (whenever it starts, it finds EOF and
+        kills its group) and wait a little for the group, to kill it from outside as well."""
+        if state.pgid is None:
+            self._close_stdin(proc)
+            await _first_of([state.pgid_known.wait(), proc.wait_closed()], PGID_WAIT_S)
+        launcher_gone = proc.exit_status is not None or proc.exit_signal is not None
+        if state.pgid is not None and not launcher_gone:
+            await self._kill_group(state.pgid)
+        self._close_stdin(proc)
         try:
             await asyncio.wait_for(proc.wait_closed(), KILL_TIMEOUT_S)
         except (asyncio.TimeoutError, OSError, asyncssh.Error):
             proc.close()
 
+    async def _kill_group(self, pgid: int) -> None:
+        """`kill -KILL -- -pgid` on the host, on a channel of its own. The kills of one host take
+        turns: with every cell cancelled at once they would otherwise need more sessions than
+        sshd allows (the one channel kept free is theirs)."""
+        conn = self._conn
+        if conn is None:
+            return     # the connection is gone: the launcher saw EOF and killed the group itself
+        async with self._locks_kill():
+            try:
+                await asyncio.wait_for(conn.run(shlex.join(["kill", "-KILL", "--", f"-{pgid}"]),
+                                                check=False), KILL_TIMEOUT_S)
+            except (OSError, asyncio.TimeoutError, asyncssh.Error):
+                pass   # as above: no connection, no launcher either
+
+    def _locks_kill(self) -> asyncio.Lock:
+        self._locks()
+        return self._kill_lock
+
+    async def _abandon(self, opening: asyncio.Future) -> None:
+        """A cell cancelled while its channel was opening: let it open, then kill what runs."""
+        try:
+            proc = await asyncio.wait_for(opening, KILL_TIMEOUT_S)
+        except (asyncio.TimeoutError, asyncio.CancelledError, OSError, asyncssh.Error):
+            return     # never opened (or the connection went): nothing runs for it
+        state = _LaunchState()
+        pump = asyncio.ensure_future(_pump_stderr(proc.stderr, deque(maxlen=1),
+                                                  lambda p: None, state))
+        try:
+            await self._kill(proc, state)
+        finally:
+            pump.cancel()
+
+    @staticmethod
+    def _close_stdin(proc) -> None:
+        try:
+            proc.stdin.write_eof()
+        except (OSError, asyncssh.Error):
+            pass
+
     async def close(self) -> None:
+        if self._kills:      # kills still under way need the connection: let them go out first
+            await asyncio.wait(set(self._kills), timeout=PGID_WAIT_S + 2 * KILL_TIMEOUT_S)
         conn, self._conn, self._ready = self._conn, None, False
         if conn is not None:
             conn.close()
@@ -470,6 +529,7 @@ class _LaunchState:
 
     def __init__(self):
         self.pgid: int | None = None
+        self.pgid_known = asyncio.Event()
         self.started = asyncio.Event()
         self.busy: dict | None = None
         self.infra: str | None = None
@@ -486,6 +546,7 @@ async def _pump_stderr(stream, tail: deque, on_progress: ProgressFn, state: _Lau
                 pass
         elif line.startswith("@@pgid "):
             state.pgid = int(line.split()[1])
+            state.pgid_known.set()
             continue
         elif line == "@@started":
             state.started.set()
@@ -497,6 +558,16 @@ async def _pump_stderr(stream, tail: deque, on_progress: ProgressFn, state: _Lau
             state.infra = line[len("@@infra "):]
             continue
         tail.append(line)
+
+
+async def _first_of(awaitables, timeout: float) -> None:
+    """Wait until one of `awaitables` is done, or `timeout` seconds; cancel the rest."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def _describe(exc: BaseException) -> str:

@@ -21,8 +21,17 @@ import threading
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("verify_attention.cu")
-# -lineinfo costs nothing at run time and lets a profiler map time to source lines.
+# -lineinfo costs nothing at run time and lets a profiler (or compute-sanitizer) map to source lines.
 NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
+# HARNESS_KERNEL_DEBUG=1: a debug build (its own cache entry) whose launchers wait for each kernel
+# and return its execution error, so a fault is pinned to the launch that made it (not
+# graph-capturable; for ci/gpu/kernels_sanitize.sh and bug hunts only).
+DEBUG_FLAGS = ("-DTVA_DEBUG",)
+
+
+def nvcc_flags() -> tuple[str, ...]:
+    debug = os.environ.get("HARNESS_KERNEL_DEBUG", "") not in ("", "0")
+    return NVCC_FLAGS + (DEBUG_FLAGS if debug else ())
 
 # Architectures built as exactly that machine code; any other GPU gets its own SASS plus PTX.
 # Hopper builds 9.0a: its wgmma instructions exist only in the arch-specific target.
@@ -49,7 +58,7 @@ def build_key(arch: str) -> str:
 
     h = hashlib.sha256()
     h.update(SOURCE.read_bytes())
-    h.update(repr((NVCC_FLAGS, arch, torch.__version__, torch.version.cuda)).encode())
+    h.update(repr((nvcc_flags(), arch, torch.__version__, torch.version.cuda)).encode())
     return h.hexdigest()[:16]
 
 
@@ -86,7 +95,7 @@ def load_library(device=None, verbose: bool = False) -> ctypes.CDLL:
         # Always through the builder, also when the library exists: its lock file makes a worker
         # that finds another one mid-build wait for it, and ninja then finds nothing to do.
         with _env(TORCH_CUDA_ARCH_LIST=arch):
-            cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cuda_cflags=list(NVCC_FLAGS),
+            cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cuda_cflags=list(nvcc_flags()),
                                build_directory=str(build_dir), is_python_module=False,
                                verbose=verbose)
         lib = ctypes.CDLL(str(build_dir / f"{name}.so"))

@@ -231,6 +231,12 @@ def _prepare_out_ws(q, dv, pl, out, workspace):
         need = pl["num_splits"] * b * hq * T
         if workspace[0].numel() < need * dv or workspace[1].numel() < need:
             raise ValueError("workspace too small (alloc_workspace with the same num_splits)")
+        # Partial outputs are written and read as float2 (8 bytes), lse as float.
+        if (workspace[0].dtype != torch.float32 or workspace[1].dtype != torch.float32
+                or workspace[0].data_ptr() % 8 or not workspace[0].is_contiguous()
+                or not workspace[1].is_contiguous()):
+            raise ValueError("workspace must be two contiguous float32 tensors, the first 8-byte aligned "
+                             "(alloc_workspace)")
     return out, workspace
 
 

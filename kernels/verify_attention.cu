@@ -780,10 +780,12 @@ __global__ void __launch_bounds__(COMBINE_WARPS * 32)
 combine_kernel(const AttnParams p) {
     TVA_DYNAMIC_SMEM(smem);
     const int S = static_cast<int>(p.num_splits);
-    float* s_lse = reinterpret_cast<float*>(smem);          // [S]
-    float* s_max = s_lse + S;                                // [warps]
-    float* s_tot = s_max + COMBINE_WARPS;                    // [warps]
-    float2* s_acc = reinterpret_cast<float2*>(s_tot + COMBINE_WARPS);   // [warps][DV / 2]
+    // The float2 array first: its 8-byte accesses need an 8-byte aligned start, which it would
+    // not have after S floats with S odd (33 splits: cudaErrorMisalignedAddress on the GPU).
+    float2* s_acc = reinterpret_cast<float2*>(smem);                    // [warps][DV / 2]
+    float* s_max = reinterpret_cast<float*>(s_acc + COMBINE_WARPS * (DV / 2));   // [warps]
+    float* s_tot = s_max + COMBINE_WARPS;                                // [warps]
+    float* s_lse = s_tot + COMBINE_WARPS;                                // [S]
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int T = p.tokens, H = p.heads_q;
@@ -864,6 +866,18 @@ static cudaError_t prepare(Kernel kernel, int smem) {
     return err;
 }
 
+// The launch's error; in TVA_DEBUG builds (HARNESS_KERNEL_DEBUG=1) also its execution error,
+// waited for, so a fault is reported by the launch that caused it.
+static cudaError_t launch_status(cudaStream_t stream) {
+    cudaError_t err = cudaGetLastError();
+#if defined(TVA_DEBUG) && !defined(TVA_EMULATE)
+    if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+#else
+    (void)stream;
+#endif
+    return err;
+}
+
 template <int D, int NW, bool PAGED, bool WG>
 static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_blocks) {
     constexpr int smem = gqa_smem_bytes<D, NW, WG>();
@@ -872,7 +886,7 @@ static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_bl
     if (err != cudaSuccess) return err;
     dim3 grid(m_blocks, static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.batch * p.heads_kv));
     TVA_LAUNCH(kernel, grid, NW * 32, smem, stream, p);
-    return cudaGetLastError();
+    return launch_status(stream);
 }
 
 template <int D>
@@ -882,7 +896,7 @@ static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
     // At most 4096 splits (custom_verify.py): under 25 KB, inside the default 48 KB limit.
     const int smem = combine_smem_bytes(static_cast<int>(p.num_splits), D);
     TVA_LAUNCH(combine_kernel<D>, dim3(static_cast<unsigned>(rows)), COMBINE_WARPS * 32, smem, stream, p);
-    return cudaGetLastError();
+    return launch_status(stream);
 }
 
 template <int D, bool PAGED>
@@ -967,7 +981,7 @@ int tva_mla_forward(const AttnParams* params, int paged, int wgmma, void* stream
     err = cudaErrorInvalidValue;
     TVA_MLA(0, 0) TVA_MLA(0, 1) TVA_MLA(1, 0) TVA_MLA(1, 1)
 #undef TVA_MLA
-    if (err == cudaSuccess) err = cudaGetLastError();
+    if (err == cudaSuccess) err = tva::launch_status(s);
     if (err == cudaSuccess) err = tva::launch_combine<tva::mla::DV>(p, s);
     return static_cast<int>(err);
 }

@@ -4,6 +4,7 @@ the per-workload parameters: calibrate's knobs never change a decode cell's id."
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,72 @@ def test_exclude_naming_another_workloads_param_does_not_match_decode_cells():
             "include:\n  - {workload: calibrate, work_us: 50}\n")
     cells = parse_scenario(text, "s.yaml").cells()
     assert [c["workload"] for c in cells] == ["decode", "decode", "calibrate"]
+
+
+# -- the GPU path's bookkeeping, with a simulated GPU ----------------------------------------------
+class SimulatedSpin:
+    """Stands in for harness.kernels.spin.SpinWork: a 'GPU' that runs each launched kernel for
+    exactly duration_us, in launch order, starting 5 µs after its launch at the earliest, on a
+    clock 3 s ahead of the host's."""
+
+    def __init__(self, duration_us, device="cuda"):
+        self.duration_ns = round(duration_us * 1e3)
+        self.launch_ns, self._stamps, self.free = [], [], 0
+
+    def launch(self):
+        t = time.perf_counter_ns()
+        self.launch_ns.append(t)
+        start = max(t + 5 * US, self.free)
+        self.free = start + self.duration_ns
+        self._stamps.append((start + 3_000_000_000, self.free + 3_000_000_000))
+
+    def graphed(self):
+        self.launch()                                   # the warm-up before the capture
+        return self.launch
+
+    def launches(self):
+        return len(self.launch_ns)
+
+    def stamps(self):
+        return list(self._stamps)
+
+
+def test_gpu_path_bookkeeping_with_a_simulated_gpu(monkeypatch):
+    import sys
+    import types
+
+    import torch
+
+    from harness import idle
+
+    fake_module = types.SimpleNamespace(SpinWork=SimulatedSpin)
+    monkeypatch.setitem(sys.modules, "harness.kernels.spin", fake_module)
+    monkeypatch.setattr(calibrate, "_device", lambda cell: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    profiled = {}
+
+    def fake_profile_window(step_fn, steps, *, warmup=1):
+        for _ in range(warmup + steps):
+            step_fn()
+        profiled["steps"] = steps
+        return {"idle_fraction": 0.5, "step_busy_ms": 0.2005, "steps": steps,
+                "kernels_per_step": [1] * steps, "records_dropped": False, "phases": {},
+                "gaps": {}, "timeline": [], "window_ms": 1.0}
+    monkeypatch.setattr(idle, "profile_window", fake_profile_window)
+
+    cell = params.canonical({"workload": "calibrate", "device": "cuda", "work_us": 200,
+                             "idle_target": 0.5, "replay": "graph", "warmup_steps": 3,
+                             "steps": 4, "repeats": 2, "profile_steps": 4})
+    out = calibrate.run(cell, lambda **k: None)
+    m, steps = out["metrics"], out["calibration"]["steps"]
+    assert steps == calibrate.window_steps(calibrate.step_period_s(200 / 1e6, 0.5), 4)
+    # graph warm-up, the first launch, then per repeat warm-up + window, then the profile
+    assert out["calibration"]["launches"] == 2 + 2 * (3 + steps) + 3 + profiled["steps"]
+    assert m["kernel_us"] == pytest.approx(200)
+    assert m["kernel_edge_us"] == pytest.approx(0.5)          # 200.5 µs seen by the "profiler"
+    for key in ("idle_true", "idle_true_est"):
+        assert 0 <= m[key] <= 1, key
+    assert len(out["samples"]["idle_true_est"]) == 2
+    assert m["idle_error_pp"] == pytest.approx((0.5 - m["idle_true"]) * 100)
+    assert m["idle_fraction_est"] is None and m["idle_est_error_pp"] is None   # no events
+    assert m["latency_us"] >= 0 and isinstance(m["idle_target_missed"], bool)

@@ -266,7 +266,9 @@ def test_meter_outputs_without_a_gpu():
 
 
 # A real trace from an H200 (ci/gpu/idle_meter.py writes it as $OUT/fixture_trace.json.gz): 3
-# steps of phases draft / tree / verify, 3 small kernels each, and one .item() in tree.
+# steps of phases draft / tree / verify, 3 small kernels each, and one .item() in tree. Taken
+# with the profiler's settings of its day: a trace of `idle.lean_profile` (user-scope ranges
+# only, no cpu_op events) must pass the same checks.
 RECORDED = Path(__file__).parent / "data" / "idle_trace.json.gz"
 
 
@@ -278,6 +280,10 @@ def test_recorded_trace_analyses_and_draws(tmp_path):
     assert set(stats["phases"]) == {"draft", "tree", "verify"}
     assert 0 < stats["idle_fraction"] < 1 and stats["records_dropped"] is False
     assert all(p["gpu_ms"] > 0 for p in stats["phases"].values())
+    # Every kernel and copy in the window reached its phase through its launch record (the
+    # phases do not overlap, so their GPU time adds up to the busy time).
+    assert sum(p["gpu_ms"] for p in stats["phases"].values()) == \
+        pytest.approx(stats["busy_ms"] / stats["steps"])
     items, _ = measure.build_timeline(events)
     assert {e["phase"] for e in items if e["kind"] == "gpu"} <= {"draft", "tree", "verify"}
     with warnings.catch_warnings():

@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+import asyncssh
 import pytest
 from rich.console import Console
 
@@ -358,6 +359,39 @@ def test_ctrl_c_on_the_controller_kills_the_remote_cell(world, tmp_path, public)
     assert wait_until(lambda: not ours("harness")
                       and not ours("sleep 299.5"), 15), \
         ours("")
+
+
+def test_cancel_before_the_launcher_reported_its_group_leaves_nothing(world, tmp_path, public,
+                                                                      monkeypatch):
+    # Ctrl-C lands while the cell's channel is still opening (a slow host answers the exec
+    # request late): the controller has no job sent and no process group yet, and the host's
+    # "python" has already started something in the cell's group.
+    server = world.start_sshd()
+    monkeypatch.setenv("HOME", str(world.home(known=[server])))
+    python = shim(public, 'case "$*" in *harness.remote*) sleep 299.5 & ;; esac')
+    host = inventory(user_host("slow", server, python=python))["slow"]
+    opened = []
+    real_create_process = asyncssh.SSHClientConnection.create_process
+
+    async def slow_create_process(self, *args, **kwargs):
+        proc = await real_create_process(self, *args, **kwargs)
+        opened.append(proc)
+        await asyncio.sleep(300)                       # the exec reply that never comes in time
+        return proc
+
+    monkeypatch.setattr(asyncssh.SSHClientConnection, "create_process", slow_create_process)
+
+    async def cancelled_mid_open():
+        cell = asyncio.ensure_future(host.run_cell(dict(NOOP, sleep_s=300), 0, lambda p: None))
+        while not (opened and ours("sleep 299.5")):
+            await asyncio.sleep(0.05)
+        cell.cancel()
+        await asyncio.gather(cell, return_exceptions=True)
+        await host.close()
+        return cell.cancelled()
+
+    assert asyncio.run(cancelled_mid_open())
+    assert wait_until(lambda: not ours("harness") and not ours("sleep 299.5"), 15), ours("")
 
 
 def test_remote_python_missing_is_one_clear_line(world, tmp_path):

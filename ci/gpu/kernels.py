@@ -2,21 +2,24 @@
 
     OUT=/tmp/out PYTHONPATH=. python3 ci/gpu/kernels.py          # from the repo root
 
-Needs torch (CUDA), nvcc + ninja (torch's extension builder), Triton, pytest and the repo; about
-3-4 minutes on an H200 including the first compile. Steps:
+Needs torch (CUDA), nvcc + ninja (torch's extension builder), Triton, pytest and the repo; fits
+`timeout 200` on an H200 including the first compile (OPTIONAL_S / HARD_S below). Steps:
   1. Build kernels/verify_attention.cu for this GPU (timed; cache in a fresh temp dir so the
-     compile is really measured) and record the kernels' register / spill report (nvcc -Xptxas -v).
+     compile is really measured). Register / spill report: tests/test_kernels_compile.py.
   2. Ceilings measured here: device copy bandwidth and bf16 matmul rate.
   3. Correctness: pytest tests/test_custom_verify_gpu.py (every variant vs float64: contiguous,
      paged 16 and 1, MLA; d 64/128; groups 1/4/8; T 1/16/64/65/128; batch 2 with different
      lengths; split and warp counts; CUDA-graph capture without host syncs).
   4. Timing through the kernel workload's own code (harness/workloads/kernel.py: a check against
      float64 before any timing, CUDA-graph replays over input sets > 3x L2, median of 20):
-     GQA 32/8 d128, T 16 and 64, contexts 4096..131072: custom (mma.sync), custom-wg (S = QK^T
-     on wgmma, Hopper only), triton, sdpa (flex at 65536 only: each shape is a fresh compile); MLA 8 heads T 16 at 65536 (all four);
-     paged custom (page 16 and 1) at 65536; a num_splits and num_warps sweep of custom.
-  5. One kernel cell end to end through `python -m harness.worker`.
-Writes $OUT/kernels.json and prints the table last (µs, TB/s, % of roofline, custom's speedup).
+     GQA 32/8 d128, T 16 and 64, contexts 4096, 16384, 65536, 131072: custom (mma.sync), triton,
+     sdpa (flex at 65536 T 16 only: each shape is a fresh compile); MLA 8 heads T 16 at 65536;
+     paged custom (page 16, and 1 if time allows) at 65536; a num_splits sweep of custom.
+  5. One kernel cell end to end through `python -m harness.worker`; the table is printed.
+  6. Hopper: custom-wg (S = QK^T on wgmma, not yet run on hardware) at 65536 (GQA T 16/64, MLA),
+     last, so that a fault there cannot spoil the rows above; the table is printed again.
+For a fault, ci/gpu/kernels_sanitize.sh runs one call each under compute-sanitizer memcheck.
+Writes $OUT/kernels.json (after every point) and the table (µs, TB/s, % of roofline, custom's speedup).
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ OUT = os.environ.get("OUT", "gpu-out")
 os.makedirs(OUT, exist_ok=True)
 os.environ.setdefault("HARNESS_CACHE_DIR", tempfile.mkdtemp(prefix="tva-cache-"))
 T0 = time.perf_counter()
-DEADLINE_S = 170          # optional work (flex compiles, sweeps) is skipped after this
+# The whole run must fit `timeout 200`: optional work (flex compiles, sweeps, the wgmma variant,
+# page size 1) starts only before OPTIONAL_S, and nothing new starts after HARD_S.
+DEADLINE_S = OPTIONAL_S = 110
+HARD_S = 180
 DEV = torch.device("cuda")
 REPEATS, WARMUP = 20, 3
 RESULTS: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -59,15 +65,7 @@ t = time.perf_counter()
 build.load_library()
 RESULTS["build_s"] = round(time.perf_counter() - t, 1)
 log("built in", RESULTS["build_s"], "s")
-try:
-    major, minor = torch.cuda.get_device_capability()
-    proc = subprocess.run(["nvcc", "-cubin", f"-arch=sm_{major}{minor}", *build.NVCC_FLAGS, "-Xptxas", "-v",
-                           str(build.SOURCE), "-o", os.path.join(tempfile.gettempdir(), "tva.cubin")],
-                          capture_output=True, text=True, timeout=120)
-    RESULTS["ptxas"] = [ln.strip() for ln in proc.stderr.splitlines()
-                        if "Compiling entry" in ln or "registers" in ln or "spill" in ln]
-except Exception as exc:  # the report is a nicety; the build above is what counts
-    RESULTS["ptxas"] = [f"unavailable: {exc}"]
+# (register / spill report: tests/test_kernels_compile.py, on the CPU host, with nvcc -Xptxas -v)
 
 # -- 2. ceilings -------------------------------------------------------------------------------
 copy_bw, mm_rate = kw.ceilings(DEV, torch.bfloat16)
@@ -76,11 +74,15 @@ log(f"ceilings: copy {copy_bw / 1e12:.2f} TB/s, bf16 matmul {mm_rate / 1e12:.0f}
 
 # -- 3. correctness ----------------------------------------------------------------------------
 t = time.perf_counter()
-proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                       "tests/test_custom_verify_gpu.py"], capture_output=True, text=True, timeout=150)
-RESULTS["pytest"] = {"rc": proc.returncode, "s": round(time.perf_counter() - t, 1),
-                     "tail": proc.stdout[-3000:] + proc.stderr[-2000:]}
-log("pytest rc", proc.returncode, proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "")
+try:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                           "tests/test_custom_verify_gpu.py"], capture_output=True, text=True, timeout=75)
+    RESULTS["pytest"] = {"rc": proc.returncode, "s": round(time.perf_counter() - t, 1),
+                         "tail": proc.stdout[-3000:] + proc.stderr[-2000:]}
+except subprocess.TimeoutExpired as exc:
+    RESULTS["pytest"] = {"rc": "timeout", "s": round(time.perf_counter() - t, 1),
+                         "tail": (exc.stdout or b"")[-3000:].decode(errors="replace") + "\ntimed out after 75 s"}
+log("pytest rc", RESULTS["pytest"]["rc"], RESULTS["pytest"]["tail"].strip().splitlines()[-1] if RESULTS["pytest"]["tail"].strip() else "")
 save()
 
 
@@ -91,6 +93,9 @@ def gqa(ctx, T):
 
 def time_point(pt: kw.Point, modes, label: str, **custom_kwargs):
     """Check each mode against float64, then time it on shared input sets."""
+    if time.perf_counter() - T0 > HARD_S:
+        log(f"{label}: skipped (past {HARD_S} s)")
+        return None
     elem = 2
     roofline_us = max(pt.bytes(elem) / copy_bw, pt.flops() / mm_rate) * 1e6
     sets = kw.input_sets(pt, DEV, torch.bfloat16, seed=1000)
@@ -146,34 +151,41 @@ except Exception as exc:
     have_triton = False
     RESULTS["errors"]["triton_import"] = str(exc)
 HOPPER = torch.cuda.get_device_capability() == (9, 0)
-base = ["custom"] + (["custom-wg"] if HOPPER else []) + (["triton"] if have_triton else []) + ["sdpa"]
+# custom-wg (wgmma, never run on hardware yet) is timed last, after the table has been printed
+# once: a fault there makes the CUDA context unusable for everything after it.
+base = ["custom"] + (["triton"] if have_triton else []) + ["sdpa"]
+
+
+def optional() -> bool:
+    return time.perf_counter() - T0 < OPTIONAL_S
+
 
 for T in (16, 64):
-    for ctx in (4096, 8192, 16384, 32768, 65536, 131072):
-        flex = ["flex"] if ctx == 65536 and time.perf_counter() - T0 < DEADLINE_S else []
+    for ctx in (4096, 16384, 65536, 131072):
+        flex = ["flex"] if ctx == 65536 and T == 16 and optional() else []
         time_point(gqa(ctx, T), base + flex, f"gqa T={T} ctx={ctx}")
 
 mla = kw.Point("mla", 1, 65536, 16, 8, 1, 576, 512, "contiguous", 16)
-time_point(mla, base + (["flex"] if time.perf_counter() - T0 < DEADLINE_S else []), "mla H=8 T=16 ctx=65536")
-for ps in (16, 1):
-    time_point(kw.Point("gqa", 1, 65536, 16, 32, 8, 128, 128, "paged", ps), ["custom"] + (["custom-wg"] if HOPPER else []),
-               f"paged ps={ps} T=16 ctx=65536")
+time_point(mla, base, "mla H=8 T=16 ctx=65536")
+time_point(kw.Point("gqa", 1, 65536, 16, 32, 8, 128, 128, "paged", 16), ["custom"], "paged ps=16 T=16 ctx=65536")
+if optional():
+    time_point(kw.Point("gqa", 1, 65536, 16, 32, 8, 128, 128, "paged", 1), ["custom"], "paged ps=1 T=16 ctx=65536")
 
 for T in (16, 64):               # the plan's choices against neighbours
     pl = cv.plan(torch.empty(1, 32, T, 128, device=DEV, dtype=torch.bfloat16), 8, 65536 + T, False)
-    for splits in sorted({max(1, pl["num_splits"] // 2), pl["num_splits"] * 2, 132 // (8 * pl["m_blocks"]) or 1}):
-        if time.perf_counter() - T0 < DEADLINE_S:
+    for splits in sorted({max(1, pl["num_splits"] // 2), pl["num_splits"] * 2}):
+        if optional():
             time_point(gqa(65536, T), ["custom"], f"sweep T={T} splits={splits}", num_splits=splits)
-    for warps in (4, 8):
-        if warps != pl["num_warps"] and time.perf_counter() - T0 < DEADLINE_S:
-            time_point(gqa(65536, T), ["custom"], f"sweep T={T} warps={warps}", num_warps=warps)
 
 # -- 5. one cell through the worker ----------------------------------------------------------------
 cell = {"workload": "kernel", "device": "cuda", "dtype": "bfloat16", "verify_mode": "custom",
         "context_length": 16384, "tree_tokens": 16, "compare_modes": "sdpa", "repeats": 10}
 try:
+    left = HARD_S - (time.perf_counter() - T0)
+    if left < 20:
+        raise TimeoutError(f"skipped: {left:.0f} s left")
     proc = subprocess.run([sys.executable, "-m", "harness.worker"], input=json.dumps(cell),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=left)
     res = json.loads(proc.stdout)
     RESULTS["worker_cell"] = {"status": res["status"], "error": res["error"], "metrics": res["metrics"],
                               "kernel": res.get("kernel")}
@@ -184,27 +196,41 @@ RESULTS["wall_s"] = round(time.perf_counter() - T0, 1)
 save()
 
 # -- table -------------------------------------------------------------------------------------
-print(f"\n{RESULTS['gpu']}  torch {RESULTS['torch']}  build {RESULTS['build_s']} s  "
-      f"copy {RESULTS['copy_tbps']:.2f} TB/s  matmul {RESULTS['matmul_tflops']:.0f} TFLOP/s  "
-      f"pytest rc={RESULTS['pytest']['rc']} ({RESULTS['pytest']['tail'].strip().splitlines()[-1][:80] if RESULTS['pytest']['tail'].strip() else ''})")
-COLUMNS = ("custom", "custom-wg", "triton", "sdpa", "flex")
-print(f"{'point':30s} {'roof µs':>8s} | " + " | ".join(f"{m:>22s}" for m in COLUMNS))
-for row in RESULTS["timings"]:
-    cells = []
-    cu = row["modes"].get("custom", {}).get("us")
-    for m in COLUMNS:
-        r = row["modes"].get(m)
-        if r is None:
-            cells.append(f"{'':>22s}")
-        elif "error" in r:
-            cells.append(f"{'ERR ' + r['error'][:17]:>22s}")
-        else:
-            extra = f" x{r['us'] / cu:4.1f}" if cu and m != "custom" else f" {r['tbps']:4.2f}TB"
-            cells.append(f"{r['us']:8.1f}us {r['pct_roofline']:4.0f}%{extra:>7s}")
-    print(f"{row['label']:30s} {row['roofline_us']:8.1f} | " + " | ".join(cells))
-print("(per mode: µs, % of roofline, then TB/s for custom or custom's speedup over that mode; "
-      "custom-wg = custom with S = QK^T on wgmma)")
-print("worker cell:", RESULTS["worker_cell"].get("status"), json.dumps(
-    {k: round(v, 3) for k, v in (RESULTS["worker_cell"].get("metrics") or {}).items()
-     if k in ("kernel_us", "pct_roofline", "achieved_tbps", "speedup_vs_sdpa")}))
-print(f"wall {RESULTS['wall_s']} s; JSON: {os.path.join(OUT, 'kernels.json')}")
+def print_table():
+    print(f"\n{RESULTS['gpu']}  torch {RESULTS['torch']}  build {RESULTS['build_s']} s  "
+          f"copy {RESULTS['copy_tbps']:.2f} TB/s  matmul {RESULTS['matmul_tflops']:.0f} TFLOP/s  "
+          f"pytest rc={RESULTS['pytest']['rc']} ({RESULTS['pytest']['tail'].strip().splitlines()[-1][:80] if RESULTS['pytest']['tail'].strip() else ''})")
+    COLUMNS = ("custom", "custom-wg", "triton", "sdpa", "flex")
+    print(f"{'point':30s} {'roof µs':>8s} | " + " | ".join(f"{m:>22s}" for m in COLUMNS))
+    for row in RESULTS["timings"]:
+        cells = []
+        cu = row["modes"].get("custom", {}).get("us")
+        for m in COLUMNS:
+            r = row["modes"].get(m)
+            if r is None:
+                cells.append(f"{'':>22s}")
+            elif "error" in r:
+                cells.append(f"{'ERR ' + r['error'][:17]:>22s}")
+            else:
+                extra = f" x{r['us'] / cu:4.1f}" if cu and m != "custom" else f" {r['tbps']:4.2f}TB"
+                cells.append(f"{r['us']:8.1f}us {r['pct_roofline']:4.0f}%{extra:>7s}")
+        print(f"{row['label']:30s} {row['roofline_us']:8.1f} | " + " | ".join(cells))
+    print("(per mode: µs, % of roofline, then TB/s for custom or custom's speedup over that mode; "
+          "custom-wg = custom with S = QK^T on wgmma)")
+    print("worker cell:", RESULTS["worker_cell"].get("status"), json.dumps(
+        {k: round(v, 3) for k, v in (RESULTS["worker_cell"].get("metrics") or {}).items()
+         if k in ("kernel_us", "pct_roofline", "achieved_tbps", "speedup_vs_sdpa")}))
+    print(f"wall {RESULTS['wall_s']} s; JSON: {os.path.join(OUT, 'kernels.json')}")
+
+
+print_table()
+
+# -- 6. the wgmma variant (Hopper), last: see `base` ----------------------------------------------
+if HOPPER:
+    for label, pt in (("wg gqa T=16 ctx=65536", gqa(65536, 16)), ("wg gqa T=64 ctx=65536", gqa(65536, 64)),
+                      ("wg mla H=8 T=16 ctx=65536", mla)):
+        if time.perf_counter() - T0 < HARD_S - 10:
+            time_point(pt, ["custom-wg"], label)
+    RESULTS["wall_s"] = round(time.perf_counter() - T0, 1)
+    save()
+    print_table()

@@ -11,10 +11,11 @@ The truth is measured, not assumed. The kernels' own timestamps say when the GPU
 time. Host and GPU clocks differ by an unknown offset: every kernel starts after its launch,
 so the smallest (kernel start - host launch time) of the cell, taken on a launch that found
 the GPU idle, is that offset plus a bare launch latency: it places the host window on the GPU
-clock to within that latency (µs, over a window of >= 50 ms). `gpu_truth` does the arithmetic. The first calibration run computed the
-truth as 1 - D / T from a D measured back to back beforehand: a matmul's D is not that stable
-(on the H200 10 ms of matmuls took 11.3 ms back to back and 9.7 ms with 50 % idle gaps: power),
-which made the "truth" wrong by up to 9 points while the meter and the estimate agreed.
+clock to within that latency (µs, over a window of >= 50 ms). `gpu_truth` does the arithmetic.
+The first calibration run computed the truth as 1 - D / T from a D of matmuls measured back
+to back beforehand; but a matmul's D depends on how it is paced (on the H200 10 ms of matmuls
+took 11.3 ms back to back and 9.7 ms with 50 % idle gaps: power and clocks), which made that
+"truth" wrong by up to 9 points while the meter and the estimate agreed with each other.
 
 Per repeat: warm-up steps, a drain (the window starts with an empty queue), then a window of
 steps timed by `EventStepClock` (no profiler) -> `idle_fraction_est` against that window's
@@ -83,7 +84,8 @@ class HostPacer:
 
 
 # -- the truth (pure) ------------------------------------------------------------------------------
-def gpu_truth(stamps, launch_ns, first: int, n: int, host_lo_ns: int, host_hi_ns: int) -> dict | None:
+def gpu_truth(stamps, launch_ns, first: int, n: int, host_lo_ns: int,
+              host_hi_ns: int) -> dict | None:
     """The GPU's idle fraction over a host window, from the kernels' own clock.
 
     stamps[k]: (start, end) of launch k on the GPU clock in ns (None: unknown); launch_ns[k]:
@@ -148,7 +150,7 @@ def run(cell: dict, progress) -> dict:
     on_gpu = device.type == "cuda"
     if cell["replay"] == "graph" and not on_gpu:
         raise RuntimeError("replay: graph needs a CUDA device")
-    work_s = cell["work_us"] * 1e-6
+    work_s = cell["work_us"] / 1e6
     period_s = step_period_s(work_s, cell["idle_target"])
     steps = window_steps(period_s, cell["steps"])
     pacer = HostPacer(period_s)
@@ -230,16 +232,18 @@ def run(cell: dict, progress) -> dict:
             first, i, n = prof_window
             truth = gpu_truth(stamps, spin.launch_ns, first, n, host.spans[i][0],
                               host.spans[i + n - 1][1])
-            if truth:
+            if truth and stats.get("idle_fraction") is not None:
                 metrics["idle_true"] = truth["idle"]
                 metrics["idle_error_pp"] = (stats["idle_fraction"] - truth["idle"]) * 100
-                metrics["step_us_profiled"] = (host.spans[i + n - 1][1] - host.spans[i][0]) / n / 1e3
+                span_ns = host.spans[i + n - 1][1] - host.spans[i][0]
+                metrics["step_us_profiled"] = span_ns / n / 1e3
                 # A kernel as CUPTI saw it (its whole run, one kernel per step) against its own
                 # timed body: the start-up and drain around the body that only the profiler
                 # sees, i.e. the resolution of this truth, per kernel.
                 metrics["kernel_edge_us"] = stats["step_busy_ms"] * 1e3 - truth["kernel_us"]
                 metrics["latency_us"] = truth["latency_us"]
-        reached = metrics["idle_true"] if metrics["idle_true"] is not None else metrics["idle_true_est"]
+        reached = metrics["idle_true"]
+        reached = metrics["idle_true_est"] if reached is None else reached
         if reached is not None:
             metrics["idle_target_missed"] = abs(reached - cell["idle_target"]) > TARGET_SLACK
     extra["calibration"] = {"steps": steps, "launches": spin.launches() if spin else None,

@@ -21,6 +21,15 @@
 //   TVA_EMU_EARLY=1 and TVA_EMU_SKEW=<seed> give the defaults.
 // - Shared memory is a poisoned buffer of the launch's dynamic size; every access is bounds
 //   checked. A deadlock (threads stuck at different barriers) aborts with a message.
+// - Alignment is checked as strictly as the hardware does (a misaligned access there is
+//   cudaErrorMisalignedAddress): cp.async 16 (both addresses), ldmatrix row addresses, 4-byte
+//   shared stores, and every plain C++ load or store the kernels make through a typed pointer
+//   (float2 in shared or global memory, uint32_t output stores, ...): the test build adds
+//   -fsanitize=alignment, whose reports land in __ubsan_handle_type_mismatch_v1 below. The
+//   dynamic shared window starts where CUDA guarantees no more than its declared 128-byte
+//   alignment (shared address 128 modulo 1024), so a kernel assuming 1024 without rounding up
+//   misses too. A fault is recorded (the first one's message: emu_last_fault()) and the
+//   launcher's cudaGetLastError() returns cudaErrorMisalignedAddress, as on the GPU.
 #pragma once
 
 #include <ucontext.h>
@@ -33,6 +42,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <string>
 #include <vector>
 
 #define __global__
@@ -46,7 +56,7 @@ struct dim3 {
     unsigned x, y, z;
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
-struct float2 {
+struct alignas(8) float2 {      // as CUDA's: an 8-byte vector type
     float x, y;
 };
 inline float2 make_float2(float x, float y) { return {x, y}; }
@@ -79,13 +89,28 @@ inline T __ldg(const T* p) { return *p; }
 // The CUDA runtime, as far as the launchers use it.
 typedef int cudaError_t;
 typedef void* cudaStream_t;
-enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
+enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMisalignedAddress = 716 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 template <typename K>
 inline cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, int) { return cudaSuccess; }
 inline cudaError_t cudaGetDevice(int* d) { *d = 0; return cudaSuccess; }
-inline cudaError_t cudaGetLastError() { return cudaSuccess; }
-inline const char* cudaGetErrorString(cudaError_t e) { return e ? "emulated error" : "no error"; }
+namespace emu {
+// The first alignment fault since the last cudaGetLastError() (empty: none).
+inline std::string& fault() {
+    static std::string first;
+    return first;
+}
+inline void misaligned(const char* what) {
+    if (fault().empty()) fault() = what;
+}
+}  // namespace emu
+inline cudaError_t cudaGetLastError() {
+    const bool faulted = !emu::fault().empty();
+    return faulted ? cudaErrorMisalignedAddress : cudaSuccess;
+}
+inline const char* cudaGetErrorString(cudaError_t e) {
+    return e == cudaErrorMisalignedAddress ? "misaligned address" : e ? "emulated error" : "no error";
+}
 template <typename K>
 inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, K, int, size_t) {
     *n = 2;
@@ -144,9 +169,15 @@ struct Fiber {
     std::deque<std::vector<Copy>> groups;
 };
 
+// Shared address of the first byte of dynamic shared memory: 128-byte aligned (what
+// `extern __shared__ __align__(128)` promises), not 1024.
+constexpr uint32_t kSmemBase = 128;
+
 struct Block {
     dim3 idx, dim;
-    std::vector<uint8_t> smem;
+    std::vector<uint8_t> smem_store;   // host bytes; smem is their 1024-byte aligned part
+    uint8_t* smem = nullptr;           // host address of shared address kSmemBase
+    size_t smem_size = 0;
     std::vector<Fiber> fibers;
     ucontext_t sched;
     void* sched_sp = nullptr;
@@ -223,10 +254,11 @@ inline void warpgroup_sync() {
     barrier(b->group_count[warp() / 4], b->group_gen[warp() / 4], 128);
 }
 
-inline uint8_t* smem_at(uint32_t off, uint32_t bytes) {
+inline uint8_t* smem_at(uint32_t addr, uint32_t bytes) {
     Block* b = current_block();
-    if (static_cast<size_t>(off) + bytes > b->smem.size()) die("shared-memory access out of bounds");
-    return b->smem.data() + off;
+    if (addr < kSmemBase || static_cast<size_t>(addr - kSmemBase) + bytes > b->smem_size)
+        die("shared-memory access out of bounds");
+    return b->smem + (addr - kSmemBase);
 }
 
 // -- cp.async --------------------------------------------------------------------------------
@@ -339,14 +371,19 @@ inline void launch(void (*kernel)(const P), dim3 grid, dim3 block, size_t smem_b
                 Block b;
                 b.idx = dim3(x, y, z);
                 b.dim = block;
-                b.smem.assign(smem_bytes, 0xff);       // poison: bf16 NaN, fp32 NaN
+                // Host address == shared address modulo 1024, so typed accesses through
+                // `smem` have the alignment their shared addresses have.
+                b.smem_store.assign(smem_bytes + 2048, 0xff);   // poison: bf16 NaN, fp32 NaN
+                const uintptr_t raw = reinterpret_cast<uintptr_t>(b.smem_store.data());
+                b.smem = reinterpret_cast<uint8_t*>(((raw + 1023) & ~uintptr_t(1023)) + kSmemBase);
+                b.smem_size = smem_bytes;
                 b.body = &Call::body;
                 b.arg = &call;
                 run_block(b);
             }
 }
 
-inline uint8_t* shared_memory() { return current_block()->smem.data(); }
+inline uint8_t* shared_memory() { return current_block()->smem; }
 
 }  // namespace emu
 
@@ -371,12 +408,14 @@ inline float __shfl_xor_sync(unsigned, float v, int mask) {
 
 // -- the PTX helpers of verify_attention.cu ---------------------------------------------------------
 inline uint32_t smem_addr(const void* p) {
-    return static_cast<uint32_t>(static_cast<const uint8_t*>(p) - emu::shared_memory());
+    return static_cast<uint32_t>(static_cast<const uint8_t*>(p) - emu::shared_memory()) + emu::kSmemBase;
 }
 
 inline void cp_async16(uint32_t dst, const void* src, bool valid) {
     emu::Copy c{dst, src, valid ? 16 : 0};
     emu::smem_at(dst, 16);                          // bounds check at issue
+    if (dst % 16) emu::misaligned("cp.async 16: shared address not 16-byte aligned");
+    if (reinterpret_cast<uintptr_t>(src) % 16) emu::misaligned("cp.async 16: global address not 16-byte aligned");
     if (emu::late_copies()) emu::me().open.push_back(c);
     else emu::perform(c);
 }
@@ -391,6 +430,7 @@ inline void cp_async_wait() {
 }
 
 inline uint16_t emu_ld16(uint32_t addr) {
+    if (addr % 2) emu::misaligned("2-byte shared load not 2-byte aligned");
     uint16_t v;
     std::memcpy(&v, emu::smem_at(addr, 2), 2);
     return v;
@@ -400,7 +440,7 @@ inline uint16_t emu_ld16(uint32_t addr) {
 // columns 2(l%4), 2(l%4)+1 of each matrix (with .trans: rows 2(l%4), 2(l%4)+1 of column l/4).
 inline void emu_ldsm(uint32_t (&r)[4], uint32_t addr, bool trans) {
     const int l = emu::lane();
-    if (addr % 16) emu::die("ldmatrix row address not 16-byte aligned");
+    if (addr % 16) emu::misaligned("ldmatrix row address not 16-byte aligned");
     emu::slot(l)[0] = addr;
     emu::warp_sync();
     for (int i = 0; i < 4; ++i) {
@@ -526,9 +566,49 @@ inline void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_
     emu_wgmma<32>(d, [&](int r, int k) { return emu_desc_at(desc_a, r, k); }, desc_b, accumulate);
 }
 
-inline void st_shared_b32(uint32_t a, uint32_t v) { std::memcpy(emu::smem_at(a, 4), &v, 4); }
+inline void st_shared_b32(uint32_t a, uint32_t v) {
+    if (a % 4) emu::misaligned("st.shared.b32 not 4-byte aligned");
+    std::memcpy(emu::smem_at(a, 4), &v, 4);
+}
 
 extern "C" void emu_configure(int early, unsigned long long skew_seed) {
     emu::late_copies() = !early;
     emu::skew_state() = skew_seed;
+}
+
+extern "C" const char* emu_last_fault() { return emu::fault().c_str(); }
+extern "C" void emu_clear_fault() { emu::fault().clear(); }
+
+// -fsanitize=alignment reports (the UBSan ABI of GCC and Clang): a typed load or store through a
+// pointer not aligned for its type. Recorded as a misaligned-address fault with the source line.
+struct EmuUbsanLocation {
+    const char* file;
+    uint32_t line, column;
+};
+struct EmuUbsanType {
+    uint16_t kind, info;
+    char name[1];
+};
+struct EmuUbsanMismatch {
+    EmuUbsanLocation loc;
+    const EmuUbsanType* type;
+    unsigned char log_alignment, check_kind;
+};
+extern "C" void __ubsan_handle_type_mismatch_v1(EmuUbsanMismatch* data, uintptr_t ptr) {
+    const uintptr_t align = uintptr_t(1) << data->log_alignment;
+    if (ptr == 0 || ptr % align == 0) return;      // (null and object-size checks are not enabled)
+    static const char* kinds[] = {"load of", "store to", "reference binding to", "member access within",
+                                  "member call on", "constructor call on", "downcast of", "downcast of",
+                                  "upcast of", "cast to virtual base of", "_Nonnull binding to",
+                                  "dynamic operation on"};
+    char msg[512];
+    std::snprintf(msg, sizeof msg, "%s:%u: %s misaligned address (%lu mod %lu) for type %s",
+                  data->loc.file, data->loc.line,
+                  data->check_kind < 12 ? kinds[data->check_kind] : "access to",
+                  static_cast<unsigned long>(ptr % align), static_cast<unsigned long>(align),
+                  data->type ? data->type->name : "?");
+    emu::misaligned(msg);
+}
+extern "C" void __ubsan_handle_type_mismatch_v1_abort(EmuUbsanMismatch* data, uintptr_t ptr) {
+    __ubsan_handle_type_mismatch_v1(data, ptr);
 }
