@@ -46,6 +46,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <mutex>
+
 namespace tva {
 
 // ------------------------------------------------------------------------------------------
@@ -852,17 +854,30 @@ combine_kernel(const AttnParams p) {
 // Host side
 // ------------------------------------------------------------------------------------------
 
-// Raise a kernel's dynamic shared-memory limit once per device (a host-side attribute: no
-// stream work, so it is also fine while a graph is being captured).
+// Raise a kernel's dynamic shared-memory limit once per (kernel, device) (a host-side attribute:
+// no stream work, so it is also fine while a graph is being captured). Every kernel here has the
+// same type, void(*)(AttnParams), so the memo is keyed by the kernel's address: a per-type memo
+// (a `static bool done[device]` in a template over the kernel's type, as this once was) marks the
+// first kernel prepared as done for all of them, and every other kernel needing more than the
+// default 48 KB then fails to launch with cudaErrorInvalidValue ("invalid argument").
 template <typename Kernel>
 static cudaError_t prepare(Kernel kernel, int smem) {
-    static bool done[64] = {};
+    struct Done {
+        const void* kernel;
+        int device, smem;
+    };
+    static Done done[256];
+    static int n_done = 0;
+    static std::mutex lock;          // ctypes drops the GIL: launches may come from several threads
+    const void* key = reinterpret_cast<const void*>(kernel);
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
-    if (device < 64 && done[device]) return cudaSuccess;
+    std::lock_guard<std::mutex> guard(lock);
+    for (int i = 0; i < n_done; ++i)
+        if (done[i].kernel == key && done[i].device == device && done[i].smem >= smem) return cudaSuccess;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err == cudaSuccess && device < 64) done[device] = true;
+    if (err == cudaSuccess && n_done < 256) done[n_done++] = {key, device, smem};
     return err;
 }
 

@@ -105,8 +105,8 @@ def run(cell: dict, progress) -> dict:
     for r in range(cell["repeats"]):
         progress(stage="prefill", repeat=r + 1, repeats=cell["repeats"])
         clock = PhaseClock()
-        dec = _decoder(cell, target, drafter, batch, max_len, clock)
-        seed = cell["seed"] * 1000 + r
+        seed = cell["seed"] * 1000 + r     # each repeat its own prompt and acceptance draws
+        dec = _decoder(cell, target, drafter, batch, max_len, clock, seed)
         if random_prefill:
             dec.prefill_random(lengths, seed)
         else:
@@ -186,14 +186,14 @@ def drain(dec) -> list[int]:
     return dec.finish() if hasattr(dec, "finish") else [0]
 
 
-def _decoder(cell, target, drafter, batch, max_len, clock):
+def _decoder(cell, target, drafter, batch, max_len, clock, seed):
     if cell["speculation"] == "none":
         return FastARDecoder(target, batch=batch, max_len=max_len,
                              attention_mode=cell["verify_mode"],
                              graph_capture=cell["graph_capture"], phase=clock)
     common = dict(batch=batch, max_len=max_len, tree_budget=cell["tree_budget"],
                   verify_mode=cell["verify_mode"], acceptance=cell["acceptance"],
-                  tau=cell["tau"], seed=cell["seed"], phase=clock)
+                  tau=cell["tau"], seed=seed, phase=clock)
     if (cell["tree_build"], cell["accept"], cell["graph_capture"]) == ("cpu", "cpu", "none"):
         # The baseline: the plain host-orchestrated loop the fast modes are measured against.
         return SpecDecoder(target, drafter, **common)

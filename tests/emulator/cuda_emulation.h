@@ -30,6 +30,11 @@
 //   alignment (shared address 128 modulo 1024), so a kernel assuming 1024 without rounding up
 //   misses too. A fault is recorded (the first one's message: emu_last_fault()) and the
 //   launcher's cudaGetLastError() returns cudaErrorMisalignedAddress, as on the GPU.
+// - Launch configurations are checked as the runtime checks them on an H200: block size, grid
+//   y / z <= 65535, and dynamic shared memory <= the kernel's own
+//   cudaFuncAttributeMaxDynamicSharedMemorySize (48 KB unless raised; at most 232448), kept per
+//   kernel address. A refused launch runs nothing and its cudaGetLastError() is
+//   cudaErrorInvalidValue. emu_dry_run(1) validates launches without running any block.
 #pragma once
 
 #include <ucontext.h>
@@ -91,10 +96,13 @@ typedef int cudaError_t;
 typedef void* cudaStream_t;
 enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMisalignedAddress = 716 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
-template <typename K>
-inline cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, int) { return cudaSuccess; }
 inline cudaError_t cudaGetDevice(int* d) { *d = 0; return cudaSuccess; }
 namespace emu {
+// The launch-configuration rules of the CUDA runtime on an H200 (sm_90): a launch that breaks one
+// does not run and its cudaGetLastError() is cudaErrorInvalidValue ("invalid argument"), as there.
+constexpr int kDefaultDynamicSmem = 48 * 1024;    // without cudaFuncAttributeMaxDynamicSharedMemorySize
+constexpr int kOptinDynamicSmem = 232448;         // sharedMemPerBlockOptin on sm_90
+constexpr unsigned kMaxGridYZ = 65535, kMaxBlockThreads = 1024;
 // The first alignment fault since the last cudaGetLastError() (empty: none).
 inline std::string& fault() {
     static std::string first;
@@ -103,13 +111,59 @@ inline std::string& fault() {
 inline void misaligned(const char* what) {
     if (fault().empty()) fault() = what;
 }
+// A refused launch since the last cudaGetLastError() (empty: none), and why.
+inline std::string& launch_refused() {
+    static std::string why;
+    return why;
+}
+inline void refuse(const std::string& why) {
+    if (launch_refused().empty()) launch_refused() = why;
+    if (fault().empty()) fault() = "launch refused: " + why;
+}
+// cudaFuncAttributeMaxDynamicSharedMemorySize per kernel (by address), as the runtime keeps it.
+inline std::vector<std::pair<const void*, int>>& smem_attributes() {
+    static std::vector<std::pair<const void*, int>> a;
+    return a;
+}
+inline int max_dynamic_smem(const void* kernel) {
+    for (const auto& kv : smem_attributes())
+        if (kv.first == kernel) return kv.second;
+    return kDefaultDynamicSmem;
+}
+inline bool& dry_run() {      // validate launches, run no blocks (launch-parameter tests)
+    static bool on = false;
+    return on;
+}
+inline long& launches() {     // launches that passed validation
+    static long n = 0;
+    return n;
+}
 }  // namespace emu
+template <typename K>
+inline cudaError_t cudaFuncSetAttribute(K kernel, cudaFuncAttribute, int value) {
+    if (value < 0 || value > emu::kOptinDynamicSmem) return cudaErrorInvalidValue;
+    const void* key = reinterpret_cast<const void*>(kernel);
+    for (auto& kv : emu::smem_attributes())
+        if (kv.first == key) {
+            kv.second = value;
+            return cudaSuccess;
+        }
+    emu::smem_attributes().push_back({key, value});
+    return cudaSuccess;
+}
 inline cudaError_t cudaGetLastError() {
+    if (!emu::launch_refused().empty()) {
+        emu::launch_refused().clear();
+        return cudaErrorInvalidValue;
+    }
     const bool faulted = !emu::fault().empty();
     return faulted ? cudaErrorMisalignedAddress : cudaSuccess;
 }
 inline const char* cudaGetErrorString(cudaError_t e) {
-    return e == cudaErrorMisalignedAddress ? "misaligned address" : e ? "emulated error" : "no error";
+    return e == cudaErrorMisalignedAddress ? "misaligned address"
+           : e == cudaErrorInvalidValue    ? "invalid argument"
+           : e                             ? "emulated error"
+                                           : "no error";
 }
 template <typename K>
 inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, K, int, size_t) {
@@ -365,6 +419,18 @@ inline void launch(void (*kernel)(const P), dim3 grid, dim3 block, size_t smem_b
             c->kernel(*c->p);
         }
     } call{kernel, &p};
+    const unsigned threads = block.x * block.y * block.z;
+    const int smem_limit = max_dynamic_smem(reinterpret_cast<const void*>(kernel));
+    if (threads == 0 || threads > kMaxBlockThreads)
+        return refuse("block of " + std::to_string(threads) + " threads");
+    if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > kMaxGridYZ || grid.z > kMaxGridYZ)
+        return refuse("grid " + std::to_string(grid.x) + " x " + std::to_string(grid.y) + " x " +
+                      std::to_string(grid.z) + " (y and z at most 65535)");
+    if (smem_bytes > static_cast<size_t>(smem_limit))
+        return refuse(std::to_string(smem_bytes) + " bytes of dynamic shared memory, the kernel's limit is " +
+                      std::to_string(smem_limit) + " (cudaFuncAttributeMaxDynamicSharedMemorySize)");
+    ++launches();
+    if (dry_run()) return;
     for (unsigned z = 0; z < grid.z; ++z)
         for (unsigned y = 0; y < grid.y; ++y)
             for (unsigned x = 0; x < grid.x; ++x) {
@@ -577,7 +643,13 @@ extern "C" void emu_configure(int early, unsigned long long skew_seed) {
 }
 
 extern "C" const char* emu_last_fault() { return emu::fault().c_str(); }
-extern "C" void emu_clear_fault() { emu::fault().clear(); }
+extern "C" void emu_clear_fault() {
+    emu::fault().clear();
+    emu::launch_refused().clear();
+}
+// dry = 1: launches are validated (and counted) but run no blocks.
+extern "C" void emu_dry_run(int dry) { emu::dry_run() = dry != 0; }
+extern "C" long emu_launch_count() { return emu::launches(); }
 
 // -fsanitize=alignment reports (the UBSan ABI of GCC and Clang): a typed load or store through a
 // pointer not aligned for its type. Recorded as a misaligned-address fault with the source line.
