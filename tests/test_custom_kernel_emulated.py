@@ -46,6 +46,9 @@ def emu(tmp_path_factory):
     lib.emu_configure.argtypes = [ctypes.c_int, ctypes.c_ulonglong]
     lib.emu_last_fault.restype = ctypes.c_char_p
     lib.emu_clear_fault.restype = None
+    lib.emu_dry_run.argtypes = [ctypes.c_int]
+    lib.emu_dry_run.restype = None
+    lib.emu_launch_count.restype = ctypes.c_long
     assert lib.tva_struct_size() == ctypes.sizeof(cv._Params)
     return lib
 
@@ -209,3 +212,91 @@ def test_splits_avoid_a_partial_second_wave():
     # Tiny contexts never split below one tile per split.
     assert cv.best_splits(8, 264, 100, 192) <= 2
     assert cv.best_splits(1, 1, 10**6, 64) == 1
+
+
+# -- launch configurations (the emulator checks them as the CUDA runtime does on an H200) -------
+
+H200_SMS, H200_SMEM_OPTIN = 132, 232448
+
+
+def _launch_params(b, hq, hkv, T, splits, page_size=1):
+    """A parameter struct with shapes only: in dry-run mode no block runs, so no pointer is read."""
+    p = cv._Params()
+    p.batch, p.heads_q, p.heads_kv, p.tokens, p.num_splits, p.page_size = b, hq, hkv, T, splits, page_size
+    p.sm_scale = 0.1
+    return p
+
+
+def _h200_splits(lib, b, hq, hkv, T, d, max_keys, mla=False, wgmma=False):
+    """cv.plan's split count with the H200's SM count (plan itself asks the GPU)."""
+    if mla:
+        m_blocks = math.ceil(hq * T / 64)
+        return 8, cv.best_splits(b * m_blocks, H200_SMS, max_keys, cv._overhead_keys(64, cv.MLA_DV, cv.MLA_DK * 2))
+    warps = max(4, cv.gqa_warps(hq // hkv * T)) if wgmma else cv.gqa_warps(hq // hkv * T)
+    m_blocks = math.ceil(hq // hkv * T / (16 * warps))
+    occupancy = max(1, (228 * 1024) // (lib.tva_gqa_smem_bytes(d, warps, int(wgmma)) + 1024))
+    return warps, cv.best_splits(b * hkv * m_blocks, occupancy * H200_SMS, max_keys,
+                                 cv._overhead_keys(16 * warps, d, 4 * d))
+
+
+# The H200 benchmark's points in the order ci/gpu/kernels.py runs them, in one process: the
+# first launch of one kernel instance must not hide another's missing shared-memory opt-in
+# (the H200's "invalid argument" for every configuration but the first one launched).
+H200_POINTS = [  # (name, b, hq, hkv, T, d, context, layout, page size, wgmma)
+    ("gqa-T16-4096", 1, 32, 8, 16, 128, 4096, "contiguous", 1, False),
+    ("gqa-T16-65536", 1, 32, 8, 16, 128, 65536, "contiguous", 1, False),
+    ("gqa-T64-65536", 1, 32, 8, 64, 128, 65536, "contiguous", 1, False),
+    ("gqa-T64-131072", 1, 32, 8, 64, 128, 131072, "contiguous", 1, False),
+    ("gqa-d64-T1-decode", 4, 32, 8, 1, 64, 65536, "contiguous", 1, False),
+    ("mla-H8-T16-65536", 1, 8, 1, 16, 576, 65536, "mla", 1, False),
+    ("mla-H64-T16-paged", 2, 64, 1, 16, 576, 65536, "mla-paged", 16, False),
+    ("paged-ps16-T16-65536", 1, 32, 8, 16, 128, 65536, "paged", 16, False),
+    ("paged-ps1-T16-65536", 1, 32, 8, 16, 128, 65536, "paged", 1, False),
+    ("wg-gqa-T16-65536", 1, 32, 8, 16, 128, 65536, "contiguous", 1, True),
+    ("wg-gqa-T64-65536", 1, 32, 8, 64, 128, 65536, "contiguous", 1, True),
+    ("wg-mla-H8-T16-65536", 1, 8, 1, 16, 576, 65536, "mla", 1, True),
+]
+
+
+def test_h200_launch_configurations_are_accepted(emu):
+    emu.emu_dry_run(1)
+    try:
+        for name, b, hq, hkv, T, d, ctx, layout, ps, wgmma in H200_POINTS:
+            mla = layout.startswith("mla")
+            warps, splits = _h200_splits(emu, b, hq, hkv, T, d, ctx + T, mla=mla, wgmma=wgmma)
+            for s in sorted({1, splits, cv.MAX_REQUESTED_SPLITS}):
+                p = _launch_params(b, hq, hkv, T, s, ps)
+                emu.emu_clear_fault()
+                before = emu.emu_launch_count()
+                if mla:
+                    rc = emu.tva_mla_forward(ctypes.byref(p), int(layout == "mla-paged"), int(wgmma), None)
+                else:
+                    rc = emu.tva_gqa_forward(ctypes.byref(p), d, warps, int(layout == "paged"), int(wgmma), None)
+                assert rc == 0, f"{name} splits={s}: {emu.emu_last_fault().decode()}"
+                assert emu.emu_launch_count() - before == (1 if s == 1 else 2)   # main (+ combine)
+    finally:
+        emu.emu_dry_run(0)
+        emu.emu_clear_fault()
+
+
+def test_every_kernel_fits_the_h200_shared_memory(emu):
+    """The launchers' own sizes (exported by the same source) fit the H200's per-block opt-in."""
+    sizes = {(d, w, wg): emu.tva_gqa_smem_bytes(d, w, wg) for d in (64, 128) for w in (2, 4, 8)
+             for wg in (0, 1) if not (wg and w == 2)}
+    assert sizes[(128, 8, 0)] == 131072 and sizes[(128, 4, 0)] == 114688
+    assert max(sizes.values()) <= H200_SMEM_OPTIN
+    assert 200 * 1024 < emu.tva_mla_smem_bytes() <= H200_SMEM_OPTIN
+
+
+def test_launch_limits_are_enforced(emu):
+    """The emulator's runtime checks are live: a grid with more than 65535 (batch x KV heads)
+    and a kernel whose opt-in was never raised are refused with cudaErrorInvalidValue (1)."""
+    emu.emu_dry_run(1)
+    try:
+        p = _launch_params(65536, 8, 8, 1, 2)          # grid z = 65536 * 8 > 65535
+        emu.emu_clear_fault()
+        assert emu.tva_gqa_forward(ctypes.byref(p), 64, 2, 0, 0, None) == 1
+        assert "grid" in emu.emu_last_fault().decode()
+    finally:
+        emu.emu_dry_run(0)
+        emu.emu_clear_fault()

@@ -3,7 +3,7 @@
     OUT=/tmp/out PYTHONPATH=. python3 ci/gpu/kernels.py          # from the repo root
 
 Needs torch (CUDA), nvcc + ninja (torch's extension builder), Triton, pytest and the repo; fits
-`timeout 190` on an H200 including the first compile (OPTIONAL_S / HARD_S below). Steps:
+`timeout 150` on an H200 including the first compile (~18 s; OPTIONAL_S / HARD_S below). Steps:
   1. Build kernels/verify_attention.cu for this GPU (timed; cache in a fresh temp dir so the
      compile is really measured). Register / spill report: tests/test_kernels_compile.py.
   2. Ceilings measured here: device copy bandwidth and bf16 matmul rate.
@@ -12,12 +12,14 @@ Needs torch (CUDA), nvcc + ninja (torch's extension builder), Triton, pytest and
      lengths; split and warp counts; CUDA-graph capture without host syncs).
   4. Timing through the kernel workload's own code (harness/workloads/kernel.py: a check against
      float64 before any timing, CUDA-graph replays over input sets > 3x L2, median of 20):
-     GQA 32/8 d128, T 16 and 64, contexts 4096, 16384, 65536, 131072: custom (mma.sync), triton,
-     sdpa (flex at 65536 T 16 only: each shape is a fresh compile); MLA 8 heads T 16 at 65536;
-     paged custom (page 16, and 1 if time allows) at 65536; a num_splits sweep of custom.
-  5. One kernel cell end to end through `python -m harness.worker`; the table is printed.
-  6. Hopper: custom-wg (S = QK^T on wgmma, not yet run on hardware) at 65536 (GQA T 16/64, MLA),
-     last, so that a fault there cannot spoil the rows above; the table is printed again.
+     GQA 32/8 d128, T 16 and 64, contexts 16384, 65536, 131072: custom (mma.sync), triton, sdpa
+     (KERNELS_FLEX=1 adds flex at 65536 T 16: a 17 s compile); MLA 8 heads T 16 at 65536 (custom,
+     sdpa: the Triton baseline does not fit MLA in shared memory); paged custom (page 16) at 65536.
+     The table is printed.
+  5. Hopper: custom-wg (S = QK^T on wgmma) at 65536 (GQA T 16/64, MLA), after the table, so that
+     a fault there cannot spoil the rows above.
+  6. If time is left: page size 1, a num_splits sweep, one kernel cell end to end through
+     `python -m harness.worker`; the table is printed again.
 For a fault, ci/gpu/kernels_sanitize.sh runs one call each under compute-sanitizer memcheck.
 Writes $OUT/kernels.json (after every point) and the table (µs, TB/s, % of roofline, custom's speedup).
 """
@@ -38,11 +40,13 @@ OUT = os.environ.get("OUT", "gpu-out")
 os.makedirs(OUT, exist_ok=True)
 os.environ.setdefault("HARNESS_CACHE_DIR", tempfile.mkdtemp(prefix="tva-cache-"))
 T0 = time.perf_counter()
-# The whole run must fit `timeout 190` (ci/gpu/final.sh): optional work (flex compiles, sweeps, the wgmma variant,
-# page size 1) starts only before OPTIONAL_S, and nothing new starts after HARD_S.
-DEADLINE_S = OPTIONAL_S = 110
-SWEEP_S = 90              # the split sweep matters least: it starts only before this
-HARD_S = 168
+# The whole run must fit `timeout 150`: optional work (page size 1, the split sweep, the worker
+# cell) starts only before OPTIONAL_S, and nothing new starts after HARD_S.
+DEADLINE_S = OPTIONAL_S = 105
+SWEEP_S = 100             # the split sweep matters least: it starts only before this
+HARD_S = 132
+PYTEST_S = 40
+FLEX = os.environ.get("KERNELS_FLEX") == "1"
 DEV = torch.device("cuda")
 REPEATS, WARMUP = 20, 3
 RESULTS: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -77,12 +81,12 @@ log(f"ceilings: copy {copy_bw / 1e12:.2f} TB/s, bf16 matmul {mm_rate / 1e12:.0f}
 t = time.perf_counter()
 try:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                           "tests/test_custom_verify_gpu.py"], capture_output=True, text=True, timeout=75)
+                           "tests/test_custom_verify_gpu.py"], capture_output=True, text=True, timeout=PYTEST_S)
     RESULTS["pytest"] = {"rc": proc.returncode, "s": round(time.perf_counter() - t, 1),
                          "tail": proc.stdout[-3000:] + proc.stderr[-2000:]}
 except subprocess.TimeoutExpired as exc:
     RESULTS["pytest"] = {"rc": "timeout", "s": round(time.perf_counter() - t, 1),
-                         "tail": (exc.stdout or b"")[-3000:].decode(errors="replace") + "\ntimed out after 75 s"}
+                         "tail": (exc.stdout or b"")[-3000:].decode(errors="replace") + f"\ntimed out after {PYTEST_S} s"}
 log("pytest rc", RESULTS["pytest"]["rc"], RESULTS["pytest"]["tail"].strip().splitlines()[-1] if RESULTS["pytest"]["tail"].strip() else "")
 save()
 
@@ -162,37 +166,13 @@ def optional() -> bool:
 
 
 for T in (16, 64):
-    for ctx in (4096, 16384, 65536, 131072):
-        flex = ["flex"] if ctx == 65536 and T == 16 and optional() else []
+    for ctx in (16384, 65536, 131072):
+        flex = ["flex"] if FLEX and ctx == 65536 and T == 16 else []
         time_point(gqa(ctx, T), base + flex, f"gqa T={T} ctx={ctx}")
 
 mla = kw.Point("mla", 1, 65536, 16, 8, 1, 576, 512, "contiguous", 16)
-time_point(mla, base, "mla H=8 T=16 ctx=65536")
+time_point(mla, ["custom", "sdpa"], "mla H=8 T=16 ctx=65536")
 time_point(kw.Point("gqa", 1, 65536, 16, 32, 8, 128, 128, "paged", 16), ["custom"], "paged ps=16 T=16 ctx=65536")
-if optional():
-    time_point(kw.Point("gqa", 1, 65536, 16, 32, 8, 128, 128, "paged", 1), ["custom"], "paged ps=1 T=16 ctx=65536")
-
-for T in (16, 64):               # the plan's choices against neighbours
-    pl = cv.plan(torch.empty(1, 32, T, 128, device=DEV, dtype=torch.bfloat16), 8, 65536 + T, False)
-    for splits in sorted({max(1, pl["num_splits"] // 2), pl["num_splits"] * 2}):
-        if time.perf_counter() - T0 < SWEEP_S:
-            time_point(gqa(65536, T), ["custom"], f"sweep T={T} splits={splits}", num_splits=splits)
-
-# -- 5. one cell through the worker ----------------------------------------------------------------
-cell = {"workload": "kernel", "device": "cuda", "dtype": "bfloat16", "verify_mode": "custom",
-        "context_length": 16384, "tree_tokens": 16, "compare_modes": "sdpa", "repeats": 10}
-try:
-    left = HARD_S - (time.perf_counter() - T0)
-    if left < 20:
-        raise TimeoutError(f"skipped: {left:.0f} s left")
-    proc = subprocess.run([sys.executable, "-m", "harness.worker"], input=json.dumps(cell),
-                          capture_output=True, text=True, timeout=left)
-    res = json.loads(proc.stdout)
-    RESULTS["worker_cell"] = {"status": res["status"], "error": res["error"], "metrics": res["metrics"],
-                              "kernel": res.get("kernel")}
-except Exception as exc:
-    RESULTS["worker_cell"] = {"status": "crashed", "error": f"{type(exc).__name__}: {exc}"}
-log("worker cell:", RESULTS["worker_cell"].get("status"), (RESULTS["worker_cell"].get("error") or "")[:300])
 RESULTS["wall_s"] = round(time.perf_counter() - T0, 1)
 save()
 
@@ -218,20 +198,49 @@ def print_table():
         print(f"{row['label']:30s} {row['roofline_us']:8.1f} | " + " | ".join(cells))
     print("(per mode: µs, % of roofline, then TB/s for custom or custom's speedup over that mode; "
           "custom-wg = custom with S = QK^T on wgmma)")
-    print("worker cell:", RESULTS["worker_cell"].get("status"), json.dumps(
-        {k: round(v, 3) for k, v in (RESULTS["worker_cell"].get("metrics") or {}).items()
+    worker = RESULTS.get("worker_cell", {"status": "not run yet"})
+    print("worker cell:", worker.get("status"), json.dumps(
+        {k: round(v, 3) for k, v in (worker.get("metrics") or {}).items()
          if k in ("kernel_us", "pct_roofline", "achieved_tbps", "speedup_vs_sdpa")}))
     print(f"wall {RESULTS['wall_s']} s; JSON: {os.path.join(OUT, 'kernels.json')}")
 
 
 print_table()
 
-# -- 6. the wgmma variant (Hopper), last: see `base` ----------------------------------------------
+# -- 5. the wgmma variant (Hopper), after the table: see `base` -------------------------------------
 if HOPPER:
     for label, pt in (("wg gqa T=16 ctx=65536", gqa(65536, 16)), ("wg gqa T=64 ctx=65536", gqa(65536, 64)),
                       ("wg mla H=8 T=16 ctx=65536", mla)):
         if time.perf_counter() - T0 < HARD_S - 12:
             time_point(pt, ["custom-wg"], label)
-    RESULTS["wall_s"] = round(time.perf_counter() - T0, 1)
-    save()
-    print_table()
+
+# -- 6. if time is left: page size 1, the split sweep, one cell through the worker -------------------
+if optional():
+    time_point(kw.Point("gqa", 1, 65536, 16, 32, 8, 128, 128, "paged", 1), ["custom"], "paged ps=1 T=16 ctx=65536")
+for T in (16, 64):               # the plan's choices against neighbours
+    if time.perf_counter() - T0 >= SWEEP_S:
+        break
+    pl = cv.plan(torch.empty(1, 32, T, 128, device=DEV, dtype=torch.bfloat16), 8, 65536 + T, False)
+    for splits in sorted({max(1, pl["num_splits"] // 2), pl["num_splits"] * 2}):
+        if time.perf_counter() - T0 < SWEEP_S:
+            time_point(gqa(65536, T), ["custom"], f"sweep T={T} splits={splits}", num_splits=splits)
+
+# one kernel cell end to end (a fresh process: unaffected by a fault above)
+cell = {"workload": "kernel", "device": "cuda", "dtype": "bfloat16", "verify_mode": "custom",
+        "context_length": 16384, "tree_tokens": 16, "compare_modes": "sdpa", "repeats": 10}
+try:
+    left = HARD_S + 10 - (time.perf_counter() - T0)
+    if left < 15:
+        raise TimeoutError(f"skipped: {left:.0f} s left")
+    proc = subprocess.run([sys.executable, "-m", "harness.worker"], input=json.dumps(cell),
+                          capture_output=True, text=True, timeout=left)
+    res = json.loads(proc.stdout)
+    RESULTS["worker_cell"] = {"status": res["status"], "error": res["error"], "metrics": res["metrics"],
+                              "kernel": res.get("kernel")}
+except Exception as exc:
+    RESULTS["worker_cell"] = {"status": "crashed", "error": f"{type(exc).__name__}: {exc}"}
+log("worker cell:", RESULTS["worker_cell"].get("status"), (RESULTS["worker_cell"].get("error") or "")[:300])
+RESULTS["wall_s"] = round(time.perf_counter() - T0, 1)
+save()
+
+print_table()
