@@ -24,11 +24,14 @@ class DrafterConfig:
     layers: int
     target_layer_ids: tuple[int, ...]
     block_size: int
-    # Random-weight drafters produce nearly flat distributions over the vocabulary, which would
-    # make every DDTree shallow and wide. Scaling the logits gives top-k log-probs shaped like a
-    # trained drafter's (a confident first choice), so tree depth and verify cost are realistic.
-    # A trained drafter checkpoint would use 1.0.
-    logit_scale: float = 8.0
+    # Random-weight drafters produce distributions whose sharpness depends on incidental things
+    # (the cache contents, the init order), which would make DDTree shapes, and with synthetic
+    # acceptance the accepted lengths, drift between runs. So a random drafter's logits are
+    # standardised per position and scaled by `logit_scale`: top-k log-probs shaped like a
+    # trained drafter's (a confident first choice: mean top-1 probability ~0.8 at a
+    # 151936 vocabulary), trees of realistic depth. 0 = raw
+    # logits (what a trained drafter checkpoint would use).
+    logit_scale: float = 32.0
 
 
 class Drafter(nn.Module):
@@ -64,7 +67,7 @@ class Drafter(nn.Module):
         """bonus [b] (the next token, not yet in any cache), lengths [b] committed tokens,
         kv_len >= max(lengths) + B (keys read); `mode` is the attention kernel (the block is a
         fully visible "tree", so the verify kernels serve the drafter too).
-        Returns logits [b, B-1, V] for positions 1 .. B-1."""
+        Returns logits [b, B-1, V] for positions 1 .. B-1 (float32 when standardised)."""
         b, B = bonus.shape[0], self.cfg.block_size
         ids = torch.full((b, B), self.mask_token_id, dtype=torch.long, device=bonus.device)
         ids[:, 0] = bonus
@@ -80,4 +83,10 @@ class Drafter(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, rope, cache, i, positions, mask)
         logits = target.lm_head(self.norm(x[:, 1:]))
-        return logits * self.cfg.logit_scale
+        if not self.cfg.logit_scale:
+            return logits
+        # float32 out: scaled logits near the top are ~40, where bf16's step (0.25) would tie
+        # the candidates the tree ranks.
+        logits = logits.float()
+        std, mean = torch.std_mean(logits, dim=-1, keepdim=True)
+        return (logits - mean) / std * self.cfg.logit_scale
