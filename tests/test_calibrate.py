@@ -268,7 +268,7 @@ def test_gpu_path_bookkeeping_with_a_simulated_gpu(monkeypatch):
 
     fake_module = types.SimpleNamespace(SpinWork=SimulatedSpin)
     monkeypatch.setitem(sys.modules, "harness.kernels.spin", fake_module)
-    monkeypatch.setattr(calibrate, "_device", lambda cell: torch.device("cuda"))
+    monkeypatch.setattr(calibrate, "resolve_device", lambda cell: torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     profiled = {}
 

@@ -43,6 +43,7 @@ import torch
 
 from harness import idle, measure
 from harness.measure import PHASE_PREFIX
+from harness.workloads.decode import resolve_device
 
 MIN_WINDOW_S = 0.05
 TARGET_SLACK = 0.02   # achieved idle this far from the target: the host could not keep the pace
@@ -112,15 +113,6 @@ def gpu_truth(stamps, launch_ns, first: int, n: int, host_lo_ns: int,
 
 
 # -- the work --------------------------------------------------------------------------------------
-def _device(cell: dict) -> torch.device:
-    want = cell["device"]
-    if want == "auto":
-        want = "cuda" if torch.cuda.is_available() else "cpu"
-    if want == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("cell asks for device cuda but this host has no CUDA device")
-    return torch.device(want)
-
-
 def host_spin(work_s: float):
     """The CPU stand-in for the GPU work: the host busy for `work_s`."""
     def work():
@@ -146,7 +138,7 @@ class Windows:
 
 # -- the cell --------------------------------------------------------------------------------------
 def run(cell: dict, progress) -> dict:
-    device = _device(cell)
+    device = resolve_device(cell)
     on_gpu = device.type == "cuda"
     if cell["replay"] == "graph" and not on_gpu:
         raise RuntimeError("replay: graph needs a CUDA device")
