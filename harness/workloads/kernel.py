@@ -47,6 +47,7 @@ from torch.nn import functional as F
 
 from harness import measure
 from harness.kernels import verify_reference as ref
+from harness.workloads.decode import resolve_device, resolve_dtype
 
 TOLERANCE = 1e-2
 MIN_LAUNCHES = 8            # launches per captured graph at least
@@ -314,15 +315,8 @@ def time_calls(calls: list, repeats: int, warmup: int, device: torch.device) -> 
 # --------------------------------------------------------------------------------------------
 
 def _resolve(cell: dict) -> tuple[torch.device, torch.dtype]:
-    want = cell["device"]
-    if want == "auto":
-        want = "cuda" if torch.cuda.is_available() else "cpu"
-    if want == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("cell asks for device cuda but this host has no CUDA device")
-    device = torch.device(want)
-    if cell["dtype"] == "auto":
-        return device, torch.bfloat16 if device.type == "cuda" else torch.float32
-    return device, getattr(torch, cell["dtype"])
+    device = resolve_device(cell)
+    return device, resolve_dtype(cell, device)
 
 
 def compare_list(cell: dict) -> list[str]:
