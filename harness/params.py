@@ -128,15 +128,15 @@ def cell_label(cell: dict) -> str:
         return " ".join([c["workload"]] + [f"{k}={c[k]:g}" if isinstance(c[k], float)
                                            else f"{k}={c[k]}" for k in WORKLOAD_PARAMS[c["workload"]]])
     parts = [c["model"], f"ctx={c['context_length']}"]
-    if c["speculation"] == "none":
-        parts.append("spec=none")
+    if c["speculation"] == "none":  # plain decoding: no tree, no accept walk, no acceptance model
+        parts += ["spec=none", f"verify={c['verify_mode']}", f"graph={c['graph_capture']}"]
     else:
-        parts.append(f"N={c['tree_budget']}")
-    parts += [f"verify={c['verify_mode']}", f"graph={c['graph_capture']}", f"tree={c['tree_build']}"]
-    if c["accept"] != "cpu":
-        parts.append(f"accept={c['accept']}")
-    if c["acceptance"] == "synthetic":
-        parts.append(f"tau={c['tau']:g}")
+        parts += [f"N={c['tree_budget']}", f"verify={c['verify_mode']}",
+                  f"graph={c['graph_capture']}", f"tree={c['tree_build']}"]
+        if c["accept"] != "cpu":
+            parts.append(f"accept={c['accept']}")
+        if c["acceptance"] == "synthetic":
+            parts.append(f"tau={c['tau']:g}")
     if c["batch_size"] != 1:
         parts.append(f"bs={c['batch_size']}")
     return " ".join(parts)

@@ -495,7 +495,9 @@ def _check_tau(draft: _Draft, cell: dict, source: _Source) -> None:
 
 
 def _check_graph_capture(draft: _Draft, cell: dict, source: _Source) -> None:
-    if cell["graph_capture"] == "full" and (cell["tree_build"], cell["accept"]) != ("gpu", "gpu"):
+    # Plain decoding (speculation: none) has no tree and no accept walk: any capture works.
+    if (cell["graph_capture"] == "full" and cell["speculation"] != "none"
+            and (cell["tree_build"], cell["accept"]) != ("gpu", "gpu")):
         raise source.error(draft.where("graph_capture"),
                            "graph_capture 'full' captures tree build and accept in one replay: "
                            "it needs tree_build: gpu and accept: gpu")

@@ -51,8 +51,8 @@ def test_input_error_format():
 
 @pytest.mark.parametrize("name,trigger,count", [
     ("quickstart", "manual", 4),
-    ("nightly", "nightly", 140),   # 5 contexts x 4 verify x 7 valid graph/tree/accept combos
-    ("pr", "pr", 8),
+    ("nightly", "nightly", 145),   # 5 contexts x 4 verify x 7 valid graph/tree/accept combos + 5 AR
+    ("pr", "pr", 10),              # 8 + 2 AR references
 ])
 def test_shipped_scenarios_validate(name, trigger, count):
     scenario = load_scenario(REPO / "scenarios" / f"{name}.yaml")
@@ -72,8 +72,9 @@ def test_quickstart_is_cpu_and_small():
 
 def test_nightly_has_no_impossible_cells():
     cells = load_scenario(REPO / "scenarios" / "nightly.yaml").cells()
-    full = [c for c in cells if c["graph_capture"] == "full"]
+    full = [c for c in cells if c["graph_capture"] == "full" and c["speculation"] != "none"]
     assert full and all(c["tree_build"] == c["accept"] == "gpu" for c in full)
+    assert sum(c["speculation"] == "none" for c in cells) == 5   # one AR reference per context
 
 
 def test_controller_modules_do_not_import_torch():
@@ -431,3 +432,15 @@ def test_bad_tracking_uris(uri):
     with pytest.raises(InputError) as info:
         validate_tracking_uri(uri)
     assert str(info.value).startswith(f"malformed tracking URI {uri!r}")
+
+
+def test_plain_decoding_may_capture_the_whole_step(tmp_path):
+    # speculation: none has no tree build and no accept walk, so graph_capture full is valid
+    # whatever tree_build / accept say; a speculative cell with the same knobs is not.
+    path = tmp_path / "ar.yaml"
+    path.write_text("name: ar\nmatrix:\n  speculation: [none]\n  graph_capture: [full]\n")
+    [cell] = load_scenario(path).cells()
+    assert cell["speculation"] == "none" and cell["graph_capture"] == "full"
+    path.write_text("name: ar\nmatrix:\n  speculation: [ddtree]\n  graph_capture: [full]\n")
+    with pytest.raises(InputError, match="graph_capture 'full'"):
+        load_scenario(path)
