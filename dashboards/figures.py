@@ -290,7 +290,3 @@ def speedup_heatmap(results: list[dict], out_path, reference: str | None = None,
     bar.set_label(f"speedup (× tokens/s of verify={reference})")
     ax.set_title(heading, fontsize=11)
     return style.save(fig, out_path)
-
-
-def _fmt_tokens(n: int) -> str:  # kept for callers of the first version
-    return style.fmt_tokens(n)

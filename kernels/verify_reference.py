@@ -13,18 +13,12 @@ import math
 import torch
 from torch.nn import functional as F
 
-
-def pack_visibility(vis: torch.Tensor) -> torch.Tensor:
-    """[b, T, T] bool -> [b, T, ceil(T/32)] int32 bitmasks (bit j % 32 of word j // 32)."""
-    b, T, _ = vis.shape
-    W = (T + 31) // 32
-    v = F.pad(vis, (0, W * 32 - T)).view(b, T, W, 32).to(torch.int64)
-    words = (v << torch.arange(32, device=vis.device, dtype=torch.int64)).sum(-1)
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+# The packing the kernels read is the decode loop's own (bit j % 32 of word j // 32).
+from harness.decode.attention import visibility_bits as pack_visibility  # noqa: F401 (re-export)
 
 
 def unpack_visibility(bits: torch.Tensor, T: int) -> torch.Tensor:
-    """Inverse of pack_visibility: [b, T, W] int32 -> [b, T, T] bool."""
+    """Inverse of pack_visibility (attention.visibility_bits): [b, T, W] int32 -> [b, T, T] bool."""
     j = torch.arange(T, device=bits.device)
     words = bits[:, :, j // 32]                                    # [b, T, T]
     return ((words >> (j % 32).to(torch.int32)) & 1).bool()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness import idle, measure
-from harness.dashboards import timeline as timeline_fig
+from harness.dashboards import idle as idle_fig
 
 
 def x(name, cat, ts, dur, **args):
@@ -198,23 +198,26 @@ def _png(path):
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _cell(timeline) -> dict:
+    """A GPU decode cell result carrying `timeline`, as the report draws it."""
+    return {"status": "ok", "label": "tiny ctx=256", "cell": {"model": "tiny"},
+            "env": {"gpu": "NVIDIA H200"}, "timeline": timeline}
+
+
 def test_timeline_figure_renders_without_warnings(tmp_path):
+    # The figure is dashboards/idle.timeline (the one the report draws); it reads exactly what
+    # measure.build_timeline writes, and skips malformed entries.
     items, _ = measure.build_timeline(decode_trace())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = timeline_fig.timeline_png(items, tmp_path / "t.png", "decode tiny ctx=256")
-        empty = timeline_fig.timeline_png([], tmp_path / "empty.png", "nothing")
-        wrapped = timeline_fig.timeline_png(
-            {"intervals": items + [{"phase": "x", "kind": "gpu"}, {"start_ms": "?"}]},
+        out = idle_fig.timeline(_cell(items), tmp_path / "t.png", title="decode tiny ctx=256")
+        empty = idle_fig.timeline(_cell([]), tmp_path / "empty.png", title="nothing")
+        wrapped = idle_fig.timeline(
+            _cell({"intervals": items + [{"phase": "x", "kind": "gpu"}, {"start_ms": "?"}]}),
             tmp_path / "wrapped.png")
     assert _png(out) and _png(empty) and _png(wrapped)
-
-
-def test_timeline_palette_covers_the_phases():
-    colors = timeline_fig._colors(["draft", "verify", "newphase", "other2"])
-    assert colors["draft"] == timeline_fig.PHASE_COLORS["draft"]
-    assert colors["newphase"] == timeline_fig.SPARE_COLORS[0]
-    assert colors["other2"] == timeline_fig.SPARE_COLORS[1]
+    assert idle_fig.timeline_intervals(_cell(items)) == [
+        {k: i[k] for k in ("phase", "start_ms", "end_ms", "kind")} for i in items]
 
 
 # -- the always-on estimate -----------------------------------------------------------------------
@@ -288,7 +291,7 @@ def test_recorded_trace_analyses_and_draws(tmp_path):
     assert {e["phase"] for e in items if e["kind"] == "gpu"} <= {"draft", "tree", "verify"}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert _png(timeline_fig.timeline_png(items, tmp_path / "recorded.png"))
+        assert _png(idle_fig.timeline(_cell(items), tmp_path / "recorded.png"))
 
 
 # -- the profiler's settings ----------------------------------------------------------------------

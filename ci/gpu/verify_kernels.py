@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from harness.decode.attention import visibility_bits
+from harness.kernels import verify_reference
 from harness.decode.flex_verify import flex_block_mask, flex_tree_verify
 from harness.kernels import triton_verify
 
@@ -62,15 +63,7 @@ TREE_GEN = torch.Generator().manual_seed(1)       # trees are drawn on the host
 
 def random_tree(b: int, T: int, gen: torch.Generator = TREE_GEN) -> torch.Tensor:
     """[b, T, T] ancestors-and-self visibility of a random tree, parents before children."""
-    vis = torch.zeros(b, T, T, dtype=torch.bool)
-    for i in range(b):
-        parent = [-1] + [int(torch.randint(0, j, (1,), generator=gen)) for j in range(1, T)]
-        for j in range(T):
-            a = j
-            while a >= 0:
-                vis[i, j, a] = True
-                a = parent[a]
-    return vis
+    return verify_reference.random_tree(b, T, gen)
 
 
 def make_set(lengths: list[int], T: int, gen: torch.Generator) -> dict:

@@ -23,7 +23,8 @@ import torch
 
 from harness.decode import attention, tree as ddtree
 from harness.decode.drafter import Drafter
-from harness.decode.loop import PhaseFn, SyntheticAcceptance, no_phase, prefill
+from harness.decode.loop import (PhaseFn, SyntheticAcceptance, host_tree_tensors, no_phase,
+                                 prefill)
 from harness.decode.model import Target
 
 
@@ -230,25 +231,14 @@ class FastSpecDecoder(_OneStepBehind):
         for i in range(self.b):  # the reference heap, with its .tolist() syncs
             lp, ids = ddtree.topk_logprobs(logits_d[i], self.N)
             trees.append(ddtree.build_tree_cpu(lp, ids, self.N))
-        n = self.T - 1
-        tokens = torch.zeros(self.b, n, dtype=torch.long)
-        depth = torch.zeros(self.b, self.T, dtype=torch.long)
-        parents = torch.full((self.b, self.T), -1, dtype=torch.long)
-        first = torch.full((self.b, self.T), -1, dtype=torch.long)
-        vis = torch.eye(self.T, dtype=torch.bool).repeat(self.b, 1, 1)
-        for i, t in enumerate(trees):
-            m = len(t.tokens)
-            tokens[i, :m] = torch.tensor(t.tokens)
-            depth[i, : m + 1] = torch.tensor(ddtree.tree_positions(t))
-            parents[i, : m + 1] = torch.tensor(t.parents)
-            first[i, : m + 1] = torch.tensor(t.first_child)
-            vis[i, : m + 1, : m + 1] = ddtree.visibility_matrix(t)
-        self.tree_ids[:, 1:].copy_(tokens, non_blocking=True)
-        self.depth.copy_(depth, non_blocking=True)
-        self.parents.copy_(parents, non_blocking=True)
-        self.first_child.copy_(first, non_blocking=True)
-        self.vis.copy_(vis, non_blocking=True)
-        self.bits.copy_(attention.visibility_bits(vis), non_blocking=True)
+        # The root column stays the device-side bonus written above (no host read of it).
+        host = host_tree_tensors(trees, [0] * self.b, self.T)
+        self.tree_ids[:, 1:].copy_(host["ids"][:, 1:], non_blocking=True)
+        self.depth.copy_(host["offsets"], non_blocking=True)
+        self.parents.copy_(host["parents"], non_blocking=True)
+        self.first_child.copy_(host["first_child"], non_blocking=True)
+        self.vis.copy_(host["vis"], non_blocking=True)
+        self.bits.copy_(attention.visibility_bits(host["vis"]), non_blocking=True)
         return trees
 
     def _verify(self):

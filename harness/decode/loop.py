@@ -14,6 +14,7 @@ launches. It is kept deliberately plain, like gpt-fast's: the fast paths are mea
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 from typing import Callable, ContextManager
 
@@ -45,7 +46,7 @@ class SyntheticAcceptance:
     def _weights_with_mean(tau: float, n: int) -> list[float]:
         # P(a) ∝ r^(a-1); the mean grows monotonically with r, so bisect on log r.
         def weights(log_r):
-            w = [pow(2.718281828459045, log_r * (a - 1)) for a in range(1, n + 1)]
+            w = [math.exp(log_r * (a - 1)) for a in range(1, n + 1)]
             s = sum(w)
             return [x / s for x in w]
 
@@ -123,8 +124,8 @@ class SpecDecoder:
                 lp, ids = ddtree.topk_logprobs(draft_logits[i], self.N)
                 trees.append(ddtree.build_tree_cpu(lp, ids, self.N))
             T = 1 + max(len(t.tokens) for t in trees)
-            tree_ids, offsets, vis = _tree_tensors(trees, self.bonus.tolist(), T)
-            tree_ids, offsets, vis = (x.to(dev) for x in (tree_ids, offsets, vis))
+            host = host_tree_tensors(trees, self.bonus.tolist(), T)
+            tree_ids, offsets, vis = (host[k].to(dev) for k in ("ids", "offsets", "vis"))
 
         with self.phase("verify"):
             positions = lengths[:, None] + offsets
@@ -175,19 +176,26 @@ class SpecDecoder:
             self.lengths[i] += len(p)
 
 
-def _tree_tensors(trees: list[ddtree.Tree], roots: list[int], T: int):
-    """Stack per-sequence trees into [b, T] token ids, [b, T] position offsets (0 for the root,
-    depth for nodes) and [b, T, T] visibility, padding short trees with self-only nodes."""
+def host_tree_tensors(trees: list[ddtree.Tree], roots: list[int], T: int) -> dict:
+    """Stack per-sequence host trees into tensors (on the host): `ids` [b, T] (root first),
+    `offsets` [b, T] position offsets (0 for the root, depth for nodes), `parents` and
+    `first_child` [b, T] (-1 for none), `vis` [b, T, T]. Short trees are padded with
+    self-only nodes that no link reaches."""
     b = len(trees)
     ids = torch.zeros(b, T, dtype=torch.long)
     offsets = torch.zeros(b, T, dtype=torch.long)
+    parents = torch.full((b, T), -1, dtype=torch.long)
+    first_child = torch.full((b, T), -1, dtype=torch.long)
     vis = torch.eye(T, dtype=torch.bool).repeat(b, 1, 1)
     for i, (t, root) in enumerate(zip(trees, roots)):
         n = 1 + len(t.tokens)
         ids[i, :n] = torch.tensor([root] + t.tokens)
         offsets[i, :n] = torch.tensor(ddtree.tree_positions(t))
+        parents[i, :n] = torch.tensor(t.parents)
+        first_child[i, :n] = torch.tensor(t.first_child)
         vis[i, :n, :n] = ddtree.visibility_matrix(t)
-    return ids, offsets, vis
+    return {"ids": ids, "offsets": offsets, "parents": parents, "first_child": first_child,
+            "vis": vis}
 
 
 class ARDecoder:
