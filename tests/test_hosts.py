@@ -6,6 +6,7 @@ import asyncio
 import os
 import stat
 import sys
+import time
 from pathlib import Path
 
 from harness.hosts import LocalHost
@@ -64,12 +65,20 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
     result, _ = run(host, dict(CELL, timeout_s=1))
     assert result["status"] == "failed" and result["error"].startswith("timeout after 1 s")
     child = int(pidfile.read_text())
+    # SIGKILL to a group returns before the kernel has torn every member down; give it a moment.
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not merely a zombie waiting for its new parent to reap it."""
     try:
-        os.kill(child, 0)
-        alive = Path(f"/proc/{child}/stat").read_text().split()[2] != "Z"
-    except ProcessLookupError:
-        alive = False
-    assert not alive
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def test_garbage_on_stdout_is_a_failed_cell(tmp_path):
