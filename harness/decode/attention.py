@@ -76,9 +76,19 @@ def causal_mask(lengths: torch.Tensor, T: int, kv_len: int) -> Mask:
     return Mask(lengths, vis.expand(lengths.shape[0], T, T), kv_len)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask) -> torch.Tensor:
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """q [b, h, T, d]; k, v [b, kv_heads, S, d] (grouped-query; S >= mask.kv_len for sdpa).
-    Returns [b, h, T, d]."""
+    Returns [b, h, T, d], written into `out` (any strides, e.g. a transposed [b, T, h, d]
+    buffer that o_proj reads without a copy) when given."""
+    if out is not None:
+        if mask.mode == "triton":
+            from harness.kernels.triton_verify import tree_verify_attention
+            return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out)
+        if mask.mode == "custom":
+            from harness.kernels.custom_verify import tree_verify_attention
+            return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out)
+        return out.copy_(attend(q, k, v, mask))
     mode = mask.mode
     if mode == "sdpa":
         # Fold the G query heads that share a KV head into the query axis: one SDPA head per

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from harness.decode import attention
-from harness.decode.model import KVCache, Layer, RMSNorm, Target, TargetConfig, rope_tables
+from harness.decode.model import (KVCache, Layer, RMSNorm, Target, TargetConfig, final_norm,
+                                  rope_tables, run_layers)
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,9 @@ class Drafter(nn.Module):
         x = target.embed_tokens(ids)
         t = self.target_cfg
         rope = rope_tables(positions, t.head_dim, t.rope_theta, x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rope, cache, i, positions, mask)
-        logits = target.lm_head(self.norm(x[:, 1:]))
+        h, residual, _ = run_layers(self.layers, x, rope, cache, positions, mask)
+        logits = target.lm_head(final_norm(self.norm, h[:, 1:],
+                                           None if residual is None else residual[:, 1:]))
         if not self.cfg.logit_scale:
             return logits
         # float32 out: scaled logits near the top are ~40, where bf16's step (0.25) would tie

@@ -10,6 +10,7 @@ tokens at positions len+depth, each seeing the prefix and its ancestors).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +18,15 @@ from torch import nn
 from torch.nn import functional as F
 
 from harness.decode import attention
+
+# The decode forward on fused Triton kernels (kernels/triton_fused.py): "auto" on CUDA tensors,
+# "on" everywhere (CPU only under TRITON_INTERPRET=1: tests), "off" never (the reference path,
+# and the A/B of the fusion itself: HARNESS_FUSED_OPS=off).
+FUSED_OPS = os.environ.get("HARNESS_FUSED_OPS", "auto")
+
+
+def fused_ops(x: torch.Tensor) -> bool:
+    return FUSED_OPS == "on" or (FUSED_OPS == "auto" and x.is_cuda)
 
 
 @dataclass(frozen=True)
@@ -110,7 +120,13 @@ class Attention(nn.Module):
         b, T, _ = x.shape
         cfg = self.cfg
         kv = F.linear(x, self.qkv_proj.weight[cfg.heads * cfg.head_dim:])
-        k, v = kv.view(b, T, 2 * cfg.kv_heads, cfg.head_dim).split(cfg.kv_heads, dim=2)
+        kv = kv.view(b, T, 2 * cfg.kv_heads, cfg.head_dim)
+        if fused_ops(x):
+            from harness.kernels import triton_fused
+            triton_fused.qk_norm_rope_store(kv, 0, None, self.k_norm.weight, cfg.rms_eps, *rope,
+                                            cache.k[layer], cache.v[layer], slots)
+            return
+        k, v = kv.split(cfg.kv_heads, dim=2)
         self._store(k, v, rope, cache, layer, slots)
 
     def forward(self, x, rope, cache: KVCache, layer: int, slots, mask: attention.Mask):
@@ -124,6 +140,21 @@ class Attention(nn.Module):
         out = attention.attend(q.transpose(1, 2), cache.k[layer, :, :, :S], cache.v[layer, :, :, :S], mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, T, cfg.heads * cfg.head_dim))
 
+    def forward_fused(self, x, rope, cache: KVCache, layer: int, slots, mask: attention.Mask):
+        """`forward` on the fused kernels: q/k norms, RoPE and the cache write in one launch,
+        and the attention output written in the [b, T, h, d] layout o_proj reads."""
+        from harness.kernels import triton_fused
+        b, T, _ = x.shape
+        cfg = self.cfg
+        qkv = self.qkv_proj(x).view(b, T, cfg.heads + 2 * cfg.kv_heads, cfg.head_dim)
+        q = triton_fused.qk_norm_rope_store(qkv, cfg.heads, self.q_norm.weight, self.k_norm.weight,
+                                            cfg.rms_eps, *rope, cache.k[layer], cache.v[layer], slots)
+        S = mask.kv_len
+        out = torch.empty_like(q)
+        attention.attend(q.transpose(1, 2), cache.k[layer, :, :, :S], cache.v[layer, :, :, :S], mask,
+                         out=out.transpose(1, 2))
+        return self.o_proj(out.view(b, T, cfg.heads * cfg.head_dim))
+
 
 class MLP(nn.Module):
     def __init__(self, cfg: TargetConfig):
@@ -134,6 +165,10 @@ class MLP(nn.Module):
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+    def forward_fused(self, x):
+        from harness.kernels import triton_fused
+        return self.down_proj(triton_fused.silu_mul(self.gate_up_proj(x)))
 
 
 class Layer(nn.Module):
@@ -147,6 +182,45 @@ class Layer(nn.Module):
     def forward(self, x, rope, cache, layer, slots, mask):
         x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, slots, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_fused(self, h, residual, rope, cache, layer, slots, mask):
+        """`forward` on the fused kernels. The stream travels split, x = h + residual
+        (residual None: x = h), so each sublayer's residual add happens inside the next norm."""
+        from harness.kernels import triton_fused
+        n1, n2 = self.input_layernorm, self.post_attention_layernorm
+        x, residual = triton_fused.add_rmsnorm(h, n1.weight, n1.eps, residual)
+        h = self.self_attn.forward_fused(x, rope, cache, layer, slots, mask)
+        x, residual = triton_fused.add_rmsnorm(h, n2.weight, n2.eps, residual)
+        return self.mlp.forward_fused(x), residual
+
+
+def run_layers(layers, x, rope, cache: KVCache, slots, mask: attention.Mask,
+               capture: tuple[int, ...] = ()):
+    """x through `layers` (fused kernels when `fused_ops(x)`). Returns (h, residual, captured):
+    the output is h + residual (residual None: h; `final_norm` takes the pair) and `captured`
+    holds the outputs of the layers in `capture`."""
+    captured = []
+    if not fused_ops(x):
+        for i, layer in enumerate(layers):
+            x = layer(x, rope, cache, i, slots, mask)
+            if i in capture:
+                captured.append(x)
+        return x, None, captured
+    h, residual = x, None
+    for i, layer in enumerate(layers):
+        h, residual = layer.forward_fused(h, residual, rope, cache, i, slots, mask)
+        if i in capture:
+            h, residual = h + residual, None
+            captured.append(h)
+    return h, residual, captured
+
+
+def final_norm(norm: RMSNorm, h: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """norm(h + residual), the add fused into the norm (see `run_layers`)."""
+    if residual is None:
+        return norm(h)
+    from harness.kernels import triton_fused
+    return triton_fused.add_rmsnorm(h, norm.weight, norm.eps, residual)[0]
 
 
 class Target(nn.Module):
@@ -177,15 +251,12 @@ class Target(nn.Module):
         """
         x = self.embed_tokens(ids)
         rope = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
-        captured = []
-        for i, layer in enumerate(self.layers):
-            x = layer(x, rope, cache, i, slots, mask)
-            if i in capture_layers:
-                captured.append(x)
-        x = self.norm(x)
+        h, residual, captured = run_layers(self.layers, x, rope, cache, slots, mask, capture_layers)
         if logits_for is not None:
-            x = torch.gather(x, 1, logits_for[..., None].expand(-1, -1, x.shape[-1]))
-        logits = self.lm_head(x)
+            rows = logits_for[..., None].expand(-1, -1, h.shape[-1])
+            h = torch.gather(h, 1, rows)
+            residual = None if residual is None else torch.gather(residual, 1, rows)
+        logits = self.lm_head(final_norm(self.norm, h, residual))
         hidden = torch.cat(captured, dim=-1) if captured else None
         return logits, hidden
 
