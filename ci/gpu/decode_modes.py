@@ -112,7 +112,7 @@ def main() -> None:
     lossless = None if args.no_lossless else lossless_check()
     with open(os.path.join(out_dir, "decode_modes.json"), "w") as f:
         json.dump({"env": environment(), "results": results, "lossless": lossless}, f)
-    print("\n| ctx | mode | verify | tok/s (±) | accept | step p50 ms | idle | bw % roofline | x AR | phases host ms (draft/tree/verify/accept/commit) |")
+    print("\n| ctx | mode | verify | tok/s (±) | accept | step p50 ms | idle | bw % roofline | x AR | kernels/step | phases host ms (draft/tree/verify/accept/commit) |")
     for r in results:
         c, m = r["cell"], r["metrics"]
         if r["status"] != "ok":
@@ -123,9 +123,10 @@ def main() -> None:
         ph = "/".join(f"{m.get(f'phase.{p}.host_ms', float('nan')):.2f}" for p in
                       ("draft", "tree", "verify", "accept", "commit"))
         idle = m.get("idle_fraction")
+        kps = (r.get("profile") or {}).get("kernels_per_step") or ["n/a"]
         print(f"| {c['context_length']} | {mode} | {c['verify_mode']} | {m['tokens_per_s']:.1f} (±{m['tokens_per_s_spread']:.1f}) "
               f"| {m['accept_len_mean']:.2f} | {m['step_ms_p50']:.2f} | {'n/a' if idle is None else f'{idle:.1%}'} "
-              f"| {m.get('bw_pct_roofline', float('nan')):.1%} | {m.get('speedup_vs_ar', float('nan')):.2f} | {ph} |")
+              f"| {m.get('bw_pct_roofline', float('nan')):.1%} | {m.get('speedup_vs_ar', float('nan')):.2f} | {kps[0]} | {ph} |")
     print("lossless:", json.dumps(lossless))
 
 
