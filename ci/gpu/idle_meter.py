@@ -9,7 +9,10 @@ tables last.
 
 1. Sync audit on a toy loop with a known number of syncs per step, by kind and site (first: no
    profiler has run in this process yet).
-2. Profiler overhead, each in a fresh process, on a decode-like loop (200 small kernels and one
+2. Profiler overhead. (a) The target: real decode cells (qwen3-8b gpu/full at 4096), each a
+   fresh `python -m harness.worker`, profile_steps 0 and 6 alternating, 3 pairs; the median
+   tokens/s of the profiled cells within 2 % of the unprofiled ones. (b) Diagnostics, each in a
+   fresh process, on a decode-like loop (200 small kernels and one
    .item() per step, with the decode workload's always-on step/phase ranges and event clock):
      never    timed windows, never profiled; bare windows interleaved (the always-on cost)
      decode   the decode workload's order: timed windows, then a profiled window (the
@@ -94,7 +97,48 @@ def audit() -> dict:
     return out
 
 
-# -- 2. profiler overhead (child processes) --------------------------------------------------------
+# -- 2a. profiler overhead on real decode cells (the issue's target) -----------------------------
+# Each cell is a fresh `python -m harness.worker` process, exactly as a sweep runs it; the pairs
+# alternate so that drift hits both sides alike. The decode workload profiles after its timed
+# windows, so its tokens/s can differ only through process-wide state the profiler leaves (CUPTI
+# subscribed, Kineto threads) or not at all.
+DECODE_OVERHEAD_CELL = dict(workload="decode", model="qwen3-8b", acceptance="synthetic", tau=6.5,
+                            tree_budget=64, block_size=16, context_length=4096, verify_mode="triton",
+                            tree_build="gpu", accept="gpu", graph_capture="full", warmup_steps=3,
+                            steps=16, repeats=3, device="cuda", dtype="bfloat16", timeout_s=300)
+DECODE_OVERHEAD_PAIRS = 3
+
+
+def decode_overhead() -> dict:
+    runs = []
+    # Pair -1 is discarded: the first process fills the on-disk Triton / kernel caches.
+    for i in range(-1, DECODE_OVERHEAD_PAIRS):
+        for profile_steps in ((0,) if i < 0 else (0, 6)):
+            cell = dict(DECODE_OVERHEAD_CELL, profile_steps=profile_steps, seed=max(i, 0))
+            try:
+                proc = subprocess.run([sys.executable, "-m", "harness.worker"], input=json.dumps(cell),
+                                      capture_output=True, text=True, timeout=300)
+                r = json.loads(proc.stdout.strip().splitlines()[-1])
+                m = r.get("metrics", {})
+                runs.append(dict(profile_steps=profile_steps, pair=i, status=r.get("status"),
+                                 tokens_per_s=m.get("tokens_per_s"), error=r.get("error")))
+            except Exception as exc:   # one failed cell must not hide the others
+                runs.append(dict(profile_steps=profile_steps, pair=i, status="failed", error=repr(exc)))
+            log(f"decode overhead cell {runs[-1]}")
+    ok = [r for r in runs if r["status"] == "ok" and r["pair"] >= 0]
+    off = median([r["tokens_per_s"] for r in ok if r["profile_steps"] == 0])
+    on = median([r["tokens_per_s"] for r in ok if r["profile_steps"] > 0])
+    change = pct(on, off)
+    return {"runs": runs, "tokens_per_s_unprofiled": off, "tokens_per_s_profiled": on,
+            "change_pct": change, "ok": change is not None and abs(change) <= 2}
+
+
+# -- 2b. profiler overhead on a host-bound microbenchmark (diagnostics) ------------------------------
+# Not the target: 200 tiny kernels and an .item() per step measure the host's launch speed, which
+# varies by tens of percent between processes and drifts upward for seconds after start (the
+# H200 run of 2026-11-29 read -21 % for windows measured *before* any profiler had run in that
+# process, and +36 % after the profile in the same process) — noise, not the profiler. Kept for
+# what it does show: the cost inside the profiled window, user scopes vs all scopes.
 def decode_like(kernels: int = 200):
     """Many small kernels in two phases and one host sync per step, like an eager decode step."""
     x = torch.ones(1 << 20, device="cuda")
@@ -345,6 +389,9 @@ def main() -> int:
     result["sync_audit"] = audit()
     log("sync audit done", result["sync_audit"]["per_step_by_kind"])
     save(result)
+    result["decode_overhead"] = decode_overhead()
+    log("decode overhead done", {k: v for k, v in result["decode_overhead"].items() if k != "runs"})
+    save(result)
     result["overhead"] = overhead()
     log("overhead done", result["overhead"]["summary"])
     save(result)
@@ -366,6 +413,14 @@ def main() -> int:
 
     print(md)
     print()
+    d = result["decode_overhead"]
+    decode_line = (f"profiling a decode cell (qwen3-8b gpu/full 4096, fresh worker processes, "
+                   f"{DECODE_OVERHEAD_PAIRS} pairs): {fmt(d['tokens_per_s_unprofiled'], '.1f')} -> "
+                   f"{fmt(d['tokens_per_s_profiled'], '.1f')} tok/s, {fmt(d['change_pct'], '+.2f')} % "
+                   f"(target within 2 %): {'ok' if d['ok'] else 'NOT ok'}")
+    print(decode_line)
+    with open(os.path.join(OUT, "calibration.md"), "a") as f:
+        f.write(f"- {decode_line}\n")
     for line in overhead_lines(o):
         print(line)
     print(f"sync audit: {s['syncs_per_step']:.2f} syncs/step, by kind {s['per_step_by_kind']} "
@@ -378,7 +433,8 @@ def main() -> int:
     print(f"phase attribution under user-scope profiling (phase.work.gpu_ms > 0 everywhere): "
           f"{'yes' if attributed else 'NO'}")
     print(f"calibration: {len(rows) - len(bad)}/{len(rows)} cells within target; overhead "
-          f"{'ok' if o['summary']['ok'] else 'NOT ok'}; wall {result['wall_s']} s")
+          f"{'ok' if result['decode_overhead']['ok'] else 'NOT ok'} (decode cells; microbenchmark "
+          f"{'ok' if o['summary']['ok'] else 'not ok'}); wall {result['wall_s']} s")
     return 0
 
 
