@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The first GPU call of the next session with device time: measure what was built without a GPU
+# (fused forward, Triton top-k, CUDA tree build, decode-cell profiling overhead) and re-run the
+# issue-3 slice with it. About 9 minutes on an H200 (estimate); each step capped; one tarball back.
+#   OUT=/tmp/out bash ci/gpu/next_session.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+FINAL_OUT=${OUT:-gpu-out}
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=/tmp/next-out
+mkdir -p "$OUT" "$FINAL_OUT"
+trap 'tar czf "$FINAL_OUT/next.tgz" -C "$OUT" .' EXIT
+step() {  # step NAME TIMEOUT CMD...
+    local name=$1 limit=$2; shift 2
+    echo "=================== $name (limit ${limit}s)"
+    local start=$(date +%s)
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    echo "=================== $name rc=$? in $(( $(date +%s) - start )) s"
+    tail -c 2000 "$OUT/$name.log"
+}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
+git rev-parse HEAD >> "$OUT/gpu.txt" 2>/dev/null
+step fused_ops 90 python3 ci/gpu/fused_ops.py
+[ -f ci/gpu/topk.py ] && step topk 90 python3 ci/gpu/topk.py
+[ -f ci/gpu/tree_build_cuda.py ] && step tree_build_cuda 120 python3 ci/gpu/tree_build_cuda.py
+# The issue-3 slice, fused forward on (the default), then its A/B at 4096 with it off.
+step decode_on 240 env OUT="$OUT/on" python3 ci/gpu/decode_modes.py --contexts 4096,16384,65536 --verify triton --modes gpu/full,cpu/verify-graph
+step decode_off 60 env OUT="$OUT/off" HARNESS_FUSED_OPS=off python3 ci/gpu/decode_modes.py --contexts 4096 --verify triton --modes gpu/full --no-lossless
+step idle 150 python3 ci/gpu/idle_meter.py
