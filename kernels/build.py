@@ -8,6 +8,9 @@ disk by (source hash, flags, arch, torch and CUDA versions) under $HARNESS_CACHE
 ~/.cache/specdec-harness/kernels), so a worker compiles once per host and version; the builder's
 file lock keeps concurrent workers on one host from building the same thing twice.
 
+`load_library(source=TREE_BUILD_SOURCE)` builds kernels/tree_build.cu (the DDTree tree build,
+kernels/cuda_tree_build.py) the same way, into its own cached library keyed by that source.
+
 Importing this module needs neither a GPU nor nvcc; only `load_library()` does.
 """
 
@@ -21,6 +24,7 @@ import threading
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("verify_attention.cu")
+TREE_BUILD_SOURCE = Path(__file__).with_name("tree_build.cu")
 # -lineinfo costs nothing at run time and lets a profiler (or compute-sanitizer) map to source lines.
 NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
 # HARNESS_KERNEL_DEBUG=1: a debug build (its own cache entry) whose launchers wait for each kernel
@@ -52,12 +56,12 @@ def arch_list(capability: tuple[int, int]) -> str:
     return _EXACT_ARCHS.get(tuple(capability), f"{capability[0]}.{capability[1]}+PTX")
 
 
-def build_key(arch: str) -> str:
+def build_key(arch: str, source: Path = SOURCE) -> str:
     """What a cached build depends on: the source, the flags, the arch, torch and its CUDA."""
     import torch
 
     h = hashlib.sha256()
-    h.update(SOURCE.read_bytes())
+    h.update(Path(source).read_bytes())
     h.update(repr((nvcc_flags(), arch, torch.__version__, torch.version.cuda)).encode())
     return h.hexdigest()[:16]
 
@@ -76,15 +80,19 @@ def _env(**values: str):
                 os.environ[k] = v
 
 
-def load_library(device=None, verbose: bool = False) -> ctypes.CDLL:
-    """The compiled library for `device` (default: the current CUDA device), built if needed."""
+def load_library(device=None, verbose: bool = False, source: Path = SOURCE) -> ctypes.CDLL:
+    """The compiled library of `source` (default: the verify kernels) for `device` (default: the
+    current CUDA device), built if needed."""
     import torch
 
+    source = Path(source)
     if not torch.cuda.is_available():
-        raise RuntimeError("the custom verify kernel needs a CUDA GPU (none is visible)")
+        what = "the custom verify kernel" if source == SOURCE else source.name
+        raise RuntimeError(f"{what} needs a CUDA GPU (none is visible)")
     capability = torch.cuda.get_device_capability(device)
     arch = arch_list(capability)
-    name = f"tree_verify_{build_key(arch)}"
+    prefix = "tree_verify" if source == SOURCE else source.stem
+    name = f"{prefix}_{build_key(arch, source)}"
     with _lock:
         if name in _libraries:
             return _libraries[name]
@@ -95,11 +103,11 @@ def load_library(device=None, verbose: bool = False) -> ctypes.CDLL:
         # Always through the builder, also when the library exists: its lock file makes a worker
         # that finds another one mid-build wait for it, and ninja then finds nothing to do.
         with _env(TORCH_CUDA_ARCH_LIST=arch):
-            cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cuda_cflags=list(nvcc_flags()),
+            cpp_extension.load(name=name, sources=[str(source)], extra_cuda_cflags=list(nvcc_flags()),
                                build_directory=str(build_dir), is_python_module=False,
                                verbose=verbose)
         lib = ctypes.CDLL(str(build_dir / f"{name}.so"))
-        _declare(lib)
+        {SOURCE: _declare, TREE_BUILD_SOURCE: _declare_tree_build}[source](lib)
         _libraries[name] = lib
         return lib
 
@@ -121,3 +129,16 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tva_error_string.restype = ctypes.c_char_p
     lib.tva_struct_size.argtypes = []
     lib.tva_struct_size.restype = c_int
+
+
+def _declare_tree_build(lib: ctypes.CDLL) -> None:
+    """C signatures of the extern "C" entry points of tree_build.cu."""
+    c_int, c_void_p = ctypes.c_int, ctypes.c_void_p
+    lib.ttb_build_tree.argtypes = [c_void_p, c_int, c_void_p]
+    lib.ttb_build_tree.restype = c_int
+    lib.ttb_smem_bytes.argtypes = [c_int, c_int, c_int, c_int, c_int]
+    lib.ttb_smem_bytes.restype = c_int
+    lib.ttb_error_string.argtypes = [c_int]
+    lib.ttb_error_string.restype = ctypes.c_char_p
+    lib.ttb_struct_size.argtypes = []
+    lib.ttb_struct_size.restype = c_int

@@ -4,7 +4,8 @@ error fails CI here rather than on a GPU host.
 
 kernels/verify_attention.cu includes no torch headers, so plain nvcc compiles it (host launchers
 and device code for every architecture) in one call. On Hopper the kernels must not spill
-registers to local memory: that would be a silent slowdown of the hot loop.
+registers to local memory: that would be a silent slowdown of the hot loop. The same holds for
+kernels/tree_build.cu (the DDTree tree build, sm_90 and sm_120).
 """
 
 from __future__ import annotations
@@ -69,3 +70,27 @@ def test_no_register_spills_on_hopper(compiled):
             spills.append(f"{kernel}: {line.strip()}")
     assert "'sm_90a'" in proc.stderr and "'sm_90'" in proc.stderr
     assert not spills, "register spills on Hopper:\n" + "\n".join(spills)
+
+
+@pytest.fixture(scope="module")
+def compiled_tree_build(tmp_path_factory):
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found (PATH or $CUDA_HOME/bin): cannot compile the CUDA kernels here")
+    out = tmp_path_factory.mktemp("nvcc") / "tree_build.o"
+    cmd = [nvcc, "-c", *build.NVCC_FLAGS, "--threads", "2", "-Xptxas", "-v",
+           "-gencode", "arch=compute_90,code=sm_90", "-gencode", "arch=compute_120,code=sm_120",
+           str(build.TREE_BUILD_SOURCE), "-o", str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600), out
+
+
+def test_tree_build_compiles_for_sm90_and_sm120_without_spills(compiled_tree_build):
+    proc, out = compiled_tree_build
+    assert proc.returncode == 0, f"nvcc failed:\n{proc.stderr[-6000:]}"
+    assert out.stat().st_size > 0
+    assert "warning" not in proc.stderr.lower().replace("-warning", ""), proc.stderr[-4000:]
+    assert "'sm_90'" in proc.stderr and "'sm_120'" in proc.stderr
+    spills = [ln for ln in proc.stderr.splitlines()
+              if (m := re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ln)) and
+              (int(m.group(1)) or int(m.group(2)))]
+    assert not spills, "register spills:\n" + "\n".join(spills)

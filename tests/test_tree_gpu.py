@@ -238,7 +238,9 @@ def test_bad_shapes_raise():
         build_tree_gpu(lp, ids[:, :2], 8)
     with pytest.raises(ValueError):
         build_tree_gpu(lp, ids, 0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="impl must be"):
+        build_tree_gpu(lp, ids, 8, impl="metal")
+    with pytest.raises(ValueError):      # the CUDA kernel on CPU tensors: refused, not run
         build_tree_gpu(lp, ids, 8, impl="cuda")
 
 

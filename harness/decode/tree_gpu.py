@@ -37,8 +37,10 @@ nodes tie at -inf, may then order them differently).
 Two implementations of the same algorithm, bit-identical outputs:
   * `_build_torch`: plain tensor ops, runs on any device (CPU tests, the reference);
   * harness.kernels.triton_tree_build: one Triton program per sequence (one launch), the CUDA
-    default (impl="auto"), for the 30 µs budget of a decode step.
-Both need log-prob rows sorted descending (as `topk_logprobs_batched` returns them). The pair
+    default (impl="auto"), for the 30 µs budget of a decode step;
+  * harness.kernels.cuda_tree_build (impl="cuda"): the same as one CUDA C++ kernel with all of its
+    state in shared memory (N <= 256, D <= 16).
+All need log-prob rows sorted descending (as `topk_logprobs_batched` returns them). The pair
 table is cached per (N, k', device): call once before CUDA-graph capture (any warm-up does).
 """
 
@@ -117,7 +119,8 @@ def build_tree_gpu(log_probs: torch.Tensor, token_ids: torch.Tensor, budget: int
                    out: GpuTree | None = None, impl: str = "auto") -> GpuTree:
     """Build the DDTree of every sequence: log_probs [b, D, k] (rows sorted descending, any
     float dtype), token_ids [b, D, k]. Returns a GpuTree with N = budget nodes per sequence
-    (written into `out` when given). impl: "torch", "triton" (CUDA) or "auto" (triton on CUDA)."""
+    (written into `out` when given). impl: "torch", "triton" (CUDA), "cuda" (CUDA C++ kernel,
+    N <= 256, D <= 16) or "auto" (triton on CUDA)."""
     if log_probs.dim() != 3 or token_ids.shape != log_probs.shape:
         raise ValueError(f"log_probs {tuple(log_probs.shape)} and token_ids "
                          f"{tuple(token_ids.shape)} must both be [b, D, k]")
@@ -128,8 +131,11 @@ def build_tree_gpu(log_probs: torch.Tensor, token_ids: torch.Tensor, budget: int
         out = GpuTree.empty(b, budget, log_probs.device)
     if impl == "auto":
         impl = "triton" if log_probs.is_cuda else "torch"
-    if impl == "triton":
-        from harness.kernels.triton_tree_build import build_tree
+    if impl in ("triton", "cuda"):
+        if impl == "triton":
+            from harness.kernels.triton_tree_build import build_tree
+        else:
+            from harness.kernels.cuda_tree_build import build_tree
         J, R = candidate_pairs(budget, min(k, budget), log_probs.device)
         fields = [getattr(out, f.name) for f in dataclasses.fields(GpuTree)]
         if all(t.is_contiguous() for t in fields):
@@ -141,7 +147,7 @@ def build_tree_gpu(log_probs: torch.Tensor, token_ids: torch.Tensor, budget: int
                 getattr(out, f.name).copy_(getattr(tmp, f.name))
         return out
     if impl != "torch":
-        raise ValueError(f"impl must be auto, torch or triton (got {impl!r})")
+        raise ValueError(f"impl must be auto, torch, triton or cuda (got {impl!r})")
     return _build_torch(log_probs, token_ids, budget, out)
 
 

@@ -472,6 +472,52 @@ inline float __shfl_xor_sync(unsigned, float v, int mask) {
     return out;
 }
 
+// -- warp collectives and shared-memory atomics of kernels/tree_build.cu ----------------------
+// Each is a barrier of the warp's 32 lanes around an exchange of values, like __shfl_xor_sync
+// above (so all 32 lanes must reach it, as the full-mask intrinsics require on the GPU). Values
+// of up to 8 bytes travel in two 32-bit slots. Atomics need no care: fibers switch only at
+// barriers, so a read-modify-write is never interleaved with another thread's.
+namespace emu {
+template <typename T>
+inline T shfl_from(T v, int src_of_lane_xor, bool xor_mode) {
+    static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
+    uint32_t u[2] = {0, 0};
+    std::memcpy(u, &v, sizeof(T));
+    slot(lane())[0] = u[0];
+    slot(lane())[1] = u[1];
+    warp_sync();
+    const int src = xor_mode ? (lane() ^ src_of_lane_xor) & 31 : src_of_lane_xor & 31;
+    const uint32_t r[2] = {slot(src)[0], slot(src)[1]};
+    warp_sync();
+    T out;
+    std::memcpy(&out, r, sizeof(T));
+    return out;
+}
+}  // namespace emu
+inline int __shfl_xor_sync(unsigned, int v, int mask) { return emu::shfl_from(v, mask, true); }
+inline unsigned __shfl_xor_sync(unsigned, unsigned v, int mask) { return emu::shfl_from(v, mask, true); }
+inline double __shfl_xor_sync(unsigned, double v, int mask) { return emu::shfl_from(v, mask, true); }
+inline int __shfl_sync(unsigned, int v, int src) { return emu::shfl_from(v, src, false); }
+inline unsigned __shfl_sync(unsigned, unsigned v, int src) { return emu::shfl_from(v, src, false); }
+inline double __shfl_sync(unsigned, double v, int src) { return emu::shfl_from(v, src, false); }
+inline unsigned __ballot_sync(unsigned, int predicate) {
+    emu::slot(emu::lane())[0] = predicate ? 1u : 0u;
+    emu::warp_sync();
+    unsigned bits = 0;
+    for (int l = 0; l < 32; ++l) bits |= emu::slot(l)[0] << l;
+    emu::warp_sync();
+    return bits;
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int atomicAdd(int* address, int value) {
+    const int old = *address;
+    *address = old + value;
+    return old;
+}
+struct alignas(16) uint4 {      // as CUDA's: a 16-byte vector type
+    unsigned x, y, z, w;
+};
+
 // -- the PTX helpers of verify_attention.cu ---------------------------------------------------------
 inline uint32_t smem_addr(const void* p) {
     return static_cast<uint32_t>(static_cast<const uint8_t*>(p) - emu::shared_memory()) + emu::kSmemBase;
