@@ -9,7 +9,6 @@ not only the kernels. bf16 runs on the GPU (ci/gpu/fused_ops.py).
 
 from __future__ import annotations
 
-import multiprocessing
 
 import pytest
 import torch
@@ -22,17 +21,6 @@ from harness.decode.model import apply_rope, rope_tables  # noqa: E402
 TOL = dict(atol=2e-5, rtol=2e-5)
 
 
-@pytest.fixture(scope="module")
-def interp():
-    """A spawned child with TRITON_INTERPRET=1 (see tests/test_triton_verify.py for why)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        pool = multiprocessing.get_context("spawn").Pool(1)
-    try:
-        yield pool
-    finally:
-        pool.terminate()
-        pool.join()
 
 
 def _kernels():

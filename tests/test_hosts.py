@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import stat
-import sys
 import time
 from pathlib import Path
 

@@ -4,7 +4,6 @@ its scenario parameters."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest

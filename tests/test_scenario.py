@@ -13,7 +13,7 @@ import pytest
 
 from harness import params
 from harness.errors import InputError
-from harness.scenario import load_scenario, parse_scenario, validate_tracking_uri
+from harness.scenario import load_scenario, validate_tracking_uri
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,6 @@ Triton interpreter; CUDA-graph capture and timing need a GPU (ci/gpu/tree_build.
 
 from __future__ import annotations
 
-import multiprocessing
 
 import pytest
 import torch
@@ -249,7 +248,7 @@ def test_bad_shapes_raise():
 
 
 def _interpreted_build(lp, ids, budget: int) -> dict:
-    """Runs where TRITON_INTERPRET=1 was set before triton was imported (see `interp`)."""
+    """Runs where TRITON_INTERPRET=1 was set before triton was imported (see conftest.interp)."""
     from harness.kernels import triton_tree_build
 
     out = GpuTree.empty(lp.shape[0], budget, "cpu")
@@ -261,19 +260,6 @@ def _interpreted_build(lp, ids, budget: int) -> dict:
     return {f: getattr(out, f) for f in FIELDS}
 
 
-@pytest.fixture(scope="module")
-def interp():
-    """A child process with TRITON_INTERPRET=1: triton.jit (for triton's own library functions
-    too) reads it at the first `import triton`, which in this process may already have happened."""
-    pytest.importorskip("triton")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        pool = multiprocessing.get_context("spawn").Pool(1)
-    try:
-        yield pool
-    finally:
-        pool.terminate()
-        pool.join()
 
 
 @pytest.mark.parametrize("depth,k,budget,grid", [

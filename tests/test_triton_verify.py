@@ -10,7 +10,6 @@ ci/gpu/verify_kernels.py.
 
 from __future__ import annotations
 
-import multiprocessing
 import subprocess
 import sys
 import zlib
@@ -21,28 +20,11 @@ import torch
 from harness.decode.attention import visibility_bits
 
 pytest.importorskip("triton", reason="Triton is needed (Linux wheels only)")
-from harness.kernels import triton_verify  # noqa: E402  (not interpreted here: see `interp`)
+from harness.kernels import triton_verify  # noqa: E402  (not interpreted here: see conftest.interp)
 
 TOL = {torch.float32: 1e-4, torch.float16: 1e-2}
 
 
-@pytest.fixture(scope="module")
-def interp():
-    """A child process with TRITON_INTERPRET=1 that runs the kernel on CPU tensors.
-
-    triton.jit reads TRITON_INTERPRET when a kernel (or triton's own library functions) is
-    defined, i.e. at the first `import triton`: in this process that may already have happened,
-    so the interpreter gets a fresh spawned process. Tensors travel through shared memory.
-    """
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        pool = multiprocessing.get_context("spawn").Pool(1)
-    try:
-        assert pool.apply(triton_verify._interpreting)
-        yield pool
-    finally:
-        pool.terminate()
-        pool.join()
 
 
 def call(pool, fn, *args, **kwargs):

@@ -22,7 +22,9 @@ git rev-parse HEAD >> "$OUT/gpu.txt" 2>/dev/null
 step fused_ops 90 python3 ci/gpu/fused_ops.py
 [ -f ci/gpu/topk.py ] && step topk 90 python3 ci/gpu/topk.py
 [ -f ci/gpu/tree_build_cuda.py ] && step tree_build_cuda 120 python3 ci/gpu/tree_build_cuda.py
-# The issue-3 slice, fused forward on (the default), then its A/B at 4096 with it off.
-step decode_on 240 env OUT="$OUT/on" python3 ci/gpu/decode_modes.py --contexts 4096,16384,65536 --verify triton --modes gpu/full,cpu/verify-graph
-step decode_off 60 env OUT="$OUT/off" HARNESS_FUSED_OPS=off python3 ci/gpu/decode_modes.py --contexts 4096 --verify triton --modes gpu/full --no-lossless
+# The issue-3 slice with every kernel that was off by default (fused forward, Triton top-k,
+# CUDA tree build), lossless check included; then the defaults at 4096 for the A/B.
+NEW="HARNESS_FUSED_OPS=auto HARNESS_TOPK=triton HARNESS_TREE_BUILD=cuda"
+step decode_new 240 env OUT="$OUT/new" $NEW python3 ci/gpu/decode_modes.py --contexts 4096,16384,65536 --verify triton --modes gpu/full,cpu/verify-graph
+step decode_default 60 env OUT="$OUT/default" python3 ci/gpu/decode_modes.py --contexts 4096 --verify triton --modes gpu/full --no-lossless
 step idle 150 python3 ci/gpu/idle_meter.py

@@ -48,6 +48,11 @@ def topk_logprobs(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, tor
     The normaliser is taken over the full vocabulary (topk - logsumexp), in float32 even for
     bf16 logits, as the reference does: bf16 log-probs would create spurious ties.
     """
+    from harness.decode import tree_gpu
+    if tree_gpu.TOPK_IMPL == "triton" and tree_gpu._on_triton(draft_logits):
+        # The same kernel as the GPU tree build, so tree_build cpu and gpu see the same bits.
+        lp, ids = tree_gpu.topk_logprobs_batched(draft_logits[None], k)
+        return lp[0], ids[0]
     logits = draft_logits.float()
     k = min(int(k), logits.shape[-1])
     top_logits, token_ids = torch.topk(logits, k=k, dim=-1)

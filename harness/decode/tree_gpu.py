@@ -47,11 +47,18 @@ table is cached per (N, k', device): call once before CUDA-graph capture (any wa
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import torch
 
 from harness.decode.attention import visibility_bits
+
+# Kernels used on CUDA tensors. The defaults are the ones timed on an H200; the others are
+# checked on CPU (interpreter, emulator, sm_90/sm_120 compiles) but not yet timed on a GPU
+# (ci/gpu/topk.py, ci/gpu/tree_build_cuda.py): HARNESS_TOPK=triton, HARNESS_TREE_BUILD=cuda.
+TOPK_IMPL = os.environ.get("HARNESS_TOPK", "torch")
+TREE_BUILD_IMPL = os.environ.get("HARNESS_TREE_BUILD", "triton")
 
 LOG_PROB_FLOOR = -1e30  # real nodes stay finite (D * floor >> float64 min), padding is -inf
 NEG_INF = float("-inf")
@@ -81,10 +88,32 @@ class GpuTree:
                        torch.empty(batch, budget, dtype=torch.float32, device=device))
 
 
+def _on_triton(t: torch.Tensor) -> bool:
+    """Whether a Triton kernel can take `t`: a CUDA tensor, or any under TRITON_INTERPRET=1."""
+    if t.is_cuda:
+        return True
+    from harness.kernels import triton_topk
+    return triton_topk._interpreting()
+
+
+# One workspace per (shape, k, device): the decode loop calls from one stream, so calls never
+# overlap (two concurrent calls on one workspace would race).
+_TOPK_WORKSPACES: dict = {}
+
+
 def topk_logprobs_batched(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """[b, D, V] logits -> (log_probs [b, D, k'] float32, ids [b, D, k'] int64), k' = min(k, V),
     rows sorted descending, log_probs = topk - logsumexp over the full vocabulary in float32:
-    the same ops as `tree.topk_logprobs`, batched."""
+    the same ops as `tree.topk_logprobs`, batched. On CUDA with TOPK_IMPL "triton": the
+    Triton kernel (exact; equal log-probs to within float32 rounding of the normaliser)."""
+    if TOPK_IMPL == "triton" and _on_triton(draft_logits):
+        from harness.kernels import triton_topk
+        key = (tuple(draft_logits.shape), int(k), str(draft_logits.device))
+        if key not in _TOPK_WORKSPACES:   # first call outside a graph capture (any warm-up)
+            _TOPK_WORKSPACES[key] = triton_topk.alloc_workspace(draft_logits, k)
+        return triton_topk.topk_logprobs(draft_logits, k, workspace=_TOPK_WORKSPACES[key])
+    if TOPK_IMPL not in ("torch", "triton"):
+        raise ValueError(f"HARNESS_TOPK must be torch or triton (got {TOPK_IMPL!r})")
     logits = draft_logits.float()
     k = min(int(k), logits.shape[-1])
     top_logits, token_ids = torch.topk(logits, k=k, dim=-1)
@@ -120,7 +149,7 @@ def build_tree_gpu(log_probs: torch.Tensor, token_ids: torch.Tensor, budget: int
     """Build the DDTree of every sequence: log_probs [b, D, k] (rows sorted descending, any
     float dtype), token_ids [b, D, k]. Returns a GpuTree with N = budget nodes per sequence
     (written into `out` when given). impl: "torch", "triton" (CUDA), "cuda" (CUDA C++ kernel,
-    N <= 256, D <= 16) or "auto" (triton on CUDA)."""
+    N <= 256, D <= 16) or "auto" (TREE_BUILD_IMPL on CUDA, torch elsewhere)."""
     if log_probs.dim() != 3 or token_ids.shape != log_probs.shape:
         raise ValueError(f"log_probs {tuple(log_probs.shape)} and token_ids "
                          f"{tuple(token_ids.shape)} must both be [b, D, k]")
@@ -130,7 +159,7 @@ def build_tree_gpu(log_probs: torch.Tensor, token_ids: torch.Tensor, budget: int
     if out is None:
         out = GpuTree.empty(b, budget, log_probs.device)
     if impl == "auto":
-        impl = "triton" if log_probs.is_cuda else "torch"
+        impl = TREE_BUILD_IMPL if log_probs.is_cuda else "torch"
     if impl in ("triton", "cuda"):
         if impl == "triton":
             from harness.kernels.triton_tree_build import build_tree
