@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 
 import torch
 from torch.nn import functional as F
 
+from ci.gpu.gputime import graph_of, replay_us
 from harness.decode import attention, model as model_mod
 from harness.decode.model import Target, TargetConfig, apply_rope, init_random_, rope_tables
 from harness.decode.presets import PRESETS
@@ -93,32 +93,17 @@ def forward_check() -> dict:
     vis = torch.ones(T, T, dtype=torch.bool, device=DEV).tril()[None]
     mask = attention.Mask(lengths, vis, ctx + 128, mode="triton", bits=attention.visibility_bits(vis))
     pos = lengths[:, None] + torch.arange(T, device=DEV)
-    res = {}
+    res, saved = {}, model_mod.FUSED_OPS
     for mode in ("off", "on"):
         model_mod.FUSED_OPS = mode
         fwd = lambda: target(ids, pos, cache, pos, mask)[0]  # noqa: E731
         with torch.no_grad():
             res[mode] = {"logits": fwd().float()}
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                fwd()
-            torch.cuda.current_stream().wait_stream(s)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fwd()
-            times = []
-            for _ in range(15):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                graph.replay()
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b))
-            res[mode]["graph_ms"] = statistics.median(times[3:])
+            graph = graph_of(fwd)
+            res[mode]["graph_ms"] = replay_us(graph, 1, replays=15) / 1e3
             res[mode]["kernels"] = count_kernels(graph.replay)
             del graph
-    model_mod.FUSED_OPS = "auto"
+    model_mod.FUSED_OPS = saved
     a, b = res["on"].pop("logits"), res["off"].pop("logits")
     res["logits_rel_err"] = float((a - b).norm() / b.norm())
     res["argmax_agree"] = float((a.argmax(-1) == b.argmax(-1)).float().mean())

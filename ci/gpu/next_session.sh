@@ -3,25 +3,11 @@
 # (fused forward, Triton top-k, CUDA tree build, decode-cell profiling overhead) and re-run the
 # issue-3 slice with it. About 9 minutes on an H200 (estimate); each step capped; one tarball back.
 #   OUT=/tmp/out bash ci/gpu/next_session.sh
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-FINAL_OUT=${OUT:-gpu-out}
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OUT=/tmp/next-out
-mkdir -p "$OUT" "$FINAL_OUT"
-trap 'tar czf "$FINAL_OUT/next.tgz" -C "$OUT" .' EXIT
-step() {  # step NAME TIMEOUT CMD...
-    local name=$1 limit=$2; shift 2
-    echo "=================== $name (limit ${limit}s)"
-    local start=$(date +%s)
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-    echo "=================== $name rc=$? in $(( $(date +%s) - start )) s"
-    tail -c 2000 "$OUT/$name.log"
-}
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$OUT/gpu.txt"
-git rev-parse HEAD >> "$OUT/gpu.txt" 2>/dev/null
+TARBALL=next.tgz
+source "$(dirname "$0")/steps.sh"
 step fused_ops 90 python3 ci/gpu/fused_ops.py
-[ -f ci/gpu/topk.py ] && step topk 90 python3 ci/gpu/topk.py
-[ -f ci/gpu/tree_build_cuda.py ] && step tree_build_cuda 120 python3 ci/gpu/tree_build_cuda.py
+step topk 90 python3 ci/gpu/topk.py
+step tree_build_cuda 120 python3 ci/gpu/tree_build_cuda.py
 # The issue-3 slice with every kernel that was off by default (fused forward, Triton top-k,
 # CUDA tree build), lossless check included; then the defaults at 4096 for the A/B.
 NEW="HARNESS_FUSED_OPS=auto HARNESS_TOPK=triton HARNESS_TREE_BUILD=cuda"

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 
 import torch
 
+from ci.gpu.gputime import graph_of, replay_us
 from harness.kernels import triton_topk
 
 OUT = os.environ.get("OUT", "gpu-out")
@@ -108,34 +108,6 @@ def no_sync(x: torch.Tensor, k: int) -> dict:
         torch.cuda.set_sync_debug_mode("default")
 
 
-def graph_of(fn, reps: int = 1) -> torch.cuda.CUDAGraph:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    torch.cuda.synchronize()
-    return g
-
-
-def replay_us(g: torch.cuda.CUDAGraph, reps: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(REPLAYS):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / reps)
-    return statistics.median(times)
-
-
 def static_call(x: torch.Tensor, k: int, config: dict | None = None):
     """fn() running the kernel on x into fixed outputs and workspace, and those outputs."""
     ws = triton_topk.alloc_workspace(x, k, config)
@@ -159,11 +131,11 @@ def capture(b: int, k: int) -> dict:
 def timing(b: int, k: int) -> dict:
     x = logits_for("f32", b, seed=7)
     fn, _ = static_call(x, k)
-    row = {"triton_us": round(replay_us(graph_of(fn, REPS), REPS), 2),
-           "torch_us": round(replay_us(graph_of(lambda: torch_path(x, k), REPS), REPS), 2)}
+    row = {"triton_us": round(replay_us(graph_of(fn, REPS), REPS, REPLAYS), 2),
+           "torch_us": round(replay_us(graph_of(lambda: torch_path(x, k), REPS), REPS, REPLAYS), 2)}
     xb = x.to(torch.bfloat16)
     fnb, _ = static_call(xb, k)
-    row["triton_bf16_us"] = round(replay_us(graph_of(fnb, REPS), REPS), 2)
+    row["triton_bf16_us"] = round(replay_us(graph_of(fnb, REPS), REPS, REPLAYS), 2)
     return row
 
 
@@ -195,8 +167,8 @@ def main() -> None:
         extra["equal_exact"] = bool(torch.equal(ids, torch.arange(64, device=DEV).expand_as(ids))
                                     and (lp + torch.log(torch.tensor(float(VOCAB)))).abs().max().item() < 1e-5)
         fn, _ = static_call(x, 64)
-        extra["equal_triton_us"] = round(replay_us(graph_of(fn, 2), 2), 1)
-        extra["equal_torch_us"] = round(replay_us(graph_of(lambda: torch_path(x, 64), 2), 2), 1)
+        extra["equal_triton_us"] = round(replay_us(graph_of(fn, 2), 2, REPLAYS), 1)
+        extra["equal_torch_us"] = round(replay_us(graph_of(lambda: torch_path(x, 64), 2), 2, REPLAYS), 1)
     except Exception as exc:
         extra["equal_error"] = repr(exc)[:300]
     sweep = {}
@@ -205,7 +177,7 @@ def main() -> None:
         for nw in (4, 8):
             try:
                 fn, _ = static_call(x, 64, {"BLOCK": block, "num_warps": nw})
-                sweep[f"BLOCK={block},warps={nw}"] = round(replay_us(graph_of(fn, REPS), REPS), 2)
+                sweep[f"BLOCK={block},warps={nw}"] = round(replay_us(graph_of(fn, REPS), REPS, REPLAYS), 2)
             except Exception as exc:
                 sweep[f"BLOCK={block},warps={nw}"] = repr(exc)[:200]
     extra["sweep_b2_k64_us"] = sweep

@@ -33,6 +33,7 @@ import time
 
 import torch
 
+from ci.gpu.gputime import graph_of, replay_us
 from harness.decode import tree as ddtree
 from harness.decode.tree_gpu import GpuTree, build_tree_gpu, candidate_pairs, topk_logprobs_batched
 
@@ -137,34 +138,6 @@ def no_sync(N: int, B: int) -> dict:
     return out
 
 
-def graph_of(fn, reps: int = 1) -> torch.cuda.CUDAGraph:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    torch.cuda.synchronize()
-    return g
-
-
-def replay_us(g: torch.cuda.CUDAGraph, reps: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(REPLAYS):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / reps)
-    return statistics.median(times)
-
-
 def capture_and_time(N: int, B: int) -> dict:
     D = B - 1
     row = {}
@@ -197,7 +170,7 @@ def capture_and_time(N: int, B: int) -> dict:
             timed[f"triton_nw{nw}"] = lambda nw=nw: build_tree(lp_static, ids_static, N, J, R, tree["triton"], num_warps=nw)
     for name, fn in timed.items():
         try:
-            row[f"{name}_us"] = round(replay_us(graph_of(fn, REPS), REPS), 2)
+            row[f"{name}_us"] = round(replay_us(graph_of(fn, REPS), REPS, REPLAYS), 2)
         except Exception as exc:
             row[f"{name}_us"] = None
             row[f"{name}_error"] = repr(exc)[:300]

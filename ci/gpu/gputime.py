@@ -1,0 +1,42 @@
+"""Timing helpers shared by the GPU scripts: a captured graph of a call and its replay time.
+
+    from ci.gpu.gputime import graph_of, replay_us      # scripts run with PYTHONPATH=<repo root>
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+
+def graph_of(fn, reps: int = 1) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `reps` calls of fn (after two warm-up calls on a side stream, which
+    torch wants before a capture and which compile / load whatever fn needs)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    torch.cuda.synchronize()
+    return g
+
+
+def replay_us(g: torch.cuda.CUDAGraph, reps: int, replays: int = 25) -> float:
+    """Median over `replays` replays of g's time per call in µs (CUDA events; g holds `reps`
+    calls, so the launch of the graph is amortised as in a whole-step graph)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(replays):
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / reps)
+    return statistics.median(times)
