@@ -14,41 +14,21 @@ from __future__ import annotations
 
 import ctypes
 import math
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
+from emulator.emulate import emulated_library
 from harness.kernels import build, custom_verify as cv, verify_reference as ref
 from harness.workloads import kernel as kw
 
-ROOT = Path(__file__).resolve().parents[1]
 SCHEDULES = {"lockstep": (0, 0), "skewed": (0, 12345), "skewed-early-copies": (1, 777)}
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler (g++) to build the kernel emulator")
-    so = tmp_path_factory.mktemp("emu") / "tva_emu.so"
-    # -fsanitize=alignment: every typed load/store of the kernels is checked for the alignment of
-    # its type and reported to the emulator (cuda_emulation.h), which fails the launch with
-    # cudaErrorMisalignedAddress like the GPU does.
-    cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-DTVA_EMULATE", "-fsanitize=alignment",
-           f"-I{ROOT / 'tests' / 'emulator'}", "-Wno-unknown-pragmas", "-x", "c++",
-           str(ROOT / "kernels" / "verify_attention.cu"), "-o", str(so)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    lib = ctypes.CDLL(str(so))
+    lib = emulated_library("verify_attention.cu", tmp_path_factory.mktemp("emu"))
     build._declare(lib)
-    lib.emu_configure.argtypes = [ctypes.c_int, ctypes.c_ulonglong]
-    lib.emu_last_fault.restype = ctypes.c_char_p
-    lib.emu_clear_fault.restype = None
-    lib.emu_dry_run.argtypes = [ctypes.c_int]
-    lib.emu_dry_run.restype = None
-    lib.emu_launch_count.restype = ctypes.c_long
     assert lib.tva_struct_size() == ctypes.sizeof(cv._Params)
     return lib
 

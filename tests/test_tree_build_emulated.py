@@ -12,37 +12,23 @@ tree: checked while writing these tests by deleting barriers and flipping the ti
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
 from harness.decode.tree_gpu import GpuTree, build_tree_gpu, candidate_pairs, topk_logprobs_batched
 from harness.kernels import build, cuda_tree_build as ctb
+from emulator.emulate import emulated_library
 from test_tree_gpu import FIELDS, assert_same_as_heap, assert_valid_tree, random_topk
 
-ROOT = Path(__file__).resolve().parents[1]
 SKEWED, LOCKSTEP = 4242, 0
 SKEW_SEEDS = (4242, 777)   # the main cases run under two random schedules
 
 
 @pytest.fixture(scope="module")
 def emu(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler (g++) to build the kernel emulator")
-    so = tmp_path_factory.mktemp("emu") / "ttb_emu.so"
-    cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-DTVA_EMULATE", "-fsanitize=alignment",
-           f"-I{ROOT / 'tests' / 'emulator'}", "-Wno-unknown-pragmas", "-x", "c++",
-           str(ROOT / "kernels" / "tree_build.cu"), "-o", str(so)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    lib = ctypes.CDLL(str(so))
+    lib = emulated_library("tree_build.cu", tmp_path_factory.mktemp("emu"))
     build._declare_tree_build(lib)
-    lib.emu_configure.argtypes = [ctypes.c_int, ctypes.c_ulonglong]
-    lib.emu_last_fault.restype = ctypes.c_char_p
-    lib.emu_clear_fault.restype = None
     assert lib.ttb_struct_size() == ctypes.sizeof(ctb._Params)
     return lib
 
