@@ -31,24 +31,54 @@ def _nvcc() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+def nvcc_compile(out_dir: Path, source: Path, archs: tuple[str, ...], threads: int = 3):
+    """nvcc -c of `source` for sm_<arch> of each arch (90, 90a, 120, ...) with ptxas's verbose
+    report; (completed process, object path). Skips the test when nvcc is not installed."""
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (PATH or $CUDA_HOME/bin): cannot compile the CUDA kernels here")
-    out = tmp_path_factory.mktemp("nvcc") / "verify_attention.o"
-    cmd = [nvcc, "-c", *build.NVCC_FLAGS, "--threads", "3", "-Xptxas", "-v",
-           "-gencode", "arch=compute_90,code=sm_90", "-gencode", "arch=compute_90a,code=sm_90a",
-           "-gencode", "arch=compute_120,code=sm_120", str(SOURCE), "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    return proc, out
+    out = out_dir / (source.stem + ".o")
+    gencodes = [x for a in archs for x in ("-gencode", f"arch=compute_{a},code=sm_{a}")]
+    cmd = [nvcc, "-c", *build.NVCC_FLAGS, "--threads", str(threads), "-Xptxas", "-v", *gencodes,
+           str(source), "-o", str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600), out
 
 
-def test_compiles_for_sm90_sm90a_and_sm120(compiled):
-    proc, out = compiled
+def assert_compiled_cleanly(proc, out, archs: tuple[str, ...]) -> None:
     assert proc.returncode == 0, f"nvcc failed:\n{proc.stderr[-6000:]}"
     assert out.stat().st_size > 0
     assert "warning" not in proc.stderr.lower().replace("-warning", ""), proc.stderr[-4000:]
+    for a in archs:
+        assert f"'sm_{a}'" in proc.stderr
+
+
+def spills(stderr: str, archs: tuple[str, ...]) -> list[str]:
+    """Kernels that spill registers on any of `archs`. ptxas prints, per kernel: "Compiling
+    entry function '<name>' for 'sm_90'" then its "N bytes stack frame, N bytes spill stores,
+    N bytes spill loads"."""
+    kernel, arch, found = None, None, []
+    for line in stderr.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)' for 'sm_(\w+)'", line)
+        if m:
+            kernel, arch = m.groups()
+            continue
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and arch in archs and (int(m.group(1)) or int(m.group(2))):
+            found.append(f"{kernel} (sm_{arch}): {line.strip()}")
+    return found
+
+
+VERIFY_ARCHS = ("90", "90a", "120")
+TREE_BUILD_ARCHS = ("90", "120")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    return nvcc_compile(tmp_path_factory.mktemp("nvcc"), SOURCE, VERIFY_ARCHS)
+
+
+def test_compiles_for_sm90_sm90a_and_sm120(compiled):
+    assert_compiled_cleanly(*compiled, VERIFY_ARCHS)
 
 
 def test_no_register_spills_on_hopper(compiled):
@@ -57,40 +87,12 @@ def test_no_register_spills_on_hopper(compiled):
     # ptxas advisories C75xx: wgmma serialised, or warpgroup.arrive injected around a wgmma loop.
     advisories = [ln for ln in proc.stderr.splitlines() if "(C75" in ln]
     assert not advisories, "\n".join(advisories)[-4000:]
-    # ptxas prints, per kernel: "Compiling entry function '<name>' for 'sm_90'" then its
-    # "N bytes stack frame, N bytes spill stores, N bytes spill loads".
-    kernel, arch, spills = None, None, []
-    for line in proc.stderr.splitlines():
-        m = re.search(r"Compiling entry function '([^']+)' for '(sm_\d+)'", line)
-        if m:
-            kernel, arch = m.groups()
-            continue
-        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
-        if m and arch in ("sm_90", "sm_90a") and (int(m.group(1)) or int(m.group(2))):
-            spills.append(f"{kernel}: {line.strip()}")
-    assert "'sm_90a'" in proc.stderr and "'sm_90'" in proc.stderr
-    assert not spills, "register spills on Hopper:\n" + "\n".join(spills)
+    found = spills(proc.stderr, ("90", "90a"))
+    assert not found, "register spills on Hopper:\n" + "\n".join(found)
 
 
-@pytest.fixture(scope="module")
-def compiled_tree_build(tmp_path_factory):
-    nvcc = _nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found (PATH or $CUDA_HOME/bin): cannot compile the CUDA kernels here")
-    out = tmp_path_factory.mktemp("nvcc") / "tree_build.o"
-    cmd = [nvcc, "-c", *build.NVCC_FLAGS, "--threads", "2", "-Xptxas", "-v",
-           "-gencode", "arch=compute_90,code=sm_90", "-gencode", "arch=compute_120,code=sm_120",
-           str(build.TREE_BUILD_SOURCE), "-o", str(out)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600), out
-
-
-def test_tree_build_compiles_for_sm90_and_sm120_without_spills(compiled_tree_build):
-    proc, out = compiled_tree_build
-    assert proc.returncode == 0, f"nvcc failed:\n{proc.stderr[-6000:]}"
-    assert out.stat().st_size > 0
-    assert "warning" not in proc.stderr.lower().replace("-warning", ""), proc.stderr[-4000:]
-    assert "'sm_90'" in proc.stderr and "'sm_120'" in proc.stderr
-    spills = [ln for ln in proc.stderr.splitlines()
-              if (m := re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", ln)) and
-              (int(m.group(1)) or int(m.group(2)))]
-    assert not spills, "register spills:\n" + "\n".join(spills)
+def test_tree_build_compiles_for_sm90_and_sm120_without_spills(tmp_path):
+    proc, out = nvcc_compile(tmp_path, Path(build.TREE_BUILD_SOURCE), TREE_BUILD_ARCHS, threads=2)
+    assert_compiled_cleanly(proc, out, TREE_BUILD_ARCHS)
+    found = spills(proc.stderr, TREE_BUILD_ARCHS)
+    assert not found, "register spills:\n" + "\n".join(found)
