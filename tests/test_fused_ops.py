@@ -142,3 +142,42 @@ def test_fused_forward_equals_unfused(interp):
              "k cache", "v cache", "draft k cache", "draft v cache")
     for name, a, b in zip(names, fused, plain):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole fast loop with every switch on: still lossless
+
+
+@torch.no_grad()
+def run_fast_loop_switched_on():
+    """In the interpreter: fused forward, Triton top-k, Triton verify, GPU-style tree build and
+    accept, sibling branches and a batch of two (as tests/test_fast_loop.py, in float32).
+    Returns the speculative output, plain greedy with the same forward, and plain greedy with
+    the unfused forward."""
+    from harness.decode import tree_gpu
+    from harness.decode.fast import FastSpecDecoder
+    from test_decode import OracleDrafter, ar_reference, make_models, prompts_for
+
+    model_mod.FUSED_OPS, tree_gpu.TOPK_IMPL = "on", "triton"
+    target, drafter = make_models(11, block=6, dtype=torch.float32)
+    prompts = prompts_for(11, [14, 33])
+    ref = ar_reference(target, prompts, 40)
+    oracle = OracleDrafter(drafter, ref, [14, 33], wrong_at={(6, 2), (13, 0)},
+                           second_at={(0, 1), (6, 0), (19, 3)})
+    dec = FastSpecDecoder(target, oracle, batch=2, max_len=256, tree_budget=16, tree_build="gpu",
+                          accept="gpu", verify_mode="triton")
+    dec.prefill(prompts)
+    for _ in range(6):
+        dec.step()
+    dec.finish()
+    model_mod.FUSED_OPS = "off"
+    plain = ar_reference(target, prompts, 40)
+    return dec.output, ref, plain
+
+
+def test_fast_loop_with_every_switch_on_is_lossless(interp):
+    out, ref, plain = interp.apply(run_fast_loop_switched_on)
+    for b in range(2):
+        assert len(out[b]) > 6                    # whole blocks were accepted along the way
+        assert out[b] == ref[b][: len(out[b])]
+    assert ref == plain                           # the fused forward decodes what the plain one does
