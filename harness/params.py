@@ -22,6 +22,8 @@ ACCEPTS = ("cpu", "gpu")
 ACCEPTANCES = ("greedy", "synthetic")
 SPECULATIONS = ("ddtree", "none")
 DEVICES = ("auto", "cpu", "cuda")
+TOPK_IMPLS = ("torch", "triton")            # decode: the drafter's top-k log-probs
+TREE_BUILD_IMPLS = ("triton", "cuda", "torch")   # decode: the kernel of tree_build: gpu
 DTYPES = ("auto", "float32", "float64", "bfloat16", "float16")
 REPLAYS = ("eager", "graph")   # calibrate: eager launches or one CUDA graph replay per step
 PRESETS = ("tiny", "qwen3-8b", "kimi-k2.6-rank")  # shapes in harness/decode/presets.py
@@ -55,6 +57,16 @@ DEFAULTS: dict[str, object] = {
     "profile_steps": 4,           # steps under the CUDA-activity profiler (GPU only; 0 = off)
     "timeout_s": 900,             # the controller kills the worker after this long
 }
+
+# Implementation knobs: which kernels a CUDA decode step runs, not what it computes. Each joins
+# a cell's id only when set away from its default, so cells (and their baselines) from before
+# a knob existed keep their ids, and a cell that switches a kernel on is a different cell.
+IMPL_DEFAULTS: dict[str, object] = {
+    "fused_ops": False,           # true: residual+RMSNorm, q/k norm+RoPE+KV write, SiLU*up fused
+    "topk_impl": "torch",         # triton: the three-launch top-k + logsumexp kernel
+    "tree_build_impl": "triton",  # cuda: the shared-memory CUDA C++ tree build (tree_build: gpu)
+}
+DEFAULTS.update(IMPL_DEFAULTS)
 
 # Parameters that describe how a cell is measured rather than what it measures. They are
 # logged but excluded from the cell id, so raising `repeats` still lines up with baselines.
@@ -105,7 +117,8 @@ def cell_id(cell: dict) -> str:
     Reruns and baselines of the same configuration get the same id; measurement knobs
     (repeats, steps, ...) do not change it.
     """
-    ident = {k: v for k, v in canonical(cell).items() if k not in MEASUREMENT_KNOBS}
+    ident = {k: v for k, v in canonical(cell).items() if k not in MEASUREMENT_KNOBS
+             and not (k in IMPL_DEFAULTS and v == IMPL_DEFAULTS[k])}
     blob = json.dumps(ident, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -139,4 +152,6 @@ def cell_label(cell: dict) -> str:
             parts.append(f"tau={c['tau']:g}")
     if c["batch_size"] != 1:
         parts.append(f"bs={c['batch_size']}")
+    parts += [k if c[k] is True else f"{k}={c[k]}"
+              for k, v in IMPL_DEFAULTS.items() if c.get(k, v) != v]
     return " ".join(parts)

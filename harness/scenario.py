@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, create_model
 
 from harness import params
 from harness.decode import presets
@@ -201,6 +201,8 @@ _PARAM_CHOICES: dict[str, tuple] = {
     "replay": params.REPLAYS,
     "attention": params.ATTENTIONS,
     "layout": params.LAYOUTS,
+    "topk_impl": params.TOPK_IMPLS,
+    "tree_build_impl": params.TREE_BUILD_IMPLS,
 }
 
 # Every other cell parameter: its type and, for error messages, what it must be.
@@ -208,6 +210,7 @@ _MODE = "(" + "|".join(params.VERIFY_MODES) + ")"
 _MODE_LIST = rf"^({_MODE}(,{_MODE})*)?$"
 _PARAM_TYPES: dict[str, tuple[Any, str]] = {
     "checkpoint": (str | None, "a path to a local checkpoint (or null)"),
+    "fused_ops": (StrictBool, "true or false"),
     "context_length": (_PositiveInt, "a positive integer"),
     "batch_size": (_PositiveInt, "a positive integer"),
     "tau": (Annotated[float, Field(ge=1, allow_inf_nan=False)], "a number >= 1"),
@@ -503,6 +506,22 @@ def _check_graph_capture(draft: _Draft, cell: dict, source: _Source) -> None:
                            "it needs tree_build: gpu and accept: gpu")
 
 
+def _check_impl(draft: _Draft, cell: dict, source: _Source) -> None:
+    """Implementation knobs pick CUDA kernels of the decode loop: nothing else runs them."""
+    changed = [k for k, v in params.IMPL_DEFAULTS.items() if cell[k] != v]
+    if not changed:
+        return
+    if cell["workload"] != "decode" or cell["device"] == "cpu":
+        raise source.error(draft.where(*changed),
+                           f"{', '.join(changed)} pick(s) CUDA kernels of the decode workload; "
+                           f"this cell runs workload '{cell['workload']}' on device "
+                           f"'{cell['device']}'")
+    if cell["tree_build_impl"] != params.IMPL_DEFAULTS["tree_build_impl"] and cell["tree_build"] != "gpu":
+        raise source.error(draft.where("tree_build_impl", "tree_build"),
+                           "tree_build_impl picks the kernel of tree_build: gpu; this cell builds "
+                           "its trees on the host (tree_build: cpu)")
+
+
 def _check_workload_params(draft: _Draft, cell: dict, source: _Source) -> None:
     """A workload's own parameter (params.WORKLOAD_PARAMS) set on a cell of another workload."""
     for name in draft.values:
@@ -564,6 +583,7 @@ def _finish_cells(drafts: list[_Draft], source: _Source, base_dir: Path) -> list
         _check_tau(draft, cell, source)
         _check_graph_capture(draft, cell, source)
         _check_workload_params(draft, cell, source)
+        _check_impl(draft, cell, source)
         _check_kernel(draft, cell, source)
         _resolve_checkpoint(draft, cell, source, base_dir)
         cell = params.canonical(draft.values)

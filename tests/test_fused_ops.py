@@ -181,3 +181,24 @@ def test_fast_loop_with_every_switch_on_is_lossless(interp):
         assert len(out[b]) > 6                    # whole blocks were accepted along the way
         assert out[b] == ref[b][: len(out[b])]
     assert ref == plain                           # the fused forward decodes what the plain one does
+
+
+# ---------------------------------------------------------------------------------------------
+# The cell knobs that pick these kernels (harness/params.py IMPL_DEFAULTS)
+
+
+def test_decode_cell_sets_the_kernels_it_picks_and_resets_them():
+    from harness import params, worker
+    from harness.decode import tree_gpu
+    from harness.workloads import decode as decode_workload
+
+    cell = {"model": "tiny", "context_length": 32, "steps": 2, "repeats": 1, "warmup_steps": 0,
+            "profile_steps": 0, "device": "cpu"}
+    bad = worker.run_cell(dict(cell, topk_impl="triton"))
+    assert bad["status"] == "failed" and "pick CUDA kernels" in bad["error"]
+    # Another cell in the same process gets the defaults back, whatever the last one set.
+    model_mod.FUSED_OPS, tree_gpu.TOPK_IMPL, tree_gpu.TREE_BUILD_IMPL = "on", "triton", "cuda"
+    decode_workload.use_kernels(params.canonical(cell), torch.device("cpu"))
+    assert (model_mod.FUSED_OPS, tree_gpu.TOPK_IMPL, tree_gpu.TREE_BUILD_IMPL) == ("off", "torch", "triton")
+    ok = worker.run_cell(cell)
+    assert ok["status"] == "ok", ok["error"]

@@ -444,3 +444,53 @@ def test_plain_decoding_may_capture_the_whole_step(tmp_path):
     path.write_text("name: ar\nmatrix:\n  speculation: [ddtree]\n  graph_capture: [full]\n")
     with pytest.raises(InputError, match="graph_capture 'full'"):
         load_scenario(path)
+
+
+# -- implementation knobs -------------------------------------------------------------------------
+
+
+def test_impl_knobs_leave_default_ids_alone_and_make_new_cells(tmp_path):
+    cells = load(tmp_path, """
+        name: x
+        defaults: {model: qwen3-8b, device: cuda, tree_build: gpu, accept: gpu}
+        matrix:
+          fused_ops: [false, true]
+          tree_build_impl: [triton, cuda]
+        """).cells()
+    assert len(cells) == 4 and len({params.cell_id(c) for c in cells}) == 4
+    plain = next(c for c in cells if not c["fused_ops"] and c["tree_build_impl"] == "triton")
+    # The default cell's id is the id it had before the knobs existed.
+    before = {k: v for k, v in plain.items() if k not in params.IMPL_DEFAULTS}
+    assert params.cell_id(plain) == params.cell_id(before)
+    assert "fused_ops" not in params.cell_label(plain)
+    both = next(c for c in cells if c["fused_ops"] and c["tree_build_impl"] == "cuda")
+    assert params.cell_label(both).endswith("fused_ops tree_build_impl=cuda")
+
+
+def test_impl_knob_on_a_cpu_cell(tmp_path):
+    assert error(tmp_path, """
+        name: x
+        defaults: {device: cpu}
+        matrix:
+          topk_impl: [torch, triton]
+        """) == ("s.yaml:4:22: topk_impl pick(s) CUDA kernels of the decode workload; this cell "
+                 "runs workload 'decode' on device 'cpu'")
+
+
+def test_tree_build_impl_needs_the_gpu_tree_build(tmp_path):
+    assert error(tmp_path, """
+        name: x
+        defaults: {device: cuda, tree_build: cpu}
+        matrix:
+          tree_build_impl: [cuda]
+        """) == ("s.yaml:4:21: tree_build_impl picks the kernel of tree_build: gpu; this cell "
+                 "builds its trees on the host (tree_build: cpu)")
+
+
+def test_unknown_impl_value(tmp_path):
+    message = error(tmp_path, """
+        name: x
+        matrix:
+          fused_ops: [maybe]
+        """)
+    assert message.startswith("s.yaml:3:15:") and "true or false" in message

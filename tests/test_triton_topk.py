@@ -313,7 +313,7 @@ def test_kernels_compile_for_the_gpu(arch, k):
 
 
 # ---------------------------------------------------------------------------------------------
-# The switch into the decode loop (HARNESS_TOPK=triton)
+# The switch into the decode loop (a cell's topk_impl: triton)
 
 
 def _through_the_loop(logits: torch.Tensor, k: int, budget: int):

@@ -42,8 +42,9 @@ def lossless_check(steps: int = 12) -> dict:
     from test_decode import OracleDrafter
     from harness.decode.fast import FastSpecDecoder
     from harness.decode.loop import ARDecoder, SpecDecoder
-    from harness.workloads.decode import _build_models
+    from harness.workloads.decode import _build_models, use_kernels
     cell = params.canonical(dict(BASE, acceptance="greedy", dtype="float32"))
+    use_kernels(cell, torch.device("cuda"))
     target, drafter = _build_models(cell, torch.device("cuda"), torch.float32)
     gen = torch.Generator().manual_seed(0)
     prompt = [torch.randint(0, 151935, (4096,), generator=gen).tolist()]
@@ -86,7 +87,14 @@ def main() -> None:
     ap.add_argument("--verify", default="sdpa")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--no-lossless", action="store_true")
+    ap.add_argument("--impl", default="", help="implementation knobs for every cell, e.g. "
+                    "fused_ops=true,topk_impl=triton,tree_build_impl=cuda (harness/params.py)")
     args = ap.parse_args()
+    for item in filter(None, args.impl.split(",")):
+        key, value = item.split("=")
+        if key not in params.IMPL_DEFAULTS:
+            raise SystemExit(f"--impl: unknown knob {key!r} (known: {', '.join(params.IMPL_DEFAULTS)})")
+        BASE[key] = value == "true" if isinstance(params.IMPL_DEFAULTS[key], bool) else value
     out_dir = os.environ.get("OUT", "gpu-out")
     os.makedirs(out_dir, exist_ok=True)
     results, t0 = [], time.time()

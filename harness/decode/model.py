@@ -10,7 +10,6 @@ tokens at positions len+depth, each seeing the prefix and its ancestors).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -21,9 +20,9 @@ from harness.decode import attention
 
 # The decode forward on fused Triton kernels (kernels/triton_fused.py): "auto" on CUDA tensors,
 # "on" everywhere (CPU only under TRITON_INTERPRET=1: tests), "off" never (the plain torch
-# forward). Off by default until the fused forward has been timed on a GPU (ci/gpu/fused_ops.py):
-# checked on CPU against the plain forward and compiled for sm_90 / sm_120, never run on one.
-FUSED_OPS = os.environ.get("HARNESS_FUSED_OPS", "off")
+# forward). A decode cell sets it from its `fused_ops` knob (harness/params.py): off by default
+# until the fused forward has been timed on a GPU.
+FUSED_OPS = "off"
 
 
 def fused_ops(x: torch.Tensor) -> bool:

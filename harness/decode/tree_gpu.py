@@ -47,18 +47,17 @@ table is cached per (N, k', device): call once before CUDA-graph capture (any wa
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 import torch
 
 from harness.decode.attention import visibility_bits
 
-# Kernels used on CUDA tensors. The defaults are the ones timed on an H200; the others are
-# checked on CPU (interpreter, emulator, sm_90/sm_120 compiles) but not yet timed on a GPU
-# (ci/gpu/topk.py, ci/gpu/tree_build_cuda.py): HARNESS_TOPK=triton, HARNESS_TREE_BUILD=cuda.
-TOPK_IMPL = os.environ.get("HARNESS_TOPK", "torch")
-TREE_BUILD_IMPL = os.environ.get("HARNESS_TREE_BUILD", "triton")
+# Kernels used on CUDA tensors; a decode cell sets them from its `topk_impl` and
+# `tree_build_impl` knobs (harness/params.py). The defaults are the ones timed on an H200; the
+# others are checked on CPU (interpreter, emulator, sm_90/sm_120 compiles), not yet timed.
+TOPK_IMPL = "torch"
+TREE_BUILD_IMPL = "triton"
 
 LOG_PROB_FLOOR = -1e30  # real nodes stay finite (D * floor >> float64 min), padding is -inf
 NEG_INF = float("-inf")
@@ -113,7 +112,7 @@ def topk_logprobs_batched(draft_logits: torch.Tensor, k: int) -> tuple[torch.Ten
             _TOPK_WORKSPACES[key] = triton_topk.alloc_workspace(draft_logits, k)
         return triton_topk.topk_logprobs(draft_logits, k, workspace=_TOPK_WORKSPACES[key])
     if TOPK_IMPL not in ("torch", "triton"):
-        raise ValueError(f"HARNESS_TOPK must be torch or triton (got {TOPK_IMPL!r})")
+        raise ValueError(f"TOPK_IMPL must be torch or triton (got {TOPK_IMPL!r})")
     logits = draft_logits.float()
     k = min(int(k), logits.shape[-1])
     top_logits, token_ids = torch.topk(logits, k=k, dim=-1)

@@ -16,7 +16,7 @@ from collections import defaultdict
 
 import torch
 
-from harness import idle, measure, syncaudit
+from harness import idle, measure, params, syncaudit
 from harness.decode import presets
 from harness.decode.drafter import Drafter, DrafterConfig
 from harness.decode.fast import FastARDecoder, FastSpecDecoder
@@ -85,9 +85,22 @@ class PhaseClock:
         self.host_s[name] += time.perf_counter() - t0
 
 
+def use_kernels(cell: dict, device: torch.device) -> None:
+    """Point the decode code at the kernels the cell's implementation knobs pick. Set on every
+    cell (the defaults too): callers may run several cells in one process."""
+    from harness.decode import model, tree_gpu
+    picked = {k: cell[k] for k, v in params.IMPL_DEFAULTS.items() if cell[k] != v}
+    if picked and device.type != "cuda":
+        raise ValueError(f"{picked} pick CUDA kernels; this cell runs on {device}")
+    model.FUSED_OPS = "auto" if cell["fused_ops"] else "off"
+    tree_gpu.TOPK_IMPL = cell["topk_impl"]
+    tree_gpu.TREE_BUILD_IMPL = cell["tree_build_impl"]
+
+
 def run(cell: dict, progress) -> dict:
     device = resolve_device(cell)
     dtype = resolve_dtype(cell, device)
+    use_kernels(cell, device)
     torch.manual_seed(cell["seed"])
     progress(stage="build", device=str(device), dtype=str(dtype).removeprefix("torch."))
     target, drafter = build_models(cell, device, dtype)
