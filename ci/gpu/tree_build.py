@@ -34,6 +34,7 @@ import time
 import torch
 
 from ci.gpu.gputime import graph_of, replay_us
+from ci.gpu.treecheck import FIELDS, heap_mismatch
 from harness.decode import tree as ddtree
 from harness.decode.tree_gpu import GpuTree, build_tree_gpu, candidate_pairs, topk_logprobs_batched
 
@@ -41,7 +42,6 @@ OUT = os.environ.get("OUT", "gpu-out")
 VOCAB = 151936
 BUDGETS = (16, 32, 64, 128, 256)
 BLOCKS = (8, 16)
-FIELDS = ("tokens", "depths", "parents", "first_child", "next_sibling", "visibility", "bits", "scores")
 REPS = 10          # copies of the work inside one timed graph
 REPLAYS = 25       # timed replays (median)
 SWEEP = (64, 16)   # (N, B) where the kernel is also timed at 4, 8 and 16 warps
@@ -56,40 +56,6 @@ def logits_for(b: int, D: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     g = torch.Generator(device=DEV).manual_seed(seed)
     x = torch.randn(b, D, VOCAB, generator=g, device=DEV)
     return (x * 8).to(torch.bfloat16) if dtype == torch.bfloat16 else x
-
-
-def heap_mismatch(t: GpuTree, lp: torch.Tensor, ids: torch.Tensor, N: int) -> str | None:
-    """None if every sequence's GpuTree equals the CPU heap's tree node for node."""
-    lp_h, ids_h = lp.cpu(), ids.cpu()
-    host = {f: getattr(t, f).cpu() for f in FIELDS}
-    for i in range(lp.shape[0]):
-        h = ddtree.build_tree_cpu(lp_h[i], ids_h[i], N)
-        n = h.num_nodes
-        checks = {
-            "tokens": host["tokens"][i, :n].tolist() == h.tokens,
-            "depths": host["depths"][i, :n].tolist() == h.depths,
-            "parents": host["parents"][i, : n + 1].tolist() == h.parents,
-            "first_child": host["first_child"][i, : n + 1].tolist() == h.first_child,
-            "next_sibling": host["next_sibling"][i, : n + 1].tolist() == h.next_sibling,
-            "visibility": torch.equal(host["visibility"][i, : n + 1, : n + 1], ddtree.visibility_matrix(h)),
-        }
-        bad = [k for k, ok in checks.items() if not ok]
-        if bad:
-            paths_equal = _paths(host["tokens"][i].tolist(), host["parents"][i].tolist(), n) == \
-                _paths(h.tokens, h.parents, n)
-            return f"seq {i}: {bad} differ (token-path sets equal: {paths_equal})"
-    return None
-
-
-def _paths(tokens, parents, n):
-    out = set()
-    for v in range(1, n + 1):
-        p = []
-        while v > 0:
-            p.append(tokens[v - 1])
-            v = parents[v]
-        out.add(tuple(p))
-    return out
 
 
 def exactness(N: int, B: int) -> dict:

@@ -28,7 +28,7 @@ import time
 import torch
 
 from ci.gpu.gputime import graph_of, replay_us
-from harness.decode import tree as ddtree
+from ci.gpu.treecheck import FIELDS, heap_mismatch
 from harness.decode.tree_gpu import GpuTree, build_tree_gpu, candidate_pairs, topk_logprobs_batched
 
 OUT = os.environ.get("OUT", "gpu-out")
@@ -37,7 +37,6 @@ BATCH = 2
 BUDGETS = (16, 32, 64, 128, 256)
 BLOCKS = (8, 16)
 KINDS = ("flat", "peaked", "bf16")
-FIELDS = ("tokens", "depths", "parents", "first_child", "next_sibling", "visibility", "bits", "scores")
 REPS = 10          # copies of the call inside one timed graph
 REPLAYS = 25       # timed replays (median)
 SWEEP = {(64, 16), (256, 16)}
@@ -62,27 +61,6 @@ def logits_for(kind: str, D: int, seed: int) -> torch.Tensor:
 def same(a: GpuTree, b: GpuTree) -> bool | str:
     bad = [f for f in FIELDS if not torch.equal(getattr(a, f), getattr(b, f))]
     return True if not bad else f"differ: {bad}"
-
-
-def heap_mismatch(t: GpuTree, lp: torch.Tensor, ids: torch.Tensor, N: int) -> str | None:
-    """None if every sequence's GpuTree equals the CPU heap's tree node for node."""
-    lp_h, ids_h = lp.cpu(), ids.cpu()
-    host = {f: getattr(t, f).cpu() for f in FIELDS}
-    for i in range(lp.shape[0]):
-        h = ddtree.build_tree_cpu(lp_h[i], ids_h[i], N)
-        n = h.num_nodes
-        checks = {
-            "tokens": host["tokens"][i, :n].tolist() == h.tokens,
-            "depths": host["depths"][i, :n].tolist() == h.depths,
-            "parents": host["parents"][i, : n + 1].tolist() == h.parents,
-            "first_child": host["first_child"][i, : n + 1].tolist() == h.first_child,
-            "next_sibling": host["next_sibling"][i, : n + 1].tolist() == h.next_sibling,
-            "visibility": torch.equal(host["visibility"][i, : n + 1, : n + 1], ddtree.visibility_matrix(h)),
-        }
-        bad = [k for k, ok in checks.items() if not ok]
-        if bad:
-            return f"seq {i}: {bad} differ"
-    return None
 
 
 def exactness(N: int, B: int) -> dict:
