@@ -100,11 +100,18 @@ def test_qk_norm_rope_store(interp, heads, kv_heads, d):
 def run_decode_forward(mode: str):
     """A tiny target + drafter: prefill-like causal forward, a tree-verify forward with the
     Triton kernel, a draft and an ingest. Returns every output and both caches."""
+    model_mod.FUSED_OPS = mode
+    try:
+        return _decode_forward()
+    finally:
+        model_mod.FUSED_OPS = "off"      # the interpreter child is shared by the whole session
+
+
+def _decode_forward():
     from harness.decode import attention
     from harness.decode.drafter import Drafter, DrafterConfig
     from harness.decode.model import Target, TargetConfig, init_random_
 
-    model_mod.FUSED_OPS = mode
     torch.manual_seed(0)
     cfg = TargetConfig(vocab_size=64, hidden=32, layers=3, heads=4, kv_heads=2, head_dim=8, ffn=48)
     target = Target(cfg)
@@ -155,10 +162,18 @@ def run_fast_loop_switched_on():
     Returns the speculative output, plain greedy with the same forward, and plain greedy with
     the unfused forward."""
     from harness.decode import tree_gpu
+
+    model_mod.FUSED_OPS, tree_gpu.TOPK_IMPL = "on", "triton"
+    try:
+        return _fast_loop_switched_on()
+    finally:
+        model_mod.FUSED_OPS, tree_gpu.TOPK_IMPL = "off", "torch"
+
+
+def _fast_loop_switched_on():
     from harness.decode.fast import FastSpecDecoder
     from test_decode import OracleDrafter, ar_reference, make_models, prompts_for
 
-    model_mod.FUSED_OPS, tree_gpu.TOPK_IMPL = "on", "triton"
     target, drafter = make_models(11, block=6, dtype=torch.float32)
     prompts = prompts_for(11, [14, 33])
     ref = ar_reference(target, prompts, 40)
@@ -198,7 +213,11 @@ def test_decode_cell_sets_the_kernels_it_picks_and_resets_them():
     assert bad["status"] == "failed" and "pick CUDA kernels" in bad["error"]
     # Another cell in the same process gets the defaults back, whatever the last one set.
     model_mod.FUSED_OPS, tree_gpu.TOPK_IMPL, tree_gpu.TREE_BUILD_IMPL = "on", "triton", "cuda"
-    decode_workload.use_kernels(params.canonical(cell), torch.device("cpu"))
-    assert (model_mod.FUSED_OPS, tree_gpu.TOPK_IMPL, tree_gpu.TREE_BUILD_IMPL) == ("off", "torch", "triton")
+    try:
+        decode_workload.use_kernels(params.canonical(cell), torch.device("cpu"))
+        assert (model_mod.FUSED_OPS, tree_gpu.TOPK_IMPL, tree_gpu.TREE_BUILD_IMPL) == \
+            ("off", "torch", "triton")
+    finally:
+        model_mod.FUSED_OPS, tree_gpu.TOPK_IMPL, tree_gpu.TREE_BUILD_IMPL = "off", "torch", "triton"
     ok = worker.run_cell(cell)
     assert ok["status"] == "ok", ok["error"]

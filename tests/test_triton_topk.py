@@ -321,8 +321,11 @@ def _through_the_loop(logits: torch.Tensor, k: int, budget: int):
     per-row one the host heap uses, and the trees both build."""
     from harness.decode import tree, tree_gpu
     tree_gpu.TOPK_IMPL = "triton"
-    lp, ids = tree_gpu.topk_logprobs_batched(logits, k)
-    rows = [tree.topk_logprobs(logits[i], k) for i in range(logits.shape[0])]
+    try:
+        lp, ids = tree_gpu.topk_logprobs_batched(logits, k)
+        rows = [tree.topk_logprobs(logits[i], k) for i in range(logits.shape[0])]
+    finally:
+        tree_gpu.TOPK_IMPL = "torch"     # the interpreter child is shared by the whole session
     gpu = tree_gpu.build_tree_gpu(lp, ids, budget, impl="torch")
     heap = [tree.build_tree_cpu(*row, budget) for row in rows]
     return lp, ids, rows, gpu.parents, [t.parents for t in heap]
