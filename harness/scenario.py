@@ -513,7 +513,8 @@ def _check_impl(draft: _Draft, cell: dict, source: _Source) -> None:
         return
     if cell["workload"] != "decode" or cell["device"] == "cpu":
         raise source.error(draft.where(*changed),
-                           f"{', '.join(changed)} pick(s) CUDA kernels of the decode workload; "
+                           f"{', '.join(changed)} pick{'s' if len(changed) == 1 else ''} CUDA "
+                           f"kernels of the decode workload; "
                            f"this cell runs workload '{cell['workload']}' on device "
                            f"'{cell['device']}'")
     if cell["tree_build_impl"] != params.IMPL_DEFAULTS["tree_build_impl"] and cell["tree_build"] != "gpu":

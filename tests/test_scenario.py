@@ -473,7 +473,7 @@ def test_impl_knob_on_a_cpu_cell(tmp_path):
         defaults: {device: cpu}
         matrix:
           topk_impl: [torch, triton]
-        """) == ("s.yaml:4:22: topk_impl pick(s) CUDA kernels of the decode workload; this cell "
+        """) == ("s.yaml:4:22: topk_impl picks CUDA kernels of the decode workload; this cell "
                  "runs workload 'decode' on device 'cpu'")
 
 
