@@ -18,7 +18,7 @@ import os
 import torch
 from torch.nn import functional as F
 
-from ci.gpu.gputime import graph_of, replay_us
+from ci.gpu.gputime import graph_of, replay_us, versions
 from harness.decode import attention, model as model_mod
 from harness.decode.model import Target, TargetConfig, apply_rope, init_random_, rope_tables
 from harness.decode.presets import PRESETS
@@ -112,7 +112,7 @@ def forward_check() -> dict:
 
 def main() -> None:
     os.makedirs(OUT, exist_ok=True)
-    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    report = {**versions(),
               "kernels": kernel_checks(), "forward": forward_check()}
     with open(os.path.join(OUT, "fused_ops.json"), "w") as f:
         json.dump(report, f, indent=1)

@@ -40,3 +40,14 @@ def replay_us(g: torch.cuda.CUDAGraph, reps: int, replays: int = 25) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000 / reps)
     return statistics.median(times)
+
+
+def versions() -> dict:
+    """What a GPU number depends on besides the code: device, driver-side CUDA, torch, Triton."""
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "triton": triton_version}

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from ci.gpu.gputime import graph_of, replay_us
+from ci.gpu.gputime import graph_of, replay_us, versions
 from harness.kernels import triton_topk
 
 OUT = os.environ.get("OUT", "gpu-out")
@@ -182,8 +182,7 @@ def main() -> None:
                 sweep[f"BLOCK={block},warps={nw}"] = repr(exc)[:200]
     extra["sweep_b2_k64_us"] = sweep
 
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "triton": _triton_version(), "vocab": VOCAB, "D": D, "reps_per_graph": REPS,
+    result = {**versions(), "vocab": VOCAB, "D": D, "reps_per_graph": REPS,
               "replays": REPLAYS, "seconds": round(time.time() - t_start, 1), "rows": rows, **extra}
     with open(os.path.join(OUT, "topk.json"), "w") as f:
         json.dump(result, f, indent=1)
@@ -223,14 +222,6 @@ def _f(v):
 
 def _e(v):
     return "-" if not isinstance(v, (int, float)) else f"{v:.1e}"
-
-
-def _triton_version():
-    try:
-        import triton
-        return triton.__version__
-    except ImportError:
-        return None
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from ci.gpu.gputime import graph_of, replay_us
+from ci.gpu.gputime import graph_of, replay_us, versions
 from ci.gpu.treecheck import FIELDS, heap_mismatch
 from harness.decode.tree_gpu import GpuTree, build_tree_gpu, candidate_pairs, topk_logprobs_batched
 
@@ -163,8 +163,7 @@ def main() -> None:
                     row[f"{part.__name__}_error"] = repr(exc)[:500]
             rows.append(row)
             log(f"N={N} B={B} in {time.time() - t0:.1f} s: {row}")
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "triton": _triton_version(), "cuda": torch.version.cuda, "vocab": VOCAB, "batch": BATCH,
+    result = {**versions(), "vocab": VOCAB, "batch": BATCH,
               "reps_per_graph": REPS, "replays": REPLAYS, "first_load_s": compile_s,
               "seconds": round(time.time() - t_start, 1), "rows": rows}
     with open(os.path.join(OUT, "tree_build_cuda.json"), "w") as f:
@@ -197,14 +196,6 @@ def main() -> None:
 
 def _f(v):
     return "-" if v is None else f"{v:.1f}"
-
-
-def _triton_version():
-    try:
-        import triton
-        return triton.__version__
-    except ImportError:
-        return None
 
 
 if __name__ == "__main__":
