@@ -1,6 +1,6 @@
-"""Timing helpers shared by the GPU scripts: a captured graph of a call and its replay time.
+"""What the GPU scripts share: a captured graph of a call, its replay time, the versions.
 
-    from ci.gpu.gputime import graph_of, replay_us      # scripts run with PYTHONPATH=<repo root>
+    from ci.gpu.gputime import graph_of, replay_us, versions   # PYTHONPATH=<repo root>
 """
 
 from __future__ import annotations
