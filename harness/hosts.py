@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 from collections import deque
+from pathlib import Path
 from typing import Callable, Protocol
 
 from harness import params
@@ -105,6 +106,9 @@ class LocalHost:
         except asyncio.TimeoutError:
             _kill_group(proc)
             await proc.wait()
+            # The next cell may take this GPU slot at once: not while a killed member of this
+            # group still holds a CUDA context (SIGKILL to a group returns before they are gone).
+            await _group_gone(proc.pid)
             return failed_result(cell, self.name, f"timeout after {timeout} s\n" + "\n".join(tail),
                                  time.perf_counter() - t0)
         except BaseException:
@@ -160,6 +164,35 @@ def _kill_group(proc) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group `pgid` has a member that is not a zombie (a zombie holds no
+    resources; reparented ones wait for init to reap them, which may never come in a container)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():      # no /proc (macOS): a member exists, zombie or not
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            state, _ppid, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
+            continue           # gone meanwhile
+        if int(pgrp) == pgid and state not in ("Z", "X"):
+            return True
+    return False
+
+
+async def _group_gone(pgid: int, limit_s: float = 10.0) -> None:
+    """Wait (bounded) until every member of a killed process group has died."""
+    deadline = time.monotonic() + limit_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
 
 
 def local_hosts() -> dict[str, Host]:

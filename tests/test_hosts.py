@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from harness.hosts import LocalHost
+from harness.hosts import LocalHost, _group_alive
 
 CELL = {"context_length": 32, "steps": 2, "repeats": 1, "warmup_steps": 0, "profile_steps": 0,
         "device": "cpu", "timeout_s": 120}
@@ -62,12 +65,8 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
     host = LocalHost(python=fake_python(tmp_path, f"sleep 300 & echo $! > {pidfile}; wait"))
     result, _ = run(host, dict(CELL, timeout_s=1))
     assert result["status"] == "failed" and result["error"].startswith("timeout after 1 s")
-    child = int(pidfile.read_text())
-    # SIGKILL to a group returns before the kernel has torn every member down; give it a moment.
-    deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(child)
+    # Gone by the time the result is in: the next cell may take the GPU slot at once.
+    assert not _alive(int(pidfile.read_text()))
 
 
 def _alive(pid: int) -> bool:
@@ -83,3 +82,22 @@ def test_garbage_on_stdout_is_a_failed_cell(tmp_path):
     host = LocalHost(python=fake_python(tmp_path, "cat >/dev/null; echo 'not json'"))
     result, _ = run(host)
     assert result["status"] == "failed" and "no result" in result["error"]
+
+
+def test_a_group_is_alive_while_a_member_runs_and_not_when_only_zombies_remain():
+    live = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert _group_alive(live.pid)
+    finally:
+        live.kill()
+        live.wait()
+    assert not _group_alive(live.pid)                    # reaped: no such group
+    # A leader that exited but is not reaped yet is a zombie: the group holds nothing any more.
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.killpg(zombie.pid, 0)                             # the kernel still lists the group
+    assert not _group_alive(zombie.pid)
+    zombie.wait()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from harness.decode.attention import visibility_bits
-from harness.decode.tree import build_tree_cpu, topk_logprobs, visibility_matrix
+from harness.decode.tree import build_tree_cpu, token_paths, topk_logprobs, visibility_matrix
 from harness.decode.tree_gpu import (
     GpuTree,
     build_tree_gpu,
@@ -46,18 +46,6 @@ def random_topk(b: int, depth: int, k: int, vocab: int, seed: int, grid: float |
     lp = lp.float().sort(-1, descending=True).values
     ids = torch.stack([torch.randperm(vocab, generator=gen)[:k] for _ in range(b * depth)])
     return lp, ids.view(b, depth, k)
-
-
-def token_paths(tokens: list[int], parents: list[int], n: int) -> set[tuple[int, ...]]:
-    """Root-to-node token paths of nodes 1..n (node i has token tokens[i-1])."""
-    paths = set()
-    for node in range(1, n + 1):
-        path = []
-        while node > 0:
-            path.append(tokens[node - 1])
-            node = parents[node]
-        paths.add(tuple(reversed(path)))
-    return paths
 
 
 def assert_same_as_heap(t: GpuTree, lp: torch.Tensor, ids: torch.Tensor, budget: int) -> None:

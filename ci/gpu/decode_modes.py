@@ -91,9 +91,10 @@ def main() -> None:
                     "fused_ops=true,topk_impl=triton,tree_build_impl=cuda (harness/params.py)")
     args = ap.parse_args()
     for item in filter(None, args.impl.split(",")):
-        key, value = item.split("=")
-        if key not in params.IMPL_DEFAULTS:
-            raise SystemExit(f"--impl: unknown knob {key!r} (known: {', '.join(params.IMPL_DEFAULTS)})")
+        key, _, value = item.partition("=")
+        if key not in params.IMPL_DEFAULTS or not value:
+            raise SystemExit(f"--impl: {item!r} is not knob=value with a knob of "
+                             f"{', '.join(params.IMPL_DEFAULTS)}")
         BASE[key] = value == "true" if isinstance(params.IMPL_DEFAULTS[key], bool) else value
     out_dir = os.environ.get("OUT", "gpu-out")
     os.makedirs(out_dir, exist_ok=True)

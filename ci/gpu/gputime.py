@@ -1,6 +1,6 @@
-"""What the GPU scripts share: a captured graph of a call, its replay time, the versions.
+"""What the GPU scripts share: graph timing, the versions, parts run so one failure hides nothing.
 
-    from ci.gpu.gputime import graph_of, replay_us, versions   # PYTHONPATH=<repo root>
+    from ci.gpu.gputime import graph_of, replay_us, run_parts, versions  # PYTHONPATH=<root>
 """
 
 from __future__ import annotations
@@ -51,3 +51,15 @@ def versions() -> dict:
         triton_version = None
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "cuda": torch.version.cuda, "triton": triton_version}
+
+
+def run_parts(parts, *args) -> dict:
+    """The merged dicts of part(*args) for each part; a part that raises is recorded as
+    `<name>_error` instead, so that one broken part never hides the others' results."""
+    row = {}
+    for part in parts:
+        try:
+            row.update(part(*args))
+        except Exception as exc:
+            row[f"{part.__name__}_error"] = repr(exc)[:500]
+    return row

@@ -33,7 +33,7 @@ import time
 
 import torch
 
-from ci.gpu.gputime import graph_of, replay_us, versions
+from ci.gpu.gputime import graph_of, replay_us, run_parts, versions
 from ci.gpu.treecheck import FIELDS, heap_mismatch
 from harness.decode import tree as ddtree
 from harness.decode.tree_gpu import GpuTree, build_tree_gpu, candidate_pairs, topk_logprobs_batched
@@ -181,12 +181,7 @@ def main() -> None:
     for B in BLOCKS:
         for N in BUDGETS:
             t0 = time.time()
-            row = {"budget": N, "block": B}
-            for part in (exactness, no_sync, capture_and_time):
-                try:
-                    row.update(part(N, B))
-                except Exception as exc:  # one broken part must not hide the others
-                    row[f"{part.__name__}_error"] = repr(exc)[:500]
+            row = {"budget": N, "block": B, **run_parts((exactness, no_sync, capture_and_time), N, B)}
             rows.append(row)
             log(f"N={N} B={B} in {time.time() - t0:.1f} s: {row}")
     result = {**versions(), "vocab": VOCAB, "reps_per_graph": REPS,

@@ -30,18 +30,8 @@ def heap_mismatch(t: GpuTree, lp: torch.Tensor, ids: torch.Tensor, N: int) -> st
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
-            paths_equal = _paths(host["tokens"][i].tolist(), host["parents"][i].tolist(), n) == \
-                _paths(h.tokens, h.parents, n)
+            paths_equal = ddtree.token_paths(host["tokens"][i].tolist(), host["parents"][i].tolist(),
+                                             n) == ddtree.token_paths(h.tokens, h.parents, n)
             return f"seq {i}: {bad} differ (token-path sets equal: {paths_equal})"
     return None
 
-
-def _paths(tokens, parents, n):
-    out = set()
-    for v in range(1, n + 1):
-        p = []
-        while v > 0:
-            p.append(tokens[v - 1])
-            v = parents[v]
-        out.add(tuple(p))
-    return out

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.decode import tree_gpu
+
 
 @dataclass
 class Tree:
@@ -48,7 +50,6 @@ def topk_logprobs(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, tor
     The normaliser is taken over the full vocabulary (topk - logsumexp), in float32 even for
     bf16 logits, as the reference does: bf16 log-probs would create spurious ties.
     """
-    from harness.decode import tree_gpu
     if tree_gpu.TOPK_IMPL == "triton" and tree_gpu._on_triton(draft_logits):
         # The same kernel as the GPU tree build, so tree_build cpu and gpu see the same bits.
         lp, ids = tree_gpu.topk_logprobs_batched(draft_logits[None], k)
@@ -149,3 +150,16 @@ def visibility_matrix(tree: Tree) -> torch.Tensor:
 def tree_positions(tree: Tree) -> list[int]:
     """Position offset of each tree token relative to the committed length: root 0, node = depth."""
     return [0] + list(tree.depths)
+
+
+def token_paths(tokens: list[int], parents: list[int], n: int) -> set[tuple[int, ...]]:
+    """Root-to-node token paths of nodes 1..n (node i has token tokens[i-1], parent parents[i]):
+    two trees are the same tree when these sets are equal, whatever their node order."""
+    paths = set()
+    for node in range(1, n + 1):
+        path = []
+        while node > 0:
+            path.append(tokens[node - 1])
+            node = parents[node]
+        paths.add(tuple(reversed(path)))
+    return paths
