@@ -267,6 +267,7 @@ class MetricPolicy(BaseModel):
     direction: Literal[METRIC_DIRECTIONS] | None = None
     threshold_rel: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     threshold_abs: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    gate: bool | None = None        # false: reported beside the gate, never decides it
 
 
 class ScenarioSpec(BaseModel):
@@ -298,7 +299,8 @@ _TOP_WHAT = {
     "gpu_busy": "wait or noisy (what a cell does when its GPU has a foreign process)",
     "metrics": "a mapping of metric name -> policy",
 }
-_METRIC_WHAT = {"threshold_rel": "a number >= 0", "threshold_abs": "a number >= 0"}
+_METRIC_WHAT = {"threshold_rel": "a number >= 0", "threshold_abs": "a number >= 0",
+                "gate": "true or false (false: reported, never decides the gate)"}
 _CELL_SECTIONS = ("defaults", "matrix", "exclude", "include")
 
 
@@ -327,7 +329,7 @@ def _describe(loc: DataPath) -> _Field:
     if section == "metrics":
         if len(rest) == 1:
             return _Field(f"metrics.{rest[0]}", "a mapping of direction, threshold_rel, "
-                                                "threshold_abs")
+                                                "threshold_abs, gate")
         key = rest[1]
         return _Field(key, _METRIC_WHAT.get(key, ""),
                       METRIC_DIRECTIONS if key == "direction" else ())

@@ -393,6 +393,8 @@ class _Uploader:
         }
         if env.get("device"):
             tags["device"] = str(env["device"])
+        if env.get("cpu_model"):    # a CPU cell's baseline class (harness.gate.baselines)
+            tags["cpu_model"] = str(env["cpu_model"])[:250]
         if not ok:
             tags["error"] = str(result.get("error") or "unknown error")[:ERROR_TAG_MAX]
         run = self.client.create_run(experiment_id, run_name=result.get("label") or cid,

@@ -1,8 +1,8 @@
-"""Same-job A/B gate and bisect: interleaving, re-measure, git worktrees, exit codes.
+"""Same-job A/B gate and bisect: interleaving, sequential rounds, budgets, git worktrees, exit codes.
 
 Three levels:
-- `abtest.measure` with fake hosts: the exact order of worker runs (A B, B A, ...), re-measure
-  rounds, one slot per cell.
+- `abtest.measure` with fake hosts: the exact order of worker runs (A B, B A, ...), rounds
+  while a verdict is open, the time budget, one slot per cell.
 - `harness gate --base REF` and `harness bisect` end to end in a throwaway git repository
   whose `harness/worker.py` is a stub reporting a speed set in the commit: real worktrees, real
   worker subprocesses from each tree, real `git bisect run`; deterministic numbers.
@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 from harness import params
 from harness.cli import app
 from harness.gate import abtest
+from harness.gate.sequential import Design
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -52,21 +53,78 @@ class FakeHost:
         return {"status": "ok", "metrics": {"tokens_per_s": 1.0}, "samples": {}}
 
 
-def test_rounds_alternate_and_only_flagged_cells_are_remeasured():
+def test_rounds_alternate_and_only_open_cells_get_more():
     log: list = []
     cells = [{"context_length": 64}, {"context_length": 128}]
     ids = [params.cell_id(c) for c in cells]
     hosts = {"base": FakeHost("base", log, slots=2), "head": FakeHost("head", log, slots=2)}
-    measured = abtest.measure(cells, hosts, rounds=2, remeasure=2,
-                              needs_more=lambda cid, per_side: cid == ids[1])
+    looks = []
+
+    def wants_more(cid, per_side, rounds_done):
+        looks.append((cid, rounds_done, len(per_side["head"])))
+        return cid == ids[1]
+    measured = abtest.measure(cells, hosts, design=Design(2, 4), wants_more=wants_more)
     order = {cid: [side for c, side, _ in log if c == cid] for cid in ids}
     assert order[ids[0]] == ["base", "head", "head", "base"]
     assert order[ids[1]] == ["base", "head", "head", "base", "base", "head", "head", "base"]
-    assert measured.remeasured == {ids[1]}
-    assert len(measured.results[ids[1]]["head"]) == 4
+    assert measured.rounds == {ids[0]: 2, ids[1]: 4}
+    # A look after the first two rounds and after each later one -- not after the last
+    # (the final verdict is taken there by the caller).
+    assert sorted(looks) == sorted([(ids[0], 2, 2), (ids[1], 2, 2), (ids[1], 3, 3)])
     # Both sides of a cell run on the same slot (GPU); the two cells ran on different slots.
     slots = {cid: {s for c, _, s in log if c == cid} for cid in ids}
     assert all(len(s) == 1 for s in slots.values()) and slots[ids[0]] != slots[ids[1]]
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+class SlowHost(FakeHost):
+    """Every worker run takes 10 s on `clock`."""
+
+    def __init__(self, side, log, clock):
+        super().__init__(side, log)
+        self.clock = clock
+
+    async def run_cell(self, cell, slot, on_progress):
+        self.clock.t += 10.0
+        return await super().run_cell(cell, slot, on_progress)
+
+
+def test_the_budget_stops_extra_rounds_and_shares_time_between_cells():
+    log: list = []
+    clock = Clock()
+    cells = [{"context_length": 64}, {"context_length": 128}]
+    ids = [params.cell_id(c) for c in cells]
+    hosts = {"base": SlowHost("base", log, clock), "head": SlowHost("head", log, clock)}
+    # A round is 20 s. 100 s for two always-open cells: the first may use half of it (50 s:
+    # two rounds), the second what is left (60 s: three rounds, its first rounds run regardless).
+    measured = abtest.measure(cells, hosts, design=Design(1, 10),
+                              wants_more=lambda *a: True, budget_s=100.0, clock=clock)
+    assert measured.rounds == {ids[0]: 2, ids[1]: 3}
+    assert measured.budget_out == {ids[0], ids[1]}
+    assert measured.elapsed_s == pytest.approx(100.0)
+    # Without a budget the rounds cap it.
+    measured = abtest.measure(cells, hosts, design=Design(1, 3), wants_more=lambda *a: True)
+    assert measured.rounds == {ids[0]: 3, ids[1]: 3} and not measured.budget_out
+
+
+class ClosingHost(FakeHost):
+    closed = 0
+
+    async def close(self):
+        type(self).closed += 1
+
+
+def test_persistent_hosts_are_closed_in_the_measuring_loop():
+    hosts = {"base": ClosingHost("base", []), "head": ClosingHost("head", [])}
+    abtest.measure([{"context_length": 64}], hosts, design=Design(1, 1))
+    assert ClosingHost.closed == 2
 
 
 def test_merge_results_pools_repeats():
@@ -88,12 +146,14 @@ def test_merge_results_pools_repeats():
 
 STUB_WORKER = textwrap.dedent("""\
     import json, os, sys
-    from harness.speed import SPEED, SIDE
+    from harness.speed import SPEED, SIDE, NOISE
     cell = json.load(sys.stdin)
     with open(os.environ["STUB_LOG"], "a") as f:
         f.write(SIDE + "\\n")
     n = cell["repeats"]
-    tps = [SPEED * (1 + 0.001 * ((i * 7) % 5 - 2)) for i in range(n)]
+    import random
+    noise = random.Random().gauss if NOISE else (lambda mu, sd: 0.0)
+    tps = [SPEED * (1 + 0.001 * ((i * 7) % 5 - 2) + noise(0, NOISE)) for i in range(n)]
     out = {"cell": cell, "cell_id": "stub", "label": "stub", "status": "ok", "error": None,
            "metrics": {"tokens_per_s": sorted(tps)[n // 2], "accept_len_mean": 6.0},
            "samples": {"tokens_per_s": tps, "accept_len_mean": [6.0] * n},
@@ -109,8 +169,12 @@ def git(*args, cwd):
                           text=True).stdout.strip()
 
 
+def speed_file(speed, side: str, noise: float = 0.0) -> str:
+    return f"SPEED = {speed!r}\nSIDE = {side!r}\nNOISE = {noise!r}\n"
+
+
 def commit_speed(repo: Path, speed, side: str, message: str) -> str:
-    (repo / "harness" / "speed.py").write_text(f"SPEED = {speed!r}\nSIDE = {side!r}\n")
+    (repo / "harness" / "speed.py").write_text(speed_file(speed, side))
     git("add", "-A", cwd=repo)
     git("commit", "-q", "-m", message, cwd=repo)
     return git("rev-parse", "HEAD", cwd=repo)
@@ -139,31 +203,33 @@ def test_ab_gate_end_to_end_in_a_throwaway_repo(stub_repo, tmp_path):
     base = commit_speed(stub_repo, 100.0, "base", "base")
     results = tmp_path / "results"
 
-    # A/A: the base commit against the unchanged working tree.
-    (stub_repo / "harness" / "speed.py").write_text("SPEED = 100.0\nSIDE = 'head'\n")
-    code, out = gate("--base", base, "--remeasure", "1", results=results)
+    # A/A: the base commit against the unchanged working tree. 5 repeats a round: the plan
+    # looks first after two rounds per side (5 vs 5 cannot reach alpha / K), interleaved.
+    (stub_repo / "harness" / "speed.py").write_text(speed_file(100.0, "head"))
+    code, out = gate("--base", base, results=results)
     assert code == 0, out
-    assert (tmp_path / "order.log").read_text().split() == ["base", "head"]   # not re-measured
+    assert (tmp_path / "order.log").read_text().split() == ["base", "head", "head", "base"]
+    assert "unchanged (round 2)" in out and "Bonferroni" in out
 
-    # The working tree is 10 % slower: regression, re-measured first (A B, then B A).
+    # The working tree is 10 % slower: regression, decided at the first look.
     (tmp_path / "order.log").unlink()
-    (stub_repo / "harness" / "speed.py").write_text("SPEED = 90.0\nSIDE = 'head'\n")
-    code, out = gate("--base", base, "--remeasure", "1", "--markdown", tmp_path / "pr.md",
-                     results=results)
+    (stub_repo / "harness" / "speed.py").write_text(speed_file(90.0, "head"))
+    code, out = gate("--base", base, "--markdown", tmp_path / "pr.md", results=results)
     assert code == 1, out
     assert (tmp_path / "order.log").read_text().split() == ["base", "head", "head", "base"]
     md = (tmp_path / "pr.md").read_text()
-    assert "❌ regressed (re-measured)" in md and "0.900 (-10.0 %)" in md
-    [gate_dir] = [d for d in (results / "gates").iterdir() if "0.900" in (d / "report.md").read_text()]
+    assert "❌ regressed (round 2)" in md and "| 10/10 | 100 | 90 | -10.0 % |" in md
+    [gate_dir] = [d for d in (results / "gates").iterdir() if "-10.0 %" in (d / "report.md").read_text()]
     report = json.loads((gate_dir / "gate.json").read_text())
     assert report["mode"] == "ab" and report["base"].endswith(base[:10])
+    assert report["design"]["first_look"] == 2 and report["design"]["looks"] == 9
     assert sorted(p.name.split(".")[1] for p in (gate_dir / "raw").iterdir()) == ["base", "base", "head", "head"]
     head_run = json.loads((results / "runs" / report["head_run"] / "run.json").read_text())
     assert head_run["meta"]["git_dirty"] is True and head_run["meta"]["trigger"] == "pr"
 
     # Two commits, neither the working tree: --head REF.
     head = commit_speed(stub_repo, 100.0, "head", "back to speed")
-    code, out = gate("--base", base, "--head", head, "--remeasure", "0", results=results)
+    code, out = gate("--base", base, "--head", head, results=results)
     assert code == 0, out
 
     # Every worktree was removed again.
@@ -180,7 +246,7 @@ def test_ab_gate_bad_refs_and_failing_sides_exit_2(stub_repo, tmp_path):
     git("commit", "-qam", "broken worker", cwd=stub_repo)
     broken = git("rev-parse", "HEAD", cwd=stub_repo)
     git("checkout", "-q", base, "--", "harness/worker.py", cwd=stub_repo)
-    code, out = gate("--base", broken, "--remeasure", "0", results=results)
+    code, out = gate("--base", broken, results=results)
     assert code == 2 and "worker exited with code 3" in out
     # A base commit that is not a harness checkout at all.
     git("checkout", "-q", "--orphan", "empty", cwd=stub_repo)
@@ -211,14 +277,81 @@ def test_gate_against_a_baseline_file_measures_the_head_now(stub_repo, tmp_path)
                                  "env": {"gpu": None}})
     write_file(results / "baselines", baseline_run)
 
-    code, out = gate("--baseline", "file", "--remeasure", "2", results=results)
+    code, out = gate("--baseline", "file", results=results)
     assert code == 1, out
-    # Measured here (from this checkout), then re-measured twice: three head runs, no base run.
+    # One no-op probe for the GPU class, then the head measured twice here (5 baseline
+    # samples against 5 a round: the first look can reach alpha / K at round 2); no base run.
     assert (tmp_path / "order.log").read_text().split() == ["head", "head", "head"]
     report = json.loads(next((results / "gates").glob("*/gate.json")).read_text())
     tps = report["cells"][0]["metrics"][0]
-    assert report["mode"] == "file" and tps["n_base"] == 5 and tps["n_head"] == 15
-    assert tps["verdict"] == "regressed" and report["cells"][0]["remeasured"] is True
+    assert report["mode"] == "file" and tps["n_base"] == 5 and tps["n_head"] == 10
+    assert tps["verdict"] == "regressed" and tps["look"] == 2
+
+
+def _journal_run(results, run_id, tps, sc_text=SCENARIO):
+    from harness.journal import RunJournal
+    from harness.scenario import parse_scenario
+
+    sc = parse_scenario(sc_text, "s.yaml")
+    run = RunJournal.create(results / "runs", run_id, sc.name, "s.yaml", sc_text, sc.cells(),
+                            {"git_sha": "0" * 40})
+    for cell in sc.cells():
+        run.write_cell({"cell": cell, "cell_id": params.cell_id(cell), "label": "stub",
+                        "status": "ok", "metrics": {"tokens_per_s": float(sorted(tps)[len(tps) // 2])},
+                        "samples": {"tokens_per_s": list(tps)}, "env": {"gpu": None}})
+    return run
+
+
+def test_a_design_that_cannot_reach_alpha_is_refused_before_measuring(stub_repo, tmp_path):
+    from harness.gate.baselines import write_file
+
+    commit_speed(stub_repo, 50.0, "head", "half speed")
+    results = tmp_path / "results"
+    # The issue's case: quickstart-sized runs, 3 repeats each, the head at half speed. 3 vs 3
+    # can never be significant at 0.01: exit 2 with what it needs, not "passed".
+    _journal_run(results, "20260101-000000-00000a", [100.0, 101.0, 99.0])
+    _journal_run(results, "20260101-000000-00000b", [50.0, 50.5, 49.5])
+    code, out = gate("--baseline", "run:20260101-000000-00000a", "--run",
+                     "20260101-000000-00000b", results=results)
+    assert code == 2, out
+    assert "can never be significant" in out and "at least 5 samples" in out
+    # A one-sample stored baseline cannot be saved by more head rounds: refused, saying how
+    # many it needs, before a single cell is measured.
+    write_file(results / "baselines", _journal_run(results, "20260101-000000-00000c", [100.0]))
+    code, out = gate("--baseline", "file", results=results)
+    assert code == 2, out
+    assert "a stored baseline needs at least" in out
+    assert (tmp_path / "order.log").read_text().split() == ["head"]     # the class probe only
+    # A 3-sample one is re-planned: the head gets enough rounds to reach alpha / K.
+    write_file(results / "baselines", _journal_run(results, "20260101-000000-00000d",
+                                                   [100.0, 101.0, 99.0]))
+    code, out = gate("--baseline", "file", results=results)
+    assert code == 1, out
+    report = json.loads(sorted((results / "gates").glob("*/gate.json"))[-1].read_text())
+    assert report["design"]["first_look"] == 3
+    assert report["cells"][0]["metrics"][0]["n_head"] == 15
+
+
+def test_no_baseline_file_at_all_is_reported_before_anything_runs(stub_repo, tmp_path):
+    commit_speed(stub_repo, 100.0, "head", "x")
+    code, out = gate("--baseline", "file", results=tmp_path / "results")
+    assert code == 2 and "no baseline for scenario 'ab-stub'" in out
+    assert not (tmp_path / "order.log").exists()
+
+
+def test_undecided_gate_exits_3_and_says_what_would_decide_it(stub_repo, tmp_path):
+    base = commit_speed(stub_repo, 100.0, "base", "base")
+    (stub_repo / "harness" / "speed.py").write_text(speed_file(100.0, "head", noise=0.3))
+    results = tmp_path / "results"
+    code, out = gate("--base", base, "--max-rounds", "3", results=results)
+    assert code == 3, out
+    assert "undecided: " in out and "round(s) per side would likely decide it" in out
+    assert "Performance gate undecided" in out
+    report = json.loads(next((results / "gates").glob("*/gate.json")).read_text())
+    assert report["exit_code"] == 3 and report["cells"][0]["rounds"] == {"base": 3, "head": 3}
+    assert report["cells"][0]["warnings"]            # 30 % noise against a 3 % threshold
+    code, out = gate("--base", base, "--max-rounds", "3", "--allow-undecided", results=results)
+    assert code == 0 and "--allow-undecided" in out
 
 
 def test_bisect_finds_the_first_slow_commit(stub_repo, tmp_path):
@@ -286,17 +419,16 @@ def test_ab_gate_with_the_real_worker_on_the_tiny_model(tmp_path, monkeypatch):
 
     monkeypatch.chdir(repo)
     results = tmp_path / "results"
-    # One worker run per side: 5 repeats each are enough for an exact p of 1/252 (the
-    # re-measure step is exercised with the stub worker above).
-    r = runner.invoke(app, ["gate", "s.yaml", "--base", base, "--remeasure", "0",
+    # Two worker runs per side before the first look (the plan's), which decides it.
+    r = runner.invoke(app, ["gate", "s.yaml", "--base", base,
                             "--results", str(results), "--json", str(tmp_path / "g.json")],
                       env={"COLUMNS": "200"})
     assert r.exit_code == 1, r.output
     report = json.loads((tmp_path / "g.json").read_text())
     metrics = {m["metric"]: m for m in report["cells"][0]["metrics"]}
     accept = metrics["accept_len_mean"]
-    assert accept["verdict"] == "regressed" and accept["n_base"] == accept["n_head"] == 5
+    assert accept["verdict"] == "regressed" and accept["n_base"] == accept["n_head"] == 10
     assert accept["head_median"] < accept["base_median"] / 2
-    assert accept["p_worse"] == pytest.approx(1 / 252)
+    assert accept["p_worse"] < 0.001 and accept["look"] == 2
     assert (results / "runs" / report["base_run"] / "cells").is_dir()
     assert git("worktree", "list", "--porcelain", cwd=repo).count("worktree ") == 1

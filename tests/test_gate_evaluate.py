@@ -1,5 +1,5 @@
-"""The evaluation benchmark's building blocks: the rules it runs side by side, and the judge of
-real A/A measurements."""
+"""The evaluation benchmark's building blocks: the sequential gate on simulated series, the
+other tools' rules it runs beside, and the judge of real A/A measurements."""
 
 from __future__ import annotations
 
@@ -9,32 +9,53 @@ import numpy as np
 import pytest
 
 from harness.gate import evaluate
-
-pytest.importorskip("asv", reason="the comparison with asv needs the [eval] extra")
+from harness.gate.sequential import Design
 
 BASE = np.array([100.0, 101.0, 99.0, 100.5, 99.5, 100.2, 99.8])
 
 
+def test_sequential_trial_stops_at_the_first_decision():
+    design = Design(first_look=2, max_rounds=6)
+    calls = []
+
+    def draw(r):
+        calls.append(r)
+        return BASE[:5], BASE[:5] * 0.8          # a 20 % slowdown, plainly separated
+    verdict, rounds = evaluate.sequential_trial(draw, design)
+    assert verdict == "regressed" and rounds == 2 and calls == [0, 1]
+
+
+def test_sequential_trial_undecided_when_noise_swamps_the_threshold():
+    rng = np.random.default_rng(0)
+    verdict, rounds = evaluate.sequential_trial(
+        lambda r: (rng.normal(100, 30, 5), rng.normal(100, 30, 5)), Design(2, 4))
+    assert verdict == "inconclusive" and rounds == 4
+
+
+def test_simulation_rates_go_the_right_way():
+    slow = evaluate.simulate(0.01, 0.10, trials=40, seed=1)
+    same = evaluate.simulate(0.01, 0.0, trials=40, seed=2)
+    noisy = evaluate.simulate(0.20, 0.0, trials=20, seed=3, max_rounds=4)
+    assert slow.rate("regressed") == 1.0
+    assert same.rate("unchanged") == 1.0 and same.mean_rounds < 4
+    assert noisy.rate("inconclusive") == 1.0 and noisy.mean_rounds == 4
+    assert evaluate.wilson(0, 100)[0] == 0.0 and 0 < evaluate.wilson(5, 100)[0] < 0.05
+
+
 def test_pytest_benchmark_rule_is_a_bare_threshold():
+    pytest.importorskip("pytest_benchmark")
     assert evaluate.pytest_benchmark(BASE, BASE * 0.96, 3)        # 4 % slower per token
     assert not evaluate.pytest_benchmark(BASE, BASE * 0.98, 3)
     assert not evaluate.pytest_benchmark(BASE, BASE * 0.96, 5)
 
 
 def test_asv_rule_needs_factor_and_significance():
+    pytest.importorskip("asv", reason="the comparison with asv needs the [eval] extra")
     assert evaluate.asv(BASE, BASE * 0.8, 1.1)                     # 20 % slower, 7 vs 7
     assert not evaluate.asv(BASE, BASE * 0.95, 1.1)                # under the factor
     assert evaluate.asv(BASE, BASE * 0.95, 1.03)
     noisy = np.array([100.0, 80.0, 120.0, 90.0, 110.0, 85.0, 115.0])
     assert not evaluate.asv(noisy, noisy * 0.85, 1.1)              # not different enough
-
-
-def test_gate_variants_and_a_small_simulation():
-    out = evaluate.gate_all(BASE[:5], BASE[:5] * 0.95, BASE, BASE * 0.95)
-    assert out["gate"] and out["gate_ab"] and out["extra"] == 7
-    rates = evaluate.simulate(0.03, 0.10, 5, trials=30, seed=1)
-    assert rates.rate("gate_ab") == 1.0 and rates.rate("asv110") < 1.0
-    assert evaluate.wilson(0, 100)[0] == 0.0 and 0 < evaluate.wilson(5, 100)[0] < 0.05
 
 
 def test_judge_aa_counts_false_alarms(tmp_path):
@@ -44,8 +65,11 @@ def test_judge_aa_counts_false_alarms(tmp_path):
     rng = np.random.default_rng(0)
     cells = {"c1": {"label": "cell one",
                     "A": [run(rng.normal(100, 1, 5)) for _ in range(4)],
-                    "B": [run(rng.normal(100, 1, 5)) for _ in range(4)]}}
+                    "B": [run(rng.normal(100, 1, 5)) for _ in range(4)]},
+             "c2": {"label": "cell two",
+                    "A": [run(rng.normal(100, 1, 5)) for _ in range(4)],
+                    "B": [run(rng.normal(80, 1, 5)) for _ in range(4)]}}
     path = tmp_path / "aa.json"
     path.write_text(json.dumps({"gpu": "NVIDIA H200", "rounds": 4, "cells": cells}))
     text = evaluate.judge_aa(path)
-    assert "Real A/A on NVIDIA H200" in text and "False alarms: 0 of 1" in text
+    assert "Real A/A on NVIDIA H200" in text and "False alarms: 1 of 2" in text

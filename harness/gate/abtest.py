@@ -8,19 +8,25 @@ while this controller stays the head's.
 
 Per cell, on one host slot (one GPU), the rounds alternate A B, B A, A B, ... (a linear drift
 over the cell hits both sides equally), each round one worker run per side of `repeats`
-samples. When the cell looks regressed after its rounds (`needs_more`), it gets `remeasure`
-more rounds before the verdict is final. Different cells may run on different slots at once;
-the two sides of one cell never do.
+samples. After the design's first rounds the gate looks (harness.gate.sequential) and measures
+another round while a gated metric is undecided, within the rounds and the time it may spend.
+Different cells may run on different slots at once; the two sides of one cell never do.
+
+With a persistent host (LocalHost(persistent=True)) each side keeps one worker process per
+slot for the whole gate: the base tree's and the head tree's, alternating. Built models stay
+loaded across cells and rounds, so a round after a cell's first costs about its measurement.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import shutil
 import statistics
 import subprocess
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +34,7 @@ from typing import Callable, Iterator
 
 from harness import params
 from harness.errors import InputError
+from harness.gate.sequential import Design
 from harness.hosts import Host
 from harness.journal import atomic_write_json
 
@@ -98,12 +105,16 @@ class Measured:
     """Every worker result, per cell id and side, in the order they ran."""
 
     results: dict[str, dict[str, list[dict]]] = field(default_factory=dict)
-    remeasured: set[str] = field(default_factory=set)
+    rounds: dict[str, int] = field(default_factory=dict)          # rounds per side, per cell
+    round_s: dict[str, list[float]] = field(default_factory=dict)  # wall time of each round
+    budget_out: set[str] = field(default_factory=set)  # cells that wanted more, out of time
     interrupted: bool = False
+    elapsed_s: float = 0.0
 
 
 OnResult = Callable[[int, dict, str, int, dict], None]   # (cell no., cell, side, round, result)
-NeedsMore = Callable[[str, dict[str, list[dict]]], bool]  # (cell id, results per side)
+# (cell id, results per side, rounds done) -> whether another round could change the verdict
+WantsMore = Callable[[str, dict[str, list[dict]], int], bool]
 
 
 def side_order(sides: list[str], round_no: int) -> list[str]:
@@ -111,37 +122,45 @@ def side_order(sides: list[str], round_no: int) -> list[str]:
     return list(sides) if round_no % 2 == 0 else list(reversed(sides))
 
 
-def measure(cells: list[dict], hosts: dict[str, Host], *, rounds: int, remeasure: int = 0,
-            needs_more: NeedsMore | None = None, on_result: OnResult | None = None) -> Measured:
-    """Run every cell `rounds` times per side, interleaved, plus `remeasure` rounds for the
-    cells `needs_more` picks. `hosts` maps side name -> host; all must be the same machine
-    (slot i of each is the same GPU). Ctrl-C stops and keeps what finished."""
-    if rounds < 1:
-        raise InputError(None, None, None, f"--rounds must be at least 1, got {rounds}")
-    if remeasure < 0:
-        raise InputError(None, None, None, f"--remeasure must be 0 or more, got {remeasure}")
+def measure(cells: list[dict], hosts: dict[str, Host], *, design: Design,
+            wants_more: WantsMore | None = None, budget_s: float | None = None,
+            on_result: OnResult | None = None, clock: Callable[[], float] = time.monotonic) -> Measured:
+    """Run every cell `design.first_look` rounds per side, interleaved, then one round at a
+    time while `wants_more` says a verdict is still open, up to `design.max_rounds`.
+
+    The first rounds always run; the extra ones only while the time `budget_s` allows. Each
+    cell may spend an equal share of what is left when it starts (what a quick cell leaves
+    over goes to the cells after it), so one noisy cell cannot starve the rest. `hosts` maps
+    side name -> host; all must be the same machine (slot i of each is the same GPU).
+    Persistent hosts are closed at the end, in the loop that started their workers. Ctrl-C
+    stops and keeps what finished."""
     measured = Measured()
+    t0 = clock()
     try:
-        asyncio.run(_measure(cells, hosts, rounds, remeasure, needs_more, on_result, measured))
+        asyncio.run(_measure(cells, hosts, design, wants_more, budget_s, on_result, measured, clock))
     except KeyboardInterrupt:
         measured.interrupted = True
+    measured.elapsed_s = clock() - t0
     return measured
 
 
-async def _measure(cells, hosts, rounds, remeasure, needs_more, on_result, measured) -> None:
+async def _measure(cells, hosts, design, wants_more, budget_s, on_result, measured, clock) -> None:
     sides = list(hosts)
     queue: asyncio.Queue = asyncio.Queue()
     for i, cell in enumerate(cells, start=1):
         queue.put_nowait((i, cell))
     slots = min(h.slots for h in hosts.values())
+    deadline = None if budget_s is None else clock() + budget_s
 
-    async def run_rounds(i, cell, slot, per_side, first, count):
-        for r in range(first, first + count):
-            for side in side_order(sides, r):
-                result = await hosts[side].run_cell(cell, slot, lambda _p: None)
-                per_side[side].append(result)
-                if on_result:
-                    on_result(i, cell, side, r, result)
+    async def one_round(i, cell, slot, cid, per_side, r):
+        t = clock()
+        for side in side_order(sides, r):
+            result = await hosts[side].run_cell(cell, slot, lambda _p: None)
+            per_side[side].append(result)
+            if on_result:
+                on_result(i, cell, side, r, result)
+        measured.round_s[cid].append(clock() - t)
+        measured.rounds[cid] = r + 1
 
     async def slot_loop(slot: int):
         while True:
@@ -152,12 +171,27 @@ async def _measure(cells, hosts, rounds, remeasure, needs_more, on_result, measu
             cid = params.cell_id(cell)
             per_side = {side: [] for side in sides}
             measured.results[cid] = per_side
-            await run_rounds(i, cell, slot, per_side, 0, rounds)
-            if remeasure and needs_more is not None and needs_more(cid, per_side):
-                measured.remeasured.add(cid)
-                await run_rounds(i, cell, slot, per_side, rounds, remeasure)
+            measured.round_s[cid] = []
+            cells_left = queue.qsize() + 1
+            share_end = (None if deadline is None else
+                         clock() + max(0.0, deadline - clock()) / math.ceil(cells_left / slots))
+            for r in range(design.first_look):
+                await one_round(i, cell, slot, cid, per_side, r)
+            r = design.first_look
+            while (r < design.max_rounds and wants_more is not None
+                   and wants_more(cid, per_side, r)):
+                typical = statistics.median(measured.round_s[cid])
+                if share_end is not None and clock() + typical > share_end:
+                    measured.budget_out.add(cid)
+                    break
+                await one_round(i, cell, slot, cid, per_side, r)
+                r += 1
 
-    await asyncio.gather(*(slot_loop(s) for s in range(slots)))
+    try:
+        await asyncio.gather(*(slot_loop(s) for s in range(slots)))
+    finally:
+        await asyncio.gather(*(h.close() for h in hosts.values() if hasattr(h, "close")),
+                             return_exceptions=True)
 
 
 def merge_results(cell: dict, results: list[dict]) -> dict:

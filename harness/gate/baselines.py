@@ -11,7 +11,9 @@ Three sources, one shape (`Side`: the samples of every metric of one cell, plus 
 
 Numbers from different GPU classes are never compared: an H100 baseline says nothing about an
 H200 head. The class is the GPU's name as the worker reports it, lower-cased, vendor dropped
-(`NVIDIA H200` -> `h200`, `NVIDIA H100 80GB HBM3` -> `h100-80gb-hbm3`); `cpu` without a GPU.
+(`NVIDIA H200` -> `h200`, `NVIDIA H100 80GB HBM3` -> `h100-80gb-hbm3`); without a GPU it is the
+CPU model (`cpu-intel-r-xeon-r-platinum-8480c`), since a CPU cell's speed is the CPU's; plain
+`cpu` where the worker could not tell its CPU model.
 
 `harness baseline mark RUN` tags a run's MLflow runs `baseline=true` and/or writes its cells
 into the JSON file (merged per cell, so a run with a failed cell keeps that cell's older entry).
@@ -39,17 +41,24 @@ TAG_SUPERSEDED = "harness.superseded_by"
 TAG_PARENT = "mlflow.parentRunId"
 
 
-def gpu_class(gpu_name: str | None) -> str:
-    """`NVIDIA H200` -> `h200`; no GPU -> `cpu`."""
-    if not gpu_name or str(gpu_name).strip().lower() in ("none", "null"):
-        return "cpu"
+def _absent(value) -> bool:
+    return not value or str(value).strip().lower() in ("none", "null", "unknown")
+
+
+def gpu_class(gpu_name: str | None, cpu_model: str | None = None) -> str:
+    """`NVIDIA H200` -> `h200`; no GPU -> `cpu-<cpu model>`, or `cpu` without one."""
+    if _absent(gpu_name):
+        if _absent(cpu_model):
+            return "cpu"
+        return "cpu-" + (re.sub(r"[^a-z0-9]+", "-", str(cpu_model).lower()).strip("-") or "unknown")
     name = str(gpu_name).strip().lower()
     name = re.sub(r"^(nvidia|amd|intel)\s+", "", name)
     return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "cpu"
 
 
 def result_gpu_class(result: dict) -> str:
-    return gpu_class((result.get("env") or {}).get("gpu"))
+    env = result.get("env") or {}
+    return gpu_class(env.get("gpu"), env.get("cpu_model"))
 
 
 @dataclass
@@ -250,7 +259,7 @@ def run_result(client, run) -> dict:
         samples["tokens_per_s"] = [m.value for m in sorted(history, key=lambda m: m.step)]
     metrics.pop("tokens_per_s_repeat", None)
     return {"status": "ok", "metrics": metrics, "samples": samples,
-            "env": {"gpu": run.data.tags.get("gpu")}}
+            "env": {"gpu": run.data.tags.get("gpu"), "cpu_model": run.data.tags.get("cpu_model")}}
 
 
 def from_mlflow(uri: str | None, scenario: str, cls: str,
@@ -276,7 +285,7 @@ def from_mlflow(uri: str | None, scenario: str, cls: str,
                 continue
             if wanted is not None and cid not in wanted:
                 continue
-            run_cls = gpu_class(tags.get("gpu"))
+            run_cls = gpu_class(tags.get("gpu"), tags.get("cpu_model"))
             if run_cls != cls:
                 other_classes.add(run_cls)
                 continue

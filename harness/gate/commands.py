@@ -5,7 +5,9 @@ costs time (mlflow, scipy) happens inside the command that needs it. Bad input i
 stderr and exit 2, like every other command.
 
 Exit codes:
-    gate      0 no regression, 1 regression, 2 error / nothing measured / baseline missing
+    gate      0 every gated metric decided, no regression; 1 regression; 2 error / nothing
+              measured / baseline missing / a design that cannot reach significance;
+              3 undecided (0 with --allow-undecided)
     history   0 no recent regressing step, 1 a regressing step in the last --recent runs, 2 error
     bisect    0 first bad commit found, 1 bisect could not decide, 2 error
     baseline  0 done, 2 error
@@ -45,9 +47,9 @@ def _host(name: str, hosts_file: Optional[Path]):
     return select_hosts(load_hosts(hosts_file), [name], "--host")[0]
 
 
-def _policies(sc, alpha: Optional[float]):
+def _policies(sc, alpha: Optional[float], alpha_eq: Optional[float] = None):
     from harness.gate.policy import resolve_policies
-    return resolve_policies(sc.metrics, alpha=alpha, where=sc.path)
+    return resolve_policies(sc.metrics, alpha=alpha, alpha_eq=alpha_eq, where=sc.path)
 
 
 def gate(
@@ -62,10 +64,15 @@ def gate(
                                          help="with --baseline: the head is this journaled run (not measured now)"),
     host: str = typer.Option("local", "--host", help="host that measures (A/B: both sides)"),
     hosts_file: Optional[Path] = typer.Option(None, "--hosts", metavar="FILE", help="hosts inventory"),
-    rounds: int = typer.Option(1, "--rounds", help="worker runs per side and cell (each gives `repeats` samples)"),
-    remeasure: int = typer.Option(3, "--remeasure", help="extra rounds for cells that look regressed (0: off)"),
-    screen: float = typer.Option(0.25, "--screen", help="re-measure when a change is worse than this x the threshold"),
-    alpha: Optional[float] = typer.Option(None, "--alpha", help="significance level for every metric (default 0.01)"),
+    rounds: int = typer.Option(1, "--rounds", help="rounds per side before the first look, at least "
+                                                   "(the plan may need more)"),
+    max_rounds: int = typer.Option(10, "--max-rounds", help="rounds per side at most; sets the number of "
+                                                            "looks alpha is split among"),
+    budget_s: float = typer.Option(600.0, "--budget-s", help="time for rounds after the first ones "
+                                                             "(0: no limit); undecided cells exit 3"),
+    alpha: Optional[float] = typer.Option(None, "--alpha", help="false-alarm rate of every metric (default 0.01)"),
+    alpha_eq: Optional[float] = typer.Option(None, "--alpha-eq", help="risk of calling a change at the "
+                                                                      "threshold unchanged (default 0.05)"),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="MLflow store (baseline mlflow, --log-mlflow)"),
     results_dir: Path = typer.Option(RESULTS_DIR, "--results", help="journal root is RESULTS/runs, reports RESULTS/gates"),
     baselines_dir: Optional[Path] = typer.Option(None, "--baselines", metavar="DIR",
@@ -78,11 +85,13 @@ def gate(
     pr: Optional[int] = typer.Option(None, "--pr", help="PR number (default: from the Actions event)"),
     details_url: Optional[str] = typer.Option(None, "--details-url", help="link at the end of the comment (e.g. the CI job)"),
     allow_missing: bool = typer.Option(False, "--allow-missing", help="cells without a baseline are reported, not an error"),
-    fail_on_inconclusive: bool = typer.Option(False, "--fail-on-inconclusive", help="exit 1 on inconclusive metrics too"),
+    allow_undecided: bool = typer.Option(False, "--allow-undecided", help="exit 0 instead of 3 when cells "
+                                                                          "stay undecided (a warning)"),
     log_mlflow: bool = typer.Option(False, "--log-mlflow", help="log what the gate measured to MLflow"),
     trigger: str = typer.Option("pr", "--trigger", help="trigger tag of the runs the gate journals"),
 ):
-    """Judge a head against a baseline: exit 0 no regression, 1 regression, 2 error or nothing measured."""
+    """Judge a head against a baseline: exit 0 no regression (every gated metric decided),
+    1 regression, 2 error or a design that cannot decide, 3 undecided."""
     from harness.gate import report
     from harness.gate.run import GateOptions, gate_ab, gate_against, parse_baseline
     from harness.journal import JournalError
@@ -101,18 +110,18 @@ def gate(
             parse_baseline(baseline)
         if trigger not in TRIGGERS:
             raise InputError(None, None, None, f"--trigger must be one of {', '.join(TRIGGERS)}")
-        if rounds < 1 or remeasure < 0:
-            raise InputError(None, None, None, f"--rounds must be >= 1 and --remeasure >= 0 "
-                                               f"(got {rounds} and {remeasure})")
-        if not 0 <= screen <= 1:
-            raise InputError(None, None, None, f"--screen must lie in [0, 1], got {screen}")
+        if rounds < 1 or max_rounds < rounds:
+            raise InputError(None, None, None, f"--rounds must be >= 1 and --max-rounds >= --rounds "
+                                               f"(got {rounds} and {max_rounds})")
+        if budget_s < 0:
+            raise InputError(None, None, None, f"--budget-s must be >= 0, got {budget_s:g}")
         sc = load_scenario(scenario)
         opts = GateOptions(
-            scenario=sc, policies=_policies(sc, alpha), host=_host(host, hosts_file),
+            scenario=sc, policies=_policies(sc, alpha, alpha_eq), host=_host(host, hosts_file),
             base_ref=base, head_ref=head, baseline=baseline, head_run=run_id, rounds=rounds,
-            remeasure=remeasure, screen=screen, results_dir=results_dir,
+            max_rounds=max_rounds, budget_s=budget_s or None, results_dir=results_dir,
             baselines_dir=baselines_dir, tracking_uri=tracking_uri, allow_missing=allow_missing,
-            fail_on_inconclusive=fail_on_inconclusive, trigger=trigger,
+            allow_undecided=allow_undecided, trigger=trigger,
             log=lambda line: console.print(line, highlight=False))
         result = gate_ab(opts) if base else gate_against(opts)
     except (InputError, JournalError) as e:
@@ -128,11 +137,21 @@ def gate(
     # CI logs are not terminals: print the table wide rather than folded into 80 columns.
     wide = console if console.is_terminal else Console(soft_wrap=True, width=220)
     wide.print(report.console_table(result))
+    if report.noise_rows(result):
+        wide.print(report.console_noise(result))
+    for line in report.undecided_lines(result):
+        console.print("undecided: " + line, highlight=False, markup=False)
+    for line in report.warning_lines(result):
+        console.print("noise warning: " + line, highlight=False, markup=False)
     for note in result.notes:
-        console.print(f"[yellow]note:[/] {note}", highlight=False)
+        console.print("note: " + note, highlight=False, markup=False)
     code = result.exit_code()
-    colour = {0: "green", 1: "red", 2: "yellow"}[code]
-    console.print(f"[{colour}]{report.TITLE[code]}[/]: {result.headline()}", highlight=False)
+    if result.undecided and result.allow_undecided:
+        err.print(f"warning: {len(result.undecided)} cell(s) undecided; --allow-undecided "
+                  f"turns exit 3 into 0", highlight=False, markup=False)
+    colour = {0: "green", 1: "red", 2: "yellow", 3: "yellow"}[code]
+    console.print(f"[{colour}]{report.TITLE[code]}[/]: ", end="", highlight=False)
+    console.print(result.headline(), highlight=False, markup=False)
     console.print("Reports: " + ", ".join(str(p) for p in written.values()), highlight=False)
 
     if log_mlflow:

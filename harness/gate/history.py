@@ -82,7 +82,7 @@ def fetch_series(uri: str | None, scenario: str, metric: str, *, gpu: str | None
                 continue
             if tags.get("trigger") == "pr" and not include_pr:
                 continue
-            cls = gpu_class(tags.get("gpu"))
+            cls = gpu_class(tags.get("gpu"), tags.get("cpu_model"))
             if gpu and cls != gpu:
                 continue
             s = series.setdefault((cid, cls), Series(cid, run.info.run_name or cid, cls))

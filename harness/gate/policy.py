@@ -13,16 +13,29 @@ tokens/s hides it (or the other way round).
 
 When both thresholds are given, a change must exceed both to matter: the relative one keeps
 noise on large numbers quiet, the absolute one keeps noise on numbers near zero quiet.
+
+Two levels per metric: `alpha`, the false-alarm rate (calling a change regressed or improved
+that is not there), and `alpha_eq`, the rate of calling "unchanged" a change of exactly the
+threshold's size (the "unchanged" interval is a 1 - 2 alpha_eq one). Both are rates of the whole
+gate, over every look it takes (harness.gate.sequential splits them among the looks).
+
+`per` says how many samples one worker run gives: "repeat" (one per repeat: tokens/s, step
+time p50, acceptance, kernel time) or "run" (one per worker run: the profiled idle fraction).
+The gate plans its rounds from it before measuring. A metric with `gate: false` is reported
+beside the gated ones (with its noise) but never decides the exit code: idle_fraction by
+default, since one sample a run needs more rounds to decide than a PR gate can afford.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.errors import InputError
 
 HIGHER, LOWER = "higher", "lower"
+PER_REPEAT, PER_RUN = "repeat", "run"
 DEFAULT_ALPHA = 0.01
+DEFAULT_ALPHA_EQ = 0.05
 
 
 @dataclass(frozen=True)
@@ -31,24 +44,37 @@ class Policy:
     direction: str                      # "higher" or "lower" is better
     threshold_rel: float | None = None  # e.g. 0.03: a 3 % change matters
     threshold_abs: float | None = None  # e.g. 0.02: two points of a 0..1 fraction matter
-    alpha: float = DEFAULT_ALPHA        # one-sided significance level
+    alpha: float = DEFAULT_ALPHA        # one-sided significance level (false alarms)
+    alpha_eq: float = DEFAULT_ALPHA_EQ  # risk of "unchanged" for a change at the threshold
+    gate: bool = True                   # False: reported, never decides the exit code
+    per: str = PER_REPEAT               # samples per worker run: one per repeat, or one
 
-    def describe(self) -> str:
-        """`higher is better, 3 % / 0.02 abs`: what a report footnote says about the policy."""
+    def to_dict(self) -> dict:
+        return {"direction": self.direction, "threshold_rel": self.threshold_rel,
+                "threshold_abs": self.threshold_abs, "alpha": self.alpha,
+                "alpha_eq": self.alpha_eq, "gate": self.gate, "per": self.per}
+
+    def threshold_text(self) -> str:
+        """`3 %`, `0.02 abs`, `3 % and 0.02 abs`."""
         parts = []
         if self.threshold_rel is not None:
             parts.append(f"{self.threshold_rel:.0%}" if (self.threshold_rel * 100).is_integer()
                          else f"{self.threshold_rel:.1%}")
         if self.threshold_abs is not None:
             parts.append(f"{self.threshold_abs:g} abs")
-        return f"{self.direction} is better, " + (" and ".join(parts) or "any significant change")
+        return " and ".join(parts) or "any change"
+
+    def describe(self) -> str:
+        """`higher is better, 3 %`: what a report footnote says about the policy."""
+        what = f"{self.direction} is better, {self.threshold_text()}"
+        return what + ("" if self.gate else " (reported, not gated)")
 
 
 DEFAULT_POLICIES: dict[str, Policy] = {
     p.metric: p for p in (
         Policy("tokens_per_s", HIGHER, threshold_rel=0.03),
         Policy("accept_len_mean", HIGHER, threshold_rel=0.03),
-        Policy("idle_fraction", LOWER, threshold_abs=0.02),
+        Policy("idle_fraction", LOWER, threshold_abs=0.02, gate=False, per=PER_RUN),
         Policy("step_ms_p50", LOWER, threshold_rel=0.03),
         Policy("kernel_us", LOWER, threshold_rel=0.03),
     )
@@ -56,13 +82,15 @@ DEFAULT_POLICIES: dict[str, Policy] = {
 
 
 def resolve_policies(scenario_metrics: dict[str, dict] | None, *, alpha: float | None = None,
-                     where: str | None = None) -> dict[str, Policy]:
+                     alpha_eq: float | None = None, where: str | None = None) -> dict[str, Policy]:
     """The policies a gate applies: the scenario's `metrics:` (a validated mapping of metric
-    name -> {direction, threshold_rel, threshold_abs}), filled from the defaults, or the
-    defaults. `alpha` overrides every policy's significance level; `where` names the scenario
+    name -> {direction, threshold_rel, threshold_abs, gate}), filled from the defaults, or the
+    defaults. `alpha` / `alpha_eq` override every policy's levels; `where` names the scenario
     file in errors."""
     if alpha is not None and not 0 < alpha < 1:
         raise InputError(None, None, None, f"--alpha must lie between 0 and 1, got {alpha}")
+    if alpha_eq is not None and not 0 < alpha_eq < 0.5:
+        raise InputError(None, None, None, f"--alpha-eq must lie between 0 and 0.5, got {alpha_eq}")
     if not scenario_metrics:
         chosen = dict(DEFAULT_POLICIES)
     else:
@@ -77,8 +105,11 @@ def resolve_policies(scenario_metrics: dict[str, dict] | None, *, alpha: float |
             explicit = given.get("threshold_rel") is not None or given.get("threshold_abs") is not None
             rel = given.get("threshold_rel") if explicit else (default.threshold_rel if default else None)
             abs_ = given.get("threshold_abs") if explicit else (default.threshold_abs if default else None)
-            chosen[name] = Policy(name, direction, rel, abs_)
-    if alpha is not None:
-        chosen = {k: Policy(p.metric, p.direction, p.threshold_rel, p.threshold_abs, alpha)
-                  for k, p in chosen.items()}
+            gate = given.get("gate")
+            chosen[name] = Policy(name, direction, rel, abs_,
+                                  gate=(default.gate if default else True) if gate is None else gate,
+                                  per=default.per if default else PER_RUN)
+    levels = {k: v for k, v in (("alpha", alpha), ("alpha_eq", alpha_eq)) if v is not None}
+    if levels:
+        chosen = {k: replace(p, **levels) for k, p in chosen.items()}
     return chosen

@@ -1,10 +1,16 @@
-"""`harness gate`: measure (or load) the head, find its baseline, judge every cell.
+"""`harness gate`: plan, measure (or load) the head, find its baseline, judge every cell.
 
 Two modes:
-- A/B (`--base REF`): base and head measured here, interleaved (harness.gate.abtest).
+- A/B (`--base REF`): base and head measured here, interleaved (harness.gate.abtest), each
+  side by its own long-lived worker.
 - against a stored baseline (`--baseline mlflow|file|run:RUN_ID`): the head is measured now on
   the chosen host, or taken from a journaled run (`--run RUN_ID`), and compared with the
   baseline of the same GPU class.
+
+In both, nothing is measured before the design is known to be able to decide
+(harness.gate.sequential): baselines are loaded and counted first, and a design that could never
+fail is re-planned or refused. Then the gate looks after each round and measures on while a
+gated metric is undecided, within `--max-rounds` and `--budget-s`.
 
 Everything measured is journaled like any run (`results/runs/<gate id>-head`, `-base`), each
 worker run of each round is kept under `results/gates/<gate id>/raw/`, and the reports go to
@@ -13,6 +19,7 @@ worker run of each round is kept under `results/gates/<gate id>/raw/`, and the r
 
 from __future__ import annotations
 
+import asyncio
 import platform
 import sys
 from dataclasses import dataclass, field
@@ -21,17 +28,20 @@ from typing import Callable
 
 from harness import gitinfo, params
 from harness.errors import InputError
-from harness.gate import abtest, baselines
+from harness.gate import abtest, baselines, noise
 from harness.gate.abtest import BASE, HEAD
 from harness.gate.baselines import Side, side_from_results
-from harness.gate.judge import CellVerdict, GateResult, judge_cell, needs_remeasure
+from harness.gate.judge import CellVerdict, GateResult, judge_cell, settled, wants_more
 from harness.gate.policy import Policy
-from harness.gate.stats import DEFAULT_SCREEN
+from harness.gate.sequential import (DEFAULT_MAX_ROUNDS, Design, check_fixed, per_round,
+                                     plan_ab, plan_stored, rounds_to_decide)
+from harness.gate.stats import Comparison
 from harness.hosts import Host
 from harness.journal import RunJournal, new_run_id
 
-DEFAULT_ROUNDS = 1
-DEFAULT_REMEASURE = 3
+# A PR job's worth: long enough for a small GPU scenario to settle its quiet cells, short
+# enough that nobody switches the gate off. Undecided cells say how much more they need.
+DEFAULT_BUDGET_S = 600.0
 
 
 @dataclass
@@ -43,14 +53,14 @@ class GateOptions:
     head_ref: str | None = None            # A/B: a commit instead of the working tree
     baseline: str | None = None            # "mlflow" | "file" | "run:RUN_ID"
     head_run: str | None = None            # take the head from this journaled run
-    rounds: int = DEFAULT_ROUNDS
-    remeasure: int = DEFAULT_REMEASURE
-    screen: float = DEFAULT_SCREEN
+    rounds: int = 1                        # rounds per side before the first look, at least
+    max_rounds: int = DEFAULT_MAX_ROUNDS
+    budget_s: float | None = DEFAULT_BUDGET_S
     results_dir: Path = Path("results")
     baselines_dir: Path | None = None      # default <results_dir>/baselines
     tracking_uri: str | None = None
     allow_missing: bool = False
-    fail_on_inconclusive: bool = False
+    allow_undecided: bool = False
     trigger: str = "pr"
     log: Callable[[str], None] = print     # progress lines
     gate_id: str = field(default_factory=new_run_id)
@@ -108,6 +118,44 @@ def _meta(opts: GateOptions, git: dict, tree: str) -> dict:
             "controller": {"python": platform.python_version(), "platform": platform.platform()}}
 
 
+def _fewest_repeats(cells: list[dict]) -> int:
+    return min(params.canonical(c)["repeats"] for c in cells)
+
+
+class _Looks:
+    """The verdicts each cell has reached so far, look by look: a metric decided once keeps
+    its verdict (the design spent that look's share of alpha on it)."""
+
+    def __init__(self, policies: dict[str, Policy], design: Design):
+        self.policies, self.design = policies, design
+        self.decided: dict[str, dict[str, Comparison]] = {}
+
+    def judge(self, head: Side | None, base: Side | None, cid: str, round_no: int) -> CellVerdict:
+        cv = judge_cell(head, base, self.policies, self.design, round_no, self.decided.get(cid))
+        self.decided[cid] = settled(cv)
+        return cv
+
+
+def _describe(cv: CellVerdict, per_side: dict[str, list[dict]], policies: dict[str, Policy],
+              design: Design, measured: abtest.Measured | None, repeats: int) -> CellVerdict:
+    """Add to a cell's verdict what the reader needs to trust it: rounds, noise per side and
+    metric, host facts, and for an undecided metric about how many rounds would decide it."""
+    cv.rounds = {side: len(results) for side, results in per_side.items()}
+    for side, results in per_side.items():
+        for policy in policies.values():
+            n = noise.side_noise(results, policy, side)
+            if n is not None:
+                cv.noise.append(n)
+                cv.warnings += noise.warnings(n, policy, cv.label)
+        cv.host_notes += [f"{side}: {line}" for line in noise.HostNotes.of(results).lines]
+    if measured is not None:
+        cv.budget_out = cv.cell_id in measured.budget_out
+    done = max(cv.rounds.get(HEAD, 0), 1)
+    for c in cv.undecided:
+        cv.to_decide[c.metric] = rounds_to_decide(c, design, per_round(c.policy, repeats), done)
+    return cv
+
+
 # -- A/B ---------------------------------------------------------------------------------------
 
 
@@ -117,13 +165,20 @@ def gate_ab(opts: GateOptions) -> GateResult:
     head_sha = abtest.resolve_commit(repo, opts.head_ref) if opts.head_ref else None
     cells = opts.scenario.cells()
     labels = {params.cell_id(c): params.cell_label(c) for c in cells}
+    repeats = {params.cell_id(c): params.canonical(c)["repeats"] for c in cells}
+    design = plan_ab(opts.policies, _fewest_repeats(cells), opts.max_rounds, opts.rounds)
+    looks = _Looks(opts.policies, design)
 
-    def needs_more(cid: str, per_side: dict[str, list[dict]]) -> bool:
-        head = side_from_results(cid, labels[cid], per_side[HEAD], HEAD)
-        base = side_from_results(cid, labels[cid], per_side[BASE], BASE)
+    def sides(cid: str, per_side: dict[str, list[dict]], head_desc="head", base_desc="base",
+              head_git=None, base_git=None) -> tuple[Side, Side]:
+        return (side_from_results(cid, labels[cid], per_side[HEAD], head_desc, head_git),
+                side_from_results(cid, labels[cid], per_side[BASE], base_desc, base_git))
+
+    def more(cid: str, per_side: dict[str, list[dict]], rounds_done: int) -> bool:
+        head, base = sides(cid, per_side)
         if head.error or base.error or head.gpu_class != base.gpu_class:
             return False
-        return needs_remeasure(judge_cell(head, base, opts.policies, with_ci=False), opts.screen)
+        return wants_more(looks.judge(head, base, cid, rounds_done))
 
     with abtest.worktree(repo, base_sha) as base_tree:
         _check_tree(base_tree, opts.base_ref)
@@ -131,11 +186,11 @@ def gate_ab(opts: GateOptions) -> GateResult:
             with abtest.worktree(repo, head_sha) as head_tree:
                 _check_tree(head_tree, opts.head_ref)
                 head_git = {"sha": head_sha, "branch": opts.head_ref, "dirty": False}
-                measured = _measure_ab(opts, cells, base_tree, head_tree, needs_more)
+                measured = _measure_ab(opts, cells, base_tree, head_tree, design, more)
         else:
             head_git = gitinfo.git_info(repo)
             _check_tree(repo, "the working tree")
-            measured = _measure_ab(opts, cells, base_tree, repo, needs_more)
+            measured = _measure_ab(opts, cells, base_tree, repo, design, more)
 
     base_desc = f"{opts.base_ref} @ {base_sha[:10]}"
     head_desc = (f"{opts.head_ref} @ {head_sha[:10]}" if head_sha else
@@ -154,22 +209,34 @@ def gate_ab(opts: GateOptions) -> GateResult:
             verdicts.append(CellVerdict(cid, labels[cid], status="error",
                                         message="not measured (interrupted)"))
             continue
-        head = side_from_results(cid, labels[cid], runs[HEAD], f"A/B head {head_desc}",
-                                 head_git.get("sha"))
-        base = side_from_results(cid, labels[cid], runs[BASE], f"A/B base {base_desc}", base_sha)
-        cv = judge_cell(head, base, opts.policies)
-        cv.remeasured = cid in measured.remeasured
-        verdicts.append(cv)
+        head, base = sides(cid, runs, f"A/B head {head_desc}", f"A/B base {base_desc}",
+                           head_git.get("sha"), base_sha)
+        cv = looks.judge(head, base, cid, measured.rounds.get(cid, 0))
+        verdicts.append(_describe(cv, runs, opts.policies, design, measured, repeats[cid]))
     result = GateResult(opts.scenario.name, "ab", base_desc, head_desc, verdicts, opts.policies,
-                        opts.allow_missing, opts.fail_on_inconclusive,
-                        extra={"gate_id": opts.gate_id, "base_run": base_journal.run_id,
-                               "head_run": head_journal.run_id, "host": opts.host.name,
-                               "rounds": opts.rounds, "remeasure": opts.remeasure})
+                        design, opts.allow_missing, opts.allow_undecided,
+                        extra=_extra(opts, measured, base_run=base_journal.run_id,
+                                     head_run=head_journal.run_id))
     if base_sha == (head_git.get("sha") or head_sha) and not head_git.get("dirty"):
         result.notes.append("base and head are the same commit: this is an A/A run (noise check)")
+    _budget_note(result, measured, opts)
+    return result
+
+
+def _extra(opts: GateOptions, measured: abtest.Measured | None, **more) -> dict:
+    extra = {"gate_id": opts.gate_id, "host": opts.host.name, "budget_s": opts.budget_s, **more}
+    if measured is not None:
+        extra.update(elapsed_s=round(measured.elapsed_s, 1), rounds=measured.rounds,
+                     round_s={cid: [round(t, 3) for t in ts] for cid, ts in measured.round_s.items()})
+    return extra
+
+
+def _budget_note(result: GateResult, measured: abtest.Measured, opts: GateOptions) -> None:
     if measured.interrupted:
         result.notes.append("interrupted: cells that did not finish count as errors")
-    return result
+    if measured.budget_out:
+        result.notes.append(f"the time budget ({opts.budget_s:g} s) ran out before "
+                            f"{len(measured.budget_out)} cell(s) were decided (--budget-s)")
 
 
 def _check_tree(tree: Path, what: str) -> None:
@@ -178,17 +245,39 @@ def _check_tree(tree: Path, what: str) -> None:
                                            f"specdec-harness commit")
 
 
-def _measure_ab(opts, cells, base_tree, head_tree, needs_more) -> abtest.Measured:
+def _measure_ab(opts, cells, base_tree, head_tree, design, more) -> abtest.Measured:
     hosts = {BASE: abtest.host_for_tree(opts.host, base_tree),
              HEAD: abtest.host_for_tree(opts.host, head_tree)}
-    opts.log(f"A/B gate {opts.gate_id}: {len(cells)} cell(s) x {opts.rounds} round(s) per side "
-             f"on {opts.host.name}, interleaved; up to {opts.remeasure} more round(s) for cells "
-             f"that look regressed")
-    return abtest.measure(cells, hosts, rounds=opts.rounds, remeasure=opts.remeasure,
-                          needs_more=needs_more, on_result=_progress(opts, len(cells)))
+    budget = f"{opts.budget_s:g} s" if opts.budget_s is not None else "no limit"
+    opts.log(f"A/B gate {opts.gate_id}: {len(cells)} cell(s) on {opts.host.name}, interleaved; "
+             f"{design.first_look} round(s) per side, then one more while a gated metric is "
+             f"undecided, up to {design.max_rounds} ({design.looks} look(s), Bonferroni); "
+             f"budget {budget}")
+    return abtest.measure(cells, hosts, design=design, wants_more=more, budget_s=opts.budget_s,
+                          on_result=_progress(opts, len(cells)))
 
 
 # -- against a stored baseline -----------------------------------------------------------------
+
+
+PROBE_CELL = {"workload": "noop", "sleep_s": 0.0, "timeout_s": 300}
+
+
+def probe_class(host: Host) -> str:
+    """The baseline class of what `host` measures, from one no-op cell's environment: known
+    before any real cell runs, so a missing baseline is reported before anything is measured."""
+    async def run() -> dict:
+        try:
+            return await host.run_cell(dict(PROBE_CELL), 0, lambda _p: None)
+        finally:
+            if hasattr(host, "close"):
+                await host.close()
+    result = asyncio.run(run())
+    if result.get("status") != "ok":
+        first = ((result.get("error") or "").strip().splitlines() or ["no result"])[0]
+        raise InputError(None, None, None, f"host {host.name}: cannot tell its GPU class "
+                                           f"(a no-op cell failed: {first[:200]})")
+    return baselines.result_gpu_class(result)
 
 
 def gate_against(opts: GateOptions) -> GateResult:
@@ -196,76 +285,112 @@ def gate_against(opts: GateOptions) -> GateResult:
     sc = opts.scenario
     cells = sc.cells()
     labels = {params.cell_id(c): params.cell_label(c) for c in cells}
+    repeats = {params.cell_id(c): params.canonical(c)["repeats"] for c in cells}
     baselines_dir = opts.baselines_dir or opts.results_dir / "baselines"
+    base_desc = {"mlflow": "MLflow runs tagged baseline=true",
+                 "file": f"{baselines_dir}/<class>/{sc.name}.json", "run": f"run {base_run}"}[mode]
 
-    loaded: dict[str, dict[str, Side]] = {}        # GPU class -> cell id -> baseline side
-    fixed: dict[str, Side] | None = None
-    if mode == "run":
-        journal, fixed = baselines.from_journal(opts.runs_root, base_run)
-        if journal.scenario_name != sc.name:
-            raise InputError(None, None, None, f"baseline run {base_run} is of scenario "
-                                               f"'{journal.scenario_name}', not '{sc.name}'")
-
-    def baseline_for(cid: str, cls: str | None) -> Side | None:
-        if fixed is not None:
-            return fixed.get(cid)
-        if cls is None:
-            return None
-        if cls not in loaded:
-            loaded[cls] = (baselines.from_file(baselines_dir, sc.name, cls) if mode == "file"
-                           else baselines.from_mlflow(opts.tracking_uri, sc.name, cls))
-        return loaded[cls].get(cid)
-
-    notes = []
-    remeasured: set[str] = set()
+    head_sides: dict[str, Side] | None = None
+    head_journal = None
     if opts.head_run:
         head_journal, head_sides = baselines.from_journal(opts.runs_root, opts.head_run)
         if head_journal.scenario_name != sc.name:
             raise InputError(None, None, None, f"run {opts.head_run} is of scenario "
                                                f"'{head_journal.scenario_name}', not '{sc.name}'")
-        head_desc = f"run {opts.head_run} @ {str(head_journal.meta.get('git_sha'))[:10]}"
-        if opts.remeasure:
-            notes.append("no re-measure: the head was measured earlier (--run)")
+
+    # 1. Every baseline, before anything is measured.
+    if mode == "file" and not any(Path(baselines_dir).glob(f"*/{sc.name}.json")):
+        raise InputError(str(baselines_dir), None, None,
+                         f"no baseline for scenario '{sc.name}' in any class; make one with: "
+                         f"harness baseline mark RUN --file")
+    if mode == "run":
+        journal, base_sides = baselines.from_journal(opts.runs_root, base_run)
+        if journal.scenario_name != sc.name:
+            raise InputError(None, None, None, f"baseline run {base_run} is of scenario "
+                                               f"'{journal.scenario_name}', not '{sc.name}'")
+        classes = None
     else:
-        def needs_more(cid: str, per_side: dict[str, list[dict]]) -> bool:
+        if head_sides is not None:
+            classes = sorted({s.gpu_class for s in head_sides.values() if s.gpu_class})
+        else:
+            opts.log(f"gate {opts.gate_id}: probing {opts.host.name} for its GPU class")
+            classes = [probe_class(opts.host)]
+        base_sides = {}
+        for cls in classes:
+            found = (baselines.from_file(baselines_dir, sc.name, cls) if mode == "file"
+                     else baselines.from_mlflow(opts.tracking_uri, sc.name, cls))
+            for cid, side in found.items():
+                base_sides.setdefault(cid, side)
+    missing = [cid for cid in labels if cid not in base_sides or base_sides[cid].error]
+    if missing and not opts.allow_missing:
+        names = ", ".join(labels[c] for c in missing[:3]) + (" …" if len(missing) > 3 else "")
+        raise InputError(None, None, None,
+                         f"{len(missing)} of {len(labels)} cell(s) have no baseline in "
+                         f"{base_desc}: {names} (mark a run with `harness baseline mark RUN`, or "
+                         f"--allow-missing)")
+
+    # 2. A design that can decide with those baselines.
+    if head_sides is not None:
+        counts = {cid: {m: (len(base_sides[cid].samples[m]), len(head_sides[cid].samples[m]))
+                        for m in opts.policies
+                        if m in base_sides[cid].samples and m in head_sides[cid].samples}
+                  for cid in labels if cid in base_sides and cid in head_sides}
+        design = check_fixed(opts.policies, counts, labels,
+                             f"run {opts.head_run} against {base_desc}")
+    else:
+        base_counts = {cid: {m: len(v) for m, v in base_sides[cid].samples.items()}
+                       for cid in labels if cid in base_sides and not base_sides[cid].error}
+        design = plan_stored(opts.policies, base_counts, repeats, labels, base_desc,
+                             opts.max_rounds, opts.rounds)
+    looks = _Looks(opts.policies, design)
+
+    # 3. The head: measured now, looking after each round, or taken from its journal.
+    notes, measured = [], None
+    per_cell: dict[str, list[dict]] = {}
+    if head_sides is not None:
+        head_desc = f"run {opts.head_run} @ {str(head_journal.meta.get('git_sha'))[:10]}"
+        per_cell = {cid: [r] for cid, r in head_journal.results().items()}
+        notes.append("the head was measured earlier (--run): one look, no more rounds")
+    else:
+        def more(cid: str, per_side: dict[str, list[dict]], rounds_done: int) -> bool:
             head = side_from_results(cid, labels[cid], per_side[HEAD], HEAD)
-            base = baseline_for(cid, head.gpu_class) if not head.error else None
-            if base is None or base.error or base.gpu_class != head.gpu_class:
+            base = base_sides.get(cid)
+            if head.error or base is None or base.error or base.gpu_class != head.gpu_class:
                 return False
-            return needs_remeasure(judge_cell(head, base, opts.policies, with_ci=False),
-                                   opts.screen)
+            return wants_more(looks.judge(head, base, cid, rounds_done))
 
         git = gitinfo.git_info()
-        opts.log(f"gate {opts.gate_id}: measuring {len(cells)} cell(s) x {opts.rounds} round(s) "
-                 f"on {opts.host.name}; up to {opts.remeasure} more round(s) for cells that "
-                 f"look regressed")
-        measured = abtest.measure(cells, {HEAD: opts.host}, rounds=opts.rounds,
-                                  remeasure=opts.remeasure, needs_more=needs_more,
-                                  on_result=_progress(opts, len(cells)))
-        remeasured = measured.remeasured
+        budget = f"{opts.budget_s:g} s" if opts.budget_s is not None else "no limit"
+        opts.log(f"gate {opts.gate_id}: {len(cells)} cell(s) on {opts.host.name}; "
+                 f"{design.first_look} round(s), then one more while a gated metric is "
+                 f"undecided, up to {design.max_rounds} ({design.looks} look(s), Bonferroni); "
+                 f"budget {budget}")
+        measured = abtest.measure(cells, {HEAD: opts.host}, design=design, wants_more=more,
+                                  budget_s=opts.budget_s, on_result=_progress(opts, len(cells)))
         per_cell = {cid: r[HEAD] for cid, r in measured.results.items()}
         head_journal = _journal(opts, HEAD, cells, per_cell, _meta(opts, git, "."))
         head_sides = {cid: side_from_results(cid, labels[cid], runs, f"head {str(git['sha'])[:10]}",
                                              git["sha"]) for cid, runs in per_cell.items()}
         head_desc = (f"working tree @ {str(git['sha'])[:10]}"
                      + (" (uncommitted changes)" if git.get("dirty") else ""))
-        if measured.interrupted:
-            notes.append("interrupted: cells that did not finish count as errors")
 
+    # 4. The verdicts.
     verdicts = []
     for cid, label in labels.items():
         head = head_sides.get(cid)
         if head is None:
             verdicts.append(CellVerdict(cid, label, status="error", message="head: not measured"))
             continue
-        base = baseline_for(cid, head.gpu_class) if not head.error else None
-        cv = judge_cell(head, base, opts.policies)
-        cv.remeasured = cid in remeasured
-        verdicts.append(cv)
-    base_desc = {"mlflow": "MLflow runs tagged baseline=true", "file": f"{baselines_dir}/<gpu>/{sc.name}.json",
-                 "run": f"run {base_run}"}[mode]
+        base = base_sides.get(cid) if not head.error else None
+        rounds_done = measured.rounds.get(cid, 0) if measured else 1
+        cv = looks.judge(head, base, cid, rounds_done)
+        verdicts.append(_describe(cv, {HEAD: per_cell.get(cid, [])}, opts.policies, design,
+                                  measured, repeats[cid]))
     classes = sorted({s.gpu_class for s in head_sides.values() if s.gpu_class})
-    return GateResult(sc.name, mode, base_desc, head_desc, verdicts, opts.policies,
-                      opts.allow_missing, opts.fail_on_inconclusive, notes,
-                      extra={"gate_id": opts.gate_id, "head_run": head_journal.run_id,
-                             "gpu_classes": classes, "host": opts.host.name})
+    result = GateResult(sc.name, mode, base_desc, head_desc, verdicts, opts.policies, design,
+                        opts.allow_missing, opts.allow_undecided, notes,
+                        extra=_extra(opts, measured, head_run=head_journal.run_id,
+                                     gpu_classes=classes))
+    if measured is not None:
+        _budget_note(result, measured, opts)
+    return result

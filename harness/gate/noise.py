@@ -1,0 +1,124 @@
+"""The noise a gate saw, per cell, side and metric: how much the repeats of one worker run
+scatter, how much the worker runs (rounds) differ from each other, and the full range.
+
+Two spreads, because they have different causes and cures: scatter within a run (a noisy
+timer, a short window) shrinks with more steps or repeats; a difference between runs (clocks
+and thermals, a neighbour on a shared host, a host-bound loop racing other processes) does not,
+and only interleaving base and head round by round keeps it out of the comparison. Both are
+robust (median absolute deviation over the median), relative for metrics with a relative
+threshold and absolute for metrics with an absolute one, so they read against the threshold;
+a spread over half of it is a warning: at that noise the gate needs many rounds to decide.
+
+Pure functions over worker results; the host facts each result carries (harness.hostfacts:
+load, clocks, throttling, foreign GPU processes) are summarised beside them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from harness.gate.policy import Policy
+
+
+@dataclass(frozen=True)
+class Noise:
+    metric: str
+    side: str
+    runs: int                     # ok worker runs
+    n: int                        # samples over all runs
+    relative: bool                # spreads are fractions of the median (else absolute)
+    within: float | None          # median over runs of each run's MAD (of its repeats)
+    between: float | None         # MAD of the runs' medians (None with one run)
+    lo: float
+    hi: float
+
+    def to_dict(self) -> dict:
+        return {"metric": self.metric, "side": self.side, "runs": self.runs, "n": self.n,
+                "relative": self.relative, "within_runs": self.within,
+                "between_runs": self.between, "min": self.lo, "max": self.hi}
+
+
+def _samples(result: dict, metric: str) -> list[float]:
+    listed = (result.get("samples") or {}).get(metric)
+    if isinstance(listed, list) and listed:
+        values = listed
+    else:
+        value = (result.get("metrics") or {}).get(metric)
+        values = [value] if value is not None else []
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v)]
+
+
+def mad(values: list[float]) -> float:
+    m = statistics.median(values)
+    return statistics.median(abs(v - m) for v in values)
+
+
+def side_noise(results: list[dict], policy: Policy, side: str) -> Noise | None:
+    """The spreads of one metric over a side's worker runs (None without a sample)."""
+    runs = [s for s in (_samples(r, policy.metric) for r in results if r.get("status") == "ok") if s]
+    if not runs:
+        return None
+    relative = policy.threshold_rel is not None
+    every = [v for run in runs for v in run]
+
+    def scaled(spread: float, centre: float) -> float:
+        if not relative:
+            return spread
+        return spread / abs(centre) if centre else math.inf
+
+    within = [scaled(mad(run), statistics.median(run)) for run in runs if len(run) > 1]
+    medians = [statistics.median(run) for run in runs]
+    between = scaled(mad(medians), statistics.median(medians)) if len(medians) > 1 else None
+    return Noise(policy.metric, side, len(runs), len(every), relative,
+                 statistics.median(within) if within else None, between, min(every), max(every))
+
+
+def threshold(policy: Policy, relative: bool) -> float | None:
+    return policy.threshold_rel if relative else policy.threshold_abs
+
+
+def warnings(noise: Noise, policy: Policy, label: str) -> list[str]:
+    """One line per spread over half the policy's threshold."""
+    thr = threshold(policy, noise.relative)
+    if not thr:
+        return []
+    out = []
+    for what, value in (("between rounds", noise.between), ("within a run", noise.within)):
+        if value is not None and value > thr / 2:
+            out.append(f"{label} ({noise.side}): `{policy.metric}` varies {fmt_spread(value, noise.relative)} "
+                       f"{what} (MAD/median), more than half its {policy.threshold_text()} "
+                       f"threshold")
+    return out
+
+
+def fmt_spread(value: float | None, relative: bool) -> str:
+    if value is None:
+        return "–"
+    if relative:
+        return "∞" if math.isinf(value) else f"{100 * value:.1f} %"
+    return f"{value:.3g}"
+
+
+@dataclass
+class HostNotes:
+    """What the host facts of one side's runs say about noise (harness.hostfacts.noise_notes),
+    with each line once."""
+
+    lines: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, results: list[dict]) -> "HostNotes":
+        from harness import hostfacts
+
+        seen: list[str] = []
+        for r in results:
+            facts = r.get("host_facts")
+            if not isinstance(facts, dict):
+                continue
+            for line in hostfacts.noise_notes(facts):
+                if line not in seen:
+                    seen.append(line)
+        return cls(seen)
