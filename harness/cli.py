@@ -62,6 +62,9 @@ def run(
                                          help="finish a run: run only its missing or failed cells, log what was not logged"),
     trigger: Optional[str] = typer.Option(None, "--trigger", help="manual | nightly | pr (default: the scenario's)"),
     results_dir: Path = typer.Option(RESULTS_DIR, "--results", help="journal root is RESULTS/runs"),
+    fresh_workers: bool = typer.Option(False, "--fresh-workers",
+                                       help="local host: a new worker process per cell instead of one per GPU "
+                                            "for the whole run (if you suspect state leaking between cells)"),
 ):
     """Run a scenario's cells, journal every result, log the run to MLflow."""
     from harness import gitinfo, journal as jr, runner, tracking
@@ -83,6 +86,10 @@ def run(
             for h in chosen:
                 if hasattr(h, "gpu_busy"):
                     h.gpu_busy = sc.gpu_busy
+        if fresh_workers:                      # the flag beats the hosts file's `persistent`
+            for h in chosen:
+                if hasattr(h, "persistent"):
+                    h.persistent = False
         wanted = [h.name for h in chosen]
     except InputError as e:
         raise fail_input(e)

@@ -14,7 +14,9 @@
         busy_wait_s: 600
 
 `local` (this machine) always exists; an entry named `local` (without `ssh`) sets its python,
-gpus, labels and env. Every mistake is an InputError at file:line:column, like scenarios.
+gpus, labels, env and `persistent` (default true: one serving worker process per GPU for the
+whole sweep; false: a fresh process per cell, as `harness run --fresh-workers` does). Every
+mistake is an InputError at file:line:column, like scenarios.
 
 Values end up on a remote command line only as single shell words (shlex.quote), and host
 names and SSH targets are restricted to characters that need no quoting at all: a hosts file
@@ -33,7 +35,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.errors import InputError
-from harness.hosts import Host, LocalHost
+from harness.hosts import Host, LocalHost, local_hosts
 from harness.scenario import _read_yaml, _show, _Source
 
 DEFAULT_HOSTS_FILE = Path("hosts.yaml")
@@ -66,6 +68,7 @@ class HostSpec(BaseModel):
     connect_timeout_s: Annotated[float, Field(gt=0, le=600)] = 10.0
     gpu_busy: Literal[GPU_BUSY_POLICIES] = "wait"
     busy_wait_s: Annotated[float, Field(ge=0)] = 600.0
+    persistent: bool | None = None     # local only; unset means true
 
 
 class HostsFile(BaseModel):
@@ -84,6 +87,7 @@ _WHAT = {
     "connect_timeout_s": "a number of seconds > 0",
     "gpu_busy": "wait or noisy",
     "busy_wait_s": "a number of seconds >= 0",
+    "persistent": "true or false",
 }
 
 
@@ -167,7 +171,11 @@ def _build(name: str, spec: HostSpec, source: _Source) -> Host:
             raise source.error(at + ("ssh",), "'local' is this machine: it takes no ssh target "
                                               "(name the remote host differently)")
         return LocalHost(name="local", python=os.path.expanduser(spec.python or sys.executable),
-                         gpus=spec.gpus, labels=dict(spec.labels), env=env)
+                         gpus=spec.gpus, labels=dict(spec.labels), env=env,
+                         persistent=spec.persistent is not False)
+    if spec.persistent is not None:
+        raise source.error(at + ("persistent",), "persistent is a setting of the local host only "
+                                                 "(an SSH host starts a worker per cell)", key=True)
     if spec.ssh is None:
         raise source.error(at, f"host '{name}' needs an ssh target (an alias from ~/.ssh/config "
                                f"or [user@]host[:port])")
@@ -194,13 +202,13 @@ def parse_hosts(text: str, path: str | os.PathLike | None = None) -> dict[str, H
         source = _read_yaml(text, shown)
     except InputError as err:
         if "empty scenario file" in err.message:     # an empty hosts file: just `local`
-            return {"local": LocalHost()}
+            return local_hosts()
         raise
     try:
         spec = HostsFile.model_validate(source.data)
     except ValidationError as exc:
         raise _schema_error(exc, source) from None
-    inventory: dict[str, Host] = {"local": LocalHost()}
+    inventory: dict[str, Host] = local_hosts()
     for name, host_spec in spec.hosts.items():
         inventory[name] = _build(name, host_spec, source)
     return inventory
@@ -210,7 +218,7 @@ def load_hosts(path: str | os.PathLike | None = None) -> dict[str, Host]:
     """The inventory from `path`; with no path, from ./hosts.yaml if it exists, else just local."""
     if path is None:
         if not DEFAULT_HOSTS_FILE.is_file():
-            return {"local": LocalHost()}
+            return local_hosts()
         path = DEFAULT_HOSTS_FILE
     shown = str(path)
     try:

@@ -55,6 +55,8 @@ DEFAULTS: dict[str, object] = {
     "steps": 8,                   # decode steps timed per repeat (the steady window)
     "repeats": 3,
     "profile_steps": 4,           # steps under the CUDA-activity profiler (GPU only; 0 = off)
+    "profile": True,              # false: no profile and no sync audit this run (the gate's
+                                  # later rounds, which need only the timed window)
     "timeout_s": 900,             # the controller kills the worker after this long
 }
 
@@ -70,7 +72,7 @@ DEFAULTS.update(IMPL_DEFAULTS)
 
 # Parameters that describe how a cell is measured rather than what it measures. They are
 # logged but excluded from the cell id, so raising `repeats` still lines up with baselines.
-MEASUREMENT_KNOBS = ("warmup_steps", "steps", "repeats", "profile_steps", "timeout_s",
+MEASUREMENT_KNOBS = ("warmup_steps", "steps", "repeats", "profile_steps", "profile", "timeout_s",
                      "compare_modes")
 
 # Parameters that only one workload has, with their defaults. They join a cell's canonical form

@@ -221,6 +221,7 @@ _PARAM_TYPES: dict[str, tuple[Any, str]] = {
     "steps": (_PositiveInt, "a positive integer"),
     "repeats": (_PositiveInt, "a positive integer"),
     "profile_steps": (_NonNegativeInt, "an integer >= 0"),
+    "profile": (StrictBool, "true or false"),
     "timeout_s": (_PositiveInt, "a positive integer (seconds)"),
     "sleep_s": (Annotated[float, Field(ge=0, allow_inf_nan=False)], "a number of seconds >= 0"),
     "work_us": (Annotated[float, Field(gt=0, allow_inf_nan=False)], "a positive number (µs)"),

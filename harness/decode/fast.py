@@ -11,7 +11,10 @@ for token under greedy acceptance), rearranged so the host never has to wait for
   * the host learns what was committed one step behind, from pinned buffers guarded by events
     (two of each, alternating), so reading it never stalls the GPU;
   * graph_capture=verify replays the target's verify forward as one CUDA graph; full replays
-    the whole step (draft, tree build, verify, accept, commit) as one graph (needs gpu/gpu).
+    the whole step (draft, tree build, verify, accept, commit) as one graph (needs gpu/gpu);
+  * `reset(seed)` makes a used decoder equal to a new one without reallocating a buffer or
+    recapturing a graph, so a process that measures the same cell many times pays for the KV
+    cache and the capture once.
 
 Modes that keep work on the host (tree_build=cpu, accept=cpu) reproduce the motivating case:
 a fast verify surrounded by host orchestration the GPU waits for.
@@ -47,6 +50,24 @@ class _OneStepBehind:
         self.lengths_host = [0] * batch              # as of the last record read
         self.graphs: dict = {}
 
+    def _reset_behind(self, phase: PhaseFn | None) -> None:
+        """Back to `_init_behind`'s state, in the same buffers and events (and graphs)."""
+        if self.cuda:
+            # A window that ended without `finish` (the profile and audit windows) leaves
+            # copies to the pinned buffers in flight: they must land before the host clears
+            # them. Outside any timed window, so a full synchronise costs nothing measured.
+            torch.cuda.synchronize(self.device)
+        self.record.zero_()
+        for host in self.host_record:
+            host.zero_()
+        self.pending.clear()
+        self.parity = 0
+        self.output = [[] for _ in range(self.b)]
+        self.lengths_host = [0] * self.b
+        self.steps_launched = 0
+        if phase is not None:
+            self.phase = phase
+
     def finish(self) -> list[int]:
         """Read the record still outstanding (call at the end of a window, before timing)."""
         return self._read_behind(drain=True)
@@ -80,25 +101,39 @@ class _OneStepBehind:
         return committed
 
     # -- CUDA graphs ---------------------------------------------------------------------
-    def _graph(self, name: str, fn, warm_step: bool = False):
-        """Capture `fn` once and return the graph to replay. Torch wants a warm-up run on a
-        side stream first; when `fn` is a whole step (`warm_step`), that run is a real step
-        and its record is published like any other."""
+    def _graph(self, name: str, fn):
+        """The graph of `fn` (captured at the first call) to replay. `fn` has already run once
+        for real when this returns the new graph: the caller replays it, so `fn` must be safe
+        to run twice on the same inputs. The verify forward is: it writes the tree's KV slots
+        from its inputs alone, so a second run writes the same values and returns the same
+        outputs."""
+        if name not in self.graphs:
+            self.graphs[name] = self._capture(fn)
+        return self.graphs[name]
+
+    def _graph_step(self, name: str, fn) -> None:
+        """One whole step `fn` through its graph. The call that captures it does not replay
+        it: the warm-up run before the capture was this call's step (a step is not safe to run
+        twice). So every call is exactly one step, whether the graph was captured in this call,
+        earlier, or before a `reset`: a reset decoder steps exactly like a new one."""
         if name in self.graphs:
-            return self.graphs[name]
+            with self.phase("graph"):
+                self.graphs[name].replay()
+        else:
+            self.graphs[name] = self._capture(fn)
+
+    @staticmethod
+    def _capture(fn) -> torch.cuda.CUDAGraph:
+        """Run `fn` for real on a side stream (torch wants a warm-up run before a capture),
+        then capture it."""
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             fn()
         torch.cuda.current_stream().wait_stream(s)
-        if warm_step:
-            self.steps_launched += 1
-            self._publish()
-            self._read_behind(drain=True)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-        self.graphs[name] = graph
         return graph
 
 
@@ -134,15 +169,54 @@ class FastSpecDecoder(_OneStepBehind):
         self.arange_B = torch.arange(self.B, device=dev)
         self.step_index = L(1)
         self.synthetic = acceptance == "synthetic"
+        self.max_steps = max_steps
         if self.synthetic:
-            acc = SyntheticAcceptance(tau, self.B, seed)
-            self.draws_host = [[acc.draw() for _ in range(batch)] for _ in range(max_steps)]
+            self.acceptance = SyntheticAcceptance(tau, self.B, seed)
+            self.draws_host = self._draw()
             self.draws = torch.tensor(self.draws_host, device=dev)
         self.steps_launched = 0
 
         self._init_behind(batch, 1 + self.B, dev, phase)
 
+    def _draw(self) -> list[list[int]]:
+        """The next synthetic accepted lengths [max_steps][batch], in the baseline loop's
+        draw order."""
+        acc = self.acceptance
+        return [[acc.draw() for _ in range(self.b)] for _ in range(self.max_steps)]
+
     # -- setup ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def reset(self, seed: int, phase: PhaseFn | None = None) -> None:
+        """Put the decoder back into its state right after construction with `seed`, then
+        `prefill` or `prefill_random` as after construction. `phase`, when given, replaces the
+        host phase timer.
+
+        What survives: every buffer construction allocated (the KV caches, the static per-step
+        tensors, the pinned record buffers and their events), each cleared in place (the new
+        seed's synthetic draws are copied into `draws`); the captured CUDA graphs; and
+        `_verify_out`, the verify graph's output tensors, which its replays write.
+
+        Why that is sound: a graph replays fixed kernels on fixed addresses. It reads and
+        writes only those buffers (same address, shape and dtype after a reset) and its own
+        memory pool, and the shapes it bakes in come from construction arguments, which a reset
+        cannot change. The host state a step keeps (steps_launched, the pending records, the
+        output) is reset here, and `_graph_step` makes the capturing call one step like any
+        other. So step k after a reset computes what step k of a new decoder computes.
+        """
+        self._reset_behind(phase)
+        # Zeroed as construction leaves them, although no step reads a slot that neither the
+        # prefill nor the step itself wrote: a few ms at HBM bandwidth buy exact equality.
+        for c in (self.cache, self.draft_cache):
+            c.k.zero_()
+            c.v.zero_()
+        for t in (self.lengths, self.bonus, self.tree_ids, self.depth, self.parents,
+                  self.first_child, self.vis, self.bits, self.step_index):
+            t.zero_()
+        if self.synthetic:
+            self.acceptance.reseed(seed)
+            self.draws_host = self._draw()            # the host walk reads it; no graph does
+            self.draws.copy_(torch.tensor(self.draws_host))
+
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], chunk: int = 1024) -> None:
         lengths, bonus = prefill(self.target, self.cache, prompts, chunk, capture=self.capture,
@@ -173,9 +247,7 @@ class FastSpecDecoder(_OneStepBehind):
         """One speculative step. Returns the tokens committed per sequence by the step whose
         record has been read (one step behind; the first call returns zeros)."""
         if self.graph_capture == "full":
-            graph = self._graph("full", self._device_step, warm_step=True)
-            with self.phase("graph"):
-                graph.replay()
+            self._graph_step("full", self._device_step)
         else:
             self._eager_step()
         self.steps_launched += 1
@@ -350,6 +422,18 @@ class FastARDecoder(_OneStepBehind):
         self._init_behind(batch, 2, dev, phase)
 
     @torch.no_grad()
+    def reset(self, seed: int = 0, phase: PhaseFn | None = None) -> None:
+        """Back to the state right after construction, keeping the KV cache, the static
+        buffers and the captured graph, as `FastSpecDecoder.reset` (which says why that is
+        sound). Plain greedy decoding draws nothing: `seed` is taken so every decoder resets
+        alike, and changes nothing."""
+        self._reset_behind(phase)
+        self.cache.k.zero_()
+        self.cache.v.zero_()
+        self.lengths.zero_()
+        self.bonus.zero_()
+
+    @torch.no_grad()
     def prefill(self, prompts: list[list[int]], chunk: int = 1024) -> None:
         lengths, bonus = prefill(self.target, self.cache, prompts, chunk)
         self.lengths.copy_(torch.tensor(lengths))
@@ -378,9 +462,7 @@ class FastARDecoder(_OneStepBehind):
     @torch.no_grad()
     def step(self) -> list[int]:
         if self.graph_capture != "none":
-            graph = self._graph("ar", self._device_step, warm_step=True)
-            with self.phase("graph"):
-                graph.replay()
+            self._graph_step("ar", self._device_step)
         else:
             with self.phase("verify"):
                 self._device_step()

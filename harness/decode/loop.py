@@ -62,6 +62,10 @@ class SyntheticAcceptance:
     def draw(self) -> int:
         return self.rng.choices(range(1, self.max_len + 1), weights=self.weights)[0]
 
+    def reseed(self, seed: int) -> None:
+        """Draw from the start of `seed`'s stream, as a new instance with that seed would."""
+        self.rng.seed(seed)
+
 
 class SpecDecoder:
     """Speculative decoding of a batch with the baseline (host) tree build and accept."""
@@ -85,6 +89,23 @@ class SpecDecoder:
         self.output: list[list[int]] = [[] for _ in range(batch)]
 
     # -- setup ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def reset(self, seed: int, phase: PhaseFn | None = None) -> None:
+        """Back to the state right after construction with `seed` (and `phase`, when given),
+        keeping the KV caches (zeroed in place): a process that measures the same cell many
+        times allocates them once. Every other attribute a step changes is set anew here."""
+        for c in (self.cache, self.draft_cache):
+            c.k.zero_()
+            c.v.zero_()
+        if self.synthetic is not None:
+            self.synthetic.reseed(seed)       # tau, and so the weights, are construction's
+        batch = len(self.output)
+        self.lengths = [0] * batch
+        self.bonus = torch.zeros(batch, dtype=torch.long, device=self.device)
+        self.output = [[] for _ in range(batch)]
+        if phase is not None:
+            self.phase = phase
+
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], chunk: int = 1024) -> None:
         """Run the target over each prompt (causal, chunked), fill the drafter's context cache

@@ -124,7 +124,8 @@ def side_order(sides: list[str], round_no: int) -> list[str]:
 
 def measure(cells: list[dict], hosts: dict[str, Host], *, design: Design,
             wants_more: WantsMore | None = None, budget_s: float | None = None,
-            on_result: OnResult | None = None, clock: Callable[[], float] = time.monotonic) -> Measured:
+            on_result: OnResult | None = None, profile_every_round: bool = True,
+            clock: Callable[[], float] = time.monotonic) -> Measured:
     """Run every cell `design.first_look` rounds per side, interleaved, then one round at a
     time while `wants_more` says a verdict is still open, up to `design.max_rounds`.
 
@@ -133,18 +134,25 @@ def measure(cells: list[dict], hosts: dict[str, Host], *, design: Design,
     over goes to the cells after it), so one noisy cell cannot starve the rest. `hosts` maps
     side name -> host; all must be the same machine (slot i of each is the same GPU).
     Persistent hosts are closed at the end, in the loop that started their workers. Ctrl-C
-    stops and keeps what finished."""
+    stops and keeps what finished.
+
+    `profile_every_round=False`: only a cell's first round runs the profiler and the sync
+    audit (cell knob `profile`); later rounds measure their timed window and nothing else.
+    For a gate that gates no per-run metric, that is what a round needs, at about a second
+    less a round."""
     measured = Measured()
     t0 = clock()
     try:
-        asyncio.run(_measure(cells, hosts, design, wants_more, budget_s, on_result, measured, clock))
+        asyncio.run(_measure(cells, hosts, design, wants_more, budget_s, on_result,
+                             profile_every_round, measured, clock))
     except KeyboardInterrupt:
         measured.interrupted = True
     measured.elapsed_s = clock() - t0
     return measured
 
 
-async def _measure(cells, hosts, design, wants_more, budget_s, on_result, measured, clock) -> None:
+async def _measure(cells, hosts, design, wants_more, budget_s, on_result, profile_every_round,
+                   measured, clock) -> None:
     sides = list(hosts)
     queue: asyncio.Queue = asyncio.Queue()
     for i, cell in enumerate(cells, start=1):
@@ -154,8 +162,9 @@ async def _measure(cells, hosts, design, wants_more, budget_s, on_result, measur
 
     async def one_round(i, cell, slot, cid, per_side, r):
         t = clock()
+        sent = cell if r == 0 or profile_every_round else {**cell, "profile": False}
         for side in side_order(sides, r):
-            result = await hosts[side].run_cell(cell, slot, lambda _p: None)
+            result = await hosts[side].run_cell(sent, slot, lambda _p: None)
             per_side[side].append(result)
             if on_result:
                 on_result(i, cell, side, r, result)

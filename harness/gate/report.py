@@ -175,6 +175,10 @@ def _how(result: GateResult) -> str:
     spent = extra.get("elapsed_s")
     cost = (f", {spent:g} s of a {budget:g} s budget" if spent is not None and budget
             else f", {spent:g} s" if spent is not None else "")
+    over = (extra.get("round_overhead_s") or {}).get("median")
+    if over is not None:
+        cost += (f"; beyond the timed windows a later round costs {over:.2f} s a worker run "
+                 f"(median; max {extra['round_overhead_s']['max']:.2f} s)")
     return {"ab": f"A/B on `{extra.get('host', '?')}`, interleaved, {plan}{cost}",
             "mlflow": f"against the latest MLflow baseline, {plan}{cost}",
             "file": f"against the baseline file, {plan}{cost}",

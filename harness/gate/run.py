@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import platform
+import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,11 +33,11 @@ from harness.gate import abtest, baselines, noise
 from harness.gate.abtest import BASE, HEAD
 from harness.gate.baselines import Side, side_from_results
 from harness.gate.judge import CellVerdict, GateResult, judge_cell, settled, wants_more
-from harness.gate.policy import Policy
+from harness.gate.policy import PER_RUN, Policy
 from harness.gate.sequential import (DEFAULT_MAX_ROUNDS, Design, check_fixed, per_round,
                                      plan_ab, plan_stored, rounds_to_decide)
 from harness.gate.stats import Comparison
-from harness.hosts import Host
+from harness.hosts import Host, serves
 from harness.journal import RunJournal, new_run_id
 
 # A PR job's worth: long enough for a small GPU scenario to settle its quiet cells, short
@@ -227,8 +228,32 @@ def _extra(opts: GateOptions, measured: abtest.Measured | None, **more) -> dict:
     extra = {"gate_id": opts.gate_id, "host": opts.host.name, "budget_s": opts.budget_s, **more}
     if measured is not None:
         extra.update(elapsed_s=round(measured.elapsed_s, 1), rounds=measured.rounds,
-                     round_s={cid: [round(t, 3) for t in ts] for cid, ts in measured.round_s.items()})
+                     round_s={cid: [round(t, 3) for t in ts] for cid, ts in measured.round_s.items()},
+                     round_overhead_s=round_overheads(measured))
     return extra
+
+
+def round_overheads(measured: abtest.Measured) -> dict:
+    """What a round costs beyond its measurement, per worker run, after each cell's first
+    round: the round's wall time (as the controller saw it) less the timed windows its worker
+    runs report (`timing.window_s`). Absent where the workload reports no timing."""
+    per_cell = {}
+    for cid, per_side in measured.results.items():
+        costs = []
+        for r, wall in enumerate(measured.round_s.get(cid, [])):
+            if r == 0:
+                continue
+            runs = [results[r] for results in per_side.values() if len(results) > r]
+            windows = [(x.get("timing") or {}).get("window_s") for x in runs]
+            if runs and all(isinstance(w, (int, float)) for w in windows):
+                costs.append((wall - sum(windows)) / len(runs))
+        if costs:
+            per_cell[cid] = {"median": round(statistics.median(costs), 3),
+                             "max": round(max(costs), 3), "n": len(costs)}
+    every = [c["median"] for c in per_cell.values()]
+    return {"cells": per_cell,
+            "median": round(statistics.median(every), 3) if every else None,
+            "max": round(max(c["max"] for c in per_cell.values()), 3) if per_cell else None}
 
 
 def _budget_note(result: GateResult, measured: abtest.Measured, opts: GateOptions) -> None:
@@ -248,19 +273,34 @@ def _check_tree(tree: Path, what: str) -> None:
 def _measure_ab(opts, cells, base_tree, head_tree, design, more) -> abtest.Measured:
     hosts = {BASE: abtest.host_for_tree(opts.host, base_tree),
              HEAD: abtest.host_for_tree(opts.host, head_tree)}
+    # Both sides keep a long-lived worker or neither does: a warm head (models and graphs
+    # kept) against a base that starts cold every round would tilt the comparison.
+    if not all(serves(tree) for tree in (base_tree, head_tree)):
+        for side, host in hosts.items():
+            if getattr(host, "persistent", False):
+                hosts[side] = host.with_persistent(False)
+        opts.log("note: one side's worker cannot serve many cells (an older commit): both "
+                 "sides start a worker per round")
     budget = f"{opts.budget_s:g} s" if opts.budget_s is not None else "no limit"
     opts.log(f"A/B gate {opts.gate_id}: {len(cells)} cell(s) on {opts.host.name}, interleaved; "
              f"{design.first_look} round(s) per side, then one more while a gated metric is "
              f"undecided, up to {design.max_rounds} ({design.looks} look(s), Bonferroni); "
              f"budget {budget}")
     return abtest.measure(cells, hosts, design=design, wants_more=more, budget_s=opts.budget_s,
-                          on_result=_progress(opts, len(cells)))
+                          on_result=_progress(opts, len(cells)),
+                          profile_every_round=_profiles_gated(opts.policies))
+
+
+def _profiles_gated(policies: dict[str, Policy]) -> bool:
+    """Whether a gated metric comes from the profiled window (one sample a run): then every
+    round must profile; otherwise only a cell's first round does (its idle fraction is reported)."""
+    return any(p.gate and p.per == PER_RUN for p in policies.values())
 
 
 # -- against a stored baseline -----------------------------------------------------------------
 
 
-PROBE_CELL = {"workload": "noop", "sleep_s": 0.0, "timeout_s": 300}
+PROBE_CELL = params.canonical({"workload": "noop", "sleep_s": 0.0, "timeout_s": 300})
 
 
 def probe_class(host: Host) -> str:
@@ -366,7 +406,8 @@ def gate_against(opts: GateOptions) -> GateResult:
                  f"undecided, up to {design.max_rounds} ({design.looks} look(s), Bonferroni); "
                  f"budget {budget}")
         measured = abtest.measure(cells, {HEAD: opts.host}, design=design, wants_more=more,
-                                  budget_s=opts.budget_s, on_result=_progress(opts, len(cells)))
+                                  budget_s=opts.budget_s, on_result=_progress(opts, len(cells)),
+                                  profile_every_round=_profiles_gated(opts.policies))
         per_cell = {cid: r[HEAD] for cid, r in measured.results.items()}
         head_journal = _journal(opts, HEAD, cells, per_cell, _meta(opts, git, "."))
         head_sides = {cid: side_from_results(cid, labels[cid], runs, f"head {str(git['sha'])[:10]}",

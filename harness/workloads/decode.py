@@ -1,17 +1,26 @@
 """The decode workload: build the target and drafter, run the decode loop, measure it.
 
-Per repeat: a fresh KV cache is prefilled, `warmup_steps` steps run untimed, then `steps` steps
-form the steady window (tokens/s = committed tokens / window wall time, with the device
-synchronised at both ends). On a GPU, `profile_steps` further steps run under the CUDA-activity
-profiler in the last repeat, outside the timed window so the profiler's overhead never touches
-tokens/s, and give the idle fraction and per-phase GPU time.
+Per repeat: the decoder is reset to its new state with the repeat's seed and prefilled,
+`warmup_steps` steps run untimed, then `steps` steps form the steady window (tokens/s =
+committed tokens / window wall time, with the device synchronised at both ends). On a GPU,
+`profile_steps` further steps run under the CUDA-activity profiler in the last repeat, outside
+the timed window so the profiler's overhead never touches tokens/s, and give the idle fraction
+and per-phase GPU time.
+
+A process keeps the last cell's models and decoder (a persistent worker measures the same cell
+round after round): a round after the first allocates no KV cache and captures no CUDA graph.
+A reset decoder computes exactly what a new one would (harness/decode/fast.py, `reset`), so
+reuse changes what a round costs, not what it measures; the result says what was reused
+(`reuse`) and where a round's time went (`timing`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import statistics
 import time
+import traceback
 from collections import defaultdict
 
 import torch
@@ -42,17 +51,45 @@ def resolve_dtype(cell: dict, device: torch.device) -> torch.dtype:
     return getattr(torch, cell["dtype"])
 
 
+# What a process keeps between cells: the last models and the last cell's decoder, one of
+# each (8B weights are 16 GB; a 32k KV cache several more). The decoder belongs to the models:
+# whatever drops the models drops it first.
 _MODELS: dict = {}
+_DECODERS: dict = {}
+
+
+def _model_key(cell: dict, device: torch.device, dtype: torch.dtype) -> tuple:
+    return (cell["model"], cell["checkpoint"], cell["seed"], cell["block_size"], str(device), dtype)
 
 
 def build_models(cell: dict, device: torch.device, dtype: torch.dtype) -> tuple[Target, Drafter]:
-    """The target and drafter of a cell. A worker runs one cell, but a script that runs many
-    cells in one process (ci/gpu/decode_modes.py) reuses the last pair when it matches."""
-    key = (cell["model"], cell["checkpoint"], cell["seed"], cell["block_size"], str(device), dtype)
+    """The target and drafter of a cell: the last pair when it matches (a persistent worker,
+    or a script that runs many cells in one process like ci/gpu/decode_modes.py)."""
+    key = _model_key(cell, device, dtype)
     if key not in _MODELS:
-        _MODELS.clear()                      # one model at a time: 8B weights are 16 GB
+        release()                            # the old decoder and models before the new ones
         _MODELS[key] = _build_models(cell, device, dtype)
     return _MODELS[key]
+
+
+def release() -> None:
+    """Free what this process keeps for the next decode cell: the decoder, then the models."""
+    _DECODERS.clear()
+    _MODELS.clear()
+    torch.cuda.empty_cache()                 # a no-op where CUDA was never initialised
+
+
+def drop_decoder() -> None:
+    """Free the kept decoder: its KV caches, static buffers and CUDA graphs (and their pool)."""
+    _DECODERS.clear()
+    torch.cuda.empty_cache()
+
+
+def _decoder_key(cell: dict, device: torch.device, dtype: torch.dtype) -> str:
+    """The whole cell but `profile`: measurement knobs set max_len and max_steps, and any knob
+    may be baked into a captured graph; whether this run profiles changes neither."""
+    kept = {k: v for k, v in cell.items() if k != "profile"}
+    return json.dumps(kept, sort_keys=True) + f"|{device}|{dtype}"
 
 
 def _build_models(cell: dict, device: torch.device, dtype: torch.dtype) -> tuple[Target, Drafter]:
@@ -98,13 +135,33 @@ def use_kernels(cell: dict, device: torch.device) -> None:
 
 
 def run(cell: dict, progress) -> dict:
+    try:
+        return _run(cell, progress)
+    except BaseException as exc:
+        # A failed cell (out of memory at 65k, a kernel error) must not keep its decoder for
+        # the next cell of this process. The traceback's frames still reference it, so their
+        # locals go too (the worker formats the traceback from code and line numbers only).
+        traceback.clear_frames(exc.__traceback__)
+        drop_decoder()
+        raise
+
+
+def _run(cell: dict, progress) -> dict:
     device = resolve_device(cell)
     dtype = resolve_dtype(cell, device)
     use_kernels(cell, device)
     torch.manual_seed(cell["seed"])
-    progress(stage="build", device=str(device), dtype=str(dtype).removeprefix("torch."))
-    target, drafter = build_models(cell, device, dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    # Seconds of this run by part, summed over the repeats: window_s is the timed windows,
+    # the others are what a round costs beyond its measurement.
+    timing = dict.fromkeys(("build_s", "setup_s", "warmup_s", "window_s", "profile_s"), 0.0)
+    progress(stage="build", device=str(device), dtype=str(dtype).removeprefix("torch."))
+    t0 = time.perf_counter()
+    model_kept = _model_key(cell, device, dtype) in _MODELS
+    target, drafter = build_models(cell, device, dtype)
+    if not model_kept:
+        sync()
+        timing["build_s"] = time.perf_counter() - t0
 
     batch, ctx, B = cell["batch_size"], cell["context_length"], cell["block_size"]
     per_step = B if cell["speculation"] == "ddtree" else 1
@@ -113,22 +170,37 @@ def run(cell: dict, progress) -> dict:
     random_prefill = cell["acceptance"] == "synthetic"
 
     lengths = prefix_lengths(ctx, batch)
-    tps, accept_means, step_ms, phase_ms = [], [], [], defaultdict(list)
-    trace_stats, event_ms, audit = {}, [], None
+    tps, accept_means, step_ms, step_p50, phase_ms = [], [], [], [], defaultdict(list)
+    trace_stats, event_ms, audit, decoder_kept = {}, [], None, False
+    key = _decoder_key(cell, device, dtype)
     for r in range(cell["repeats"]):
         progress(stage="prefill", repeat=r + 1, repeats=cell["repeats"])
+        t0 = time.perf_counter()
         clock = PhaseClock()
         seed = cell["seed"] * 1000 + r     # each repeat its own prompt and acceptance draws
-        dec = _decoder(cell, target, drafter, batch, max_len, clock, seed)
+        dec = _DECODERS.get(key)
+        if r == 0:
+            decoder_kept = dec is not None
+        if dec is not None:
+            dec.reset(seed, phase=clock)   # as new with this repeat's seed: same measurement
+        else:
+            drop_decoder()                 # first: two 32k KV caches may not fit side by side
+            dec = _DECODERS[key] = _decoder(cell, target, drafter, batch, max_len, clock, seed)
         if random_prefill:
             dec.prefill_random(lengths, seed)
         else:
             gen = torch.Generator().manual_seed(seed)
             vocab = target.cfg.vocab_size - 1
             dec.prefill([torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths])
+        sync()
+        timing["setup_s"] += time.perf_counter() - t0
+
+        t0 = time.perf_counter()
         for _ in range(cell["warmup_steps"]):
             dec.step()
         drain(dec)  # what the fast loops still owe from warm-up is read outside the window
+        sync()
+        timing["warmup_s"] += time.perf_counter() - t0
         progress(stage="measure", repeat=r + 1, repeats=cell["repeats"])
 
         clock.host_s.clear()
@@ -146,26 +218,27 @@ def run(cell: dict, progress) -> dict:
         committed += sum(drain(dec))
         sync()
         window = time.perf_counter() - t_start
+        timing["window_s"] += window
         event_ms.append(events.window_ms())
 
         tps.append(committed / window)
         accept_means.append(committed / (cell["steps"] * batch))
         step_ms.extend(t * 1e3 for t in times)
+        step_p50.append(measure.percentile([t * 1e3 for t in times], 50))
         for name in PHASES:
             if name in clock.host_s:
                 phase_ms[name].append(clock.host_s[name] * 1e3 / cell["steps"])
 
-        if r == cell["repeats"] - 1 and device.type == "cuda":
+        if r == cell["repeats"] - 1 and device.type == "cuda" and cell["profile"]:
             # After the timed windows, never inside them: the profiler and the audit slow
             # the host, and CUPTI takes one subscriber at a time.
+            t0 = time.perf_counter()
             if cell["profile_steps"] > 0:
                 progress(stage="profile", steps=cell["profile_steps"])
                 trace_stats = idle.profile_window(dec.step, cell["profile_steps"])
             progress(stage="sync audit", steps=AUDIT_STEPS)
             audit = syncaudit.audit_window(dec.step, AUDIT_STEPS, device)
-        del dec
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+            timing["profile_s"] = time.perf_counter() - t0
 
     metrics = {
         "tokens_per_s": statistics.median(tps),
@@ -180,11 +253,16 @@ def run(cell: dict, progress) -> dict:
     # per-phase GPU and idle time, syncs per step: absent, never zero, where not measured.
     meter, meter_samples, extra = idle.meter_outputs(trace_stats, event_ms, cell["steps"], audit)
     metrics.update(meter)
+    # step_ms: every timed step of every repeat; step_ms_p50: one p50 per repeat, the
+    # per-repeat samples of metrics["step_ms_p50"] (which is the p50 over all steps).
     samples = {"tokens_per_s": tps, "accept_len_mean": accept_means, "step_ms": step_ms,
-               **meter_samples}
+               "step_ms_p50": step_p50, **meter_samples}
     if device.type == "cuda":
         metrics.update(roofline(cell, target, drafter, lengths, metrics))
-    return {"metrics": metrics, "samples": samples, **extra}
+    # reuse.decoder: this run built no decoder (its first repeat reset the kept one; later
+    # repeats always reset).
+    return {"metrics": metrics, "samples": samples, **extra,
+            "reuse": {"model": model_kept, "decoder": decoder_kept}, "timing": timing}
 
 
 def prefix_lengths(ctx: int, batch: int) -> list[int]:
