@@ -203,27 +203,29 @@ def test_ab_gate_end_to_end_in_a_throwaway_repo(stub_repo, tmp_path):
     base = commit_speed(stub_repo, 100.0, "base", "base")
     results = tmp_path / "results"
 
-    # A/A: the base commit against the unchanged working tree. 5 repeats a round: the plan
-    # looks first after two rounds per side (5 vs 5 cannot reach alpha / K), interleaved.
+    # A/A: the base commit against the unchanged working tree. A round is one sample (the
+    # median of its repeats), so the plan looks first after 7 rounds per side (6 vs 6 cannot
+    # reach alpha / K with 15 rounds at most), interleaved A B B A ...
     (stub_repo / "harness" / "speed.py").write_text(speed_file(100.0, "head"))
     code, out = gate("--base", base, results=results)
     assert code == 0, out
-    assert (tmp_path / "order.log").read_text().split() == ["base", "head", "head", "base"]
-    assert "unchanged (round 2)" in out and "Bonferroni" in out
+    interleaved = ["base", "head", "head", "base"] * 3 + ["base", "head"]
+    assert (tmp_path / "order.log").read_text().split() == interleaved
+    assert "unchanged (round 7)" in out and "Bonferroni" in out
 
     # The working tree is 10 % slower: regression, decided at the first look.
     (tmp_path / "order.log").unlink()
     (stub_repo / "harness" / "speed.py").write_text(speed_file(90.0, "head"))
     code, out = gate("--base", base, "--markdown", tmp_path / "pr.md", results=results)
     assert code == 1, out
-    assert (tmp_path / "order.log").read_text().split() == ["base", "head", "head", "base"]
+    assert (tmp_path / "order.log").read_text().split() == interleaved
     md = (tmp_path / "pr.md").read_text()
-    assert "❌ regressed (round 2)" in md and "| 10/10 | 100 | 90 | -10.0 % |" in md
+    assert "❌ regressed (round 7)" in md and "| 7/7 | 100 | 90 | -10.0 % |" in md
     [gate_dir] = [d for d in (results / "gates").iterdir() if "-10.0 %" in (d / "report.md").read_text()]
     report = json.loads((gate_dir / "gate.json").read_text())
     assert report["mode"] == "ab" and report["base"].endswith(base[:10])
-    assert report["design"]["first_look"] == 2 and report["design"]["looks"] == 9
-    assert sorted(p.name.split(".")[1] for p in (gate_dir / "raw").iterdir()) == ["base", "base", "head", "head"]
+    assert report["design"]["first_look"] == 7 and report["design"]["looks"] == 9
+    assert sorted(p.name.split(".")[1] for p in (gate_dir / "raw").iterdir()) == ["base"] * 7 + ["head"] * 7
     head_run = json.loads((results / "runs" / report["head_run"] / "run.json").read_text())
     assert head_run["meta"]["git_dirty"] is True and head_run["meta"]["trigger"] == "pr"
 
@@ -279,8 +281,9 @@ def test_gate_against_a_baseline_file_measures_the_head_now(stub_repo, tmp_path)
 
     code, out = gate("--baseline", "file", results=results)
     assert code == 1, out
-    # One no-op probe for the GPU class, then the head measured twice here (5 baseline
-    # samples against 5 a round: the first look can reach alpha / K at round 2); no base run.
+    # One no-op probe for the GPU class, then the head measured twice here (a stored baseline
+    # is one run, so its repeats are the samples: 5 against 5 a round reach alpha / K at
+    # round 2); no base run.
     assert (tmp_path / "order.log").read_text().split() == ["head", "head", "head"]
     report = json.loads(next((results / "gates").glob("*/gate.json")).read_text())
     tps = report["cells"][0]["metrics"][0]
@@ -328,8 +331,9 @@ def test_a_design_that_cannot_reach_alpha_is_refused_before_measuring(stub_repo,
     code, out = gate("--baseline", "file", results=results)
     assert code == 1, out
     report = json.loads(sorted((results / "gates").glob("*/gate.json"))[-1].read_text())
-    assert report["design"]["first_look"] == 3
-    assert report["cells"][0]["metrics"][0]["n_head"] == 15
+    first = report["design"]["first_look"]
+    assert first == 4        # min p of 3 vs 5r samples first below 0.01 / (15 - r + 1) at r = 4
+    assert report["cells"][0]["metrics"][0]["n_head"] == 5 * first
 
 
 def test_no_baseline_file_at_all_is_reported_before_anything_runs(stub_repo, tmp_path):
@@ -343,14 +347,14 @@ def test_undecided_gate_exits_3_and_says_what_would_decide_it(stub_repo, tmp_pat
     base = commit_speed(stub_repo, 100.0, "base", "base")
     (stub_repo / "harness" / "speed.py").write_text(speed_file(100.0, "head", noise=0.3))
     results = tmp_path / "results"
-    code, out = gate("--base", base, "--max-rounds", "3", results=results)
+    code, out = gate("--base", base, "--max-rounds", "8", results=results)
     assert code == 3, out
-    assert "undecided: " in out and "round(s) per side would likely decide it" in out
+    assert "undecided: " in out and "would likely decide it" in out
     assert "Performance gate undecided" in out
     report = json.loads(next((results / "gates").glob("*/gate.json")).read_text())
-    assert report["exit_code"] == 3 and report["cells"][0]["rounds"] == {"base": 3, "head": 3}
+    assert report["exit_code"] == 3 and report["cells"][0]["rounds"] == {"base": 8, "head": 8}
     assert report["cells"][0]["warnings"]            # 30 % noise against a 3 % threshold
-    code, out = gate("--base", base, "--max-rounds", "3", "--allow-undecided", results=results)
+    code, out = gate("--base", base, "--max-rounds", "8", "--allow-undecided", results=results)
     assert code == 0 and "--allow-undecided" in out
 
 
@@ -419,7 +423,7 @@ def test_ab_gate_with_the_real_worker_on_the_tiny_model(tmp_path, monkeypatch):
 
     monkeypatch.chdir(repo)
     results = tmp_path / "results"
-    # Two worker runs per side before the first look (the plan's), which decides it.
+    # Seven rounds per side before the first look (the plan's), which decides it.
     r = runner.invoke(app, ["gate", "s.yaml", "--base", base,
                             "--results", str(results), "--json", str(tmp_path / "g.json")],
                       env={"COLUMNS": "200"})
@@ -427,8 +431,8 @@ def test_ab_gate_with_the_real_worker_on_the_tiny_model(tmp_path, monkeypatch):
     report = json.loads((tmp_path / "g.json").read_text())
     metrics = {m["metric"]: m for m in report["cells"][0]["metrics"]}
     accept = metrics["accept_len_mean"]
-    assert accept["verdict"] == "regressed" and accept["n_base"] == accept["n_head"] == 10
+    assert accept["verdict"] == "regressed" and accept["n_base"] == accept["n_head"] == 7
     assert accept["head_median"] < accept["base_median"] / 2
-    assert accept["p_worse"] < 0.001 and accept["look"] == 2
+    assert accept["p_worse"] < 0.001 and accept["look"] == 7
     assert (results / "runs" / report["base_run"] / "cells").is_dir()
     assert git("worktree", "list", "--porcelain", cwd=repo).count("worktree ") == 1

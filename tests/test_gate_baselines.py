@@ -40,7 +40,8 @@ def journal(root: Path, run_id: str, tps: float, gpu: str | None = "NVIDIA H200"
                       "metrics": {"tokens_per_s": tps, "accept_len_mean": 6.5, "idle_fraction": None}
                       if ok else {},
                       "samples": {"tokens_per_s": [tps * f for f in (0.99, 1.0, 1.01, 0.995, 1.005)],
-                                  "step_ms": [1.0] * 40} if ok else {},
+                                  "accept_len_mean": [6.5] * 5, "step_ms": [1.0] * 40}
+                      if ok else {},
                       "env": {"gpu": gpu}, "started_at": "2026-01-01T00:00:00+00:00"})
     return j
 

@@ -125,7 +125,7 @@ def test_gate_against_the_mlflow_baseline(tmp_path, store):
     report = json.loads((tmp_path / "gate.json").read_text())
     assert report["mode"] == "mlflow" and report["counts"]["regressed"] == 2
     tps = report["cells"][0]["metrics"][0]
-    assert tps["metric"] == "tokens_per_s" and tps["ratio"] == pytest.approx(0.9)
+    assert tps["metric"] == "tokens_per_s" and tps["hl_ratio"] == pytest.approx(0.9)
     assert "mlflow run" in report["cells"][0]["base_source"]
 
     same = make_journal(tmp_path, name, "20260103-000000-abcdef", 100.0, "NVIDIA H200",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -79,9 +80,20 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def samples_of(results: list[dict]) -> dict[str, list[float]]:
-    """Every metric's samples pooled over ok results: the per-repeat list where the worker gives
-    one (`samples.tokens_per_s`), else the metric's single value (one sample per run)."""
+REPEAT, RUN = "repeat", "run"    # the unit of a sample: one repeat, or one worker run
+
+
+def samples_of(results: list[dict], unit: str = REPEAT) -> dict[str, list[float]]:
+    """Every metric's samples over ok results. `unit` REPEAT: the per-repeat list where the
+    worker gives one (`samples.tokens_per_s`), pooled; else the metric's single value. RUN: one
+    sample per worker run, the median of its repeats.
+
+    Repeats of one run share its process, its clocks, its allocations: on a GPU host they are
+    far more alike than two runs are (an A/A on an H200 showed runs of identical code settle
+    3-12 % apart with repeats within 1 % of each other). Pooled as if independent they make a
+    run-to-run difference look significant; the A/B gate therefore tests runs (RUN), each
+    summarised by its repeats. A stored baseline is one run, so a comparison with it can only
+    use repeats, and says so."""
     pooled: dict[str, list[float]] = {}
     for r in results:
         if r.get("status") != "ok":
@@ -90,18 +102,20 @@ def samples_of(results: list[dict]) -> dict[str, list[float]]:
         for name, value in (r.get("metrics") or {}).items():
             listed = per_repeat.get(name)
             if isinstance(listed, list) and listed and all(_is_number(v) for v in listed):
-                pooled.setdefault(name, []).extend(float(v) for v in listed)
+                values = [float(v) for v in listed]
+                pooled.setdefault(name, []).extend(values if unit == REPEAT
+                                                   else [statistics.median(values)])
             elif _is_number(value):
                 pooled.setdefault(name, []).append(float(value))
     return pooled
 
 
 def side_from_results(cell_id: str, label: str, results: list[dict], source: str,
-                      git_sha: str | None = None) -> Side:
+                      git_sha: str | None = None, unit: str = REPEAT) -> Side:
     ok = [r for r in results if r.get("status") == "ok"]
     classes = sorted({result_gpu_class(r) for r in ok})
     side = Side(cell_id, label, classes[0] if len(classes) == 1 else None,
-                samples_of(ok), source, git_sha, n_runs=len(ok))
+                samples_of(ok, unit), source, git_sha, n_runs=len(ok))
     if len(classes) > 1:  # pooled over two GPU classes: a measurement of neither
         side.error = f"measured on more than one GPU class ({', '.join(classes)})"
     elif not ok:

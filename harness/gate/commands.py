@@ -66,7 +66,7 @@ def gate(
     hosts_file: Optional[Path] = typer.Option(None, "--hosts", metavar="FILE", help="hosts inventory"),
     rounds: int = typer.Option(1, "--rounds", help="rounds per side before the first look, at least "
                                                    "(the plan may need more)"),
-    max_rounds: int = typer.Option(10, "--max-rounds", help="rounds per side at most; sets the number of "
+    max_rounds: int = typer.Option(15, "--max-rounds", help="rounds per side at most; sets the number of "
                                                             "looks alpha is split among"),
     budget_s: float = typer.Option(600.0, "--budget-s", help="time for rounds after the first ones "
                                                              "(0: no limit); undecided cells exit 3"),

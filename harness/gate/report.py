@@ -107,7 +107,9 @@ def legend(result: GateResult) -> str:
     eqs = sorted({p.alpha_eq for p in shown})
     looks = d.looks if d else 1
     level = ", ".join(f"{a:g}" for a in alphas)
-    return (f"n: samples base/head (repeats × rounds). base, head: their medians; change: "
+    unit = ("rounds base/head, each the median of its repeats (runs differ more than repeats "
+            "do)" if result.mode == "ab" else "samples base/head (the runs' repeats)")
+    return (f"n: {unit}. base, head: their medians; change: "
             f"head/base of the medians. HL [CI]: Hodges–Lehmann change with its "
             f"distribution-free {1 - 2 * eqs[0] / looks:.1%} interval (unchanged = the interval "
             f"inside ±threshold). p: one-sided Mann–Whitney; significant below α/K = "

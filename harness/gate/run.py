@@ -31,7 +31,7 @@ from harness import gitinfo, params
 from harness.errors import InputError
 from harness.gate import abtest, baselines, noise
 from harness.gate.abtest import BASE, HEAD
-from harness.gate.baselines import Side, side_from_results
+from harness.gate.baselines import RUN, Side, side_from_results
 from harness.gate.judge import CellVerdict, GateResult, judge_cell, settled, wants_more
 from harness.gate.policy import PER_RUN, Policy
 from harness.gate.sequential import (DEFAULT_MAX_ROUNDS, Design, check_fixed, per_round,
@@ -119,10 +119,6 @@ def _meta(opts: GateOptions, git: dict, tree: str) -> dict:
             "controller": {"python": platform.python_version(), "platform": platform.platform()}}
 
 
-def _fewest_repeats(cells: list[dict]) -> int:
-    return min(params.canonical(c)["repeats"] for c in cells)
-
-
 class _Looks:
     """The verdicts each cell has reached so far, look by look: a metric decided once keeps
     its verdict (the design spent that look's share of alpha on it)."""
@@ -139,6 +135,7 @@ class _Looks:
 
 def _describe(cv: CellVerdict, per_side: dict[str, list[dict]], policies: dict[str, Policy],
               design: Design, measured: abtest.Measured | None, repeats: int) -> CellVerdict:
+    """(`repeats`: samples a round gives a per-repeat metric: 1 where the unit is a round.)"""
     """Add to a cell's verdict what the reader needs to trust it: rounds, noise per side and
     metric, host facts, and for an undecided metric about how many rounds would decide it."""
     cv.rounds = {side: len(results) for side, results in per_side.items()}
@@ -166,14 +163,15 @@ def gate_ab(opts: GateOptions) -> GateResult:
     head_sha = abtest.resolve_commit(repo, opts.head_ref) if opts.head_ref else None
     cells = opts.scenario.cells()
     labels = {params.cell_id(c): params.cell_label(c) for c in cells}
-    repeats = {params.cell_id(c): params.canonical(c)["repeats"] for c in cells}
-    design = plan_ab(opts.policies, _fewest_repeats(cells), opts.max_rounds, opts.rounds)
+    # The unit of an A/B sample is a round (one worker run, the median of its repeats): runs
+    # differ by more than repeats do (baselines.samples_of), so one sample a round per metric.
+    design = plan_ab(opts.policies, 1, opts.max_rounds, opts.rounds)
     looks = _Looks(opts.policies, design)
 
     def sides(cid: str, per_side: dict[str, list[dict]], head_desc="head", base_desc="base",
               head_git=None, base_git=None) -> tuple[Side, Side]:
-        return (side_from_results(cid, labels[cid], per_side[HEAD], head_desc, head_git),
-                side_from_results(cid, labels[cid], per_side[BASE], base_desc, base_git))
+        return (side_from_results(cid, labels[cid], per_side[HEAD], head_desc, head_git, RUN),
+                side_from_results(cid, labels[cid], per_side[BASE], base_desc, base_git, RUN))
 
     def more(cid: str, per_side: dict[str, list[dict]], rounds_done: int) -> bool:
         head, base = sides(cid, per_side)
@@ -213,7 +211,7 @@ def gate_ab(opts: GateOptions) -> GateResult:
         head, base = sides(cid, runs, f"A/B head {head_desc}", f"A/B base {base_desc}",
                            head_git.get("sha"), base_sha)
         cv = looks.judge(head, base, cid, measured.rounds.get(cid, 0))
-        verdicts.append(_describe(cv, runs, opts.policies, design, measured, repeats[cid]))
+        verdicts.append(_describe(cv, runs, opts.policies, design, measured, 1))
     result = GateResult(opts.scenario.name, "ab", base_desc, head_desc, verdicts, opts.policies,
                         design, opts.allow_missing, opts.allow_undecided,
                         extra=_extra(opts, measured, base_run=base_journal.run_id,
@@ -320,6 +318,27 @@ def probe_class(host: Host) -> str:
     return baselines.result_gpu_class(result)
 
 
+def _demote_single_samples(policies: dict[str, Policy], base_sides: dict[str, Side],
+                           head_sides: dict[str, Side] | None,
+                           labels: dict[str, str]) -> tuple[dict[str, Policy], list[str]]:
+    """Gated metrics that some cell's stored baseline (or journaled head) holds as a single
+    value become reported-only, with a note naming them."""
+    from dataclasses import replace
+
+    out, notes = dict(policies), []
+    for name, policy in policies.items():
+        if not policy.gate:
+            continue
+        single = [cid for cid in labels
+                  for sides in (base_sides, head_sides or {})
+                  if cid in sides and len(sides[cid].samples.get(name) or []) == 1]
+        if single:
+            out[name] = replace(policy, gate=False)
+            notes.append(f"`{name}` is stored as one value per run for {len(set(single))} "
+                         f"cell(s) (no per-repeat samples): reported, not gated")
+    return out, notes
+
+
 def gate_against(opts: GateOptions) -> GateResult:
     mode, base_run = parse_baseline(opts.baseline)
     sc = opts.scenario
@@ -361,7 +380,10 @@ def gate_against(opts: GateOptions) -> GateResult:
                      else baselines.from_mlflow(opts.tracking_uri, sc.name, cls))
             for cid, side in found.items():
                 base_sides.setdefault(cid, side)
-    missing = [cid for cid in labels if cid not in base_sides or base_sides[cid].error]
+    # (A head cell that failed is reported as the error it is, not as a missing baseline.)
+    wanted = [cid for cid in labels
+              if head_sides is None or (cid in head_sides and not head_sides[cid].error)]
+    missing = [cid for cid in wanted if cid not in base_sides or base_sides[cid].error]
     if missing and not opts.allow_missing:
         names = ", ".join(labels[c] for c in missing[:3]) + (" …" if len(missing) > 3 else "")
         raise InputError(None, None, None,
@@ -369,7 +391,14 @@ def gate_against(opts: GateOptions) -> GateResult:
                          f"{base_desc}: {names} (mark a run with `harness baseline mark RUN`, or "
                          f"--allow-missing)")
 
-    # 2. A design that can decide with those baselines.
+    # 2. A design that can decide with those baselines. A metric stored as one value per run
+    # (no per-repeat samples: an older worker, a per-run metric) can never be decided from one
+    # run a side: it is reported, not gated, and the report says so.
+    policies, notes = _demote_single_samples(opts.policies, base_sides, head_sides, labels)
+    if not any(p.gate and any(p.metric in b.samples for b in base_sides.values())
+               for p in policies.values()):
+        policies, notes = opts.policies, []    # nothing left to gate: refuse, saying why below
+    opts.policies = policies
     if head_sides is not None:
         counts = {cid: {m: (len(base_sides[cid].samples[m]), len(head_sides[cid].samples[m]))
                         for m in opts.policies
@@ -385,7 +414,7 @@ def gate_against(opts: GateOptions) -> GateResult:
     looks = _Looks(opts.policies, design)
 
     # 3. The head: measured now, looking after each round, or taken from its journal.
-    notes, measured = [], None
+    measured = None
     per_cell: dict[str, list[dict]] = {}
     if head_sides is not None:
         head_desc = f"run {opts.head_run} @ {str(head_journal.meta.get('git_sha'))[:10]}"

@@ -28,7 +28,7 @@ from harness.errors import InputError
 from harness.gate.policy import PER_REPEAT, Policy
 from harness.gate.stats import Comparison, ci_rank, compare, min_p
 
-DEFAULT_MAX_ROUNDS = 10
+DEFAULT_MAX_ROUNDS = 15
 PLAN_SEARCH_LIMIT = 500      # rounds or samples tried when saying what a refused design needs
 
 
