@@ -213,15 +213,34 @@ def _reasons_query(nv):
             or getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None))
 
 
+# The controller that started this worker names itself here, so that its other workers (an A/B
+# keeps a base and a head worker on one GPU, taking turns) are not reported as foreign load.
+SIBLINGS_ENV = "HARNESS_CONTROLLER_PID"
+
+
 def _foreign(nv, handle) -> list[dict]:
     mine = _own_pids()
     out = []
     for proc in nv.nvmlDeviceGetComputeRunningProcesses(handle):
-        if proc.pid in mine:
+        if proc.pid in mine or _is_sibling(proc.pid):
             continue
         used = getattr(proc, "usedGpuMemory", None)  # None where the driver cannot tell
         out.append({"pid": proc.pid, "used_mib": round(used / _MIB) if used is not None else None})
     return out
+
+
+def _is_sibling(pid: int) -> bool:
+    """Whether `pid` is another worker of this worker's controller (its parent, as /proc
+    shows it; False wherever that cannot be read)."""
+    controller = os.environ.get(SIBLINGS_ENV, "")
+    if not controller.isdigit():
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = f.read().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return False
+    return ppid == controller
 
 
 def _own_pids() -> set[int]:

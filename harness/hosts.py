@@ -114,6 +114,8 @@ class LocalHost:
     def _env(self, slot: int) -> dict:
         """The worker's environment, for either kind of worker."""
         env = dict(os.environ, **self.env, PYTHONUNBUFFERED="1")
+        # Its sibling workers (an A/B's other side on the same GPU) are not foreign load.
+        env["HARNESS_CONTROLLER_PID"] = str(os.getpid())
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpus[slot])
         if self.code_root:

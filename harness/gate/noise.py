@@ -80,18 +80,25 @@ def threshold(policy: Policy, relative: bool) -> float | None:
     return policy.threshold_rel if relative else policy.threshold_abs
 
 
-def warnings(noise: Noise, policy: Policy, label: str) -> list[str]:
-    """One line per spread over half the policy's threshold."""
-    thr = threshold(policy, noise.relative)
-    if not thr:
-        return []
-    out = []
-    for what, value in (("between rounds", noise.between), ("within a run", noise.within)):
-        if value is not None and value > thr / 2:
-            out.append(f"{label} ({noise.side}): `{policy.metric}` varies {fmt_spread(value, noise.relative)} "
-                       f"{what} (MAD/median), more than half its {policy.threshold_text()} "
-                       f"threshold")
-    return out
+def warnings(noises: list[Noise], policies: dict[str, Policy], label: str,
+             per_round: bool) -> list[str]:
+    """One line per side naming every metric whose spread is over half its threshold. With
+    rounds as the samples (`per_round`, an A/B) only the spread between rounds counts: the
+    scatter within a run is averaged into each round's median."""
+    by_side: dict[str, list[str]] = {}
+    for n in noises:
+        policy = policies.get(n.metric)
+        thr = threshold(policy, n.relative) if policy else None
+        if not thr:
+            continue
+        spreads = (("between rounds", n.between),) if per_round else \
+            (("between rounds", n.between), ("within a run", n.within))
+        for what, value in spreads:
+            if value is not None and value > thr / 2:
+                by_side.setdefault(n.side, []).append(
+                    f"`{n.metric}` {fmt_spread(value, n.relative)} {what}")
+    return [f"{label} ({side}): " + ", ".join(items) + " (MAD/median; over half the threshold)"
+            for side, items in by_side.items()]
 
 
 def fmt_spread(value: float | None, relative: bool) -> str:

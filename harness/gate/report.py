@@ -148,8 +148,13 @@ def undecided_lines(result: GateResult) -> list[str]:
             seen = ", ".join(f"{n.side} {fmt_spread(n.between if n.between is not None else n.within, n.relative)}"
                              for n in spread)
             need = cv.to_decide.get(c.metric)
-            more = (f"about {need} round(s) per side would likely decide it" if need else
-                    "no number of rounds is likely to decide it (the change sits at the threshold)")
+            if need and need > 10 * max(result.design.max_rounds if result.design else 1, 10):
+                more = (f"more than {10 * max(result.design.max_rounds, 10)} rounds per side: too "
+                        f"noisy to gate at this threshold")
+            elif need:
+                more = f"about {need} round(s) per side would likely decide it"
+            else:
+                more = "no number of rounds is likely to decide it (the change sits at the threshold)"
             why = " (time budget ran out)" if cv.budget_out else ""
             out.append(f"{cv.label} — `{c.metric}`: HL {fmt_hl(c)} after "
                        f"{cv.rounds.get('head', '?')} round(s){why}; noise {seen or '–'}; {more}")

@@ -144,8 +144,8 @@ def _describe(cv: CellVerdict, per_side: dict[str, list[dict]], policies: dict[s
             n = noise.side_noise(results, policy, side)
             if n is not None:
                 cv.noise.append(n)
-                cv.warnings += noise.warnings(n, policy, cv.label)
         cv.host_notes += [f"{side}: {line}" for line in noise.HostNotes.of(results).lines]
+    cv.warnings = noise.warnings(cv.noise, policies, cv.label, per_round=repeats == 1)
     if measured is not None:
         cv.budget_out = cv.cell_id in measured.budget_out
     done = max(cv.rounds.get(HEAD, 0), 1)
