@@ -320,7 +320,7 @@ class _ServingWorker:
         if line.startswith(PROGRESS_PREFIX) and self.marked != self.seq:
             return                        # the previous cell's, read late: not this cell's progress
         try:
-            _route_line(line, self.tail, self.on_progress)
+            route_line(line, self.tail, self.on_progress)
         except Exception as exc:          # noqa: BLE001 - this reader must keep draining stderr,
             # or the worker blocks on a full pipe; the display missing one update is harmless
             self.tail.append(f"[progress display failed: {type(exc).__name__}: {exc}]")
@@ -439,7 +439,7 @@ async def _communicate(proc, data: bytes, tail: deque, on_progress: ProgressFn) 
         pass  # the worker died before reading its cell; its exit status tells the rest
 
     stdout, _ = await asyncio.gather(
-        proc.stdout.read(), _read_lines(proc.stderr, lambda line: _route_line(line, tail, on_progress)))
+        proc.stdout.read(), _read_lines(proc.stderr, lambda line: route_line(line, tail, on_progress)))
     await proc.wait()
     return stdout
 
@@ -457,7 +457,7 @@ async def _read_lines(stream, handle: Callable[[str], None]) -> None:
         handle(raw.decode(errors="replace").rstrip("\n"))
 
 
-def _route_line(line: str, tail: deque, on_progress: ProgressFn) -> None:
+def route_line(line: str, tail: deque, on_progress: ProgressFn) -> None:
     """A progress line goes to `on_progress`, anything else to the stderr tail."""
     if line.startswith(PROGRESS_PREFIX):
         try:

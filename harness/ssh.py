@@ -35,8 +35,8 @@ import asyncssh
 
 from harness import bundle as bundlemod
 from harness import params
-from harness.hosts import (PROGRESS_PREFIX, STDERR_TAIL_LINES, HostBroken, HostUnavailable,
-                           ProgressFn, failed_result, parse_result)
+from harness.hosts import (STDERR_TAIL_LINES, HostBroken, HostUnavailable, ProgressFn,
+                           failed_result, parse_result, route_line)
 
 MAX_CHANNELS = 10            # sshd's default MaxSessions: at most 9 cells at once per host
 KEEPALIVE_S = 15             # a silently dead host is noticed after ~KEEPALIVE_S * 3
@@ -538,26 +538,17 @@ class _LaunchState:
 async def _pump_stderr(stream, tail: deque, on_progress: ProgressFn, state: _LaunchState) -> None:
     async for raw in stream:
         line = raw.decode(errors="replace").rstrip("\n")
-        if line.startswith(PROGRESS_PREFIX):
-            try:
-                on_progress(json.loads(line[len(PROGRESS_PREFIX):]))
-                continue
-            except json.JSONDecodeError:
-                pass
-        elif line.startswith("@@pgid "):
+        if line.startswith("@@pgid "):
             state.pgid = int(line.split()[1])
             state.pgid_known.set()
-            continue
         elif line == "@@started":
             state.started.set()
-            continue
         elif line.startswith("@@busy "):
             state.busy = json.loads(line[len("@@busy "):])
-            continue
         elif line.startswith("@@infra "):
             state.infra = line[len("@@infra "):]
-            continue
-        tail.append(line)
+        else:                       # the worker's own lines: progress, or the stderr tail
+            route_line(line, tail, on_progress)
 
 
 async def _first_of(awaitables, timeout: float) -> None:

@@ -349,7 +349,7 @@ def test_undecided_gate_exits_3_and_says_what_would_decide_it(stub_repo, tmp_pat
     results = tmp_path / "results"
     code, out = gate("--base", base, "--max-rounds", "8", results=results)
     assert code == 3, out
-    assert "undecided: " in out and "would likely decide it" in out
+    assert "undecided: " in out and "too noisy to gate at this threshold" in out
     assert "Performance gate undecided" in out
     report = json.loads(next((results / "gates").glob("*/gate.json")).read_text())
     assert report["exit_code"] == 3 and report["cells"][0]["rounds"] == {"base": 8, "head": 8}
@@ -436,3 +436,15 @@ def test_ab_gate_with_the_real_worker_on_the_tiny_model(tmp_path, monkeypatch):
     assert accept["p_worse"] < 0.001 and accept["look"] == 7
     assert (results / "runs" / report["base_run"] / "cells").is_dir()
     assert git("worktree", "list", "--porcelain", cwd=repo).count("worktree ") == 1
+
+
+@pytest.mark.parametrize("repeats", [1, 2, 3, 4, 5, 8])
+def test_a_half_speed_head_never_passes_whatever_the_repeats(stub_repo, tmp_path, repeats):
+    results = tmp_path / "results"
+    base = [100.0 + 0.5 * i for i in range(repeats)]
+    _journal_run(results, "20260101-000000-00000e", base)
+    _journal_run(results, "20260101-000000-00000f", [v * 0.5 for v in base])
+    code, out = gate("--baseline", "run:20260101-000000-00000e", "--run",
+                     "20260101-000000-00000f", results=results)
+    # Refused (2) while the samples cannot reach alpha, a regression (1) once they can.
+    assert code == (1 if repeats >= 5 else 2), out

@@ -197,7 +197,8 @@ def test_merge_keys_and_hosts_and_metrics(tmp_path):
     assert [(c["steps"], c["tree_budget"]) for c in scenario.cells()] == [(4, 16), (5, 4)]
     assert scenario.hosts == ["gpu-a", "gpu-b"]
     assert scenario.metrics == {
-        "tokens_per_s": {"direction": "higher", "threshold_rel": 0.05, "threshold_abs": None}}
+        "tokens_per_s": {"direction": "higher", "threshold_rel": 0.05, "threshold_abs": None,
+                         "gate": None}}
 
 
 def test_checkpoint_resolved_against_scenario_dir(tmp_path):
