@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import tempfile
 from datetime import datetime, timezone
@@ -30,6 +31,7 @@ from harness.params import cell_id as compute_cell_id
 from harness.params import cell_label
 
 DEFAULT_ROOT = Path("results/runs")
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
 
 RUN_FILE = "run.json"
 SCENARIO_FILE = "scenario.yaml"
@@ -96,6 +98,15 @@ class RunJournal:
 
     # -- construction ------------------------------------------------------------------------
 
+    @staticmethod
+    def check_name(kind: str, name: str) -> str:
+        """A run id or cell id is a file name inside the journal, never a path: letters,
+        digits, '.', '_' and '-', not starting with a dot (so no '..', no '/')."""
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise JournalError(f"{kind} {str(name)[:80]!r} is not a valid name (letters, digits, "
+                               f"'.', '_', '-'; at most 128 characters, no leading dot)")
+        return name
+
     @classmethod
     def create(
         cls,
@@ -108,7 +119,7 @@ class RunJournal:
         meta: dict | None = None,
     ) -> "RunJournal":
         """Start a new run folder. `cells` are the expanded matrix (params dicts)."""
-        path = Path(root if root is not None else DEFAULT_ROOT) / run_id
+        path = Path(root if root is not None else DEFAULT_ROOT) / cls.check_name("run id", run_id)
         if (path / RUN_FILE).exists():
             raise JournalError(f"run {run_id} already exists at {path}; use --resume {run_id}")
         run = {
@@ -134,7 +145,7 @@ class RunJournal:
     def open(cls, root: str | os.PathLike | None, run_id: str) -> "RunJournal":
         """Open an existing run folder; JournalError naming the path if there is none."""
         root = Path(root if root is not None else DEFAULT_ROOT)
-        path = root / run_id
+        path = root / cls.check_name("run id", run_id)
         if not (path / RUN_FILE).is_file():
             known = sorted(p.name for p in root.glob("*") if (p / RUN_FILE).is_file())[-3:]
             hint = f" (latest: {', '.join(known)})" if known else ""
@@ -178,7 +189,7 @@ class RunJournal:
         cid = result.get("cell_id")
         if not cid:
             raise ValueError("a cell result needs a cell_id")
-        path = self.cell_path(cid)
+        path = self.cell_path(self.check_name("cell id", cid))
         atomic_write_json(path, result)
         return path
 

@@ -185,6 +185,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, case, command):
     (["run", "ok.yaml", "--host", "gpu-z"], r"unknown host 'gpu-z'"),
     (["run", "ok.yaml", "--resume", "20990101-000000-abcdef"], r"20990101-000000-abcdef"),
     (["report", "nope"], r"nope"),
+    # Run ids are names inside results/runs, never paths out of it.
+    (["report", "../../etc"], r"run id '\.\./\.\./etc' is not a valid name"),
+    (["run", "ok.yaml", "--resume", "/tmp"], r"run id '/tmp' is not a valid name"),
 ])
 def test_bad_arguments_exit_2(tmp_path, args, pattern):
     import re

@@ -166,3 +166,42 @@ def test_messages_with_brackets_are_printed_verbatim(tmp_path):
     outcome, journal, out = sweep(tmp_path, [broken, failing], CELLS[:1])
     assert "host a given up: host a: [fe80::1]:22 refused [/tmp/x]" in out
     assert "host b: [Errno 104] reset [/y]" in out
+
+
+class LyingHost(FakeHost):
+    """Answers the first cell with another cell's id, the second with a path, the third with
+    something that is not a result at all."""
+
+    async def run_cell(self, cell, slot, on_progress):
+        good = await super().run_cell(cell, slot, on_progress)
+        lie = {0: {**good, "cell_id": cell_id(canonical(CELLS[3]))},
+               1: {**good, "cell_id": "../../escaped"},
+               2: ["not", "a", "result"]}
+        return lie.get(cell["seed"], good)
+
+
+def test_a_reply_for_another_cell_is_this_cells_failure(tmp_path):
+    outcome, journal, out = sweep(tmp_path, [LyingHost("liar")])
+    results = journal.results()
+    ids = [cell_id(canonical(c)) for c in CELLS]
+    # Every cell has exactly its own result: the lies are failures of the cells they answered,
+    # the honest fourth cell's result is not overwritten, nothing is written outside the run.
+    assert set(results) == set(ids)
+    assert [results[i]["status"] for i in ids] == ["failed", "failed", "failed", "ok"]
+    assert "answered for cell" in results[ids[0]]["error"]
+    assert "'../../escaped'" in results[ids[1]]["error"]
+    assert "not a result object" in results[ids[2]]["error"]
+    assert not (tmp_path.parent / "escaped.json").exists() and outcome.n_failed == 3
+
+
+def test_run_and_cell_ids_are_names_not_paths(tmp_path):
+    from harness.journal import JournalError
+
+    for bad in ("../x", "/etc", "a/b", ".hidden", "", "x" * 200):
+        with pytest.raises(JournalError, match="not a valid name"):
+            RunJournal.open(tmp_path, bad)
+        with pytest.raises(JournalError, match="not a valid name"):
+            RunJournal.create(tmp_path, bad, "t", None, "", CELLS, {})
+    journal = RunJournal.create(tmp_path, "20260101-000000-abcdef", "t", None, "", CELLS, {})
+    with pytest.raises(JournalError, match="cell id"):
+        journal.write_cell({"cell_id": "../../../tmp/x", "status": "ok"})
