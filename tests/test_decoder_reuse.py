@@ -104,25 +104,33 @@ def start(dec, acceptance: str, prompts, seed: int) -> None:
         dec.prefill_random([200, 150], seed=seed)
 
 
+def reset_against_new(cls, target, drafter, kw, acceptance, prompts, other):
+    """A decoder of `cls` built with seed 5 and stepped 9 times, and one built with seed 8,
+    stepped 7 times on other prompts with a record left pending (as after the audit window),
+    then reset to seed 5: the reset one must be in the new one's state and step the same."""
+    new = cls(target, drafter, seed=5, **kw)
+    new_state = state(new)
+    start(new, acceptance, prompts, seed=1)
+    want = steps(new, 9)
+
+    used = cls(target, drafter, seed=8, **kw)
+    start(used, acceptance, other, seed=2)
+    for _ in range(7):
+        used.step()
+    used.reset(5)
+    assert_same_state(state(used), new_state)
+    start(used, acceptance, prompts, seed=1)
+    assert steps(used, 9) == want
+    return new, used
+
+
 @pytest.mark.parametrize("acceptance", ["greedy", "synthetic"])
 @pytest.mark.parametrize("tree_build,accept", MODES)
 def test_fast_spec_decoder_reset_decodes_what_a_new_one_does(tree_build, accept, acceptance):
     target, drafter, prompts, other = spec_case(acceptance)
     kw = dict(batch=2, max_len=1024, tree_budget=16, tree_build=tree_build, accept=accept,
               acceptance=acceptance, tau=3.0, max_steps=64)
-    new = FastSpecDecoder(target, drafter, seed=5, **kw)
-    new_state = state(new)
-    start(new, acceptance, prompts, seed=1)
-    want = steps(new, 9)
-
-    used = FastSpecDecoder(target, drafter, seed=8, **kw)
-    start(used, acceptance, other, seed=2)
-    for _ in range(7):            # no finish: a record stays pending, as after the audit window
-        used.step()
-    used.reset(5)
-    assert_same_state(state(used), new_state)
-    start(used, acceptance, prompts, seed=1)
-    assert steps(used, 9) == want
+    new, used = reset_against_new(FastSpecDecoder, target, drafter, kw, acceptance, prompts, other)
     assert used.output == new.output and used.lengths_host == new.lengths_host
     assert used.lengths.tolist() == new.lengths.tolist() == new.lengths_host
     if acceptance == "greedy":
@@ -152,19 +160,8 @@ def test_fast_ar_decoder_reset_decodes_what_a_new_one_does():
 def test_baseline_decoder_reset_decodes_what_a_new_one_does(acceptance):
     target, drafter, prompts, other = spec_case(acceptance)
     kw = dict(batch=2, max_len=1024, tree_budget=16, acceptance=acceptance, tau=3.0)
-    new = SpecDecoder(target, drafter, seed=5, **kw)
-    new_state = state(new)
-    start(new, acceptance, prompts, seed=1)
-    want = steps(new, 9)
-
-    used = SpecDecoder(target, drafter, seed=8, **kw)
-    start(used, acceptance, other, seed=2)
-    for _ in range(7):
-        used.step()
-    used.reset(5)
-    assert_same_state(state(used), new_state)
-    start(used, acceptance, prompts, seed=1)
-    assert steps(used, 9) == want and used.output == new.output
+    new, used = reset_against_new(SpecDecoder, target, drafter, kw, acceptance, prompts, other)
+    assert used.output == new.output
 
 
 # -- the workload ---------------------------------------------------------------------------
