@@ -15,6 +15,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from harness.errors import InputError
 
@@ -30,7 +31,6 @@ RESULTS_DIR = Path("results")
 
 
 def fail_input(e: Exception) -> "typer.Exit":
-    from rich.markup import escape
     err.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
@@ -44,10 +44,11 @@ def validate(scenario: Path = typer.Argument(..., help="scenario YAML file")):
     except InputError as e:
         raise fail_input(e)
     cells = sc.cells()
-    console.print(f"{scenario}: valid — scenario [bold]{sc.name}[/], {len(cells)} cell(s)")
+    console.print(f"{escape(str(scenario))}: valid — scenario [bold]{escape(sc.name)}[/], "
+                  f"{len(cells)} cell(s)")
     from harness import params
     for c in cells:
-        console.print(f"  {params.cell_id(c)}  {params.cell_label(c)}", highlight=False)
+        console.print(f"  {params.cell_id(c)}  {escape(params.cell_label(c))}", highlight=False)
 
 
 @app.command()
@@ -113,8 +114,8 @@ def run(
                                                  "platform": platform.platform()}}
         journal = jr.RunJournal.create(root, jr.new_run_id(), sc.name, scenario, sc.text, sc.cells(), meta)
         cells = [c["cell"] for c in journal.cells]
-        console.print(f"Run [bold]{journal.run_id}[/]: scenario [bold]{sc.name}[/], "
-                      f"{len(cells)} cell(s) on {', '.join(wanted)}")
+        console.print(f"Run [bold]{journal.run_id}[/]: scenario [bold]{escape(sc.name)}[/], "
+                      f"{len(cells)} cell(s) on {escape(', '.join(wanted))}")
 
     outcome = runner.run_cells(cells, chosen, journal, console)
     from harness.derived import add_speedup_vs_ar
@@ -130,20 +131,21 @@ def run(
         console.print(str(report), highlight=False)
         logged = True
     except tracking.TrackingUnavailable as e:
-        err.print(f"[yellow]MLflow logging failed:[/] {e}\n"
+        err.print(f"[yellow]MLflow logging failed:[/] {escape(str(e))}\n"
                   f"The results are safe in the journal; log them later with: "
-                  f"harness run {scenario} --resume {journal.run_id}", highlight=False)
+                  f"harness run {escape(str(scenario))} --resume {journal.run_id}", highlight=False)
     write_report(journal, uri if logged else None)
 
-    console.print(f"Journal: {journal.path}", highlight=False)
+    console.print(f"Journal: {escape(str(journal.path))}", highlight=False)
     if outcome.interrupted:
-        err.print(f"Interrupted. Finish with: harness run {scenario} --resume {journal.run_id}")
+        err.print(f"Interrupted. Finish with: harness run {escape(str(scenario))} --resume "
+                  f"{journal.run_id}")
         raise typer.Exit(130)
     failed = [r for r in results if r["status"] != "ok"]
     missing = journal.missing()
     if failed or missing:
         err.print(f"{len(missing)} cell(s) failed or missing; rerun them with: "
-                  f"harness run {scenario} --resume {journal.run_id}")
+                  f"harness run {escape(str(scenario))} --resume {journal.run_id}")
         raise typer.Exit(1)
 
 

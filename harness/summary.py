@@ -6,6 +6,7 @@ shows `ctx` and `verify`), so the table stays narrow enough for a terminal.
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
 from harness import params
@@ -35,7 +36,9 @@ def idle_text(result: dict) -> str:
 
 
 def summary_table(results: list[dict], title: str) -> Table:
-    table = Table(title=title, title_justify="left", header_style="bold")
+    # Titles and cells are rich markup: every user-supplied string (the scenario name, labels,
+    # an error) is escaped, so `bench[/red]mark` prints as itself.
+    table = Table(title=escape(title), title_justify="left", header_style="bold")
     shown = varying_params(results) if len(results) > 1 else []
     for k in shown:
         table.add_column(SHORT.get(k, k), justify="right" if k in ("context_length", "tree_budget") else "left")
@@ -55,12 +58,12 @@ def summary_table(results: list[dict], title: str) -> Table:
     for r in sorted(results, key=order):
         c = params.canonical(r["cell"])
         m = r.get("metrics") or {}
-        row = [str(c[k]) for k in shown] or [r.get("label", r.get("cell_id", "?"))]
+        row = [escape(str(c[k])) for k in shown] or [escape(str(r.get("label", r.get("cell_id", "?"))))]
         if len(hosts) > 1:
-            row.append(str(r.get("host")))
+            row.append(escape(str(r.get("host"))))
         status = "[green]ok[/]" if r["status"] == "ok" else "[red]failed[/]"
         if r["status"] != "ok" and r.get("error"):
-            status += " " + r["error"].strip().splitlines()[0][:50]
+            status += " " + escape(r["error"].strip().splitlines()[0][:50])
         row += [_fmt(m.get("tokens_per_s"), ".1f"), _fmt(m.get("tokens_per_s_spread"), ".1f"),
                 _fmt(m.get("accept_len_mean"), ".2f"), _fmt(m.get("step_ms_p50"), ".2f"),
                 idle_text(r), status]

@@ -202,3 +202,15 @@ def test_shipped_scenarios_validate(tmp_path):
     for name in ("quickstart", "nightly", "pr"):
         out = harness("validate", str(REPO / "scenarios" / f"{name}.yaml"), cwd=tmp_path)
         assert out.returncode == 0, out.stderr
+
+
+def test_user_text_is_printed_as_plain_text_not_markup(tmp_path):
+    # A scenario name that is valid rich markup's closing tag: it must come out as written,
+    # in validate, in the run's lines and in the summary table -- never a MarkupError.
+    write(tmp_path / "m.yaml", SMALL.replace("name: small", 'name: "bench[/red]mark"'))
+    out = harness("validate", "m.yaml", cwd=tmp_path)
+    assert out.returncode == 0 and "scenario bench[/red]mark" in out.stdout, out.stderr
+    out = harness("run", "m.yaml", "--tracking-uri", f"sqlite:///{tmp_path}/m.db", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr and "MarkupError" not in out.stderr
+    assert "scenario bench[/red]mark" in out.stdout and "bench[/red]mark — run" in out.stdout

@@ -122,7 +122,7 @@ def gate(
             max_rounds=max_rounds, budget_s=budget_s or None, results_dir=results_dir,
             baselines_dir=baselines_dir, tracking_uri=tracking_uri, allow_missing=allow_missing,
             allow_undecided=allow_undecided, trigger=trigger,
-            log=lambda line: console.print(line, highlight=False))
+            log=lambda line: console.print(line, highlight=False, markup=False))
         result = gate_ab(opts) if base else gate_against(opts)
     except (InputError, JournalError) as e:
         raise _fail(e)
@@ -310,7 +310,7 @@ def bisect(
             params = {**params, "repeats": repeats}
         console.print(f"Bisecting {metric} of cell {cell} between {good} and {bad}", highlight=False)
         found = bis.bisect(good, bad, params, policy,
-                           log=lambda line: console.print(line, highlight=False))
+                           log=lambda line: console.print(line, highlight=False, markup=False))
     except (InputError, RuntimeError) as e:
         raise _fail(e)
     for s in found.steps:

@@ -307,22 +307,25 @@ def _jsonable(v):
 
 
 def console_table(result: GateResult):
+    from rich.markup import escape
     from rich.table import Table
 
     style = {REGRESSED: "red", ERROR: "red", MISSING: "yellow", INCONCLUSIVE: "yellow",
              IMPROVED: "green", UNCHANGED: ""}
-    table = Table(title=f"gate {result.scenario}: base {result.base} vs head {result.head}",
-                  title_justify="left", header_style="bold", caption=legend(result),
+    # Labels, refs and messages are user text: escaped, never read as rich markup.
+    table = Table(title=escape(f"gate {result.scenario}: base {result.base} vs head {result.head}"),
+                  title_justify="left", header_style="bold", caption=escape(legend(result)),
                   caption_justify="left")
     for name in COLUMNS:
         table.add_column(name, justify="right" if name in ("n", "base", "head", "change", "p")
                          else "left")
     for verdict, r in rows(result):
-        table.add_row(*r, style=style.get(verdict, ""))
+        table.add_row(*map(escape, r), style=style.get(verdict, ""))
     return table
 
 
 def console_noise(result: GateResult):
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="noise: spread of the samples (MAD/median)", title_justify="left",
@@ -331,7 +334,7 @@ def console_noise(result: GateResult):
         table.add_column(name, justify="right" if name in ("runs", "within a run", "between rounds")
                          else "left")
     for r in noise_rows(result):
-        table.add_row(*r)
+        table.add_row(*map(escape, r))
     return table
 
 
