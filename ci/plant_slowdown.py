@@ -17,7 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
-KERNEL = Path(__file__).resolve().parents[1] / "kernels" / "triton_verify.py"
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL = ROOT / "kernels" / "triton_verify.py"
 ANCHOR = "    _combine_kernel[(triton.cdiv(T * p[\"G\"], p[\"COMBINE_ROWS\"]), b * hkv)]("
 SPLIT_CALL_START = "    _split_kernel[(p[\"m_tiles\"], p[\"num_splits\"] + 1, b * hkv)]("
 
@@ -29,12 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     text = KERNEL.read_text()
     if "PLANTED_SLOWDOWN" in text:
-        print(f"{KERNEL}: already planted", file=sys.stderr)
+        print(f"{KERNEL.relative_to(ROOT)}: already planted", file=sys.stderr)
         return 1
     start = text.find(SPLIT_CALL_START)
     end = text.find(ANCHOR)
     if start < 0 or end < start:
-        print(f"{KERNEL}: the split-kernel launch moved; update ci/plant_slowdown.py", file=sys.stderr)
+        print(f"{KERNEL.relative_to(ROOT)}: the split-kernel launch moved; update ci/plant_slowdown.py", file=sys.stderr)
         return 2
     launch = text[start:end]
     extra = "".join("    " + line if line.strip() else line for line in launch.splitlines(True))
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     text = text.replace("\ndef tree_verify_attention(", "\nPLANTED_SLOWDOWN = 0\n\n\ndef tree_verify_attention(", 1)
     KERNEL.write_text(text)
     print(f"planted: 1 in {args.every} Triton verify calls over >= {args.min_keys} keys "
-          f"runs its split kernel twice ({KERNEL})")
+          f"runs its split kernel twice ({KERNEL.relative_to(ROOT)})")
     return 0
 
 

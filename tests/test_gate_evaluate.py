@@ -68,12 +68,16 @@ def test_judge_aa_counts_false_alarms(tmp_path):
                 "samples": {"tokens_per_s": list(tps)}}
     rng = np.random.default_rng(0)
     cells = {"c1": {"label": "cell one",
-                    "A": [run(rng.normal(100, 1, 5)) for _ in range(4)],
-                    "B": [run(rng.normal(100, 1, 5)) for _ in range(4)]},
+                    "A": [run(rng.normal(100, 1, 5)) for _ in range(8)],
+                    "B": [run(rng.normal(100, 1, 5)) for _ in range(8)]},
              "c2": {"label": "cell two",
+                    "A": [run(rng.normal(100, 1, 5)) for _ in range(8)],
+                    "B": [run(rng.normal(80, 1, 5)) for _ in range(8)]},
+             "c3": {"label": "cell three",                  # 4 rounds: no design can decide
                     "A": [run(rng.normal(100, 1, 5)) for _ in range(4)],
                     "B": [run(rng.normal(80, 1, 5)) for _ in range(4)]}}
     path = tmp_path / "aa.json"
-    path.write_text(json.dumps({"gpu": "NVIDIA H200", "rounds": 4, "cells": cells}))
+    path.write_text(json.dumps({"gpu": "NVIDIA H200", "rounds": 8, "cells": cells}))
     text = evaluate.judge_aa(path)
     assert "Real A/A on NVIDIA H200" in text and "False alarms: 1 of 2" in text
+    assert "| cell three | – | 4/4 | | | | not judged:" in text

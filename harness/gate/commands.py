@@ -94,6 +94,7 @@ def gate(
     1 regression, 2 error or a design that cannot decide, 3 undecided."""
     from harness.gate import report
     from harness.gate.run import GateOptions, gate_ab, gate_against, parse_baseline
+    from harness.hosts import HostUnavailable
     from harness.journal import JournalError
     from harness.scenario import TRIGGERS, load_scenario
 
@@ -126,7 +127,7 @@ def gate(
         result = gate_ab(opts) if base else gate_against(opts)
     except (InputError, JournalError) as e:
         raise _fail(e)
-    except RuntimeError as e:   # git failing underneath, for instance
+    except (RuntimeError, HostUnavailable) as e:   # git failing underneath, a host lost
         raise _fail(e)
     except KeyboardInterrupt:
         err.print("interrupted")

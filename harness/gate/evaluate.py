@@ -311,9 +311,11 @@ def run_benchmark(trials: int, seed: int, max_rounds: int = DEFAULT_MAX_ROUNDS, 
 
 
 def judge_aa(path: str | Path) -> str:
-    """Judge ci/gpu/gate_aa.py output as the sequential gate would: looks after every round from
-    the design's first look, each metric final once decided; every regression is a false alarm."""
-    from harness.gate.baselines import samples_of
+    """Judge ci/gpu/gate_aa.py output as the A/B gate would: a round (the median of its repeats)
+    is a sample, looks after every round from the design's first look, each metric final once
+    decided; every regression is a false alarm. Too few rounds for any design: said so."""
+    from harness.errors import InputError
+    from harness.gate.baselines import RUN, samples_of
 
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     lines = [f"## Real A/A on {data.get('gpu', '?')}: the same code on both sides, interleaved",
@@ -325,13 +327,16 @@ def judge_aa(path: str | Path) -> str:
     for entry in data["cells"].values():
         runs_a, runs_b = entry["A"], entry["B"]
         rounds = min(len(runs_a), len(runs_b))
-        repeats = len((runs_a[0].get("samples") or {}).get("tokens_per_s") or [0]) if runs_a else 1
         policies = {k: p for k, p in DEFAULT_POLICIES.items() if p.gate}
-        design = plan_ab(policies, repeats, max(rounds, 2)) if rounds > 1 else Design(1, 1)
+        try:
+            design = plan_ab(policies, 1, rounds)
+        except InputError as e:
+            lines.append(f"| {entry['label']} | – | {rounds}/{rounds} | | | | not judged: {e} |")
+            continue
         for name, policy in policies.items():
             verdict = None
             for r in range(design.first_look, rounds + 1):
-                a, b = samples_of(runs_a[:r]).get(name), samples_of(runs_b[:r]).get(name)
+                a, b = samples_of(runs_a[:r], RUN).get(name), samples_of(runs_b[:r], RUN).get(name)
                 if not a or not b:
                     break
                 verdict = look(a, b, policy, design, r)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from harness.gate.policy import Policy
 
@@ -109,23 +109,14 @@ def fmt_spread(value: float | None, relative: bool) -> str:
     return f"{value:.3g}"
 
 
-@dataclass
-class HostNotes:
+def host_notes(results: list[dict]) -> list[str]:
     """What the host facts of one side's runs say about noise (harness.hostfacts.noise_notes),
-    with each line once."""
+    each line once."""
+    from harness import hostfacts
 
-    lines: list[str] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, results: list[dict]) -> "HostNotes":
-        from harness import hostfacts
-
-        seen: list[str] = []
-        for r in results:
-            facts = r.get("host_facts")
-            if not isinstance(facts, dict):
-                continue
-            for line in hostfacts.noise_notes(facts):
-                if line not in seen:
-                    seen.append(line)
-        return cls(seen)
+    seen: list[str] = []
+    for r in results:
+        facts = r.get("host_facts")
+        if isinstance(facts, dict):
+            seen += [line for line in hostfacts.noise_notes(facts) if line not in seen]
+    return seen

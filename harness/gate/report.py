@@ -142,15 +142,16 @@ def warning_lines(result: GateResult) -> list[str]:
 def undecided_lines(result: GateResult) -> list[str]:
     """One line per undecided gated metric: the change seen, the noise, what would decide it."""
     out = []
+    # An estimate far past any budget is a statement about the noise, not a plan.
+    cap = 10 * max(result.design.max_rounds if result.design else 1, 10)
     for cv in result.undecided:
         for c in cv.undecided:
             spread = [n for n in cv.noise if n.metric == c.metric]
             seen = ", ".join(f"{n.side} {fmt_spread(n.between if n.between is not None else n.within, n.relative)}"
                              for n in spread)
             need = cv.to_decide.get(c.metric)
-            if need and need > 10 * max(result.design.max_rounds if result.design else 1, 10):
-                more = (f"more than {10 * max(result.design.max_rounds, 10)} rounds per side: too "
-                        f"noisy to gate at this threshold")
+            if need and need > cap:
+                more = f"more than {cap} rounds per side: too noisy to gate at this threshold"
             elif need:
                 more = f"about {need} round(s) per side would likely decide it"
             else:

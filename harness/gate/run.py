@@ -23,7 +23,7 @@ import asyncio
 import platform
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -37,7 +37,7 @@ from harness.gate.policy import PER_RUN, Policy
 from harness.gate.sequential import (DEFAULT_MAX_ROUNDS, Design, check_fixed, per_round,
                                      plan_ab, plan_stored, rounds_to_decide)
 from harness.gate.stats import Comparison
-from harness.hosts import Host, serves
+from harness.hosts import Host, HostUnavailable, serves
 from harness.journal import RunJournal, new_run_id
 
 # A PR job's worth: long enough for a small GPU scenario to settle its quiet cells, short
@@ -135,16 +135,16 @@ class _Looks:
 
 def _describe(cv: CellVerdict, per_side: dict[str, list[dict]], policies: dict[str, Policy],
               design: Design, measured: abtest.Measured | None, repeats: int) -> CellVerdict:
-    """(`repeats`: samples a round gives a per-repeat metric: 1 where the unit is a round.)"""
     """Add to a cell's verdict what the reader needs to trust it: rounds, noise per side and
-    metric, host facts, and for an undecided metric about how many rounds would decide it."""
+    metric, host facts, and for an undecided metric about how many rounds would decide it.
+    `repeats`: the samples a round gives a per-repeat metric (1 where the round is the sample)."""
     cv.rounds = {side: len(results) for side, results in per_side.items()}
     for side, results in per_side.items():
         for policy in policies.values():
             n = noise.side_noise(results, policy, side)
             if n is not None:
                 cv.noise.append(n)
-        cv.host_notes += [f"{side}: {line}" for line in noise.HostNotes.of(results).lines]
+        cv.host_notes += [f"{side}: {line}" for line in noise.host_notes(results)]
     cv.warnings = noise.warnings(cv.noise, policies, cv.label, per_round=repeats == 1)
     if measured is not None:
         cv.budget_out = cv.cell_id in measured.budget_out
@@ -310,7 +310,10 @@ def probe_class(host: Host) -> str:
         finally:
             if hasattr(host, "close"):
                 await host.close()
-    result = asyncio.run(run())
+    try:
+        result = asyncio.run(run())
+    except HostUnavailable as e:       # unreachable, broken: before anything was measured
+        raise InputError(None, None, None, f"host {host.name}: {e}") from None
     if result.get("status") != "ok":
         first = ((result.get("error") or "").strip().splitlines() or ["no result"])[0]
         raise InputError(None, None, None, f"host {host.name}: cannot tell its GPU class "
@@ -323,8 +326,6 @@ def _demote_single_samples(policies: dict[str, Policy], base_sides: dict[str, Si
                            labels: dict[str, str]) -> tuple[dict[str, Policy], list[str]]:
     """Gated metrics that some cell's stored baseline (or journaled head) holds as a single
     value become reported-only, with a note naming them."""
-    from dataclasses import replace
-
     out, notes = dict(policies), []
     for name, policy in policies.items():
         if not policy.gate:
@@ -398,20 +399,19 @@ def gate_against(opts: GateOptions) -> GateResult:
     if not any(p.gate and any(p.metric in b.samples for b in base_sides.values())
                for p in policies.values()):
         policies, notes = opts.policies, []    # nothing left to gate: refuse, saying why below
-    opts.policies = policies
     if head_sides is not None:
         counts = {cid: {m: (len(base_sides[cid].samples[m]), len(head_sides[cid].samples[m]))
-                        for m in opts.policies
+                        for m in policies
                         if m in base_sides[cid].samples and m in head_sides[cid].samples}
                   for cid in labels if cid in base_sides and cid in head_sides}
-        design = check_fixed(opts.policies, counts, labels,
+        design = check_fixed(policies, counts, labels,
                              f"run {opts.head_run} against {base_desc}")
     else:
         base_counts = {cid: {m: len(v) for m, v in base_sides[cid].samples.items()}
                        for cid in labels if cid in base_sides and not base_sides[cid].error}
-        design = plan_stored(opts.policies, base_counts, repeats, labels, base_desc,
+        design = plan_stored(policies, base_counts, repeats, labels, base_desc,
                              opts.max_rounds, opts.rounds)
-    looks = _Looks(opts.policies, design)
+    looks = _Looks(policies, design)
 
     # 3. The head: measured now, looking after each round, or taken from its journal.
     measured = None
@@ -436,7 +436,7 @@ def gate_against(opts: GateOptions) -> GateResult:
                  f"budget {budget}")
         measured = abtest.measure(cells, {HEAD: opts.host}, design=design, wants_more=more,
                                   budget_s=opts.budget_s, on_result=_progress(opts, len(cells)),
-                                  profile_every_round=_profiles_gated(opts.policies))
+                                  profile_every_round=_profiles_gated(policies))
         per_cell = {cid: r[HEAD] for cid, r in measured.results.items()}
         head_journal = _journal(opts, HEAD, cells, per_cell, _meta(opts, git, "."))
         head_sides = {cid: side_from_results(cid, labels[cid], runs, f"head {str(git['sha'])[:10]}",
@@ -454,10 +454,10 @@ def gate_against(opts: GateOptions) -> GateResult:
         base = base_sides.get(cid) if not head.error else None
         rounds_done = measured.rounds.get(cid, 0) if measured else 1
         cv = looks.judge(head, base, cid, rounds_done)
-        verdicts.append(_describe(cv, {HEAD: per_cell.get(cid, [])}, opts.policies, design,
+        verdicts.append(_describe(cv, {HEAD: per_cell.get(cid, [])}, policies, design,
                                   measured, repeats[cid]))
     classes = sorted({s.gpu_class for s in head_sides.values() if s.gpu_class})
-    result = GateResult(sc.name, mode, base_desc, head_desc, verdicts, opts.policies, design,
+    result = GateResult(sc.name, mode, base_desc, head_desc, verdicts, policies, design,
                         opts.allow_missing, opts.allow_undecided, notes,
                         extra=_extra(opts, measured, head_run=head_journal.run_id,
                                      gpu_classes=classes))

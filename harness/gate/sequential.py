@@ -95,9 +95,9 @@ def plan_stored(policies: dict[str, Policy], base_counts: dict[str, dict[str, in
     _check_rounds(min_rounds, max_rounds)
     for first in range(min_rounds, max_rounds + 1):
         looks = max_rounds - first + 1
-        if all(reachable(p, n_b, first * per_round(p, repeats[cid]), looks)
+        if all(reachable(p, counts[p.metric], first * per_round(p, repeats[cid]), looks)
                for cid, counts in base_counts.items() for p in gated(policies)
-               for n_b in [counts.get(p.metric)] if n_b):
+               if counts.get(p.metric)):
             return Design(first, max_rounds)
     # Refused: name the first cell and metric whose baseline cannot get there.
     for cid, counts in base_counts.items():
