@@ -30,17 +30,25 @@ err = Console(stderr=True, soft_wrap=True)
 RESULTS_DIR = Path("results")
 
 
+def max_cells_option():
+    """`--max-cells N`: the cap on a scenario's cells, raised on purpose for a huge sweep."""
+    return typer.Option(None, "--max-cells", min=1, metavar="N",
+                        help="allow a scenario of up to N cells (default 10000: more is "
+                             "usually a typo in the matrix)")
+
+
 def fail_input(e: Exception) -> "typer.Exit":
     err.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
 @app.command()
-def validate(scenario: Path = typer.Argument(..., help="scenario YAML file")):
+def validate(scenario: Path = typer.Argument(..., help="scenario YAML file"),
+             max_cells: Optional[int] = max_cells_option()):
     """Check a scenario and list the cells it expands to (exit 0 valid, 2 invalid)."""
     from harness.scenario import load_scenario
     try:
-        sc = load_scenario(scenario)
+        sc = load_scenario(scenario, max_cells=max_cells)
     except InputError as e:
         raise fail_input(e)
     cells = sc.cells()
@@ -66,6 +74,7 @@ def run(
     fresh_workers: bool = typer.Option(False, "--fresh-workers",
                                        help="local host: a new worker process per cell instead of one per GPU "
                                             "for the whole run (if you suspect state leaking between cells)"),
+    max_cells: Optional[int] = max_cells_option(),
 ):
     """Run a scenario's cells, journal every result, log the run to MLflow."""
     from harness import gitinfo, journal as jr, runner, tracking
@@ -74,7 +83,7 @@ def run(
     from harness.summary import summary_table
 
     try:
-        sc = load_scenario(scenario)
+        sc = load_scenario(scenario, max_cells=max_cells)
         uri = validate_tracking_uri(tracking_uri or tracking.default_tracking_uri())
         if trigger is not None and trigger not in TRIGGERS:
             raise InputError(None, None, None, f"--trigger must be one of {', '.join(TRIGGERS)}, not '{trigger}'")

@@ -439,9 +439,20 @@ async def _communicate(proc, data: bytes, tail: deque, on_progress: ProgressFn) 
         pass  # the worker died before reading its cell; its exit status tells the rest
 
     stdout, _ = await asyncio.gather(
-        proc.stdout.read(), _read_lines(proc.stderr, lambda line: route_line(line, tail, on_progress)))
+        read_tail(proc.stdout), _read_lines(proc.stderr, lambda line: route_line(line, tail, on_progress)))
     await proc.wait()
     return stdout
+
+
+async def read_tail(stream, limit: int = REPLY_LIMIT) -> bytes:
+    """A worker's whole stdout, of which only the last `limit` bytes are kept: the result is its
+    last line, and a worker that prints without end must not fill the controller's memory."""
+    kept = bytearray()
+    while chunk := await stream.read(1 << 16):
+        kept += chunk
+        if len(kept) > 2 * limit:      # trimmed now and then, not on every chunk
+            del kept[:-limit]
+    return bytes(kept[-limit:])
 
 
 async def _read_lines(stream, handle: Callable[[str], None]) -> None:
@@ -475,11 +486,31 @@ def parse_result(cell: dict, host: str, returncode: int | None, stdout: bytes, t
     if text:
         try:
             result = json.loads(text.splitlines()[-1])
+        except json.JSONDecodeError:
+            result = None
+        if isinstance(result, dict):
             result["host"] = host
             return result
-        except (json.JSONDecodeError, IndexError):
-            pass
+        if result is not None:
+            return failed_result(cell, host, f"the worker's reply is not a result object: "
+                                             f"{type(result).__name__}\n{stderr_tail}", wall_s)
     return failed_result(cell, host, f"{_no_result_why(returncode)}\n{stderr_tail}", wall_s)
+
+
+def bound_to(cell: dict, result, host: str) -> dict:
+    """The result as the answer to `cell`, the cell this controller sent: a worker's reply that
+    is not a result object, or names another cell, is this cell's failure. The journal files
+    results under their cell id, so a reply trusted blindly could overwrite another cell's
+    result (or, with a crafted id, write outside the run)."""
+    expected = params.cell_id(cell)
+    if not isinstance(result, dict):
+        return failed_result(cell, host, f"the worker's reply is not a result object: "
+                                         f"{type(result).__name__}")
+    if result.get("cell_id") != expected:
+        got = str(result.get("cell_id"))[:80]
+        return failed_result(cell, host, f"the worker answered for cell {got!r}, not for "
+                                         f"the cell sent ({expected})")
+    return result
 
 
 def _no_result_why(returncode: int | None) -> str:

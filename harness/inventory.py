@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from harness.errors import InputError
 from harness.hosts import Host, LocalHost, local_hosts
-from harness.scenario import _read_yaml, _show, _Source
+from harness.yamldoc import EmptyDocument, Source, read_text, read_yaml, show
 
 DEFAULT_HOSTS_FILE = Path("hosts.yaml")
 DEFAULT_WORKDIR = "~/.cache/specdec-harness"
@@ -91,7 +91,7 @@ _WHAT = {
 }
 
 
-def _schema_error(exc: ValidationError, source: _Source) -> InputError:
+def _schema_error(exc: ValidationError, source: Source) -> InputError:
     errors = []
     for err in exc.errors():
         loc = tuple(err["loc"])
@@ -102,34 +102,34 @@ def _schema_error(exc: ValidationError, source: _Source) -> InputError:
             continue
         key = next((part for part in reversed(loc) if part in _WHAT), None)
         if not loc:
-            message = f"a hosts file is a mapping with a 'hosts' key, got {_show(err['input'])}"
+            message = f"a hosts file is a mapping with a 'hosts' key, got {show(err['input'])}"
         elif len(loc) == 2 and loc[0] == "hosts":
-            message = f"host '{loc[1]}' must be a mapping of settings, got {_show(err['input'])}"
+            message = f"host '{loc[1]}' must be a mapping of settings, got {show(err['input'])}"
         elif key:
-            message = f"{key} must be {_WHAT[key]}, got {_show(err['input'])}"
+            message = f"{key} must be {_WHAT[key]}, got {show(err['input'])}"
         elif loc == ("hosts",):
-            message = f"hosts must be a mapping of host name -> settings, got {_show(err['input'])}"
+            message = f"hosts must be a mapping of host name -> settings, got {show(err['input'])}"
         else:
             message = err["msg"]
         errors.append(source.error(loc, message))
     return min(errors, key=lambda e: (e.line or 0, e.column or 0))
 
 
-def _check_path(source: _Source, at: tuple, value: str, what: str, *, command_ok: bool) -> None:
+def _check_path(source: Source, at: tuple, value: str, what: str, *, command_ok: bool) -> None:
     if not value or any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
         raise source.error(at, f"{what} must be a non-empty path without control characters "
-                               f"(newlines, tabs), got {_show(value)}")
+                               f"(newlines, tabs), got {show(value)}")
     if value.startswith("/") or value.startswith("~/"):
         return
     if command_ok and COMMAND_NAME.fullmatch(value):
         return
-    raise source.error(at, f"{what} {_show(value)} must be absolute or start with ~/"
+    raise source.error(at, f"{what} {show(value)} must be absolute or start with ~/"
                            + (" (or be a plain command name like python3)" if command_ok else ""))
 
 
-def _resolve_env(source: _Source, at: tuple, value) -> str:
+def _resolve_env(source: Source, at: tuple, value) -> str:
     """`${VAR}` -> the controller's value of VAR (kept out of every log and record)."""
-    text = value if isinstance(value, str) else _show(value)
+    text = value if isinstance(value, str) else show(value)
 
     def lookup(match: re.Match) -> str:
         name = match.group(1)
@@ -150,16 +150,16 @@ def parse_ssh_target(target: str) -> tuple[str | None, str, int | None]:
     return match.group("user"), host, int(port) if port else None
 
 
-def _build(name: str, spec: HostSpec, source: _Source) -> Host:
+def _build(name: str, spec: HostSpec, source: Source) -> Host:
     at = ("hosts", name)
     if not HOST_NAME.fullmatch(name):
-        raise source.error(at, f"host name {_show(name)} may use only letters, digits, '.', '_' "
+        raise source.error(at, f"host name {show(name)} may use only letters, digits, '.', '_' "
                                f"and '-' (and start with a letter or digit)", key=True)
     if spec.gpus is not None and len(set(spec.gpus)) != len(spec.gpus):
         raise source.error(at + ("gpus",), "gpus lists a GPU twice")
     for key in spec.env:
         if not ENV_NAME.fullmatch(key):
-            raise source.error(at + ("env", key), f"env name {_show(key)} is not a valid "
+            raise source.error(at + ("env", key), f"env name {show(key)} is not a valid "
                                                   f"variable name", key=True)
     env = {key: _resolve_env(source, at + ("env", key), value) for key, value in spec.env.items()}
     if spec.python is not None:
@@ -182,7 +182,7 @@ def _build(name: str, spec: HostSpec, source: _Source) -> Host:
     try:
         user, host, port = parse_ssh_target(spec.ssh)
     except ValueError:
-        raise source.error(at + ("ssh",), f"ssh target {_show(spec.ssh)} is not an alias or "
+        raise source.error(at + ("ssh",), f"ssh target {show(spec.ssh)} is not an alias or "
                                           f"[user@]host[:port]") from None
     if port is not None and not 0 < port < 65536:
         raise source.error(at + ("ssh",), f"ssh port {port} is out of range")
@@ -199,11 +199,9 @@ def parse_hosts(text: str, path: str | os.PathLike | None = None) -> dict[str, H
     """Validate hosts YAML `text` into name -> Host (with `local` always present)."""
     shown = None if path is None else str(path)
     try:
-        source = _read_yaml(text, shown)
-    except InputError as err:
-        if "empty scenario file" in err.message:     # an empty hosts file: just `local`
-            return local_hosts()
-        raise
+        source = read_yaml(text, shown)
+    except EmptyDocument:                            # an empty hosts file: just `local`
+        return local_hosts()
     try:
         spec = HostsFile.model_validate(source.data)
     except ValidationError as exc:
@@ -220,18 +218,7 @@ def load_hosts(path: str | os.PathLike | None = None) -> dict[str, Host]:
         if not DEFAULT_HOSTS_FILE.is_file():
             return local_hosts()
         path = DEFAULT_HOSTS_FILE
-    shown = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(shown, None, None, "no such hosts file") from None
-    except IsADirectoryError:
-        raise InputError(shown, None, None, "is a directory, not a hosts file") from None
-    except UnicodeDecodeError as err:
-        raise InputError(shown, None, None, f"not UTF-8 text ({err.reason})") from None
-    except OSError as err:
-        raise InputError(shown, None, None, err.strerror or str(err)) from None
-    return parse_hosts(text, shown)
+    return parse_hosts(read_text(path, "hosts"), str(path))
 
 
 def select_hosts(inventory: dict[str, Host], wanted: list, where: str = "--host") -> list[Host]:
@@ -243,14 +230,14 @@ def select_hosts(inventory: dict[str, Host], wanted: list, where: str = "--host"
             matched = [h for h in inventory.values()
                        if all(h.labels.get(k) == v for k, v in entry.items())]
             if not matched:
-                shown = ", ".join(f"{k}: {_show(v)}" for k, v in entry.items())
+                shown = ", ".join(f"{k}: {show(v)}" for k, v in entry.items())
                 raise InputError(where, None, None, f"no host in the inventory has labels "
                                                     f"{{{shown}}}")
             for h in matched:
                 chosen.setdefault(h.name, h)
         else:
             if entry not in inventory:
-                raise InputError(where, None, None, f"unknown host {_show(entry)} (known: "
+                raise InputError(where, None, None, f"unknown host {show(entry)} (known: "
                                                     f"{', '.join(sorted(inventory))})")
             chosen.setdefault(entry, inventory[entry])
     return list(chosen.values())

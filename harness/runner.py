@@ -26,7 +26,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColu
 from rich.text import Text
 
 from harness import params
-from harness.hosts import Host, HostBroken, HostUnavailable, failed_result
+from harness.hosts import Host, HostBroken, HostUnavailable, bound_to, failed_result
 from harness.journal import RunJournal
 
 MAX_CELL_ATTEMPTS = 3          # infrastructure failures a cell may suffer before it is failed
@@ -308,22 +308,6 @@ async def _cancel_and_wait(tasks: list[asyncio.Future]) -> None:
     for task in tasks:               # retrieved, so asyncio does not log them as never awaited
         if not task.cancelled():
             task.exception()
-
-
-def bound_to(cell: dict, result, host: str) -> dict:
-    """The result as the answer to `cell`, the cell this controller sent: a worker's reply that
-    is not a result object, or names another cell, is this cell's failure. The journal files
-    results under their cell id, so a reply trusted blindly could overwrite another cell's
-    result (or, with a crafted id, write outside the run)."""
-    expected = params.cell_id(cell)
-    if not isinstance(result, dict):
-        return failed_result(cell, host, f"the worker's reply is not a result object: "
-                                         f"{type(result).__name__}")
-    if result.get("cell_id") != expected:
-        got = str(result.get("cell_id"))[:80]
-        return failed_result(cell, host, f"the worker answered for cell {got!r}, not for "
-                                         f"the cell sent ({expected})")
-    return result
 
 
 def _headline(result: dict) -> str:

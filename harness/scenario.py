@@ -6,12 +6,15 @@ cells, and `include` entries that add cells. Every mistake becomes an `InputErro
 at the YAML node responsible (`file:line:column: message`), never a traceback.
 
 How it works:
-1. `_read_yaml` composes the YAML node tree and turns it into plain data, remembering where
-   every value and every mapping key starts (keyed by its data path, e.g. ('matrix', 'tau', 2)).
+1. `harness.yamldoc` reads the YAML under a budget (size, depth, alias expansions) into plain
+   data, remembering where every value and every mapping key starts (keyed by its data path,
+   e.g. ('matrix', 'tau', 2)).
 2. pydantic models check the shape and the value of every parameter; each pydantic error is
    mapped back to its node through that data path.
-3. `_expand` builds the cells, remembering which node set each value, so the checks that need a
-   whole cell (context vs. model limit, impossible combinations, ...) point at the right node.
+3. `_expand` counts the cells before it builds them (at most `max_cells`, DEFAULT_MAX_CELLS
+   unless the caller raises it on purpose), remembering which node set each value, so the
+   checks that need a whole cell (context vs. model limit, impossible combinations, ...) point
+   at the right node.
 
 The controller never imports torch: this module needs only the standard library, PyYAML and
 pydantic.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import math
 import os
 import re
 import urllib.parse
@@ -28,151 +32,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, create_model
 
 from harness import params
 from harness.decode import presets
 from harness.errors import InputError
+from harness.yamldoc import DataPath, EmptyDocument, Source, read_text, read_yaml, show
 
-# A position in the parsed data: mapping keys and list indices from the document root.
-DataPath = tuple
+# The most cells a scenario may expand to unless the caller raises it (`--max-cells`): a
+# nightly sweep of every mode, capture and context is a few hundred; a million is a typo.
+DEFAULT_MAX_CELLS = 10_000
 
 TRIGGERS = ("manual", "nightly", "pr")
 METRIC_DIRECTIONS = ("higher", "lower")
 GPU_BUSY_POLICIES = ("wait", "noisy")
-
-
-# --------------------------------------------------------------------------------------------
-# YAML with positions
-# --------------------------------------------------------------------------------------------
-
-@dataclass
-class _Source:
-    """A parsed YAML document and the 1-based (line, column) where each of its nodes starts."""
-
-    path: str | None
-    data: Any
-    value_marks: dict[DataPath, tuple[int, int]] = field(default_factory=dict)
-    key_marks: dict[DataPath, tuple[int, int]] = field(default_factory=dict)
-
-    def error(self, at: DataPath, message: str, *, key: bool = False) -> InputError:
-        """An InputError at the value node `at` (or at its key node when `key`).
-
-        Falls back to the nearest enclosing node when `at` has no node of its own, e.g. a
-        pydantic location that names a key the document does not have.
-        """
-        marks = self.key_marks if key else self.value_marks
-        at = tuple(at)
-        while at and at not in marks:
-            marks = self.value_marks
-            at = at[:-1]
-        line, column = marks.get(at, (None, None))
-        return InputError(self.path, line, column, message)
-
-
-def _position(mark) -> tuple[int, int]:
-    # PyYAML marks are 0-based; editors and compilers count from 1.
-    return mark.line + 1, mark.column + 1
-
-
-def _position_in_text(text: str, index: int) -> tuple[int, int]:
-    line = text.count("\n", 0, index) + 1
-    column = index - (text.rfind("\n", 0, index) + 1) + 1
-    return line, column
-
-
-def _read_yaml(text: str, path: str | None) -> _Source:
-    """Parse one YAML document into plain data plus the positions of its nodes."""
-    try:
-        loader = yaml.SafeLoader(text)
-    except yaml.reader.ReaderError as err:  # a character YAML does not allow, found up front
-        raise InputError(path, *_position_in_text(text, err.position),
-                         f"YAML syntax error: {err.reason}") from None
-    try:
-        root = loader.get_single_node()
-        if root is None:
-            raise InputError(path, None, None, "empty scenario file: expected a mapping with "
-                             "at least 'name' and 'matrix'")
-        return _TreeReader(loader, path).read(root)
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        # PyYAML's context and problem read as one sentence: "while parsing X, expected Y".
-        what = ", ".join(part for part in (err.context, err.problem) if part) or "invalid YAML"
-        line, column = _position(mark) if mark else (None, None)
-        raise InputError(path, line, column, f"YAML syntax error: {what}") from None
-    except yaml.reader.ReaderError as err:
-        raise InputError(path, *_position_in_text(text, err.position),
-                         f"YAML syntax error: {err.reason}") from None
-    except yaml.YAMLError as err:  # any other PyYAML error: still one line, no traceback
-        raise InputError(path, None, None, f"YAML error: {err}") from None
-    finally:
-        loader.dispose()
-
-
-class _TreeReader:
-    """Turns a composed YAML node tree into data, recording where each node starts."""
-
-    _MERGE_TAG = "tag:yaml.org,2002:merge"
-
-    def __init__(self, loader: yaml.SafeLoader, path: str | None):
-        self.loader = loader
-        self.source = _Source(path, None)
-        self._open: set[int] = set()  # nodes being read: an alias back to one is a cycle
-
-    def read(self, root: yaml.Node) -> _Source:
-        self.source.data = self._read(root, ())
-        return self.source
-
-    def _fail(self, node: yaml.Node, message: str) -> InputError:
-        return InputError(self.source.path, *_position(node.start_mark), message)
-
-    def _read(self, node: yaml.Node, at: DataPath) -> Any:
-        self.source.value_marks[at] = _position(node.start_mark)
-        if isinstance(node, yaml.ScalarNode):
-            # The safe constructor resolves `1`, `1.5`, `true`, `null`, quoted strings, ...
-            return self.loader.construct_object(node, deep=True)
-        if id(node) in self._open:
-            raise self._fail(node, "recursive YAML alias")
-        self._open.add(id(node))
-        try:
-            if isinstance(node, yaml.SequenceNode):
-                return [self._read(item, at + (i,)) for i, item in enumerate(node.value)]
-            return self._read_mapping(node, at)
-        finally:
-            self._open.discard(id(node))
-
-    def _read_mapping(self, node: yaml.MappingNode, at: DataPath) -> dict:
-        # Duplicates are checked among the keys written here, before merge keys (`<<: *x`)
-        # bring in keys that these are allowed to override.
-        self._reject_duplicate_keys(node)
-        self.loader.flatten_mapping(node)
-        out: dict = {}
-        for key_node, value_node in node.value:
-            key = self._key(key_node)
-            self.source.key_marks[at + (key,)] = _position(key_node.start_mark)
-            out[key] = self._read(value_node, at + (key,))
-        return out
-
-    def _reject_duplicate_keys(self, node: yaml.MappingNode) -> None:
-        seen: dict[str, yaml.Node] = {}
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == self._MERGE_TAG:
-                continue
-            first = seen.setdefault(key_node.value, key_node)
-            if first is not key_node:
-                line, _col = _position(first.start_mark)
-                raise self._fail(key_node, f"duplicate key '{key_node.value}' "
-                                           f"(first given on line {line})")
-
-    def _key(self, key_node: yaml.Node) -> str:
-        if not isinstance(key_node, yaml.ScalarNode):
-            raise self._fail(key_node, "mapping keys must be plain names")
-        key = self.loader.construct_object(key_node)
-        if not isinstance(key, str):
-            # e.g. `yes:` or `1:`, which YAML reads as a bool or a number
-            raise self._fail(key_node, f"mapping key {_show(key)} must be a string (quote it)")
-        return key
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,8 +56,14 @@ class _TreeReader:
 # accepted where a float is expected.
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
-_PositiveInt = Annotated[int, Field(gt=0)]
-_NonNegativeInt = Annotated[int, Field(ge=0)]
+# Integers stop where the kernels' int32 indices and sizes do: a larger count is a typo, and
+# one that validated would fail only inside a worker.
+INT_MAX = 2**31 - 1
+SEED_MAX = 2**32 - 1      # every generator the workers seed takes 32 bits
+NAME_MAX_CHARS = 200      # an MLflow experiment name, shown in tables and titles
+
+_PositiveInt = Annotated[int, Field(gt=0, le=INT_MAX)]
+_NonNegativeInt = Annotated[int, Field(ge=0, le=INT_MAX)]
 
 # The enumerated cell parameters and their allowed values.
 _PARAM_CHOICES: dict[str, tuple] = {
@@ -216,7 +95,7 @@ _PARAM_TYPES: dict[str, tuple[Any, str]] = {
     "tau": (Annotated[float, Field(ge=1, allow_inf_nan=False)], "a number >= 1"),
     "tree_budget": (_PositiveInt, "a positive integer"),
     "block_size": (Annotated[int, Field(ge=2)], "an integer >= 2"),
-    "seed": (_NonNegativeInt, "an integer >= 0"),
+    "seed": (Annotated[int, Field(ge=0, le=SEED_MAX)], "an integer >= 0"),
     "warmup_steps": (_NonNegativeInt, "an integer >= 0"),
     "steps": (_PositiveInt, "a positive integer"),
     "repeats": (_PositiveInt, "a positive integer"),
@@ -275,7 +154,9 @@ class ScenarioSpec(BaseModel):
     """The top level of a scenario file."""
 
     model_config = _STRICT
-    name: Annotated[str, Field(min_length=1)]
+    # No control characters: the name is printed in terminals, tables and HTML titles.
+    name: Annotated[str, Field(min_length=1, max_length=NAME_MAX_CHARS,
+                               pattern=r"^[^\x00-\x1f\x7f]*$")]
     description: str | None = None
     trigger: Literal[TRIGGERS] = "manual"
     defaults: CellParams = Field(default_factory=CellParams)
@@ -358,21 +239,7 @@ def _did_you_mean(word: Any, candidates) -> str:
     return f"did you mean '{close[0]}'?" if close else ""
 
 
-def _show(value: Any) -> str:
-    """A value as the user wrote it in YAML, kept short."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "[]" if not value else "a list"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _pydantic_error(err: dict, source: _Source) -> InputError:
+def _pydantic_error(err: dict, source: Source) -> InputError:
     loc = tuple(err["loc"])
     kind = err["type"]
     if kind == "missing":
@@ -382,17 +249,27 @@ def _pydantic_error(err: dict, source: _Source) -> InputError:
         hint = _did_you_mean(loc[-1], allowed) or "expected one of: " + ", ".join(allowed)
         return source.error(loc, f"unknown key '{loc[-1]}' ({hint})", key=True)
     described = _describe(loc)
+    if kind in ("less_than_equal", "less_than") and isinstance(err["input"], (int, float)):
+        bound = next(iter(err["ctx"].values()))
+        return source.error(loc, f"{described.label} must be {'at most' if kind.endswith('equal') else 'below'} "
+                                 f"{bound}, got {show(err['input'])}")
+    if kind == "string_too_long":
+        return source.error(loc, f"{described.label} is {len(err['input'])} characters long: "
+                                 f"at most {err['ctx']['max_length']} are allowed")
+    if kind == "string_pattern_mismatch" and loc == ("name",):
+        return source.error(loc, "name must not contain control characters (tabs, line "
+                                 "breaks, escapes)")
     if kind == "literal_error" and described.choices:
         hint = _did_you_mean(err["input"], described.choices)
         allowed = "allowed: " + ", ".join(described.choices) + (f"; {hint}" if hint else "")
-        return source.error(loc, f"unknown {described.label} {_show(err['input'])} ({allowed})")
+        return source.error(loc, f"unknown {described.label} {show(err['input'])} ({allowed})")
     if described.what:
         return source.error(loc, f"{described.label} must be {described.what}, "
-                                 f"got {_show(err['input'])}")
+                                 f"got {show(err['input'])}")
     return source.error(loc, f"{described.label}: {err['msg']}")
 
 
-def _first_schema_error(exc: ValidationError, source: _Source) -> InputError:
+def _first_schema_error(exc: ValidationError, source: Source) -> InputError:
     """The error that comes first in the file, so fixing errors top-down converges.
 
     Missing keys go last: they sit at their parent mapping, ahead of everything inside it, yet
@@ -424,13 +301,12 @@ class _Draft:
         return ()
 
 
-def _matches(draft: _Draft, entry: dict) -> bool:
-    full = params.canonical(draft.values)
+def _matches(cell: dict, entry: dict) -> bool:
     # A key of another workload (work_us on a decode cell) is absent, so it does not match.
-    return all(key in full and full[key] == value for key, value in entry.items())
+    return all(key in cell and cell[key] == value for key, value in entry.items())
 
 
-def _expand(spec: ScenarioSpec, source: _Source) -> list[_Draft]:
+def _expand(spec: ScenarioSpec, source: Source, max_cells: int) -> list[_Draft]:
     """Defaults x matrix product, minus excluded cells, plus included ones (in that order)."""
     defaults = spec.defaults.model_dump(exclude_unset=True)
     base = _Draft(defaults, {name: ("defaults", name) for name in defaults})
@@ -440,12 +316,20 @@ def _expand(spec: ScenarioSpec, source: _Source) -> list[_Draft]:
     keys = [key for key in source.data["matrix"] if key in matrix]
     excludes = [entry.model_dump(exclude_unset=True) for entry in spec.exclude]
 
+    # Counted before anything is built: the product of a few long lists is astronomically large.
+    count = math.prod(len(matrix[key]) for key in keys) + len(spec.include)
+    if count > max_cells:
+        raise source.error(("matrix",), key=True, message=f"the matrix expands to {count:,} cells (before "
+                                        f"exclude), more than the cap of {max_cells:,}; "
+                                        f"pass --max-cells {count} to run that many on purpose")
+
     drafts = []
     for combo in itertools.product(*(list(enumerate(matrix[key])) for key in keys)):
         draft = base.with_values(
             {key: value for key, (_, value) in zip(keys, combo)},
             {key: ("matrix", key, index) for key, (index, _) in zip(keys, combo)})
-        if not any(_matches(draft, entry) for entry in excludes):
+        cell = params.canonical(draft.values)
+        if not any(_matches(cell, entry) for entry in excludes):
             drafts.append(draft)
 
     for j, entry in enumerate(spec.include):
@@ -454,7 +338,7 @@ def _expand(spec: ScenarioSpec, source: _Source) -> list[_Draft]:
     return drafts
 
 
-def _check_structure(spec: ScenarioSpec, source: _Source) -> None:
+def _check_structure(spec: ScenarioSpec, source: Source) -> None:
     """Shape problems pydantic cannot express: an empty matrix, an exclude that drops all."""
     if not spec.matrix.model_fields_set:
         raise source.error(("matrix",), "matrix is empty: give at least one cell parameter "
@@ -477,7 +361,7 @@ def _decoded_tokens_bound(cell: dict) -> int:
     return step_count * cell["block_size"] + 1 + cell["tree_budget"]
 
 
-def _check_context(draft: _Draft, cell: dict, source: _Source) -> None:
+def _check_context(draft: _Draft, cell: dict, source: Source) -> None:
     if cell["workload"] != "decode":     # a model's context limit binds only cells that run it
         return
     limit = presets.max_context(cell["model"])
@@ -492,7 +376,7 @@ def _check_context(draft: _Draft, cell: dict, source: _Source) -> None:
                                f"exceeds model '{cell['model']}' limit {limit}")
 
 
-def _check_tau(draft: _Draft, cell: dict, source: _Source) -> None:
+def _check_tau(draft: _Draft, cell: dict, source: Source) -> None:
     # tau only drives synthetic acceptance; greedy cells ignore it, so their block size is free.
     if cell["acceptance"] == "synthetic" and cell["tau"] > cell["block_size"]:
         raise source.error(draft.where("tau", "block_size", "acceptance"),
@@ -500,7 +384,7 @@ def _check_tau(draft: _Draft, cell: dict, source: _Source) -> None:
                            f"accepts at most block_size tokens")
 
 
-def _check_graph_capture(draft: _Draft, cell: dict, source: _Source) -> None:
+def _check_graph_capture(draft: _Draft, cell: dict, source: Source) -> None:
     # Plain decoding (speculation: none) has no tree and no accept walk: any capture works.
     if (cell["graph_capture"] == "full" and cell["speculation"] != "none"
             and (cell["tree_build"], cell["accept"]) != ("gpu", "gpu")):
@@ -509,7 +393,7 @@ def _check_graph_capture(draft: _Draft, cell: dict, source: _Source) -> None:
                            "it needs tree_build: gpu and accept: gpu")
 
 
-def _check_impl(draft: _Draft, cell: dict, source: _Source) -> None:
+def _check_impl(draft: _Draft, cell: dict, source: Source) -> None:
     """Implementation knobs pick CUDA kernels of the decode loop: nothing else runs them."""
     changed = [k for k, v in params.IMPL_DEFAULTS.items() if cell[k] != v]
     if not changed:
@@ -526,7 +410,7 @@ def _check_impl(draft: _Draft, cell: dict, source: _Source) -> None:
                            "its trees on the host (tree_build: cpu)")
 
 
-def _check_workload_params(draft: _Draft, cell: dict, source: _Source) -> None:
+def _check_workload_params(draft: _Draft, cell: dict, source: Source) -> None:
     """A workload's own parameter (params.WORKLOAD_PARAMS) set on a cell of another workload."""
     for name in draft.values:
         owner = next((w for w, own in params.WORKLOAD_PARAMS.items() if name in own), None)
@@ -536,7 +420,7 @@ def _check_workload_params(draft: _Draft, cell: dict, source: _Source) -> None:
                                f"runs workload '{cell['workload']}'")
 
 
-def _check_kernel(draft: _Draft, cell: dict, source: _Source) -> None:
+def _check_kernel(draft: _Draft, cell: dict, source: Source) -> None:
     """Shapes a verify-attention kernel cell can have (harness/workloads/kernel.py)."""
     if cell["workload"] != "kernel":
         return
@@ -563,7 +447,7 @@ def _check_kernel(draft: _Draft, cell: dict, source: _Source) -> None:
                            "sdpa and flex read a contiguous cache only: drop them from paged cells")
 
 
-def _resolve_checkpoint(draft: _Draft, cell: dict, source: _Source, base_dir: Path) -> None:
+def _resolve_checkpoint(draft: _Draft, cell: dict, source: Source, base_dir: Path) -> None:
     """Make a relative checkpoint path absolute (against the scenario's folder); it must exist."""
     if cell["checkpoint"] is None:
         return
@@ -578,7 +462,7 @@ def _resolve_checkpoint(draft: _Draft, cell: dict, source: _Source, base_dir: Pa
     draft.values["checkpoint"] = str(resolved)
 
 
-def _finish_cells(drafts: list[_Draft], source: _Source, base_dir: Path) -> list[dict]:
+def _finish_cells(drafts: list[_Draft], source: Source, base_dir: Path) -> list[dict]:
     """Check each cell as a whole and return the canonical cells, duplicates dropped."""
     cells: dict[str, dict] = {}
     for draft in drafts:
@@ -626,17 +510,26 @@ class Scenario:
         return f"Scenario(name={self.name!r}, path={self.path!r}, cells={len(self._cells)})"
 
 
-def parse_scenario(text: str, path: str | os.PathLike | None = None) -> Scenario:
-    """Validate scenario YAML `text`; `path` names it in errors and anchors relative paths."""
+def parse_scenario(text: str, path: str | os.PathLike | None = None, *,
+                   max_cells: int | None = None) -> Scenario:
+    """Validate scenario YAML `text`; `path` names it in errors and anchors relative paths.
+
+    At most `max_cells` cells (DEFAULT_MAX_CELLS if None), counted before exclude; more is an
+    InputError at the matrix.
+    """
     shown_path = None if path is None else str(path)
-    source = _read_yaml(text, shown_path)
+    try:
+        source = read_yaml(text, shown_path)
+    except EmptyDocument:
+        raise InputError(shown_path, None, None, "empty scenario file: expected a mapping with "
+                         "at least 'name' and 'matrix'") from None
     try:
         spec = ScenarioSpec.model_validate(source.data)
     except ValidationError as exc:
         raise _first_schema_error(exc, source) from None
     _check_structure(spec, source)
 
-    drafts = _expand(spec, source)
+    drafts = _expand(spec, source, max_cells or DEFAULT_MAX_CELLS)
     if not drafts:
         raise source.error(("exclude",), "exclude drops every cell of the matrix: nothing to run")
     base_dir = Path(shown_path).parent if shown_path else Path.cwd()
@@ -649,21 +542,9 @@ def parse_scenario(text: str, path: str | os.PathLike | None = None) -> Scenario
         cells=cells)
 
 
-def load_scenario(path: str | os.PathLike) -> Scenario:
-    """Read and validate the scenario file at `path`."""
-    shown_path = str(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise InputError(shown_path, None, None, "no such file") from None
-    except IsADirectoryError:
-        raise InputError(shown_path, None, None, "is a directory, not a scenario file") from None
-    except UnicodeDecodeError as err:
-        raise InputError(shown_path, None, None, f"not UTF-8 text ({err.reason})") from None
-    except OSError as err:
-        raise InputError(shown_path, None, None, err.strerror or str(err)) from None
-    return parse_scenario(text, shown_path)
+def load_scenario(path: str | os.PathLike, *, max_cells: int | None = None) -> Scenario:
+    """Read and validate the scenario file at `path` (see parse_scenario)."""
+    return parse_scenario(read_text(path, "scenario"), str(path), max_cells=max_cells)
 
 
 # --------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ import asyncssh
 from harness import bundle as bundlemod
 from harness import params
 from harness.hosts import (STDERR_TAIL_LINES, HostBroken, HostUnavailable, ProgressFn,
-                           failed_result, parse_result, route_line)
+                           failed_result, parse_result, read_tail, route_line)
 
 MAX_CHANNELS = 10            # sshd's default MaxSessions: at most 9 cells at once per host
 KEEPALIVE_S = 15             # a silently dead host is noticed after ~KEEPALIVE_S * 3
@@ -380,7 +380,7 @@ class SSHHost:
         helpers: list[asyncio.Future] = []
         try:
             proc.stdin.write(json.dumps(self._job(cell, slot)).encode() + b"\n")
-            stdout = asyncio.ensure_future(proc.stdout.read())
+            stdout = asyncio.ensure_future(read_tail(proc.stdout))
             stderr = asyncio.ensure_future(_pump_stderr(proc.stderr, tail, on_progress, state))
             finished = asyncio.ensure_future(asyncio.gather(stdout, stderr))
             started = asyncio.ensure_future(state.started.wait())

@@ -180,7 +180,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, case, command):
 
 
 @pytest.mark.parametrize("args,pattern", [
-    (["run", "missing.yaml"], r"missing\.yaml: no such file"),
+    (["run", "missing.yaml"], r"missing\.yaml: no such scenario file"),
     (["run", "ok.yaml", "--tracking-uri", "htp:/nowhere"], r"malformed tracking URI"),
     (["run", "ok.yaml", "--host", "gpu-z"], r"unknown host 'gpu-z'"),
     (["run", "ok.yaml", "--resume", "20990101-000000-abcdef"], r"20990101-000000-abcdef"),

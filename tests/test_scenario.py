@@ -214,7 +214,7 @@ def test_missing_file(tmp_path):
     path = tmp_path / "nope.yaml"
     with pytest.raises(InputError) as info:
         load_scenario(path)
-    assert str(info.value) == f"{path}: no such file"
+    assert str(info.value) == f"{path}: no such scenario file"
 
 
 def test_empty_file(tmp_path):

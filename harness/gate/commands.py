@@ -89,6 +89,8 @@ def gate(
                                                                           "stay undecided (a warning)"),
     log_mlflow: bool = typer.Option(False, "--log-mlflow", help="log what the gate measured to MLflow"),
     trigger: str = typer.Option("pr", "--trigger", help="trigger tag of the runs the gate journals"),
+    max_cells: Optional[int] = typer.Option(None, "--max-cells", min=1, metavar="N",
+                                            help="allow a scenario of up to N cells (default 10000)"),
 ):
     """Judge a head against a baseline: exit 0 no regression (every gated metric decided),
     1 regression, 2 error or a design that cannot decide, 3 undecided."""
@@ -116,7 +118,7 @@ def gate(
                                                f"(got {rounds} and {max_rounds})")
         if budget_s < 0:
             raise InputError(None, None, None, f"--budget-s must be >= 0, got {budget_s:g}")
-        sc = load_scenario(scenario)
+        sc = load_scenario(scenario, max_cells=max_cells)
         opts = GateOptions(
             scenario=sc, policies=_policies(sc, alpha, alpha_eq), host=_host(host, hosts_file),
             base_ref=base, head_ref=head, baseline=baseline, head_run=run_id, rounds=rounds,
