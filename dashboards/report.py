@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.journal import RunJournal, atomic_write_text
+from harness.redact import redact_uri
 
 from . import figures, idle, kernels, style
 from .history import history as history_figure
@@ -324,7 +325,10 @@ def _summary_rows(journal: RunJournal, results: list[dict]) -> list[tuple[str, s
     ]
     state = journal.tracking_state()
     if state.get("parent_run_id"):
-        rows.append(("MLflow", f"parent run {state['parent_run_id']} in {state.get('tracking_uri')}"))
+        # The page is uploaded to MLflow and mailed around: never a password (the journal
+        # keeps URIs redacted; a journal from before that did not).
+        where = redact_uri(str(state.get("tracking_uri")))
+        rows.append(("MLflow", f"parent run {state['parent_run_id']} in {where}"))
     return rows
 
 

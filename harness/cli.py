@@ -1,8 +1,9 @@
 """The `harness` command line.
 
 Exit codes (DESIGN.md): 0 every cell ok; 1 some cells failed (the rest still ran and were
-logged); 2 bad input or usage, reported as one line naming file:line:column (or the host, or
-the run), never as a traceback.
+logged), or the run is unfinished (the MLflow upload failed, the disk refused a result:
+`--resume` finishes it); 2 bad input or usage, reported as one line naming file:line:column
+(or the host, or the run), never as a traceback.
 """
 
 from __future__ import annotations
@@ -113,6 +114,10 @@ def run(
         if journal.scenario_name != sc.name:
             raise fail_input(InputError(str(scenario), None, None,
                                         f"run {resume} is of scenario '{journal.scenario_name}', not '{sc.name}'"))
+        try:   # on to the store the run was logged to, unless told otherwise
+            uri = validate_tracking_uri(tracking.tracking_uri_for(journal, tracking_uri))
+        except InputError as e:
+            raise fail_input(e)
         cells = journal.missing()
         console.print(f"Resuming run [bold]{resume}[/]: {len(cells)} of {len(journal.cells)} cell(s) to run")
     else:
@@ -121,15 +126,26 @@ def run(
                 "trigger": trigger or sc.trigger, "hosts": wanted, "tracking_uri": uri,
                 "argv": sys.argv, "controller": {"python": platform.python_version(),
                                                  "platform": platform.platform()}}
-        journal = jr.RunJournal.create(root, jr.new_run_id(), sc.name, scenario, sc.text, sc.cells(), meta)
+        try:   # a full disk here leaves no run folder behind
+            journal = jr.RunJournal.create(root, jr.new_run_id(), sc.name, scenario, sc.text, sc.cells(), meta)
+        except jr.JournalError as e:
+            raise fail_input(e)
         cells = [c["cell"] for c in journal.cells]
         console.print(f"Run [bold]{journal.run_id}[/]: scenario [bold]{escape(sc.name)}[/], "
                       f"{len(cells)} cell(s) on {escape(', '.join(wanted))}")
 
     outcome = runner.run_cells(cells, chosen, journal, console)
     from harness.derived import add_speedup_vs_ar
-    for r in add_speedup_vs_ar(list(journal.results().values())):
-        journal.write_cell(r)                  # derived metrics join the journal record
+    try:
+        for r in add_speedup_vs_ar(list(journal.results().values())):
+            journal.write_cell(r)              # derived metrics join the journal record
+    except jr.JournalFull as e:
+        outcome.journal_full = outcome.journal_full or str(e)
+    if outcome.journal_full:                   # no upload or report: they write there too
+        err.print(f"[red]error:[/] {escape(outcome.journal_full)}; the results written before "
+                  f"are kept; once there is space, finish with: harness run "
+                  f"{escape(str(scenario))} --resume {journal.run_id}", highlight=False)
+        raise typer.Exit(1)
     results = list(journal.results().values())
     console.print(summary_table(results, f"{sc.name} — run {journal.run_id}"))
 
@@ -155,6 +171,7 @@ def run(
     if failed or missing:
         err.print(f"{len(missing)} cell(s) failed or missing; rerun them with: "
                   f"harness run {escape(str(scenario))} --resume {journal.run_id}")
+    if failed or missing or not logged:        # an upload that failed is unfinished work too
         raise typer.Exit(1)
 
 
@@ -220,11 +237,13 @@ def ui(port: int = typer.Option(5000, help="port of the MLflow UI"),
        tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri")):
     """Open the MLflow UI on the local store (results/mlflow.db)."""
     from harness import tracking
+    from harness.redact import redact_uri
     uri = tracking.resolve_tracking_uri(tracking_uri)
+    shown = escape(redact_uri(uri))            # the real one goes to mlflow, never the screen
     if uri.startswith(("http://", "https://")):
-        console.print(f"The tracking server has its own UI: {uri}")
+        console.print(f"The tracking server has its own UI: {shown}")
         return
-    console.print(f"MLflow UI on http://{host}:{port} (store {uri}); Ctrl-C to stop")
+    console.print(f"MLflow UI on http://{host}:{port} (store {shown}); Ctrl-C to stop")
     os.execv(sys.executable, [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
                               "--host", host, "--port", str(port)])
 

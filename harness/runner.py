@@ -11,6 +11,12 @@ cannot work until a person fixes it (HostBroken: unknown host key, missing Pytho
 at once. A cell whose host failed under it (connection dropped mid-cell) goes back to the queue,
 for this or another host, at most MAX_CELL_ATTEMPTS times. A cell that fails in its worker (an
 OOM at 65k, a kernel error) is a result like any other: journaled, never retried here.
+
+A result the journal cannot write because the disk refuses it (full, over quota, read-only)
+stops the sweep like Ctrl-C does: no cell starts, the running ones are cancelled (killed where
+they run), and `SweepOutcome.journal_full` names the file. Every result written before stays,
+so `--resume` finishes the run once there is space; going on would only measure cells whose
+results are lost.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from rich.text import Text
 
 from harness import params
 from harness.hosts import Host, HostBroken, HostUnavailable, bound_to, failed_result
-from harness.journal import RunJournal
+from harness.journal import JournalFull, RunJournal
 
 MAX_CELL_ATTEMPTS = 3          # infrastructure failures a cell may suffer before it is failed
 MAX_HOST_FAILURES = 4          # failed attempts in a row before a host is given up
@@ -38,6 +44,7 @@ BACKOFF_S = (1, 2, 4, 8, 16, 30)
 class SweepOutcome:
     results: list[dict] = field(default_factory=list)
     interrupted: bool = False
+    journal_full: str | None = None     # the disk refused a result: which file, and why
     retries: int = 0                                        # cells sent back to the queue
     hosts_lost: dict[str, str] = field(default_factory=dict)   # host -> why it was given up
 
@@ -59,6 +66,8 @@ def run_cells(cells: list[dict], hosts: list[Host], journal: RunJournal, console
             asyncio.run(_Sweep(cells, hosts, journal, bar, outcome).run())
         except KeyboardInterrupt:
             outcome.interrupted = True
+        except JournalFull:
+            pass                  # outcome.journal_full says what; the caller says what next
     return outcome
 
 
@@ -112,8 +121,9 @@ class _Sweep:
         try:
             await asyncio.gather(*slots)
         except BaseException:
-            # Ctrl-C (the sweep's task is cancelled) or a bug in one slot: no cell starts from
-            # now on, and the running ones are cancelled, which kills them where they run.
+            # Ctrl-C (the sweep's task is cancelled), a result the disk refused (JournalFull) or
+            # a bug in one slot: no cell starts from now on, and the running ones are
+            # cancelled, which kills them where they run.
             self.stopping = True
             await _cancel_and_wait(slots)
             raise
@@ -208,7 +218,13 @@ class _Sweep:
         return False
 
     def _finish(self, i: int, host: Host, result: dict) -> None:
-        self.journal.write_cell(result)                      # the journal first, always
+        try:
+            self.journal.write_cell(result)                  # the journal first, always
+        except JournalFull as e:
+            # Stop here: raised out of the slot, it cancels the others (see run()).
+            self.stopping = True
+            self.outcome.journal_full = self.outcome.journal_full or str(e)
+            raise
         self.outcome.results.append(result)
         self.pending -= 1
         label = params.cell_label(result.get("cell") or {})
@@ -236,7 +252,7 @@ class _Sweep:
         """A slot stopped for good. With none left, the cells still queued cannot run."""
         self.live_slots -= 1
         if self.live_slots > 0 or self.pending == 0 or self.stopping:
-            return            # stopping (Ctrl-C): queued cells stay unrun, for --resume
+            return            # stopping (Ctrl-C, disk full): queued cells stay unrun, for --resume
         reasons = "; ".join(self.outcome.hosts_lost.values()) or "no host left"
         while not self.queue.empty():
             i, cell, errors = self.queue.get_nowait()

@@ -18,7 +18,14 @@ marks the old one `harness.superseded_by`.
 
 mlflow is imported inside functions: it takes 1-2 s to import and `harness validate` must
 stay fast. Only the controller writes, through an explicit `MlflowClient` (no fluent global
-state), so there is never a second process migrating a fresh sqlite schema at the same time.
+state). Two controllers (two sweeps at once) can still meet at a fresh sqlite store, and two
+processes creating its schema at once break one of them ("duplicate column"): the first
+client of a sqlite store is made under a flock on `<db>.lock` beside it (`open_client`).
+
+A tracking URI can carry a password or a token; the real one is used to connect, but every URI
+this module records (tracking.json) or puts in a message is `redact_uri`'s (harness.redact).
+Since the journal keeps only the redacted form, a run logged with credentials needs them given
+again to be logged further (`tracking_uri_for`).
 """
 
 from __future__ import annotations
@@ -35,7 +42,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
 
+from harness.errors import InputError
 from harness.journal import RunJournal, utc_now_iso
+from harness.redact import redact_uri, was_redacted
 
 DEFAULT_SQLITE_URI = "sqlite:///results/mlflow.db"
 FIGURE_NAME = "tokens_vs_context.png"
@@ -65,9 +74,13 @@ class TrackingUnavailable(Exception):
     """
 
 
+class CredentialsNeeded(InputError):
+    """The run was logged to a URI with a secret, which the journal does not keep."""
+
+
 @dataclass
 class TrackingReport:
-    tracking_uri: str
+    tracking_uri: str        # redacted: for showing, not for connecting
     experiment_id: str
     parent_run_id: str
     logged_now: int          # child runs created by this call
@@ -85,6 +98,26 @@ class TrackingReport:
 def default_tracking_uri() -> str:
     """MLFLOW_TRACKING_URI if set, else the embedded store `sqlite:///results/mlflow.db`."""
     return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_SQLITE_URI
+
+
+def tracking_uri_for(journal: RunJournal, given: str | None = None) -> str:
+    """The store to log an existing run to (`--resume`, `harness report`): `given`, else
+    MLFLOW_TRACKING_URI, else the store the run was logged to, else the embedded default.
+
+    The journal records URIs with their secrets redacted; connecting with `***` for a password
+    would fail in a puzzling way, so a recorded URI that lost one is CredentialsNeeded (one line,
+    exit 2) asking for the URI again.
+    """
+    given = given or os.environ.get("MLFLOW_TRACKING_URI")
+    if given:
+        return given
+    recorded = journal.tracking_state().get("tracking_uri") or journal.meta.get("tracking_uri")
+    if recorded and was_redacted(recorded):
+        raise CredentialsNeeded(
+            None, None, None,
+            f"run {journal.run_id} was logged to {recorded}, whose credentials are not kept in "
+            f"the journal: give the URI again with --tracking-uri (or MLFLOW_TRACKING_URI)")
+    return recorded or DEFAULT_SQLITE_URI
 
 
 def _sqlite_path(uri: str) -> Path | None:
@@ -125,9 +158,46 @@ def check_reachable(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     try:
         resp = requests.get(uri.rstrip("/") + "/health", timeout=timeout)
     except requests.RequestException as e:
-        raise TrackingUnavailable(f"MLflow server {uri} unreachable: {_one_line(e)}") from e
+        raise TrackingUnavailable(f"MLflow server {redact_uri(uri)} unreachable: "
+                                  f"{_one_line(e)}") from e
     if resp.status_code >= 500:
-        raise TrackingUnavailable(f"MLflow server {uri} unhealthy: HTTP {resp.status_code}")
+        raise TrackingUnavailable(f"MLflow server {redact_uri(uri)} unhealthy: "
+                                  f"HTTP {resp.status_code}")
+
+
+@contextmanager
+def _store_lock(uri: str) -> Iterator[None]:
+    """Hold an exclusive flock on `<db>.lock` beside a sqlite store (nothing for other stores).
+
+    The lock file is separate from the database: sqlite has its own locks on the db file, and
+    the flock must exist before the database does.
+    """
+    path = _sqlite_path(uri)
+    if path is None:
+        yield
+        return
+    import fcntl
+
+    try:
+        lock = open(f"{path}.lock", "a")
+    except OSError:
+        # A folder we cannot write to: no store can be created there by us either (reading
+        # an existing one needs no lock), and MLflow's own error says more than ours would.
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)    # released when the file is closed
+        yield
+
+
+def open_client(uri: str):
+    """An MlflowClient on `uri`. Making it creates (and migrates) a sqlite store's schema when
+    the database is new; under the store's lock, a second process waits, then finds the
+    schema complete instead of half-made."""
+    from mlflow import MlflowClient
+
+    with _store_lock(uri):
+        return MlflowClient(tracking_uri=uri)
 
 
 # -- logging ---------------------------------------------------------------------------------
@@ -164,12 +234,15 @@ def log_report(journal: RunJournal, report_dir: str | os.PathLike,
     """Upload a run's report folder (index.html + PNGs) as artifacts `report/` of its parent
     MLflow run; returns the parent run id. Re-logging overwrites the same artifact paths.
 
-    The parent is the one `log_run` recorded in tracking.json for this store, else found by its
-    `harness.run_id` tag. TrackingUnavailable when the store is unreachable, does not exist
-    (a sqlite file is never created just for this) or has no parent run for the journal.
+    The store is `tracking_uri_for(journal, tracking_uri)`; the parent is the one `log_run`
+    recorded in tracking.json for this store, else found by its `harness.run_id` tag.
+    TrackingUnavailable when the store is unreachable, does not exist (a sqlite file is never
+    created just for this), needs credentials given again, or has no parent run for the journal.
     """
-    uri = _absolute(tracking_uri or journal.tracking_state().get("tracking_uri")
-                    or journal.meta.get("tracking_uri") or default_tracking_uri())
+    try:
+        uri = _absolute(tracking_uri_for(journal, tracking_uri))
+    except CredentialsNeeded as e:
+        raise TrackingUnavailable(str(e)) from None
     path = _sqlite_path(uri)
     if path is not None and not path.is_file():
         raise TrackingUnavailable(f"no MLflow store at {path}")
@@ -181,14 +254,12 @@ def log_report(journal: RunJournal, report_dir: str | os.PathLike,
 
     with _quiet_mlflow(), _env(MLFLOW_ENV):
         try:
-            from mlflow import MlflowClient
-
-            client = MlflowClient(tracking_uri=uri)
+            client = open_client(uri)
             parent = _find_parent(client, journal, uri)
             if parent is None:
                 raise TrackingUnavailable(
-                    f"run {journal.run_id} is not in {uri} yet (log it with harness run "
-                    f"--resume {journal.run_id})")
+                    f"run {journal.run_id} is not in {redact_uri(uri)} yet (log it with harness "
+                    f"run --resume {journal.run_id})")
             client.log_artifacts(parent, str(report_dir), artifact_path=REPORT_ARTIFACT_DIR)
             return parent
         except TrackingUnavailable:
@@ -199,7 +270,7 @@ def log_report(journal: RunJournal, report_dir: str | os.PathLike,
 
 def _find_parent(client, journal: RunJournal, uri: str) -> str | None:
     state = journal.tracking_state()
-    if state.get("parent_run_id") and state.get("tracking_uri") == uri:
+    if state.get("parent_run_id") and state.get("tracking_uri") == redact_uri(uri):
         try:
             run = client.get_run(state["parent_run_id"])
             if run.info.lifecycle_stage == "active":
@@ -217,12 +288,11 @@ class _Uploader:
     """One log_run call: holds the client, the journal and what has been found/logged."""
 
     def __init__(self, journal: RunJournal, uri: str, figure_dir: Path):
-        from mlflow import MlflowClient
-
         self.journal = journal
         self.uri = uri
+        self.shown_uri = redact_uri(uri)     # what is recorded and printed
         self.figure_dir = figure_dir
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = open_client(uri)
         self.results = journal.results()
         meta = journal.meta
         git = meta.get("git") if isinstance(meta.get("git"), dict) else {}
@@ -241,9 +311,10 @@ class _Uploader:
 
     def run(self) -> TrackingReport:
         state = self.journal.tracking_state()
-        if state.get("tracking_uri") != self.uri:
-            # Logged ids are only meaningful in the store they were logged to.
-            state = {"parent_run_id": None, "tracking_uri": self.uri, "logged": {}}
+        if state.get("tracking_uri") != self.shown_uri:
+            # Logged ids are only meaningful in the store they were logged to (a store is known
+            # by its redacted URI: a changed password does not make it another store).
+            state = {"parent_run_id": None, "tracking_uri": self.shown_uri, "logged": {}}
 
         experiment_id = self._experiment()
         parent, created = self._parent(experiment_id, state.get("parent_run_id"))
@@ -275,7 +346,7 @@ class _Uploader:
             self._finish_parent(parent)
         self.journal.save_tracking_state(state)
         return TrackingReport(
-            tracking_uri=self.uri, experiment_id=experiment_id,
+            tracking_uri=self.shown_uri, experiment_id=experiment_id,
             parent_run_id=parent.info.run_id, logged_now=logged_now, already_logged=already,
             ui_hint=_ui_hint(self.uri, experiment_id, parent.info.run_id),
         )
@@ -283,14 +354,23 @@ class _Uploader:
     # -- experiment and parent ---------------------------------------------------------------
 
     def _experiment(self) -> str:
+        from mlflow.exceptions import MlflowException
+
         name = self.journal.scenario_name
         exp = self.client.get_experiment_by_name(name)
         if exp is None:
-            return self.client.create_experiment(name, artifact_location=_artifact_root(self.uri))
+            try:
+                return self.client.create_experiment(name,
+                                                     artifact_location=_artifact_root(self.uri))
+            except MlflowException as e:
+                # Another sweep of the same scenario created it since the lookup: use theirs.
+                if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                exp = self.client.get_experiment_by_name(name)
         if exp.lifecycle_stage != "active":
             raise TrackingUnavailable(
-                f"experiment {name!r} is deleted in {self.uri}; restore it in the MLflow UI "
-                f"(or `mlflow gc` it) and retry")
+                f"experiment {name!r} is deleted in {self.shown_uri}; restore it in the MLflow "
+                f"UI (or `mlflow gc` it) and retry")
         return exp.experiment_id
 
     def _parent(self, experiment_id: str, known_id: str | None):
@@ -497,17 +577,21 @@ def _artifact_root(uri: str) -> str | None:
 
 
 def _ui_hint(uri: str, experiment_id: str, parent_id: str) -> str:
+    """Where to look at the run; printed, so with the URI's secret redacted."""
     fragment = f"#/experiments/{experiment_id}/runs/{parent_id}"
     if uri.startswith(("http://", "https://")):
-        return f"{uri.rstrip('/')}/{fragment}"
+        return f"{redact_uri(uri).rstrip('/')}/{fragment}"
     # An embedded store has no server: `harness ui` serves it (on port 5000 by default).
     default = uri == _absolute(DEFAULT_SQLITE_URI)
-    command = "harness ui" if default else f"harness ui --tracking-uri {uri}"
+    command = "harness ui" if default else f"harness ui --tracking-uri {redact_uri(uri)}"
     return f"view with `{command}`, then http://127.0.0.1:5000/{fragment}"
 
 
 def _one_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
+    """The first line of an error, with any URI's secret redacted: MLflow's and requests'
+    messages quote the URL they failed on."""
+    # Redacted before it is cut: a URI cut short of its '@' no longer looks like one.
+    text = redact_uri(str(e)).strip() or type(e).__name__
     return text.splitlines()[0][:500]
 
 

@@ -43,6 +43,8 @@ import sys
 import time
 import traceback
 
+from harness.errors import CellRefused
+
 PROGRESS_PREFIX = "@@progress "
 CELL_PREFIX = "@@cell "          # serve mode: the stderr lines that follow belong to this cell
 SERVE_PROTOCOL = 1               # the version of serve mode this worker speaks (see above)
@@ -105,6 +107,8 @@ def run_cell(cell: dict) -> dict:
             out = resolve(cell["workload"])(cell, progress)
         result.update(out)
         result["status"] = "ok"
+    except CellRefused as exc:  # the input is at fault, and the message says where
+        result["error"] = f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # a failing cell is a result, not a crash
         tb = traceback.format_exc(limit=6)
         result["error"] = f"{type(exc).__name__}: {exc}\n{tb[-4000:]}"

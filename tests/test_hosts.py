@@ -39,10 +39,12 @@ def test_real_worker_streams_progress_and_returns_a_result():
 
 
 def test_failure_inside_the_workload_is_reported_with_its_error(tmp_path):
-    (tmp_path / "config.json").write_text('{"vocab_size": 64}')   # not a Qwen3 config
+    (tmp_path / "config.json").write_text('{"model_type": "qwen3", "vocab_size": 64}')
     result, _ = run(LocalHost(), dict(CELL, checkpoint=str(tmp_path)))
     assert result["status"] == "failed"
-    assert "KeyError" in result["error"] and "num_attention_heads" in result["error"]
+    assert result["error"].startswith(f"CheckpointError: {tmp_path}/config.json: required key(s) "
+                                      f"missing: ") and "num_attention_heads" in result["error"]
+    assert "Traceback" not in result["error"]
 
 
 def test_worker_exit_without_result_keeps_stderr_tail(tmp_path):

@@ -238,10 +238,9 @@ def mlflow_client(uri: str | None) -> Iterator:
     except tracking.TrackingUnavailable as e:
         raise InputError(None, None, None, str(e)) from None
     import mlflow  # noqa: F401 - before _quiet_mlflow: importing mlflow resets its logger level
-    from mlflow import MlflowClient
 
     with tracking._quiet_mlflow(), tracking._env(tracking.MLFLOW_ENV):
-        yield MlflowClient(tracking_uri=uri)
+        yield tracking.open_client(uri)    # waits out a sweep creating this store's schema
 
 
 def search_all(client, experiment_ids: list[str], filter_string: str,
