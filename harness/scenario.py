@@ -249,10 +249,9 @@ def _pydantic_error(err: dict, source: Source) -> InputError:
         hint = _did_you_mean(loc[-1], allowed) or "expected one of: " + ", ".join(allowed)
         return source.error(loc, f"unknown key '{loc[-1]}' ({hint})", key=True)
     described = _describe(loc)
-    if kind in ("less_than_equal", "less_than") and isinstance(err["input"], (int, float)):
-        bound = next(iter(err["ctx"].values()))
-        return source.error(loc, f"{described.label} must be {'at most' if kind.endswith('equal') else 'below'} "
-                                 f"{bound}, got {show(err['input'])}")
+    if kind == "less_than_equal" and isinstance(err["input"], int):    # INT_MAX, SEED_MAX
+        return source.error(loc, f"{described.label} must be at most {err['ctx']['le']}, "
+                                 f"got {show(err['input'])}")
     if kind == "string_too_long":
         return source.error(loc, f"{described.label} is {len(err['input'])} characters long: "
                                  f"at most {err['ctx']['max_length']} are allowed")

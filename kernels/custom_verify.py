@@ -16,8 +16,9 @@ captured in a CUDA graph; make the first call outside the capture (it compiles a
 library). The library is compiled on first use (kernels/build.py); importing this module works
 on a host without a GPU.
 
-Two implementations of S = QK^T (`impl=`, default from $HARNESS_TVA_IMPL, else "mma"):
-"mma" (mma.sync, any GPU from sm_80) and "wgmma" (Hopper warpgroup MMA; P V stays on mma.sync).
+Two implementations of S = QK^T (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_80)
+and "wgmma" (Hopper warpgroup MMA; P V stays on mma.sync). The caller picks one; nothing in the
+environment does.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-import os
 
 import torch
 
@@ -68,32 +68,22 @@ def _gqa_occupancy(index: int, head_dim: int, num_warps: int, paged: bool, wgmma
 
 
 IMPLS = ("mma", "wgmma")
+# S = QK^T on mma.sync everywhere, until the wgmma path has been measured on an H200.
+DEFAULT_IMPL = "mma"
 
 
-def default_impl() -> str:
-    """S = QK^T on mma.sync everywhere ("mma"), or on Hopper's wgmma ("wgmma": compute
-    capability 9.0, 4 or 8 warps). $HARNESS_TVA_IMPL overrides the default, which stays "mma"
-    until the wgmma path has been measured on an H200. As a default, "wgmma" applies where it
-    can and falls back to "mma" elsewhere; asked for explicitly, it is an error where it cannot."""
-    return os.environ.get("HARNESS_TVA_IMPL", "mma")
-
-
-def _resolve_impl(impl: str | None, index: int, warps: int) -> bool:
-    """Whether to launch the wgmma variant."""
-    explicit = impl is not None
-    impl = impl if explicit else default_impl()
+def _resolve_impl(impl: str, index: int, warps: int) -> bool:
+    """Whether to launch the wgmma variant: impl "mma" (any GPU) or "wgmma" (compute
+    capability 9.0, 4 or 8 warps; an error where it cannot run)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "mma":
         return False
-    problem = None
     if torch.cuda.get_device_capability(index) != (9, 0):
-        problem = "impl 'wgmma' needs a Hopper GPU (compute capability 9.0)"
-    elif warps not in (4, 8):
-        problem = f"impl 'wgmma' needs 4 or 8 warps per CTA (whole warpgroups), got {warps}"
-    if problem and explicit:
-        raise ValueError(problem)
-    return problem is None
+        raise ValueError("impl 'wgmma' needs a Hopper GPU (compute capability 9.0)")
+    if warps not in (4, 8):
+        raise ValueError(f"impl 'wgmma' needs 4 or 8 warps per CTA (whole warpgroups), got {warps}")
+    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,7 +128,7 @@ def _overhead_keys(rows: int, dv: int, key_bytes: int) -> int:
 
 
 def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool = False,
-         num_splits: int | None = None, num_warps: int | None = None, impl: str | None = None) -> dict:
+         num_splits: int | None = None, num_warps: int | None = None, impl: str = DEFAULT_IMPL) -> dict:
     """Launch shape for these inputs: warps per CTA, row blocks, splits, value dim, wgmma."""
     b, hq, T, _ = q.shape
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
@@ -280,7 +270,7 @@ def _gqa(q, k, v, lengths, tree_bits, page_table, page_size, max_keys, sm_scale,
 def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
                           tree_bits: torch.Tensor, sm_scale: float | None = None,
                           num_splits: int | None = None, *, num_warps: int | None = None,
-                          impl: str | None = None, out: torch.Tensor | None = None,
+                          impl: str = DEFAULT_IMPL, out: torch.Tensor | None = None,
                           workspace=None) -> torch.Tensor:
     """GQA tree-verify attention over a contiguous cache.
 
@@ -288,7 +278,7 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
     strides: a view of a larger cache is fine), Hq / Hkv a power of two; lengths [b] int32/int64
     on the device with lengths[b] + T <= S (not checked: that would sync); tree_bits
     [b, T, ceil(T/32)] int32. Returns [b, Hq, T, d] bfloat16. `num_splits` and `num_warps`
-    override the plan; `impl` "mma" or "wgmma" (see default_impl).
+    override the plan; `impl` "mma" (the default) or "wgmma" (Hopper only, see _resolve_impl).
     """
     if k.dim() != 4 or k.shape[0] != q.shape[0]:
         raise ValueError(f"k must be [b, Hkv, S, d] with b = {q.shape[0]}, got {tuple(k.shape)}")
@@ -300,7 +290,7 @@ def tree_verify_attention_paged(q: torch.Tensor, k_pages: torch.Tensor, v_pages:
                                 page_table: torch.Tensor, lengths: torch.Tensor,
                                 tree_bits: torch.Tensor, sm_scale: float | None = None,
                                 num_splits: int | None = None, *, num_warps: int | None = None,
-                                impl: str | None = None, out: torch.Tensor | None = None,
+                                impl: str = DEFAULT_IMPL, out: torch.Tensor | None = None,
                                 workspace=None) -> torch.Tensor:
     """GQA tree-verify attention over a paged cache.
 
@@ -344,7 +334,7 @@ def _check_mla_smem(device: torch.device) -> None:
 def mla_tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, lengths: torch.Tensor,
                               tree_bits: torch.Tensor, sm_scale: float | None = None,
                               num_splits: int | None = None, *, page_table: torch.Tensor | None = None,
-                              impl: str | None = None, out: torch.Tensor | None = None,
+                              impl: str = DEFAULT_IMPL, out: torch.Tensor | None = None,
                               workspace=None) -> torch.Tensor:
     """MLA latent tree-verify attention: one KV head of 576 values (512 latent + 64 rope) for the
     keys, its first 512 values for the values.

@@ -11,6 +11,7 @@ import torch
 from harness.decode import presets
 from harness.decode.checkpoint import load_target, save_target
 from harness.decode.drafter import Drafter, DrafterConfig
+from harness.decode.kernel_choice import Kernels
 from harness.decode.loop import ARDecoder, SpecDecoder, SyntheticAcceptance
 from harness.decode.model import Target, TargetConfig, init_random_
 
@@ -32,8 +33,9 @@ def prompts_for(seed: int, lengths: list[int]) -> list[list[int]]:
     return [[rng.randrange(511) for _ in range(n)] for n in lengths]
 
 
-def ar_reference(target, prompts, n_tokens):
-    ar = ARDecoder(target, batch=len(prompts), max_len=max(map(len, prompts)) + n_tokens + 4)
+def ar_reference(target, prompts, n_tokens, kernels: Kernels = Kernels()):
+    ar = ARDecoder(target, batch=len(prompts), max_len=max(map(len, prompts)) + n_tokens + 4,
+                   kernels=kernels)
     ar.prefill(prompts, chunk=64)
     for _ in range(n_tokens):
         ar.step()
@@ -55,8 +57,8 @@ class OracleDrafter(Drafter):
         self.streams, self.prompt_lens = streams, prompt_lens
         self.wrong_at, self.second_at = set(wrong_at), set(second_at)
 
-    def draft(self, target, cache, bonus, lengths, kv_len, mode="sdpa"):
-        logits = super().draft(target, cache, bonus, lengths, kv_len, mode).clone()
+    def draft(self, target, cache, bonus, lengths, kv_len, kernels=Kernels()):
+        logits = super().draft(target, cache, bonus, lengths, kv_len, kernels).clone()
         for b in range(logits.shape[0]):
             done = int(lengths[b]) - self.prompt_lens[b]
             for i in range(logits.shape[1]):

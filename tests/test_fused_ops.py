@@ -9,18 +9,15 @@ not only the kernels. bf16 runs on the GPU (ci/gpu/fused_ops.py).
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
 pytest.importorskip("triton", reason="Triton is needed (Linux wheels only)")
 
-from harness.decode import model as model_mod  # noqa: E402
+from harness.decode.kernel_choice import Kernels  # noqa: E402
 from harness.decode.model import apply_rope, rope_tables  # noqa: E402
 
 TOL = dict(atol=2e-5, rtol=2e-5)
-
-
 
 
 def _kernels():
@@ -97,17 +94,10 @@ def test_qk_norm_rope_store(interp, heads, kv_heads, d):
 
 
 @torch.no_grad()
-def run_decode_forward(mode: str):
+def run_decode_forward(fused: bool):
     """A tiny target + drafter: prefill-like causal forward, a tree-verify forward with the
-    Triton kernel, a draft and an ingest. Returns every output and both caches."""
-    model_mod.FUSED_OPS = mode
-    try:
-        return _decode_forward()
-    finally:
-        model_mod.FUSED_OPS = "off"      # the interpreter child is shared by the whole session
-
-
-def _decode_forward():
+    Triton kernel, a draft and an ingest, every one on the fused kernels when `fused`.
+    Returns every output and both caches."""
     from harness.decode import attention
     from harness.decode.drafter import Drafter, DrafterConfig
     from harness.decode.model import Target, TargetConfig, init_random_
@@ -119,32 +109,34 @@ def _decode_forward():
     drafter = Drafter(DrafterConfig(layers=2, target_layer_ids=(0, 2), block_size=4), cfg)
     init_random_(drafter, 1)
     b, S = 2, 32
+    prefill_kernels = Kernels(verify="sdpa", fused_ops=fused)
+    tree_kernels = Kernels(verify="triton", fused_ops=fused)
     cache, dcache = target.new_cache(b, S), drafter.new_cache(b, S)
     g = torch.Generator().manual_seed(5)
     # prefill 6 tokens (causal), logits of the last one only
     ids = torch.randint(0, 63, (b, 6), generator=g)
     pos = torch.arange(6).expand(b, 6)
     lengths = torch.zeros(b, dtype=torch.long)
-    mask = attention.causal_mask(lengths, 6, S)
+    mask = attention.causal_mask(lengths, 6, S, kernels=prefill_kernels)
     logits1, hid1 = target(ids, pos, cache, pos, mask, capture_layers=(0, 2),
                            logits_for=torch.full((b, 1), 5))
-    drafter.ingest(dcache, hid1, pos, pos)
+    drafter.ingest(dcache, hid1, pos, pos, kernels=prefill_kernels)
     # a tree verify of 5 tokens with the Triton kernel
     lengths = torch.tensor([6, 6])
     vis = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0],
                         [1, 0, 1, 0, 1]], dtype=torch.bool).expand(b, 5, 5).contiguous()
     depth = torch.tensor([0, 1, 1, 2, 2])
-    tree_mask = attention.Mask(lengths, vis, S, mode="triton")
+    tree_mask = attention.Mask(lengths, vis, S, kernels=tree_kernels)
     ids2 = torch.randint(0, 63, (b, 5), generator=g)
     logits2, hid2 = target(ids2, lengths[:, None] + depth, cache, lengths[:, None] + torch.arange(5),
                            tree_mask, capture_layers=(0, 2))
-    draft = drafter.draft(target, dcache, ids2[:, 0], lengths, S, mode="triton")
+    draft = drafter.draft(target, dcache, ids2[:, 0], lengths, S, kernels=tree_kernels)
     return logits1, hid1, logits2, hid2, draft, cache.k, cache.v, dcache.k, dcache.v
 
 
 def test_fused_forward_equals_unfused(interp):
-    fused = interp.apply(run_decode_forward, ("on",))
-    plain = interp.apply(run_decode_forward, ("off",))
+    fused = interp.apply(run_decode_forward, (True,))
+    plain = interp.apply(run_decode_forward, (False,))
     names = ("prefill logits", "prefill hidden", "verify logits", "verify hidden", "draft logits",
              "k cache", "v cache", "draft k cache", "draft v cache")
     for name, a, b in zip(names, fused, plain):
@@ -161,31 +153,21 @@ def run_fast_loop_switched_on():
     accept, sibling branches and a batch of two (as tests/test_fast_loop.py, in float32).
     Returns the speculative output, plain greedy with the same forward, and plain greedy with
     the unfused forward."""
-    from harness.decode import tree_gpu
-
-    model_mod.FUSED_OPS, tree_gpu.TOPK_IMPL = "on", "triton"
-    try:
-        return _fast_loop_switched_on()
-    finally:
-        model_mod.FUSED_OPS, tree_gpu.TOPK_IMPL = "off", "torch"
-
-
-def _fast_loop_switched_on():
     from harness.decode.fast import FastSpecDecoder
     from test_decode import OracleDrafter, ar_reference, make_models, prompts_for
 
+    every = Kernels(verify="triton", topk="triton", fused_ops=True)
     target, drafter = make_models(11, block=6, dtype=torch.float32)
     prompts = prompts_for(11, [14, 33])
-    ref = ar_reference(target, prompts, 40)
+    ref = ar_reference(target, prompts, 40, kernels=Kernels(fused_ops=True))
     oracle = OracleDrafter(drafter, ref, [14, 33], wrong_at={(6, 2), (13, 0)},
                            second_at={(0, 1), (6, 0), (19, 3)})
-    dec = FastSpecDecoder(target, oracle, batch=2, max_len=256, tree_budget=16, tree_build="gpu",
-                          accept="gpu", verify_mode="triton")
+    dec = FastSpecDecoder(target, oracle, batch=2, max_len=256, tree_budget=16, kernels=every,
+                          tree_build="gpu", accept="gpu")
     dec.prefill(prompts)
     for _ in range(6):
         dec.step()
     dec.finish()
-    model_mod.FUSED_OPS = "off"
     plain = ar_reference(target, prompts, 40)
     return dec.output, ref, plain
 
@@ -202,22 +184,12 @@ def test_fast_loop_with_every_switch_on_is_lossless(interp):
 # The cell knobs that pick these kernels (harness/params.py IMPL_DEFAULTS)
 
 
-def test_decode_cell_sets_the_kernels_it_picks_and_resets_them():
-    from harness import params, worker
-    from harness.decode import tree_gpu
-    from harness.workloads import decode as decode_workload
+def test_a_cpu_cell_that_picks_a_cuda_kernel_fails_and_the_next_cell_runs():
+    from harness import worker
 
     cell = {"model": "tiny", "context_length": 32, "steps": 2, "repeats": 1, "warmup_steps": 0,
             "profile_steps": 0, "device": "cpu"}
     bad = worker.run_cell(dict(cell, topk_impl="triton"))
     assert bad["status"] == "failed" and "pick CUDA kernels" in bad["error"]
-    # Another cell in the same process gets the defaults back, whatever the last one set.
-    model_mod.FUSED_OPS, tree_gpu.TOPK_IMPL, tree_gpu.TREE_BUILD_IMPL = "on", "triton", "cuda"
-    try:
-        decode_workload.use_kernels(params.canonical(cell), torch.device("cpu"))
-        assert (model_mod.FUSED_OPS, tree_gpu.TOPK_IMPL, tree_gpu.TREE_BUILD_IMPL) == \
-            ("off", "torch", "triton")
-    finally:
-        model_mod.FUSED_OPS, tree_gpu.TOPK_IMPL, tree_gpu.TREE_BUILD_IMPL = "off", "torch", "triton"
     ok = worker.run_cell(cell)
     assert ok["status"] == "ok", ok["error"]

@@ -313,25 +313,22 @@ def test_kernels_compile_for_the_gpu(arch, k):
 
 
 # ---------------------------------------------------------------------------------------------
-# The switch into the decode loop (a cell's topk_impl: triton)
+# Into the decode loop (a cell's topk_impl: triton, which its decoder passes as impl=)
 
 
 def _through_the_loop(logits: torch.Tensor, k: int, budget: int):
-    """In the interpreter, with the switch on: the batched top-k the GPU tree build uses, the
-    per-row one the host heap uses, and the trees both build."""
+    """In the interpreter, asked for the Triton top-k as a decoder with Kernels.topk triton
+    asks: the batched top-k the GPU tree build uses, the per-row one the host heap uses, and
+    the trees both build."""
     from harness.decode import tree, tree_gpu
-    tree_gpu.TOPK_IMPL = "triton"
-    try:
-        lp, ids = tree_gpu.topk_logprobs_batched(logits, k)
-        rows = [tree.topk_logprobs(logits[i], k) for i in range(logits.shape[0])]
-    finally:
-        tree_gpu.TOPK_IMPL = "torch"     # the interpreter child is shared by the whole session
+    lp, ids = tree_gpu.topk_logprobs_batched(logits, k, impl="triton")
+    rows = [tree.topk_logprobs(logits[i], k, impl="triton") for i in range(logits.shape[0])]
     gpu = tree_gpu.build_tree_gpu(lp, ids, budget, impl="torch")
     heap = [tree.build_tree_cpu(*row, budget) for row in rows]
     return lp, ids, rows, gpu.parents, [t.parents for t in heap]
 
 
-def test_switch_routes_both_tree_builds_through_the_kernel(interp):
+def test_triton_topk_routes_both_tree_builds_through_the_kernel(interp):
     from harness.decode import tree_gpu
     g = gen_for("switch")
     logits = torch.randn(2, 5, 3000, generator=g) * 8

@@ -42,20 +42,21 @@ def lossless_check(steps: int = 12) -> dict:
     from test_decode import OracleDrafter
     from harness.decode.fast import FastSpecDecoder
     from harness.decode.loop import ARDecoder, SpecDecoder
-    from harness.workloads.decode import _build_models, use_kernels
+    from harness.decode.kernel_choice import Kernels
+    from harness.workloads.decode import _build_models
     cell = params.canonical(dict(BASE, acceptance="greedy", dtype="float32"))
-    use_kernels(cell, torch.device("cuda"))
+    kernels = Kernels.from_cell(cell, "cuda")       # --impl's knobs, for every decoder here
     target, drafter = _build_models(cell, torch.device("cuda"), torch.float32)
     gen = torch.Generator().manual_seed(0)
     prompt = [torch.randint(0, 151935, (4096,), generator=gen).tolist()]
-    ar = ARDecoder(target, batch=1, max_len=4096 + 400)
+    ar = ARDecoder(target, batch=1, max_len=4096 + 400, kernels=kernels)
     ar.prefill(prompt)
     for _ in range(steps * 16 + 16):
         ar.step()
     ref = ar.output
     oracle = OracleDrafter(drafter, ref, [4096], wrong_at={(0, 5), (20, 2)}, second_at={(6, 1), (40, 0)})
     outs = {}
-    base = SpecDecoder(target, oracle, batch=1, max_len=4096 + 600, tree_budget=64)
+    base = SpecDecoder(target, oracle, batch=1, max_len=4096 + 600, tree_budget=64, kernels=kernels)
     base.prefill(prompt)
     for _ in range(steps):
         base.step()
@@ -66,8 +67,8 @@ def lossless_check(steps: int = 12) -> dict:
         # The oracle drafter reads lengths on the host, which a full-step graph cannot
         # capture: there the real drafter runs (fewer accepted tokens, same check).
         dec = FastSpecDecoder(target, drafter if graph == "full" else oracle, batch=1,
-                              max_len=4096 + 600, tree_budget=64, tree_build=tb, accept=acc,
-                              graph_capture=graph)
+                              max_len=4096 + 600, tree_budget=64, kernels=kernels, tree_build=tb,
+                              accept=acc, graph_capture=graph)
         dec.prefill(prompt)
         for _ in range(steps):
             dec.step()

@@ -19,7 +19,8 @@ import torch
 from torch.nn import functional as F
 
 from ci.gpu.gputime import graph_of, replay_us, versions
-from harness.decode import attention, model as model_mod
+from harness.decode import attention
+from harness.decode.kernel_choice import Kernels
 from harness.decode.model import Target, TargetConfig, apply_rope, init_random_, rope_tables
 from harness.decode.presets import PRESETS
 from harness.kernels import triton_fused
@@ -91,11 +92,12 @@ def forward_check() -> dict:
     lengths = torch.tensor([ctx], device=DEV)
     ids = torch.randint(0, cfg.vocab_size, (1, T), generator=g, device=DEV)
     vis = torch.ones(T, T, dtype=torch.bool, device=DEV).tril()[None]
-    mask = attention.Mask(lengths, vis, ctx + 128, mode="triton", bits=attention.visibility_bits(vis))
+    bits = attention.visibility_bits(vis)
     pos = lengths[:, None] + torch.arange(T, device=DEV)
-    res, saved = {}, model_mod.FUSED_OPS
+    res = {}
     for mode in ("off", "on"):
-        model_mod.FUSED_OPS = mode
+        kernels = Kernels(verify="triton", fused_ops=mode == "on")
+        mask = attention.Mask(lengths, vis, ctx + 128, kernels=kernels, bits=bits)
         fwd = lambda: target(ids, pos, cache, pos, mask)[0]  # noqa: E731
         with torch.no_grad():
             res[mode] = {"logits": fwd().float()}
@@ -103,7 +105,6 @@ def forward_check() -> dict:
             res[mode]["graph_ms"] = replay_us(graph, 1, replays=15) / 1e3
             res[mode]["kernels"] = count_kernels(graph.replay)
             del graph
-    model_mod.FUSED_OPS = saved
     a, b = res["on"].pop("logits"), res["off"].pop("logits")
     res["logits_rel_err"] = float((a - b).norm() / b.norm())
     res["argmax_agree"] = float((a.argmax(-1) == b.argmax(-1)).float().mean())

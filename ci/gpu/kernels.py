@@ -107,17 +107,17 @@ def time_point(pt: kw.Point, modes, label: str, **custom_kwargs):
     row = {"label": label, "point": pt.__dict__, "roofline_us": roofline_us,
            "bytes": pt.bytes(elem), "flops": pt.flops(), "modes": {}}
     for mode in modes:
-        # "custom-wg": the custom kernel with S = Q K^T on wgmma (HARNESS_TVA_IMPL, see custom_verify).
+        # "custom-wg": the custom kernel with S = Q K^T on wgmma (custom_verify's impl argument).
         run_mode = "custom" if mode == "custom-wg" else mode
-        if mode == "custom-wg":
-            os.environ["HARNESS_TVA_IMPL"] = "wgmma"
+        impl = "wgmma" if mode == "custom-wg" else "mma"
         try:
-            err = kw.check(run_mode, pt, DEV, torch.bfloat16, seed=7919)
+            err = kw.check(run_mode, pt, DEV, torch.bfloat16, seed=7919, custom_impl=impl)
             if run_mode == "custom" and custom_kwargs:
-                calls = [_custom_call(pt, s, **custom_kwargs) for s in sets]
+                calls = [_custom_call(pt, s, impl=impl, **custom_kwargs) for s in sets]
                 samples, graph = kw.time_calls(calls, REPEATS, WARMUP, DEV)
             else:
-                samples, graph = kw.measure_mode(run_mode, pt, sets, {"repeats": REPEATS, "warmup_steps": WARMUP}, DEV)
+                samples, graph = kw.measure_mode(run_mode, pt, sets, {"repeats": REPEATS, "warmup_steps": WARMUP}, DEV,
+                                                 custom_impl=impl)
             us = statistics.median(samples)
             row["modes"][mode] = {"us": us, "spread_us": statistics.median(abs(x - us) for x in samples),
                                   "tbps": pt.bytes(elem) / us / 1e6, "pct_roofline": 100 * roofline_us / us,
@@ -131,8 +131,6 @@ def time_point(pt: kw.Point, modes, label: str, **custom_kwargs):
                     torch.cuda.synchronize()
                 except Exception:        # a sticky CUDA error: the next calls will say so
                     pass
-        finally:
-            os.environ.pop("HARNESS_TVA_IMPL", None)
     if pt.attention == "gqa" and "custom" in modes:
         row["custom_plan"] = cv.plan(sets[0]["q"], pt.kv_heads, sets[0]["k"].shape[2], pt.layout == "paged")
     RESULTS["timings"].append(row)

@@ -4,7 +4,8 @@ Every forward of the decode loop has the same shape of mask: each sequence b has
 committed tokens, fully visible, followed by T new tokens at slots lengths[b] .. lengths[b]+T-1
 whose mutual visibility is `new_vis[b]` (causal for prefill, ancestors-and-self for a tree,
 all-ones for a draft block, [[True]] for one plain decoding token). `Mask` carries that
-description; each verify mode turns it into what its kernel wants:
+description and the kernels of the forward it serves (`mask.kernels`, kernel_choice.py); each
+verify kernel (`mask.kernels.verify`) turns it into what it wants:
 
   sdpa    torch's scaled_dot_product_attention with an additive bias over [0, kv_len)
   flex    torch's flex_attention with a block mask
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.nn import functional as F
+
+from harness.decode.kernel_choice import Kernels
 
 
 def visibility_bits(vis: torch.Tensor) -> torch.Tensor:
@@ -40,7 +43,7 @@ class Mask:
     lengths: torch.Tensor        # [b] int64, committed tokens per sequence (on the model's device)
     new_vis: torch.Tensor        # [b, T, T] bool, visibility among the new tokens
     kv_len: int                  # keys [0, kv_len) bound SDPA's dense mask; >= max(lengths) + T
-    mode: str = "sdpa"           # verify_mode: which kernel runs this attention
+    kernels: Kernels = Kernels()  # which kernels run this forward (the attention: .verify)
     bits: torch.Tensor | None = None   # [b, T, W] int32 ancestor bitmasks (made on demand)
     _bias: dict = field(default_factory=dict, repr=False)
 
@@ -71,9 +74,9 @@ class Mask:
         return self.bits
 
 
-def causal_mask(lengths: torch.Tensor, T: int, kv_len: int) -> Mask:
+def causal_mask(lengths: torch.Tensor, T: int, kv_len: int, kernels: Kernels = Kernels()) -> Mask:
     vis = torch.ones(T, T, dtype=torch.bool, device=lengths.device).tril()
-    return Mask(lengths, vis.expand(lengths.shape[0], T, T), kv_len)
+    return Mask(lengths, vis.expand(lengths.shape[0], T, T), kv_len, kernels=kernels)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
@@ -81,16 +84,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
     """q [b, h, T, d]; k, v [b, kv_heads, S, d] (grouped-query; S >= mask.kv_len for sdpa).
     Returns [b, h, T, d], written into `out` (any strides, e.g. a transposed [b, T, h, d]
     buffer that o_proj reads without a copy) when given."""
+    verify = mask.kernels.verify
     if out is not None:
-        if mask.mode == "triton":
+        if verify == "triton":
             from harness.kernels.triton_verify import tree_verify_attention
             return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out)
-        if mask.mode == "custom":
+        if verify == "custom":
             from harness.kernels.custom_verify import tree_verify_attention
             return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out)
         return out.copy_(attend(q, k, v, mask))
-    mode = mask.mode
-    if mode == "sdpa":
+    if verify == "sdpa":
         # Fold the G query heads that share a KV head into the query axis: one SDPA head per
         # KV head, so the cache is read once per group and never expanded to h heads.
         b, h, T, d = q.shape
@@ -100,13 +103,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
         out = F.scaled_dot_product_attention(qg, k[:, :, :S], v[:, :, :S],
                                              attn_mask=mask.sdpa_bias(G, q.dtype))
         return out.reshape(b, h, T, d)
-    if mode == "triton":
+    if verify == "triton":
         from harness.kernels.triton_verify import tree_verify_attention
         return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits())
-    if mode == "custom":
+    if verify == "custom":
         from harness.kernels.custom_verify import tree_verify_attention
         return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits())
-    if mode == "flex":
+    if verify == "flex":
         from harness.decode.flex_verify import flex_tree_verify
         return flex_tree_verify(q, k, v, mask.lengths, mask.tree_bits())
-    raise ValueError(f"unknown verify_mode '{mode}'")
+    raise ValueError(f"unknown verify kernel '{verify}'")

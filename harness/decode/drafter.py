@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from harness.decode import attention
+from harness.decode.kernel_choice import Kernels
 from harness.decode.model import (KVCache, Layer, RMSNorm, Target, TargetConfig, final_norm,
                                   rope_tables, run_layers)
 
@@ -54,20 +55,21 @@ class Drafter(nn.Module):
         return KVCache(self.cfg.layers, batch, t.kv_heads, max_len, t.head_dim, p.dtype, p.device)
 
     def ingest(self, cache: KVCache, target_hidden: torch.Tensor, positions: torch.Tensor,
-               slots: torch.Tensor) -> None:
+               slots: torch.Tensor, kernels: Kernels = Kernels()) -> None:
         """Add committed tokens to the context cache. target_hidden [b, T, n*hidden] are the
-        target's captured hidden states of those tokens, at `positions` / `slots` [b, T]."""
+        target's captured hidden states of those tokens, at `positions` / `slots` [b, T];
+        `kernels` the decoder's (only fused_ops matters here: there is no attention)."""
         feats = self.hidden_norm(self.fc(target_hidden))
         t = self.target_cfg
         rope = rope_tables(positions, t.head_dim, t.rope_theta, feats.dtype)
         for i, layer in enumerate(self.layers):
-            layer.self_attn.write_kv(feats, rope, cache, i, slots)
+            layer.self_attn.write_kv(feats, rope, cache, i, slots, fused=kernels.fused_ops)
 
     def draft(self, target: Target, cache: KVCache, bonus: torch.Tensor,
-              lengths: torch.Tensor, kv_len: int, mode: str = "sdpa") -> torch.Tensor:
+              lengths: torch.Tensor, kv_len: int, kernels: Kernels = Kernels()) -> torch.Tensor:
         """bonus [b] (the next token, not yet in any cache), lengths [b] committed tokens,
-        kv_len >= max(lengths) + B (keys read); `mode` is the attention kernel (the block is a
-        fully visible "tree", so the verify kernels serve the drafter too).
+        kv_len >= max(lengths) + B (keys read); `kernels` the decoder's (the block is a fully
+        visible "tree", so the verify kernel serves the drafter too).
         Returns logits [b, B-1, V] for positions 1 .. B-1 (float32 when standardised)."""
         b, B = bonus.shape[0], self.cfg.block_size
         ids = torch.full((b, B), self.mask_token_id, dtype=torch.long, device=bonus.device)
@@ -77,7 +79,7 @@ class Drafter(nn.Module):
         # The block's own keys/values go to the slots just past the context; the next ingest
         # overwrites them with committed tokens, so nothing stale is ever visible.
         mask = attention.Mask(lengths, torch.ones(b, B, B, dtype=torch.bool, device=bonus.device),
-                              kv_len=kv_len, mode=mode)
+                              kv_len=kv_len, kernels=kernels)
         x = target.embed_tokens(ids)
         t = self.target_cfg
         rope = rope_tables(positions, t.head_dim, t.rope_theta, x.dtype)

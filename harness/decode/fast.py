@@ -26,6 +26,7 @@ import torch
 
 from harness.decode import attention, tree as ddtree
 from harness.decode.drafter import Drafter
+from harness.decode.kernel_choice import Kernels
 from harness.decode.loop import (PhaseFn, SyntheticAcceptance, host_tree_tensors, no_phase,
                                  prefill)
 from harness.decode.model import Target
@@ -138,8 +139,12 @@ class _OneStepBehind:
 
 
 class FastSpecDecoder(_OneStepBehind):
+    """`kernels` picks every kernel a step runs (kernel_choice.py); the decoder passes it to
+    each forward (on the mask), top-k and tree build, so it is fixed for the decoder's life,
+    captured graphs included."""
+
     def __init__(self, target: Target, drafter: Drafter, *, batch: int, max_len: int,
-                 tree_budget: int, verify_mode: str = "sdpa", tree_build: str = "gpu",
+                 tree_budget: int, kernels: Kernels = Kernels(), tree_build: str = "gpu",
                  accept: str = "gpu", graph_capture: str = "none", acceptance: str = "greedy",
                  tau: float = 6.5, seed: int = 0, max_steps: int = 4096,
                  phase: PhaseFn = no_phase):
@@ -147,10 +152,12 @@ class FastSpecDecoder(_OneStepBehind):
             raise ValueError("graph_capture 'full' needs tree_build gpu and accept gpu")
         self.target, self.drafter = target, drafter
         self.tree_build, self.accept, self.graph_capture = tree_build, accept, graph_capture
-        self.verify_mode = verify_mode
+        self.kernels = kernels
         dev = self.device = target.lm_head.weight.device
         if graph_capture != "none" and dev.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device")
+        # The tree-build kernels are CUDA kernels: off CUDA the torch build is the only one.
+        self.tree_build_impl = kernels.tree_build if dev.type == "cuda" else "torch"
         self.b, self.B, self.N = batch, drafter.cfg.block_size, tree_budget
         self.D = self.B - 1
         self.T = T = 1 + tree_budget
@@ -220,7 +227,8 @@ class FastSpecDecoder(_OneStepBehind):
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], chunk: int = 1024) -> None:
         lengths, bonus = prefill(self.target, self.cache, prompts, chunk, capture=self.capture,
-                                 drafter=self.drafter, draft_cache=self.draft_cache)
+                                 drafter=self.drafter, draft_cache=self.draft_cache,
+                                 kernels=self.kernels)
         self._set_state(lengths, bonus)
 
     @torch.no_grad()
@@ -282,7 +290,7 @@ class FastSpecDecoder(_OneStepBehind):
     # -- phases --------------------------------------------------------------------------
     def _draft(self) -> torch.Tensor:
         return self.drafter.draft(self.target, self.draft_cache, self.bonus, self.lengths,
-                                  self.max_len, mode=self.verify_mode)
+                                  self.max_len, kernels=self.kernels)
 
     def _build_tree(self, logits_d: torch.Tensor):
         """Fill tree_ids / depth / parents / first_child / vis / bits for this step. Returns
@@ -290,8 +298,8 @@ class FastSpecDecoder(_OneStepBehind):
         self.tree_ids[:, 0] = self.bonus
         if self.tree_build == "gpu":
             from harness.decode import tree_gpu
-            lp, ids = tree_gpu.topk_logprobs_batched(logits_d, self.N)
-            t = tree_gpu.build_tree_gpu(lp, ids, self.N)
+            lp, ids = tree_gpu.topk_logprobs_batched(logits_d, self.N, impl=self.kernels.topk)
+            t = tree_gpu.build_tree_gpu(lp, ids, self.N, impl=self.tree_build_impl)
             self.tree_ids[:, 1:] = t.tokens
             self.depth[:, 1:] = t.depths
             self.parents.copy_(t.parents)
@@ -301,7 +309,7 @@ class FastSpecDecoder(_OneStepBehind):
             return None
         trees = []
         for i in range(self.b):  # the reference heap, with its .tolist() syncs
-            lp, ids = ddtree.topk_logprobs(logits_d[i], self.N)
+            lp, ids = ddtree.topk_logprobs(logits_d[i], self.N, impl=self.kernels.topk)
             trees.append(ddtree.build_tree_cpu(lp, ids, self.N))
         # The root column stays the device-side bonus written above (no host read of it).
         host = host_tree_tensors(trees, [0] * self.b, self.T)
@@ -316,7 +324,7 @@ class FastSpecDecoder(_OneStepBehind):
     def _verify(self):
         positions = self.lengths[:, None] + self.depth
         slots = self.lengths[:, None] + self.arange_T
-        mask = attention.Mask(self.lengths, self.vis, self.max_len, mode=self.verify_mode,
+        mask = attention.Mask(self.lengths, self.vis, self.max_len, kernels=self.kernels,
                               bits=self.bits)
         out = self.target(self.tree_ids, positions, self.cache, slots, mask,
                           capture_layers=self.capture)
@@ -397,7 +405,7 @@ class FastSpecDecoder(_OneStepBehind):
         for c in (self.cache.k, self.cache.v):
             c[:, b_idx, :, dst] = c[:, b_idx, :, src]
         feats = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
-        self.drafter.ingest(self.draft_cache, feats, dst, dst)
+        self.drafter.ingest(self.draft_cache, feats, dst, dst, kernels=self.kernels)
         self.record[:, 0] = accepted
         self.record[:, 1:] = self.tree_ids.gather(1, idx)
         self.lengths.add_(accepted)
@@ -406,13 +414,14 @@ class FastSpecDecoder(_OneStepBehind):
 
 class FastARDecoder(_OneStepBehind):
     """Plain greedy decoding of the target, one token a step, graph-captured when asked: the
-    reference speculative speedups are quoted against (`speedup_vs_ar`)."""
+    reference speculative speedups are quoted against (`speedup_vs_ar`). `kernels`: its
+    attention (`verify`) and the fused forward; top-k and tree build do not arise."""
 
-    def __init__(self, target: Target, *, batch: int, max_len: int, attention_mode: str = "sdpa",
+    def __init__(self, target: Target, *, batch: int, max_len: int, kernels: Kernels = Kernels(),
                  graph_capture: str = "full", phase: PhaseFn = no_phase):
         self.target = target
         self.device = dev = target.lm_head.weight.device
-        self.b, self.max_len, self.mode = batch, max_len, attention_mode
+        self.b, self.max_len, self.kernels = batch, max_len, kernels
         self.graph_capture = graph_capture if dev.type == "cuda" else "none"
         self.cache = target.new_cache(batch, max_len)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=dev)
@@ -435,7 +444,7 @@ class FastARDecoder(_OneStepBehind):
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], chunk: int = 1024) -> None:
-        lengths, bonus = prefill(self.target, self.cache, prompts, chunk)
+        lengths, bonus = prefill(self.target, self.cache, prompts, chunk, kernels=self.kernels)
         self.lengths.copy_(torch.tensor(lengths))
         self.bonus.copy_(bonus)
         self.lengths_host = list(lengths)
@@ -452,7 +461,7 @@ class FastARDecoder(_OneStepBehind):
 
     def _device_step(self) -> None:
         pos = self.lengths[:, None]
-        mask = attention.Mask(self.lengths, self.one, self.max_len, mode=self.mode)
+        mask = attention.Mask(self.lengths, self.one, self.max_len, kernels=self.kernels)
         logits, _ = self.target(self.bonus[:, None], pos, self.cache, pos, mask)
         self.record[:, 0] = 1
         self.record[:, 1] = self.bonus

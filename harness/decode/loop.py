@@ -14,6 +14,7 @@ launches. It is kept deliberately plain, like gpt-fast's: the fast paths are mea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 from typing import Callable, ContextManager
@@ -22,6 +23,7 @@ import torch
 
 from harness.decode import attention, tree as ddtree
 from harness.decode.drafter import Drafter
+from harness.decode.kernel_choice import Kernels
 from harness.decode.model import Target
 
 PhaseFn = Callable[[str], ContextManager]
@@ -68,15 +70,17 @@ class SyntheticAcceptance:
 
 
 class SpecDecoder:
-    """Speculative decoding of a batch with the baseline (host) tree build and accept."""
+    """Speculative decoding of a batch with the baseline (host) tree build and accept.
+    `kernels` picks the verify and draft attention, the top-k (the heap itself is always the
+    host's) and the fused forward; every forward and top-k of this decoder gets it passed."""
 
     def __init__(self, target: Target, drafter: Drafter, *, batch: int, max_len: int,
-                 tree_budget: int, verify_mode: str = "sdpa", acceptance: str = "greedy",
+                 tree_budget: int, kernels: Kernels = Kernels(), acceptance: str = "greedy",
                  tau: float = 6.5, seed: int = 0, phase: PhaseFn = no_phase):
         self.target, self.drafter = target, drafter
         self.B = drafter.cfg.block_size
         self.N = tree_budget
-        self.verify_mode = verify_mode
+        self.kernels = kernels
         self.phase = phase
         self.device = target.lm_head.weight.device
         self.cache = target.new_cache(batch, max_len)
@@ -112,7 +116,7 @@ class SpecDecoder:
         and take the first bonus token from the last prompt position."""
         self.lengths, self.bonus = prefill(self.target, self.cache, prompts, chunk,
                                            capture=self.capture, drafter=self.drafter,
-                                           draft_cache=self.draft_cache)
+                                           draft_cache=self.draft_cache, kernels=self.kernels)
 
     @torch.no_grad()
     def prefill_random(self, lengths: list[int], seed: int) -> None:
@@ -137,12 +141,12 @@ class SpecDecoder:
 
         with self.phase("draft"):
             draft_logits = self.drafter.draft(self.target, self.draft_cache, self.bonus, lengths,
-                                              kv_len, mode=self.verify_mode)
+                                              kv_len, kernels=self.kernels)
 
         with self.phase("tree"):
             trees = []
             for i in range(b):
-                lp, ids = ddtree.topk_logprobs(draft_logits[i], self.N)
+                lp, ids = ddtree.topk_logprobs(draft_logits[i], self.N, impl=self.kernels.topk)
                 trees.append(ddtree.build_tree_cpu(lp, ids, self.N))
             T = 1 + max(len(t.tokens) for t in trees)
             host = host_tree_tensors(trees, self.bonus.tolist(), T)
@@ -151,7 +155,7 @@ class SpecDecoder:
         with self.phase("verify"):
             positions = lengths[:, None] + offsets
             slots = lengths[:, None] + torch.arange(T, device=dev)
-            mask = attention.Mask(lengths, vis, kv_len, mode=self.verify_mode)
+            mask = attention.Mask(lengths, vis, kv_len, kernels=self.kernels)
             logits, hidden = self.target(tree_ids, positions, self.cache, slots, mask,
                                          capture_layers=self.capture)
 
@@ -190,7 +194,7 @@ class SpecDecoder:
         for i in range(len(paths)):
             self.cache.move(i, src[i], dst[i])
         feats = torch.gather(hidden, 1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
-        self.drafter.ingest(self.draft_cache, feats, dst, dst)
+        self.drafter.ingest(self.draft_cache, feats, dst, dst, kernels=self.kernels)
         committed = torch.gather(tree_ids, 1, idx).tolist()
         for i, p in enumerate(paths):
             self.output[i].extend(committed[i][: len(p)])
@@ -220,10 +224,13 @@ def host_tree_tensors(trees: list[ddtree.Tree], roots: list[int], T: int) -> dic
 
 
 class ARDecoder:
-    """Plain greedy autoregressive decoding of the target: one token per step."""
+    """Plain greedy autoregressive decoding of the target: one token per step, on `kernels`
+    (its attention and the fused forward)."""
 
-    def __init__(self, target: Target, *, batch: int, max_len: int, phase: PhaseFn = no_phase):
+    def __init__(self, target: Target, *, batch: int, max_len: int,
+                 kernels: Kernels = Kernels(), phase: PhaseFn = no_phase):
         self.target = target
+        self.kernels = kernels
         self.phase = phase
         self.device = target.lm_head.weight.device
         self.cache = target.new_cache(batch, max_len)
@@ -233,7 +240,8 @@ class ARDecoder:
 
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], chunk: int = 1024) -> None:
-        self.lengths, self.bonus = prefill(self.target, self.cache, prompts, chunk)
+        self.lengths, self.bonus = prefill(self.target, self.cache, prompts, chunk,
+                                           kernels=self.kernels)
 
     @torch.no_grad()
     def prefill_random(self, lengths: list[int], seed: int) -> None:
@@ -250,7 +258,7 @@ class ARDecoder:
         lengths = torch.tensor(self.lengths, device=dev)
         with self.phase("verify"):
             mask = attention.Mask(lengths, torch.ones(b, 1, 1, dtype=torch.bool, device=dev),
-                                  max(self.lengths) + 1)
+                                  max(self.lengths) + 1, kernels=self.kernels)
             logits, _ = self.target(self.bonus[:, None], lengths[:, None], self.cache,
                                     lengths[:, None], mask)
         with self.phase("accept"):
@@ -265,12 +273,16 @@ class ARDecoder:
 
 @torch.no_grad()
 def prefill(target: Target, cache, prompts: list[list[int]], chunk: int,
-            capture: tuple[int, ...] = (), drafter: Drafter | None = None, draft_cache=None):
+            capture: tuple[int, ...] = (), drafter: Drafter | None = None, draft_cache=None,
+            kernels: Kernels = Kernels()):
     """Causal chunked prefill of prompts of different lengths. Returns (lengths, bonus [b]).
 
     Short prompts are padded inside a chunk; the padding lands past each prompt's end, where
-    the causal mask keeps it invisible and later writes overwrite it.
+    the causal mask keeps it invisible and later writes overwrite it. The decoder's `kernels`
+    apply but for the attention: a prefill chunk is causal, up to `chunk` queries, and always
+    attends with SDPA (the verify kernels are chosen and timed for the step's forwards).
     """
+    kernels = dataclasses.replace(kernels, verify="sdpa")
     dev = target.lm_head.weight.device
     b = len(prompts)
     lens = [len(p) for p in prompts]
@@ -287,12 +299,12 @@ def prefill(target: Target, cache, prompts: list[list[int]], chunk: int,
         T = min(chunk, L - start)
         starts = torch.full((b,), start, device=dev)
         pos = starts[:, None] + torch.arange(T, device=dev)
-        mask = attention.causal_mask(starts, T, start + T)
+        mask = attention.causal_mask(starts, T, start + T, kernels=kernels)
         rows = (last - start).clamp(0, T - 1)
         logits, hidden = target(padded[:, start:start + T], pos, cache, pos, mask,
                                 capture_layers=capture, logits_for=rows[:, None])
         here = (last >= start) & (last < start + T)
         bonus = torch.where(here, logits[:, 0].argmax(-1), bonus)
         if drafter is not None:
-            drafter.ingest(draft_cache, hidden, pos, pos)
+            drafter.ingest(draft_cache, hidden, pos, pos, kernels=kernels)
     return lens, bonus

@@ -18,17 +18,6 @@ from torch.nn import functional as F
 
 from harness.decode import attention
 
-# The decode forward on fused Triton kernels (kernels/triton_fused.py): "auto" on CUDA tensors,
-# "on" everywhere (CPU only under TRITON_INTERPRET=1: tests), "off" never (the plain torch
-# forward). A decode cell sets it from its `fused_ops` knob (harness/params.py): off by default
-# until the fused forward has been timed on a GPU.
-FUSED_OPS = "off"
-
-
-def fused_ops(x: torch.Tensor) -> bool:
-    return FUSED_OPS == "on" or (FUSED_OPS == "auto" and x.is_cuda)
-
-
 @dataclass(frozen=True)
 class TargetConfig:
     vocab_size: int
@@ -114,14 +103,15 @@ class Attention(nn.Module):
     def _store(self, k, v, rope, cache: KVCache, layer: int, slots) -> None:
         cache.write(layer, slots, apply_rope(self.k_norm(k), rope), v)
 
-    def write_kv(self, x, rope, cache: KVCache, layer: int, slots) -> None:
+    def write_kv(self, x, rope, cache: KVCache, layer: int, slots, fused: bool = False) -> None:
         """Project x [b, T, hidden] to keys and values only (the k and v rows of qkv_proj) and
-        store them at `slots` [b, T]: the drafter's context features need no queries."""
+        store them at `slots` [b, T]: the drafter's context features need no queries. `fused`:
+        norm, RoPE and the cache write in one Triton launch (Kernels.fused_ops)."""
         b, T, _ = x.shape
         cfg = self.cfg
         kv = F.linear(x, self.qkv_proj.weight[cfg.heads * cfg.head_dim:])
         kv = kv.view(b, T, 2 * cfg.kv_heads, cfg.head_dim)
-        if fused_ops(x):
+        if fused:
             from harness.kernels import triton_fused
             triton_fused.qk_norm_rope_store(kv, 0, None, self.k_norm.weight, cfg.rms_eps, *rope,
                                             cache.k[layer], cache.v[layer], slots)
@@ -196,11 +186,12 @@ class Layer(nn.Module):
 
 def run_layers(layers, x, rope, cache: KVCache, slots, mask: attention.Mask,
                capture: tuple[int, ...] = ()):
-    """x through `layers` (fused kernels when `fused_ops(x)`). Returns (h, residual, captured):
-    the output is h + residual (residual None: h; `final_norm` takes the pair) and `captured`
-    holds the outputs of the layers in `capture`."""
+    """x through `layers`, on the fused Triton kernels when `mask.kernels.fused_ops` (the mask
+    travels with every forward, so it carries the forward's kernel choices). Returns (h,
+    residual, captured): the output is h + residual (residual None: h; `final_norm` takes the
+    pair) and `captured` holds the outputs of the layers in `capture`."""
     captured = []
-    if not fused_ops(x):
+    if not mask.kernels.fused_ops:
         for i, layer in enumerate(layers):
             x = layer(x, rope, cache, i, slots, mask)
             if i in capture:

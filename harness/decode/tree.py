@@ -42,18 +42,23 @@ class Tree:
         return len(self.tokens)
 
 
-def topk_logprobs(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_logprobs(draft_logits: torch.Tensor, k: int,
+                  impl: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """Per-position top-k log-probs and token ids of the drafted positions.
 
     draft_logits: [D, V] on any device and dtype. Returns (log_probs [D, k'] float32,
     token_ids [D, k'] int64) on the same device, k' = min(k, V), rows sorted descending.
     The normaliser is taken over the full vocabulary (topk - logsumexp), in float32 even for
     bf16 logits, as the reference does: bf16 log-probs would create spurious ties.
+    impl "torch" (torch.topk + logsumexp) unless the caller asks for "triton" (a decoder with
+    Kernels.topk triton: see tree_gpu.topk_logprobs_batched).
     """
-    if tree_gpu.TOPK_IMPL == "triton" and tree_gpu._on_triton(draft_logits):
+    if impl == "triton":
         # The same kernel as the GPU tree build, so tree_build cpu and gpu see the same bits.
-        lp, ids = tree_gpu.topk_logprobs_batched(draft_logits[None], k)
+        lp, ids = tree_gpu.topk_logprobs_batched(draft_logits[None], k, impl="triton")
         return lp[0], ids[0]
+    if impl != "torch":
+        raise ValueError(f"impl must be torch or triton (got {impl!r})")
     logits = draft_logits.float()
     k = min(int(k), logits.shape[-1])
     top_logits, token_ids = torch.topk(logits, k=k, dim=-1)

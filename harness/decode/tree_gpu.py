@@ -34,11 +34,12 @@ is static, so the padding sits in fixed columns. Log-probs below -1e30 (-inf fro
 are clamped to -1e30 so that real nodes always rank above padding (the heap, where all such
 nodes tie at -inf, may then order them differently).
 
-Two implementations of the same algorithm, bit-identical outputs:
-  * `_build_torch`: plain tensor ops, runs on any device (CPU tests, the reference);
-  * harness.kernels.triton_tree_build: one Triton program per sequence (one launch), the CUDA
-    default (impl="auto"), for the 30 µs budget of a decode step;
-  * harness.kernels.cuda_tree_build (impl="cuda"): the same as one CUDA C++ kernel with all of its
+Three implementations of the same algorithm, bit-identical outputs (`impl=`; a decoder passes
+its Kernels.tree_build):
+  * "torch", `_build_torch`: plain tensor ops, runs on any device (CPU tests, the reference);
+  * "triton", harness.kernels.triton_tree_build: one Triton program per sequence (one launch),
+    the CUDA default, for the 30 µs budget of a decode step;
+  * "cuda", harness.kernels.cuda_tree_build: the same as one CUDA C++ kernel with all of its
     state in shared memory (N <= 256, D <= 16).
 All need log-prob rows sorted descending (as `topk_logprobs_batched` returns them). The pair
 table is cached per (N, k', device): call once before CUDA-graph capture (any warm-up does).
@@ -52,12 +53,6 @@ from dataclasses import dataclass
 import torch
 
 from harness.decode.attention import visibility_bits
-
-# Kernels used on CUDA tensors; a decode cell sets them from its `topk_impl` and
-# `tree_build_impl` knobs (harness/params.py). The defaults are the ones timed on an H200; the
-# others are checked on CPU (interpreter, emulator, sm_90/sm_120 compiles), not yet timed.
-TOPK_IMPL = "torch"
-TREE_BUILD_IMPL = "triton"
 
 LOG_PROB_FLOOR = -1e30  # real nodes stay finite (D * floor >> float64 min), padding is -inf
 NEG_INF = float("-inf")
@@ -100,19 +95,21 @@ def _on_triton(t: torch.Tensor) -> bool:
 _TOPK_WORKSPACES: dict = {}
 
 
-def topk_logprobs_batched(draft_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_logprobs_batched(draft_logits: torch.Tensor, k: int,
+                          impl: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """[b, D, V] logits -> (log_probs [b, D, k'] float32, ids [b, D, k'] int64), k' = min(k, V),
     rows sorted descending, log_probs = topk - logsumexp over the full vocabulary in float32:
-    the same ops as `tree.topk_logprobs`, batched. On CUDA with TOPK_IMPL "triton": the
-    Triton kernel (exact; equal log-probs to within float32 rounding of the normaliser)."""
-    if TOPK_IMPL == "triton" and _on_triton(draft_logits):
+    the same ops as `tree.topk_logprobs`, batched. impl "triton" (a decoder's Kernels.topk):
+    the Triton kernel where Triton can run (CUDA tensors, or any under TRITON_INTERPRET=1),
+    exact, equal log-probs to within float32 rounding of the normaliser; torch elsewhere."""
+    if impl not in ("torch", "triton"):
+        raise ValueError(f"impl must be torch or triton (got {impl!r})")
+    if impl == "triton" and _on_triton(draft_logits):
         from harness.kernels import triton_topk
         key = (tuple(draft_logits.shape), int(k), str(draft_logits.device))
         if key not in _TOPK_WORKSPACES:   # first call outside a graph capture (any warm-up)
             _TOPK_WORKSPACES[key] = triton_topk.alloc_workspace(draft_logits, k)
         return triton_topk.topk_logprobs(draft_logits, k, workspace=_TOPK_WORKSPACES[key])
-    if TOPK_IMPL not in ("torch", "triton"):
-        raise ValueError(f"TOPK_IMPL must be torch or triton (got {TOPK_IMPL!r})")
     logits = draft_logits.float()
     k = min(int(k), logits.shape[-1])
     top_logits, token_ids = torch.topk(logits, k=k, dim=-1)
@@ -148,7 +145,8 @@ def build_tree_gpu(log_probs: torch.Tensor, token_ids: torch.Tensor, budget: int
     """Build the DDTree of every sequence: log_probs [b, D, k] (rows sorted descending, any
     float dtype), token_ids [b, D, k]. Returns a GpuTree with N = budget nodes per sequence
     (written into `out` when given). impl: "torch", "triton" (CUDA), "cuda" (CUDA C++ kernel,
-    N <= 256, D <= 16) or "auto" (TREE_BUILD_IMPL on CUDA, torch elsewhere)."""
+    N <= 256, D <= 16) or "auto" (triton on CUDA, torch elsewhere: what a decoder with the
+    default Kernels builds with)."""
     if log_probs.dim() != 3 or token_ids.shape != log_probs.shape:
         raise ValueError(f"log_probs {tuple(log_probs.shape)} and token_ids "
                          f"{tuple(token_ids.shape)} must both be [b, D, k]")
@@ -158,7 +156,7 @@ def build_tree_gpu(log_probs: torch.Tensor, token_ids: torch.Tensor, budget: int
     if out is None:
         out = GpuTree.empty(b, budget, log_probs.device)
     if impl == "auto":
-        impl = TREE_BUILD_IMPL if log_probs.is_cuda else "torch"
+        impl = "triton" if log_probs.is_cuda else "torch"
     if impl in ("triton", "cuda"):
         if impl == "triton":
             from harness.kernels.triton_tree_build import build_tree

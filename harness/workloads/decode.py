@@ -12,6 +12,11 @@ round after round): a round after the first allocates no KV cache and captures n
 A reset decoder computes exactly what a new one would (harness/decode/fast.py, `reset`), so
 reuse changes what a round costs, not what it measures; the result says what was reused
 (`reuse`) and where a round's time went (`timing`).
+
+The kernels a cell picks (verify_mode and the implementation knobs) become one `Kernels` value
+(harness/decode/kernel_choice.py) that the cell's decoder is built with: nothing process-wide
+is set, so no cell's choice can reach the next one's decoder. Models are shared between cells;
+they hold no kernel choice.
 """
 
 from __future__ import annotations
@@ -25,10 +30,11 @@ from collections import defaultdict
 
 import torch
 
-from harness import idle, measure, params, syncaudit
+from harness import idle, measure, syncaudit
 from harness.decode import presets
 from harness.decode.drafter import Drafter, DrafterConfig
 from harness.decode.fast import FastARDecoder, FastSpecDecoder
+from harness.decode.kernel_choice import Kernels
 from harness.decode.loop import SpecDecoder
 from harness.decode.model import Target, TargetConfig, init_random_
 
@@ -85,11 +91,13 @@ def drop_decoder() -> None:
     torch.cuda.empty_cache()
 
 
-def _decoder_key(cell: dict, device: torch.device, dtype: torch.dtype) -> str:
+def _decoder_key(cell: dict, device: torch.device, dtype: torch.dtype, kernels: Kernels) -> str:
     """The whole cell but `profile`: measurement knobs set max_len and max_steps, and any knob
-    may be baked into a captured graph; whether this run profiles changes neither."""
+    may be baked into a captured graph; whether this run profiles changes neither. The kernels
+    the decoder was built with are part of it too (they follow from the cell, but a kept
+    decoder must never step with kernels other than its own)."""
     kept = {k: v for k, v in cell.items() if k != "profile"}
-    return json.dumps(kept, sort_keys=True) + f"|{device}|{dtype}"
+    return json.dumps(kept, sort_keys=True) + f"|{device}|{dtype}|{kernels}"
 
 
 def _build_models(cell: dict, device: torch.device, dtype: torch.dtype) -> tuple[Target, Drafter]:
@@ -122,18 +130,6 @@ class PhaseClock:
         self.host_s[name] += time.perf_counter() - t0
 
 
-def use_kernels(cell: dict, device: torch.device) -> None:
-    """Point the decode code at the kernels the cell's implementation knobs pick. Set on every
-    cell (the defaults too): callers may run several cells in one process."""
-    from harness.decode import model, tree_gpu
-    picked = {k: cell[k] for k, v in params.IMPL_DEFAULTS.items() if cell[k] != v}
-    if picked and device.type != "cuda":
-        raise ValueError(f"{picked} pick CUDA kernels; this cell runs on {device}")
-    model.FUSED_OPS = "auto" if cell["fused_ops"] else "off"
-    tree_gpu.TOPK_IMPL = cell["topk_impl"]
-    tree_gpu.TREE_BUILD_IMPL = cell["tree_build_impl"]
-
-
 def run(cell: dict, progress) -> dict:
     try:
         return _run(cell, progress)
@@ -149,7 +145,7 @@ def run(cell: dict, progress) -> dict:
 def _run(cell: dict, progress) -> dict:
     device = resolve_device(cell)
     dtype = resolve_dtype(cell, device)
-    use_kernels(cell, device)
+    kernels = Kernels.from_cell(cell, device)   # handed to the decoder, which passes it down
     torch.manual_seed(cell["seed"])
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     # Seconds of this run by part, summed over the repeats: window_s is the timed windows,
@@ -172,7 +168,7 @@ def _run(cell: dict, progress) -> dict:
     lengths = prefix_lengths(ctx, batch)
     tps, accept_means, step_ms, step_p50, phase_ms = [], [], [], [], defaultdict(list)
     trace_stats, event_ms, audit, decoder_kept = {}, [], None, False
-    key = _decoder_key(cell, device, dtype)
+    key = _decoder_key(cell, device, dtype, kernels)
     for r in range(cell["repeats"]):
         progress(stage="prefill", repeat=r + 1, repeats=cell["repeats"])
         t0 = time.perf_counter()
@@ -185,7 +181,8 @@ def _run(cell: dict, progress) -> dict:
             dec.reset(seed, phase=clock)   # as new with this repeat's seed: same measurement
         else:
             drop_decoder()                 # first: two 32k KV caches may not fit side by side
-            dec = _DECODERS[key] = _decoder(cell, target, drafter, batch, max_len, clock, seed)
+            dec = _DECODERS[key] = _decoder(cell, kernels, target, drafter, batch, max_len, clock,
+                                            seed)
         if random_prefill:
             dec.prefill_random(lengths, seed)
         else:
@@ -277,13 +274,12 @@ def drain(dec) -> list[int]:
     return dec.finish() if hasattr(dec, "finish") else [0]
 
 
-def _decoder(cell, target, drafter, batch, max_len, clock, seed):
+def _decoder(cell, kernels, target, drafter, batch, max_len, clock, seed):
     if cell["speculation"] == "none":
-        return FastARDecoder(target, batch=batch, max_len=max_len,
-                             attention_mode=cell["verify_mode"],
+        return FastARDecoder(target, batch=batch, max_len=max_len, kernels=kernels,
                              graph_capture=cell["graph_capture"], phase=clock)
     common = dict(batch=batch, max_len=max_len, tree_budget=cell["tree_budget"],
-                  verify_mode=cell["verify_mode"], acceptance=cell["acceptance"],
+                  kernels=kernels, acceptance=cell["acceptance"],
                   tau=cell["tau"], seed=seed, phase=clock)
     if (cell["tree_build"], cell["accept"], cell["graph_capture"]) == ("cpu", "cpu", "none"):
         # The baseline: the plain host-orchestrated loop the fast modes are measured against.

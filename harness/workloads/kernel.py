@@ -167,8 +167,11 @@ def reference(pt: Point, inp: dict) -> torch.Tensor:
 # Modes: each returns a zero-argument callable for one input set (all preparation done here)
 # --------------------------------------------------------------------------------------------
 
-def prepare(mode: str, pt: Point, inp: dict, out: torch.Tensor | None = None):
-    """A callable running `mode` on input set `inp`; `out` (if the mode takes one) is written."""
+def prepare(mode: str, pt: Point, inp: dict, out: torch.Tensor | None = None, *,
+            custom_impl: str = "mma"):
+    """A callable running `mode` on input set `inp`; `out` (if the mode takes one) is written.
+    `custom_impl`: the custom kernel's S = QK^T (custom_verify's `impl`; no cell knob picks
+    it, ci/gpu/kernels.py times "wgmma")."""
     scale = 1.0 / math.sqrt(pt.dk)
     q, k, v, lengths, bits = inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"]
     table = inp.get("page_table")
@@ -180,10 +183,13 @@ def prepare(mode: str, pt: Point, inp: dict, out: torch.Tensor | None = None):
             raise RuntimeError("the custom kernel needs a CUDA device")
         from harness.kernels import custom_verify as cv
         if pt.mla:
-            return lambda: cv.mla_tree_verify_attention(q, k, lengths, bits, scale, page_table=table, out=out)
+            return lambda: cv.mla_tree_verify_attention(q, k, lengths, bits, scale, page_table=table,
+                                                        impl=custom_impl, out=out)
         if table is not None:
-            return lambda: cv.tree_verify_attention_paged(q, k, v, table, lengths, bits, scale, out=out)
-        return lambda: cv.tree_verify_attention(q, k, v, lengths, bits, scale, out=out)
+            return lambda: cv.tree_verify_attention_paged(q, k, v, table, lengths, bits, scale,
+                                                          impl=custom_impl, out=out)
+        return lambda: cv.tree_verify_attention(q, k, v, lengths, bits, scale, impl=custom_impl,
+                                                out=out)
 
     if mode == "triton":
         from harness.kernels import triton_verify as tv
@@ -323,9 +329,9 @@ def compare_list(cell: dict) -> list[str]:
     return [m for m in cell["compare_modes"].split(",") if m and m != cell["verify_mode"]]
 
 
-def check(mode: str, pt: Point, device, dtype, seed: int) -> float:
+def check(mode: str, pt: Point, device, dtype, seed: int, *, custom_impl: str = "mma") -> float:
     """Relative error of `mode` against the float64 reference on fresh random inputs; raises
-    if it is above TOLERANCE (or NaN)."""
+    if it is above TOLERANCE (or NaN). `custom_impl` as for `prepare`."""
     gen = torch.Generator().manual_seed(seed)
     if pt.batch == 1:
         lengths = [pt.context]
@@ -337,7 +343,7 @@ def check(mode: str, pt: Point, device, dtype, seed: int) -> float:
     out = None
     if mode in ("custom", "triton"):  # poisoned: an element the kernel never writes stays NaN
         out = torch.full((pt.batch, pt.heads, pt.tokens, pt.dv), float("nan"), dtype=dtype, device=device)
-    got = prepare(mode, pt, inp, out)()
+    got = prepare(mode, pt, inp, out, custom_impl=custom_impl)()
     err = ref.relative_error(got, reference(pt, inp))
     if not err <= TOLERANCE:
         raise AssertionError(f"{mode} is wrong at this point: relative error {err:.3g} > {TOLERANCE} "
@@ -356,8 +362,9 @@ def input_sets(pt: Point, device, dtype, seed: int) -> list[dict]:
     return [make_inputs(pt, [pt.context] * pt.batch, seed + 1 + i, device, dtype) for i in range(n)]
 
 
-def measure_mode(mode: str, pt: Point, sets: list[dict], cell: dict, device) -> tuple[list[float], bool]:
-    calls = [prepare(mode, pt, s) for s in sets]
+def measure_mode(mode: str, pt: Point, sets: list[dict], cell: dict, device, *,
+                 custom_impl: str = "mma") -> tuple[list[float], bool]:
+    calls = [prepare(mode, pt, s, custom_impl=custom_impl) for s in sets]
     return time_calls(calls, cell["repeats"], cell["warmup_steps"], device)
 
 

@@ -1,0 +1,59 @@
+"""Which kernels a decode step runs: one value, handed to a decoder and passed down from it.
+
+(Named kernel_choice, not kernels: `harness.kernels` is the package of the kernels themselves.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from harness import params
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The kernels of one decode cell, not what it computes (every choice gives the same tokens):
+
+      verify      the attention of the tree-verify forward and of the draft block
+                  (custom | triton | sdpa | flex, harness/decode/attention.py)
+      topk        the drafter's top-k log-probs (torch | triton, tree_gpu.topk_logprobs_batched)
+      tree_build  the GPU tree build on a CUDA device (triton | cuda | torch); on any other
+                  device the tree is built with torch, the only implementation there
+      fused_ops   the target and drafter forward on the fused Triton kernels (triton_fused.py)
+
+    The defaults are what has been timed on an H200; the other choices are checked on CPU
+    (Triton interpreter, emulator, sm_90/sm_120 compiles) and not yet timed.
+
+    It is a value, not module switches, because one worker process runs many cells one after
+    another (a persistent worker, the ci/gpu scripts): a switch one cell sets stays set for the
+    next until something puts it back, and a decoder kept for reuse would quietly run whatever
+    the last cell left. A value belongs to the decoder built with it and reaches nothing else.
+    """
+
+    verify: str = "sdpa"
+    topk: str = "torch"
+    tree_build: str = "triton"
+    fused_ops: bool = False
+
+    def __post_init__(self):
+        for name, allowed in (("verify", params.VERIFY_MODES), ("topk", params.TOPK_IMPLS),
+                              ("tree_build", params.TREE_BUILD_IMPLS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"Kernels.{name} must be one of {', '.join(allowed)} "
+                                 f"(got {getattr(self, name)!r})")
+        if not isinstance(self.fused_ops, bool):
+            raise ValueError(f"Kernels.fused_ops must be true or false (got {self.fused_ops!r})")
+
+    @classmethod
+    def from_cell(cls, cell: dict, device: torch.device | str) -> "Kernels":
+        """The kernels a decode cell's knobs pick (verify_mode and harness/params.py's
+        IMPL_DEFAULTS). The implementation knobs name CUDA (Triton or CUDA C++) kernels, so a
+        cell that sets one away from its default must run on a CUDA device."""
+        device = torch.device(device)
+        picked = {k: cell[k] for k, v in params.IMPL_DEFAULTS.items() if cell[k] != v}
+        if picked and device.type != "cuda":
+            raise ValueError(f"{picked} pick CUDA kernels; this cell runs on {device}")
+        return cls(verify=cell["verify_mode"], topk=cell["topk_impl"],
+                   tree_build=cell["tree_build_impl"], fused_ops=cell["fused_ops"])
