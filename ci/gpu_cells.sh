@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 python3 - <<'PY' > "$OUT/env.json"
-import json; from harness.worker import environment; print(json.dumps(environment()))
+import json; from harness.worker.main import environment; print(json.dumps(environment()))
 PY
 n=0
 while IFS= read -r cell; do

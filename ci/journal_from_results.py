@@ -17,8 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from harness.gitinfo import git_info
-from harness.journal import RunJournal, new_run_id
+from harness.sweep.gitinfo import git_info
+from harness.sweep.journal import RunJournal, new_run_id
 
 
 def main(argv: list[str] | None = None) -> int:

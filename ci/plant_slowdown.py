@@ -2,13 +2,13 @@
 
     python ci/plant_slowdown.py [--min-keys 32768] [--every 3]
 
-Edits kernels/triton_verify.py in place: for caches of at least `--min-keys` keys, every
+Edits kernels/verify/triton_verify.py in place: for caches of at least `--min-keys` keys, every
 `--every`-th call of the Triton tree-verify kernel launches its split kernel twice. Under a CUDA
 graph the extra launch is captured once and replayed every step, so a 32k-context Triton cell
 gets a fixed share of extra verify work while SDPA cells and short contexts are untouched: the
 gate must call exactly the long-context Triton cells regressed. Run it in a throwaway checkout
 (the gate's head is the working tree: `harness gate scenarios/pr.yaml --base HEAD`); `git
-checkout kernels/triton_verify.py` undoes it.
+checkout kernels/verify/triton_verify.py` undoes it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Decode throughput figures: tokens/s against context length, and the speedup heatmap.
 
 Rendered with Agg (no display needed on CI or over SSH). Every function takes the run's cell
-results as the journal stores them (harness.journal: `cell`, `status`, `metrics`, `samples`,
+results as the journal stores them (harness.sweep.journal: `cell`, `status`, `metrics`, `samples`,
 `env`, `host`), writes one PNG and returns its path. Failed cells, cells without a
 measurement and cells of other workloads are left out and counted in a note on the figure;
 with nothing left the figure says so instead of being empty.
@@ -18,13 +18,18 @@ from pathlib import Path
 import numpy as np
 from matplotlib.colors import TwoSlopeNorm
 
-from harness.params import DEFAULTS, GRAPH_CAPTURES, MEASUREMENT_KNOBS, VERIFY_MODES
+from harness.protocol.params import (
+    DEFAULTS,
+    GRAPH_CAPTURES,
+    MEASUREMENT_KNOBS,
+    VERIFY_MODES,
+)
 
 from . import style
 
 # What separates one line from another on the tokens/s-vs-context plot.
 GROUP_KEYS = ("verify_mode", "graph_capture", "tree_build")
-# Legend names, matching harness.params.cell_label.
+# Legend names, matching harness.protocol.params.cell_label.
 _SHORT = style.SHORT_NAMES
 _FILLS = ("full", "none", "left", "bottom", "right", "top")
 MAX_LINES = 12  # lines on one axes before tokens_vs_context splits into graph-capture panels

@@ -1,6 +1,6 @@
 """Where the GPU waits: idle fraction by phase per cell, and the GPU timeline of a few steps.
 
-Inputs are the decode cell results of the journal. Metrics read (DESIGN.md), each may be
+Inputs are the decode cell results of the journal. Metrics read (docs/ARCHITECTURE.md), each may be
 absent or null:
 
     idle_fraction            0..1, precise meter (CUDA-activity profile); null without a GPU

@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from harness.params import VERIFY_MODES
+from harness.protocol.params import VERIFY_MODES
 
 from . import style
 from .figures import _SHORT, _varying

@@ -7,7 +7,7 @@ index.html, so MLflow's artifact browser shows them one by one.
 
 Contents: a summary (host, GPU, driver, torch, commit, scenario, trigger, date), the figures,
 the cell table (with head/base ratios and verdicts when compared with another run), the failed
-cells with their errors. Built from the journal alone (harness.journal), so it can be made
+cells with their errors. Built from the journal alone (harness.sweep.journal), so it can be made
 again at any time with `harness report RUN`.
 """
 
@@ -21,8 +21,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.journal import RunJournal, atomic_write_text
-from harness.redact import redact_uri
+from harness.protocol.redact import redact_uri
+from harness.sweep.journal import RunJournal, atomic_write_text
 
 from . import figures, idle, kernels, style
 from .history import history as history_figure

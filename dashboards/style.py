@@ -28,7 +28,7 @@ GRAPH_LINESTYLES = {"none": ":", "verify": "--", "full": "-"}
 # Tree build placement -> marker.
 TREE_MARKERS = {"cpu": "o", "gpu": "s"}
 
-# Decode-loop phases in step order (DESIGN.md), and their colours (Paul Tol muted).
+# Decode-loop phases in step order (docs/ARCHITECTURE.md), and their colours (Paul Tol muted).
 PHASES = ("draft", "tree", "verify", "accept", "commit")
 PHASE_COLORS = {
     "draft": "#88CCEE",
@@ -46,13 +46,13 @@ MUTED = "0.45"             # annotations: "3 failed cells not shown", "n/a (no G
 DPI = 110
 
 
-# Short parameter names in labels and legends, matching harness.params.cell_label.
+# Short parameter names in labels and legends, matching harness.protocol.params.cell_label.
 SHORT_NAMES = {"context_length": "ctx", "verify_mode": "verify", "graph_capture": "graph",
                "tree_build": "tree", "speculation": "spec", "batch_size": "bs",
                "tree_budget": "N", "block_size": "B"}
 
 
-# Units of the metrics DESIGN.md names, for axis labels when a caller gives none.
+# Units of the metrics docs/ARCHITECTURE.md names, for axis labels when a caller gives none.
 METRIC_UNITS = {"tokens_per_s": "tokens/s", "idle_fraction": "fraction of the step, 0–1",
                 "idle_fraction_est": "fraction of the step, 0–1",
                 "accept_len_mean": "tokens per step", "step_ms_p50": "ms", "step_ms_p90": "ms",
@@ -71,7 +71,7 @@ def metric_unit(metric: str) -> str:
 def short_names(results: list[dict]) -> dict[str, str]:
     """cell_id -> a name made of only the parameters that differ between these cells
     (`ctx=4096 verify=custom graph=full`), so rows of a figure or table stay short."""
-    from harness.params import DEFAULTS, MEASUREMENT_KNOBS
+    from harness.protocol.params import DEFAULTS, MEASUREMENT_KNOBS
 
     cells = [r.get("cell") or {} for r in results]
     keys = list(DEFAULTS) + sorted({k for c in cells for k in c} - set(DEFAULTS))

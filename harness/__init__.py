@@ -1,7 +1,7 @@
 """specdec-harness: benchmark and regression harness for speculative decoding with draft trees.
 
 The top-level folders `kernels/` and `dashboards/` are the subpackages `harness.kernels` and
-`harness.dashboards` (DESIGN.md: a top-level `kernels` import would collide with a widely
+`harness.dashboards` (docs/ARCHITECTURE.md: a top-level `kernels` import would collide with a widely
 installed library). An installed wheel maps them with setuptools' package-dir; a plain source
 checkout on PYTHONPATH (a GPU host running the repo or a shipped bundle) gets the same mapping
 from the small finder below, so `import harness.kernels.x` works in both.

@@ -1,6 +1,6 @@
 """The `harness` command line.
 
-Exit codes (DESIGN.md): 0 every cell ok; 1 some cells failed (the rest still ran and were
+Exit codes (docs/ARCHITECTURE.md): 0 every cell ok; 1 some cells failed (the rest still ran and were
 logged), or the run is unfinished (the MLflow upload failed, the disk refused a result:
 `--resume` finishes it); 2 bad input or usage, reported as one line naming file:line:column
 (or the host, or the run), never as a traceback.
@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from harness.errors import InputError
+from harness.protocol.errors import InputError
 
 app = typer.Typer(help="Benchmark and regression harness for speculative decoding with draft trees.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -47,7 +47,7 @@ def fail_input(e: Exception) -> "typer.Exit":
 def validate(scenario: Path = typer.Argument(..., help="scenario YAML file"),
              max_cells: Optional[int] = max_cells_option()):
     """Check a scenario and list the cells it expands to (exit 0 valid, 2 invalid)."""
-    from harness.scenario import load_scenario
+    from harness.sweep.scenario import load_scenario
     try:
         sc = load_scenario(scenario, max_cells=max_cells)
     except InputError as e:
@@ -55,7 +55,7 @@ def validate(scenario: Path = typer.Argument(..., help="scenario YAML file"),
     cells = sc.cells()
     console.print(f"{escape(str(scenario))}: valid — scenario [bold]{escape(sc.name)}[/], "
                   f"{len(cells)} cell(s)")
-    from harness import params
+    from harness.protocol import params
     for c in cells:
         console.print(f"  {params.cell_id(c)}  {escape(params.cell_label(c))}", highlight=False)
 
@@ -78,10 +78,10 @@ def run(
     max_cells: Optional[int] = max_cells_option(),
 ):
     """Run a scenario's cells, journal every result, log the run to MLflow."""
-    from harness import gitinfo, journal as jr, runner, tracking
-    from harness.inventory import load_hosts, select_hosts
-    from harness.scenario import TRIGGERS, load_scenario, validate_tracking_uri
-    from harness.summary import summary_table
+    from harness.sweep import gitinfo, journal as jr, runner, tracking
+    from harness.hosts.inventory import load_hosts, select_hosts
+    from harness.sweep.scenario import TRIGGERS, load_scenario, validate_tracking_uri
+    from harness.sweep.summary import summary_table
 
     try:
         sc = load_scenario(scenario, max_cells=max_cells)
@@ -135,7 +135,7 @@ def run(
                       f"{len(cells)} cell(s) on {escape(', '.join(wanted))}")
 
     outcome = runner.run_cells(cells, chosen, journal, console)
-    from harness.derived import add_speedup_vs_ar
+    from harness.sweep.derived import add_speedup_vs_ar
     try:
         for r in add_speedup_vs_ar(list(journal.results().values())):
             journal.write_cell(r)              # derived metrics join the journal record
@@ -187,8 +187,8 @@ def report(run_id: str = typer.Argument(..., metavar="RUN", help="run id (a fold
            results_dir: Path = typer.Option(RESULTS_DIR, "--results")):
     """Write a run's HTML report (results/runs/RUN/report/index.html), print its path and
     attach it to the run in MLflow."""
-    from harness import journal as jr
-    from harness.summary import summary_table
+    from harness.sweep import journal as jr
+    from harness.sweep.summary import summary_table
     try:
         journal = jr.RunJournal.open(results_dir / "runs", run_id)
         base = jr.RunJournal.open(results_dir / "runs", compare) if compare else None
@@ -208,7 +208,7 @@ def write_report(journal, tracking_uri: Optional[str], base=None, reference: Opt
     """Write the run's HTML report and print its path; attach it to the run's parent in MLflow
     unless `tracking_uri` is None ("auto": the store the run was logged to). A report that
     cannot be written or uploaded is a warning, never a lost run: returns the path or None."""
-    from harness import tracking
+    from harness.sweep import tracking
     from harness.dashboards.report import build_report
     try:
         built = build_report(journal, base=base, reference=reference)
@@ -236,8 +236,8 @@ def ui(port: int = typer.Option(5000, help="port of the MLflow UI"),
        host: str = typer.Option("127.0.0.1", help="address to listen on"),
        tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri")):
     """Open the MLflow UI on the local store (results/mlflow.db)."""
-    from harness import tracking
-    from harness.redact import redact_uri
+    from harness.sweep import tracking
+    from harness.protocol.redact import redact_uri
     uri = tracking.resolve_tracking_uri(tracking_uri)
     shown = escape(redact_uri(uri))            # the real one goes to mlflow, never the screen
     if uri.startswith(("http://", "https://")):
@@ -257,8 +257,8 @@ def hosts_check(
     """One line per host, checked in parallel: reachable, host key known, python/torch
     versions, GPUs, driver, busy GPUs. Exit 0 when every host is usable, 1 otherwise."""
     import asyncio
-    from harness import hostcheck
-    from harness.inventory import load_hosts, select_hosts
+    from harness.hosts import check as hostcheck
+    from harness.hosts.inventory import load_hosts, select_hosts
     try:
         inventory = load_hosts(hosts_file)
         chosen = select_hosts(inventory, names, "hosts check") if names else list(inventory.values())
@@ -273,8 +273,8 @@ def hosts_check(
         raise typer.Exit(1)
 
 
-# Regression gating: gate, history, bisect, baseline (harness/gate/commands.py).
-from harness.gate.commands import register as _register_gate_commands  # noqa: E402
+# Regression gating: gate, history, bisect, baseline (harness/commands/gate.py).
+from harness.commands.gate import register as _register_gate_commands  # noqa: E402
 
 _register_gate_commands(app)
 

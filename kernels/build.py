@@ -1,6 +1,6 @@
 """Build the CUDA verify-attention library on the GPU host, at first use, for that host's GPU.
 
-`load_library()` compiles kernels/verify_attention.cu with torch's extension builder
+`load_library()` compiles kernels/verify/verify_attention.cu with torch's extension builder
 (torch.utils.cpp_extension.load: ninja + nvcc, no torch headers needed by the source) for the
 architecture of the current device (sm_90a on an H200 — the arch-specific target, for wgmma —
 sm_120 on an RTX PRO 6000 Blackwell, anything else as its own SASS plus PTX), and opens the result with ctypes. Builds are cached on
@@ -8,8 +8,8 @@ disk by (source hash, flags, arch, torch and CUDA versions) under $HARNESS_CACHE
 ~/.cache/specdec-harness/kernels), so a worker compiles once per host and version; the builder's
 file lock keeps concurrent workers on one host from building the same thing twice.
 
-`load_library(source=TREE_BUILD_SOURCE)` builds kernels/tree_build.cu (the DDTree tree build,
-kernels/cuda_tree_build.py) the same way, into its own cached library keyed by that source.
+`load_library(source=TREE_BUILD_SOURCE)` builds kernels/tree/tree_build.cu (the DDTree tree build,
+kernels/tree/cuda_tree_build.py) the same way, into its own cached library keyed by that source.
 
 Importing this module needs neither a GPU nor nvcc; only `load_library()` does.
 """
@@ -23,8 +23,8 @@ import os
 import threading
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("verify_attention.cu")
-TREE_BUILD_SOURCE = Path(__file__).with_name("tree_build.cu")
+SOURCE = Path(__file__).parent / "verify" / "verify_attention.cu"
+TREE_BUILD_SOURCE = Path(__file__).parent / "tree" / "tree_build.cu"
 # -lineinfo costs nothing at run time and lets a profiler (or compute-sanitizer) map to source lines.
 NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
 # HARNESS_KERNEL_DEBUG=1: a debug build (its own cache entry) whose launchers wait for each kernel

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import InputError
-from harness.scenario import parse_scenario
+from harness.protocol.errors import InputError
+from harness.sweep.scenario import parse_scenario
 from test_input_budgets import alias_bomb, merge_bomb
 
 REPO = Path(__file__).resolve().parents[1]

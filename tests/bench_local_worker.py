@@ -31,9 +31,9 @@ sys.path.insert(0, str(REPO))
 
 from rich.console import Console  # noqa: E402
 
-from harness import runner  # noqa: E402
-from harness.hosts import LocalHost  # noqa: E402
-from harness.journal import RunJournal  # noqa: E402
+from harness.hosts.local import LocalHost  # noqa: E402
+from harness.sweep import runner  # noqa: E402
+from harness.sweep.journal import RunJournal  # noqa: E402
 
 FRESH_LAYER_CELLS = 20
 

@@ -25,13 +25,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "hosts"))
 import sshd_server  # noqa: E402
 from sshd_server import TEST_USER, LoopbackSSH  # noqa: E402
 
-from harness import runner  # noqa: E402
-from harness.inventory import parse_hosts  # noqa: E402
-from harness.journal import RunJournal  # noqa: E402
+from harness.hosts.inventory import parse_hosts  # noqa: E402
+from harness.sweep import runner  # noqa: E402
+from harness.sweep.journal import RunJournal  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "results" / "ssh-benchmark.md"

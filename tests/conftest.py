@@ -21,7 +21,7 @@ def interp():
         mp.setenv("TRITON_INTERPRET", "1")
         pool = multiprocessing.get_context("spawn").Pool(1)
     try:
-        from harness.kernels import triton_verify
+        from harness.kernels.verify import triton_verify
         assert pool.apply(triton_verify._interpreting), "the child does not interpret"
         yield pool
     finally:

@@ -3,7 +3,7 @@
     OUT=/tmp/out PYTHONPATH=. python3 ci/gpu/decode_modes.py [--contexts 4096,16384,65536] [--verify sdpa,triton]
 
 Runs the cells of scenarios/nightly.yaml's issue-3 slice (qwen3-8b, synthetic tau 6.5, tree
-budget 64, block 16) through harness.worker.run_cell — the same code a worker runs — for the
+budget 64, block 16) through harness.worker.main.run_cell — the same code a worker runs — for the
 mode combinations cpu/eager, cpu/verify-graph, gpu/verify-graph, gpu/full and plain AR
 (graph-captured), then checks that every fast mode commits the same tokens as the baseline
 loop under greedy acceptance on qwen3-8b at 4096 (float32, so that no argmax flips on rounding).
@@ -20,9 +20,9 @@ import time
 
 import torch
 
-from harness import params
-from harness.derived import add_speedup_vs_ar
-from harness.worker import environment, run_cell
+from harness.protocol import params
+from harness.sweep.derived import add_speedup_vs_ar
+from harness.worker.main import environment, run_cell
 
 MODES = {  # name: (tree_build, accept, graph_capture)
     "cpu/eager": ("cpu", "cpu", "none"),
@@ -43,7 +43,7 @@ def lossless_check(steps: int = 12) -> dict:
     from harness.decode.fast import FastSpecDecoder
     from harness.decode.loop import ARDecoder, SpecDecoder
     from harness.decode.kernel_choice import Kernels
-    from harness.workloads.decode import _build_models
+    from harness.worker.workloads.decode import _build_models
     cell = params.canonical(dict(BASE, acceptance="greedy", dtype="float32"))
     kernels = Kernels.from_cell(cell, "cuda")       # --impl's knobs, for every decoder here
     target, drafter = _build_models(cell, torch.device("cuda"), torch.float32)
@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--no-lossless", action="store_true")
     ap.add_argument("--impl", default="", help="implementation knobs for every cell, e.g. "
-                    "fused_ops=true,topk_impl=triton,tree_build_impl=cuda (harness/params.py)")
+                    "fused_ops=true,topk_impl=triton,tree_build_impl=cuda (harness/protocol/params.py)")
     args = ap.parse_args()
     for item in filter(None, args.impl.split(",")):
         key, _, value = item.partition("=")

@@ -1,4 +1,4 @@
-"""GPU check of the fused decode-forward kernels (kernels/triton_fused.py) in bf16 on qwen3-8b shapes.
+"""GPU check of the fused decode-forward kernels (kernels/fused/triton_fused.py) in bf16 on qwen3-8b shapes.
 
     OUT=/tmp/out PYTHONPATH=. python3 ci/gpu/fused_ops.py          # from the repo root
 
@@ -22,8 +22,8 @@ from ci.gpu.gputime import graph_of, replay_us, versions
 from harness.decode import attention
 from harness.decode.kernel_choice import Kernels
 from harness.decode.model import Target, TargetConfig, apply_rope, init_random_, rope_tables
-from harness.decode.presets import PRESETS
-from harness.kernels import triton_fused
+from harness.protocol.presets import PRESETS
+from harness.kernels.fused import triton_fused
 
 OUT = os.environ.get("OUT", "gpu-out")
 DEV = torch.device("cuda")

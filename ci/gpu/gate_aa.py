@@ -6,7 +6,7 @@ Runs PR-gate cells (scenarios/pr.yaml's shapes: qwen3-8b synthetic, tau 6.5, N 6
 graph-captured verify, 5 repeats) as the A/B gate does: one `python -m harness.worker` process
 per round and side, sides interleaved A B, B A, ... on the same GPU — but both sides run this
 same tree, so any regression the gate reports is a false alarm. Needs only torch + numpy here
-(harness.hosts.LocalHost and harness.gate.abtest.side_order are standard library only).
+(harness.hosts.local.LocalHost and harness.gate.abtest.side_order are standard library only).
 Stops starting new worker runs after --budget-s so the script ends in under 3 minutes.
 
 Writes $OUT/gate_aa.json; judge it on a machine with the controller installed:
@@ -24,9 +24,9 @@ import statistics
 import sys
 import time
 
-from harness import params
 from harness.gate.abtest import side_order
-from harness.hosts import LocalHost
+from harness.hosts.local import LocalHost
+from harness.protocol import params
 
 BASE = dict(model="qwen3-8b", device="cuda", dtype="bfloat16", acceptance="synthetic", tau=6.5,
             tree_budget=64, block_size=16, accept="cpu", graph_capture="verify",

@@ -7,7 +7,7 @@ last. The CPU-only test suite can only fake nvidia-smi; this runs the real one:
 
 1. probe.gpus() parses `nvidia-smi --query-gpu` (index, uuid, name, driver, memory) for every GPU.
 2. Pinning: for each GPU N, a process with CUDA_VISIBLE_DEVICES=N and CUDA_DEVICE_ORDER=PCI_BUS_ID
-   (what harness.remote sets) sees exactly one device, whose UUID is nvidia-smi's GPU N.
+   (what harness.remote.launcher sets) sees exactly one device, whose UUID is nvidia-smi's GPU N.
 3. A foreign process holding a CUDA context on GPU 0 shows up in probe.busy_gpus()[0].
 4. The launcher (python -m harness.remote, the process an SSH host runs per cell) with that
    process alive: policy `noisy` runs the cell and reports @@busy with the foreign pid; policy
@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from harness import probe
+from harness.remote import probe
 
 OUT = os.environ.get("OUT", "./gpu-out")
 HOLDER = ("import time, torch; x = torch.ones(1 << 20, device='cuda:0'); "

@@ -24,7 +24,7 @@ tables last.
 3. A small real trace (fixture).
 4. Calibration: the `calibrate` workload over work 50 us / 500 us / 10 ms x idle 0 / 10 / 50 /
    90 % x eager / graph replay (scenarios/calibrate.yaml's grid, fewer repeats). The truth is
-   the spin kernels' own GPU timestamps (harness/workloads/calibrate.py). Targets: meter within
+   the spin kernels' own GPU timestamps (harness/worker/workloads/calibrate.py). Targets: meter within
    1 pp of the truth of its window, estimate within 2 pp of the truth of its windows, one
    kernel per step, no dropped records.
 """
@@ -40,8 +40,9 @@ import time
 
 import torch
 
-from harness import idle, measure, params, syncaudit
-from harness.workloads import calibrate
+from harness.protocol import params
+from harness.worker import idle, measure, syncaudit
+from harness.worker.workloads import calibrate
 
 OUT = os.environ.get("OUT", "gpu-out")
 WORK_US = (50, 500, 10000)

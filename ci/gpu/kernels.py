@@ -4,13 +4,13 @@
 
 Needs torch (CUDA), nvcc + ninja (torch's extension builder), Triton, pytest and the repo; fits
 `timeout 150` on an H200 including the first compile (~18 s; OPTIONAL_S / HARD_S below). Steps:
-  1. Build kernels/verify_attention.cu for this GPU (timed; cache in a fresh temp dir so the
+  1. Build kernels/verify/verify_attention.cu for this GPU (timed; cache in a fresh temp dir so the
      compile is really measured). Register / spill report: tests/test_kernels_compile.py.
   2. Ceilings measured here: device copy bandwidth and bf16 matmul rate.
   3. Correctness: pytest tests/test_custom_verify_gpu.py (every variant vs float64: contiguous,
      paged 16 and 1, MLA; d 64/128; groups 1/4/8; T 1/16/64/65/128; batch 2 with different
      lengths; split and warp counts; CUDA-graph capture without host syncs).
-  4. Timing through the kernel workload's own code (harness/workloads/kernel.py: a check against
+  4. Timing through the kernel workload's own code (harness/worker/workloads/kernel.py: a check against
      float64 before any timing, CUDA-graph replays over input sets > 3x L2, median of 20):
      GQA 32/8 d128, T 16 and 64, contexts 16384, 65536, 131072: custom (mma.sync), triton, sdpa
      (KERNELS_FLEX=1 adds flex at 65536 T 16: a 17 s compile); MLA 8 heads T 16 at 65536 (custom,
@@ -63,8 +63,9 @@ def save():
 
 
 # -- 1. build ----------------------------------------------------------------------------------
-from harness.kernels import build, custom_verify as cv  # noqa: E402
-from harness.workloads import kernel as kw  # noqa: E402
+from harness.kernels import build  # noqa: E402
+from harness.kernels.verify import custom_verify as cv
+from harness.worker.workloads import kernel as kw  # noqa: E402
 
 t = time.perf_counter()
 build.load_library()
@@ -149,7 +150,7 @@ def _custom_call(pt, s, **kwargs):
 
 have_triton = True
 try:
-    from harness.kernels import triton_verify  # noqa: F401
+    from harness.kernels.verify import triton_verify  # noqa: F401
 except Exception as exc:
     have_triton = False
     RESULTS["errors"]["triton_import"] = str(exc)

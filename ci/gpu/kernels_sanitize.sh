@@ -20,7 +20,7 @@ START=$SECONDS
 CASE_PY='
 import math, sys, time, torch
 from harness.kernels import build, custom_verify as cv, verify_reference as ref
-from harness.workloads import kernel as kw
+from harness.worker.workloads import kernel as kw
 
 which = sys.argv[1]
 if which == "build":

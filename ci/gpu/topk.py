@@ -1,4 +1,4 @@
-"""GPU check of the Triton top-k log-probs (kernels/triton_topk.py): exactness, no sync, capture,
+"""GPU check of the Triton top-k log-probs (kernels/tree/triton_topk.py): exactness, no sync, capture,
 timing against torch.topk + torch.logsumexp.
 
     OUT=/tmp/out PYTHONPATH=. python ci/gpu/topk.py          # from the repo root
@@ -31,7 +31,7 @@ import time
 import torch
 
 from ci.gpu.gputime import graph_of, replay_us, versions
-from harness.kernels import triton_topk
+from harness.kernels.tree import triton_topk
 
 OUT = os.environ.get("OUT", "gpu-out")
 VOCAB = 151936

@@ -130,7 +130,7 @@ def capture_and_time(N: int, B: int) -> dict:
     for impl in ("triton", "torch"):
         timed[impl] = lambda impl=impl: build_tree_gpu(lp_static, ids_static, N, out=tree[impl], impl=impl)
     if (N, B) == SWEEP:  # the kernel's warp count (default: 4 up to N = 32, 8 at 64, 16 above)
-        from harness.kernels.triton_tree_build import build_tree
+        from harness.kernels.tree.triton_tree_build import build_tree
         J, R = candidate_pairs(N, N, DEV)
         for nw in (4, 8, 16):
             timed[f"triton_nw{nw}"] = lambda nw=nw: build_tree(lp_static, ids_static, N, J, R, tree["triton"], num_warps=nw)

@@ -1,4 +1,4 @@
-"""GPU check of the CUDA C++ tree build (kernels/tree_build.cu): exactness, no sync, capture, timing.
+"""GPU check of the CUDA C++ tree build (kernels/tree/tree_build.cu): exactness, no sync, capture, timing.
 
     OUT=/tmp/out PYTHONPATH=. python ci/gpu/tree_build_cuda.py          # from the repo root
 
@@ -94,7 +94,7 @@ def no_sync(N: int, B: int) -> dict:
 
 
 def capture_and_time(N: int, B: int) -> dict:
-    from harness.kernels import cuda_tree_build
+    from harness.kernels.tree import cuda_tree_build
 
     D = B - 1
     row = {}

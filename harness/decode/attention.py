@@ -87,10 +87,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
     verify = mask.kernels.verify
     if out is not None:
         if verify == "triton":
-            from harness.kernels.triton_verify import tree_verify_attention
+            from harness.kernels.verify.triton_verify import tree_verify_attention
             return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out)
         if verify == "custom":
-            from harness.kernels.custom_verify import tree_verify_attention
+            from harness.kernels.verify.custom_verify import tree_verify_attention
             return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out)
         return out.copy_(attend(q, k, v, mask))
     if verify == "sdpa":
@@ -104,10 +104,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
                                              attn_mask=mask.sdpa_bias(G, q.dtype))
         return out.reshape(b, h, T, d)
     if verify == "triton":
-        from harness.kernels.triton_verify import tree_verify_attention
+        from harness.kernels.verify.triton_verify import tree_verify_attention
         return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits())
     if verify == "custom":
-        from harness.kernels.custom_verify import tree_verify_attention
+        from harness.kernels.verify.custom_verify import tree_verify_attention
         return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits())
     if verify == "flex":
         from harness.decode.flex_verify import flex_tree_verify

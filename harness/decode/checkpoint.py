@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from harness.decode.model import Target, TargetConfig
-from harness.errors import CellRefused
+from harness.protocol.errors import CellRefused
 
 
 class CheckpointError(CellRefused):

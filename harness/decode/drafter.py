@@ -1,6 +1,6 @@
 """A DFlash-style block drafter.
 
-As in DFlash (REFERENCE.md): a few Qwen3-style layers with no embedding or head of their own
+As in DFlash (arXiv 2602.06036): a few Qwen3-style layers with no embedding or head of their own
 (the target's are used). The target's hidden states at `target_layer_ids` are concatenated,
 projected (`fc`, `hidden_norm`) and turned into extra keys and values in every draft layer: the
 drafter's "context cache", appended to as tokens are committed. One forward drafts a whole block:

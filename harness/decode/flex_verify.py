@@ -6,7 +6,7 @@ ancestor bit is set. flex_attention turns that `mask_mod` into a block-sparse ma
 lengths[b] + T are skipped, and GQA comes from `enable_gqa`.
 
 On CUDA flex_attention runs compiled (torch.compile, once per shape); on CPU it runs eagerly (slow,
-tests only). Its compile can fail for some shapes (REFERENCE.md: 64 tree tokens at d=128): that
+tests only). Its compile can fail for some shapes (64 tree tokens at d=128 on torch 2.11; docs/ARCHITECTURE.md): that
 surfaces as a FlexVerifyError naming the shape, which the decode cell reports as a failed cell.
 flex_attention is imported lazily, so importing this module costs nothing on the sdpa path.
 """
@@ -55,7 +55,7 @@ def flex_tree_verify(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
                      tree: torch.Tensor, sm_scale: float | None = None, block_mask=None,
                      compiled: bool | None = None) -> torch.Tensor:
     """q [b, Hq, T, d]; k, v [b, Hkv, S, d]; lengths [b]; tree: bits [b, T, W] int32 or bool
-    visibility [b, T, T]. Same contract as harness.kernels.triton_verify.tree_verify_attention.
+    visibility [b, T, T]. Same contract as harness.kernels.verify.triton_verify.tree_verify_attention.
     `compiled` defaults to True on CUDA, False (eager) elsewhere."""
     from torch.nn.attention.flex_attention import flex_attention
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness import params
+from harness.protocol import params
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Kernels:
 
     @classmethod
     def from_cell(cls, cell: dict, device: torch.device | str) -> "Kernels":
-        """The kernels a decode cell's knobs pick (verify_mode and harness/params.py's
+        """The kernels a decode cell's knobs pick (verify_mode and harness/protocol/params.py's
         IMPL_DEFAULTS). The implementation knobs name CUDA (Triton or CUDA C++) kernels, so a
         cell that sets one away from its default must run on a CUDA device."""
         device = torch.device(device)

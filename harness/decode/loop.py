@@ -1,6 +1,6 @@
 """The decode loops: DFlash + DDTree speculative decoding, and plain greedy decoding.
 
-One speculative step (DESIGN.md, "The decode loop"):
+One speculative step (docs/ARCHITECTURE.md, "The decode loop"):
   draft   block drafter: [bonus, MASK x (B-1)] -> per-position logits
   tree    DDTree best-first heap over the per-position top-k (here on the host: the baseline)
   verify  target forward over 1+N tree tokens at positions len+depth, tree mask

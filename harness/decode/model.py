@@ -112,7 +112,7 @@ class Attention(nn.Module):
         kv = F.linear(x, self.qkv_proj.weight[cfg.heads * cfg.head_dim:])
         kv = kv.view(b, T, 2 * cfg.kv_heads, cfg.head_dim)
         if fused:
-            from harness.kernels import triton_fused
+            from harness.kernels.fused import triton_fused
             triton_fused.qk_norm_rope_store(kv, 0, None, self.k_norm.weight, cfg.rms_eps, *rope,
                                             cache.k[layer], cache.v[layer], slots)
             return
@@ -133,7 +133,7 @@ class Attention(nn.Module):
     def forward_fused(self, x, rope, cache: KVCache, layer: int, slots, mask: attention.Mask):
         """`forward` on the fused kernels: q/k norms, RoPE and the cache write in one launch,
         and the attention output written in the [b, T, h, d] layout o_proj reads."""
-        from harness.kernels import triton_fused
+        from harness.kernels.fused import triton_fused
         b, T, _ = x.shape
         cfg = self.cfg
         qkv = self.qkv_proj(x).view(b, T, cfg.heads + 2 * cfg.kv_heads, cfg.head_dim)
@@ -157,7 +157,7 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
     def forward_fused(self, x):
-        from harness.kernels import triton_fused
+        from harness.kernels.fused import triton_fused
         return self.down_proj(triton_fused.silu_mul(self.gate_up_proj(x)))
 
 
@@ -176,7 +176,7 @@ class Layer(nn.Module):
     def forward_fused(self, h, residual, rope, cache, layer, slots, mask):
         """`forward` on the fused kernels. The stream travels split, x = h + residual
         (residual None: x = h), so each sublayer's residual add happens inside the next norm."""
-        from harness.kernels import triton_fused
+        from harness.kernels.fused import triton_fused
         n1, n2 = self.input_layernorm, self.post_attention_layernorm
         x, residual = triton_fused.add_rmsnorm(h, n1.weight, n1.eps, residual)
         h = self.self_attn.forward_fused(x, rope, cache, layer, slots, mask)
@@ -210,7 +210,7 @@ def final_norm(norm: RMSNorm, h: torch.Tensor, residual: torch.Tensor | None) ->
     """norm(h + residual), the add fused into the norm (see `run_layers`)."""
     if residual is None:
         return norm(h)
-    from harness.kernels import triton_fused
+    from harness.kernels.fused import triton_fused
     return triton_fused.add_rmsnorm(h, norm.weight, norm.eps, residual)[0]
 
 

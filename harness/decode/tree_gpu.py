@@ -37,9 +37,9 @@ nodes tie at -inf, may then order them differently).
 Three implementations of the same algorithm, bit-identical outputs (`impl=`; a decoder passes
 its Kernels.tree_build):
   * "torch", `_build_torch`: plain tensor ops, runs on any device (CPU tests, the reference);
-  * "triton", harness.kernels.triton_tree_build: one Triton program per sequence (one launch),
+  * "triton", harness.kernels.tree.triton_tree_build: one Triton program per sequence (one launch),
     the CUDA default, for the 30 µs budget of a decode step;
-  * "cuda", harness.kernels.cuda_tree_build: the same as one CUDA C++ kernel with all of its
+  * "cuda", harness.kernels.tree.cuda_tree_build: the same as one CUDA C++ kernel with all of its
     state in shared memory (N <= 256, D <= 16).
 All need log-prob rows sorted descending (as `topk_logprobs_batched` returns them). The pair
 table is cached per (N, k', device): call once before CUDA-graph capture (any warm-up does).
@@ -86,7 +86,7 @@ def _on_triton(t: torch.Tensor) -> bool:
     """Whether a Triton kernel can take `t`: a CUDA tensor, or any under TRITON_INTERPRET=1."""
     if t.is_cuda:
         return True
-    from harness.kernels import triton_topk
+    from harness.kernels.tree import triton_topk
     return triton_topk._interpreting()
 
 
@@ -105,7 +105,7 @@ def topk_logprobs_batched(draft_logits: torch.Tensor, k: int,
     if impl not in ("torch", "triton"):
         raise ValueError(f"impl must be torch or triton (got {impl!r})")
     if impl == "triton" and _on_triton(draft_logits):
-        from harness.kernels import triton_topk
+        from harness.kernels.tree import triton_topk
         key = (tuple(draft_logits.shape), int(k), str(draft_logits.device))
         if key not in _TOPK_WORKSPACES:   # first call outside a graph capture (any warm-up)
             _TOPK_WORKSPACES[key] = triton_topk.alloc_workspace(draft_logits, k)
@@ -159,9 +159,9 @@ def build_tree_gpu(log_probs: torch.Tensor, token_ids: torch.Tensor, budget: int
         impl = "triton" if log_probs.is_cuda else "torch"
     if impl in ("triton", "cuda"):
         if impl == "triton":
-            from harness.kernels.triton_tree_build import build_tree
+            from harness.kernels.tree.triton_tree_build import build_tree
         else:
-            from harness.kernels.cuda_tree_build import build_tree
+            from harness.kernels.tree.cuda_tree_build import build_tree
         J, R = candidate_pairs(budget, min(k, budget), log_probs.device)
         fields = [getattr(out, f.name) for f in dataclasses.fields(GpuTree)]
         if all(t.is_contiguous() for t in fields):

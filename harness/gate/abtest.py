@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from harness import params
-from harness.errors import InputError
 from harness.gate.sequential import Design
-from harness.hosts import Host
-from harness.journal import atomic_write_json
+from harness.hosts.local import Host
+from harness.protocol import params
+from harness.protocol.errors import InputError
+from harness.sweep.journal import atomic_write_json
 
 BASE, HEAD = "base", "head"
 

@@ -31,8 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from harness.errors import InputError
-from harness.journal import JournalError, RunJournal, atomic_write_json, utc_now_iso
+from harness.protocol.errors import InputError
+from harness.sweep.journal import (
+    JournalError,
+    RunJournal,
+    atomic_write_json,
+    utc_now_iso,
+)
 
 DEFAULT_BASELINES_DIR = Path("results/baselines")
 FILE_FORMAT = 1
@@ -227,7 +232,7 @@ def from_journal(runs_root: str | Path, run_id: str) -> tuple[RunJournal, dict[s
 def mlflow_client(uri: str | None) -> Iterator:
     """An MlflowClient on `uri` (default: $MLFLOW_TRACKING_URI or results/mlflow.db), quiet and
     failing fast; InputError for a sqlite store that does not exist (never create one to read)."""
-    from harness import tracking
+    from harness.sweep import tracking
 
     uri = tracking._absolute(uri or tracking.default_tracking_uri())
     path = tracking._sqlite_path(uri)

@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import harness
-from harness import params
-from harness.errors import InputError
 from harness.gate.abtest import git, repo_root, resolve_commit, worktree
 from harness.gate.baselines import samples_of
 from harness.gate.policy import Policy
 from harness.gate.stats import matters, worse_change
-from harness.hosts import LocalHost
+from harness.hosts.local import LocalHost
+from harness.protocol import params
+from harness.protocol.errors import InputError
 
 SKIP = 125        # git bisect run: this commit cannot be tested
 STEPS_FILE = "steps.jsonl"

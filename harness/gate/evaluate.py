@@ -314,8 +314,8 @@ def judge_aa(path: str | Path) -> str:
     """Judge ci/gpu/gate_aa.py output as the A/B gate would: a round (the median of its repeats)
     is a sample, looks after every round from the design's first look, each metric final once
     decided; every regression is a false alarm. Too few rounds for any design: said so."""
-    from harness.errors import InputError
     from harness.gate.baselines import RUN, samples_of
+    from harness.protocol.errors import InputError
 
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     lines = [f"## Real A/A on {data.get('gpu', '?')}: the same code on both sides, interleaved",

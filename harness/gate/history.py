@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from harness.errors import InputError
+from harness.protocol.errors import InputError
 from harness.gate.baselines import (TAG_CELL_ID, TAG_RUN_ID, TAG_SUPERSEDED, gpu_class,
                                     mlflow_client, search_all)
 from harness.gate.changepoint import (DEFAULT_ALPHA, DEFAULT_MIN_SIZE, Step, find_steps,

@@ -3,7 +3,7 @@
 Per cell, each metric of the policy set is compared (harness.gate.sequential.look) when both
 sides have samples of it; a metric decided at an earlier look keeps that verdict (the design
 spent its share of alpha there). A cell's verdict is its worst gated metric's; metrics with
-`gate: false` are shown beside them and never decide. The gate's exit code (DESIGN.md):
+`gate: false` are shown beside them and never decide. The gate's exit code (docs/ARCHITECTURE.md):
 
     2  something is wrong or missing: a head or baseline cell failed, a cell has no baseline
        (unless allow_missing), the head lost a metric the baseline has, or no gated metric was

@@ -9,7 +9,7 @@ robust (median absolute deviation over the median), relative for metrics with a 
 threshold and absolute for metrics with an absolute one, so they read against the threshold;
 a spread over half of it is a warning: at that noise the gate needs many rounds to decide.
 
-Pure functions over worker results; the host facts each result carries (harness.hostfacts:
+Pure functions over worker results; the host facts each result carries (harness.worker.hostfacts:
 load, clocks, throttling, foreign GPU processes) are summarised beside them.
 """
 
@@ -110,13 +110,53 @@ def fmt_spread(value: float | None, relative: bool) -> str:
 
 
 def host_notes(results: list[dict]) -> list[str]:
-    """What the host facts of one side's runs say about noise (harness.hostfacts.noise_notes),
-    each line once."""
-    from harness import hostfacts
-
+    """What the host facts of one side's runs say about noise (noise_notes), each line once."""
     seen: list[str] = []
     for r in results:
         facts = r.get("host_facts")
         if isinstance(facts, dict):
-            seen += [line for line in hostfacts.noise_notes(facts) if line not in seen]
+            seen += [line for line in noise_notes(facts) if line not in seen]
     return seen
+
+
+# Reading a result's host facts (harness/worker/hostfacts.py's summary of what the host was
+# doing): reasons that say nothing about measurement noise are an idle GPU (between cells, or
+# the host side of a step) and clocks pinned by the operator.
+BENIGN_REASONS = frozenset({"gpu_idle", "applications_clocks_setting"})
+LOAD_PER_CPU = 0.75
+SM_CLOCK_SPREAD = 0.05
+HOT_C = 85
+
+
+def noise_notes(summary: dict) -> list[str]:
+    """Short lines for the facts in `summary` that suggest a noisy measurement; [] when none
+    do or the facts are absent."""
+    notes = []
+    cpus = summary.get("cpu_count")
+    loads = summary.get("loadavg") or {}
+    # The 1-minute load at either end; it counts the measuring process itself too, which is
+    # fair: a host with fewer spare CPUs than the cell's threads is a noisy host.
+    one_min = [v[0] for v in (loads.get("first"), loads.get("last")) if v]
+    if cpus and one_min and max(one_min) > cpus * LOAD_PER_CPU:
+        notes.append(f"host load {max(one_min):.1f} on {cpus} CPUs")
+    gpu = summary.get("gpu") or {}
+    throttled = [r for r in gpu.get("throttle_reasons") or [] if r not in BENIGN_REASONS]
+    if throttled:
+        notes.append("GPU throttled: " + ", ".join(throttled))
+    # Without reasons there is no telling idle snapshots from busy ones: the whole range it is.
+    clock = gpu.get("sm_clock_busy_mhz") if "throttle_reasons" in gpu else gpu.get("sm_clock_mhz")
+    if clock and clock["max"] > 0:
+        spread = (clock["max"] - clock["min"]) / clock["max"]
+        if spread > SM_CLOCK_SPREAD:
+            notes.append(f"SM clock {clock['min']}-{clock['max']} MHz "
+                         f"({spread * 100:.0f} % apart)")
+    temp = gpu.get("temperature_c")
+    if temp and temp["max"] >= HOT_C:
+        notes.append(f"GPU at {temp['max']} °C")
+    procs = gpu.get("foreign_processes") or []
+    if procs:
+        pids = ", ".join(str(p["pid"]) for p in procs)
+        notes.append(f"{len(procs)} foreign GPU process{'es' if len(procs) > 1 else ''} "
+                     f"(pid{'s' if len(procs) > 1 else ''} {pids})")
+    return notes
+

@@ -1,6 +1,6 @@
 """Which metrics the gate judges, in which direction, and the smallest change that matters.
 
-A scenario may carry a `metrics:` mapping (validated by harness.scenario):
+A scenario may carry a `metrics:` mapping (validated by harness.sweep.scenario):
 
     metrics:
       tokens_per_s:  {direction: higher, threshold_rel: 0.03}
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from harness.errors import InputError
+from harness.protocol.errors import InputError
 
 HIGHER, LOWER = "higher", "lower"
 PER_REPEAT, PER_RUN = "repeat", "run"

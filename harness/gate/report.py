@@ -26,7 +26,7 @@ from harness.gate.judge import (ERROR, EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, EXI
                                 MISSING, SEVERITY, CellVerdict, GateResult)
 from harness.gate.noise import fmt_spread
 from harness.gate.stats import IMPROVED, INCONCLUSIVE, REGRESSED, UNCHANGED, Comparison
-from harness.journal import atomic_write_text
+from harness.sweep.journal import atomic_write_text
 
 ICON = {REGRESSED: "❌", IMPROVED: "🚀", INCONCLUSIVE: "❔", UNCHANGED: "✅",
         ERROR: "⚠️", MISSING: "⚠️"}

@@ -27,8 +27,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from harness import gitinfo, params
-from harness.errors import InputError
+from harness.sweep import gitinfo
+
+from harness.protocol import params
+from harness.protocol.errors import InputError
 from harness.gate import abtest, baselines, noise
 from harness.gate.abtest import BASE, HEAD
 from harness.gate.baselines import RUN, Side, side_from_results
@@ -37,8 +39,8 @@ from harness.gate.policy import PER_RUN, Policy
 from harness.gate.sequential import (DEFAULT_MAX_ROUNDS, Design, check_fixed, per_round,
                                      plan_ab, plan_stored, rounds_to_decide)
 from harness.gate.stats import Comparison
-from harness.hosts import Host, HostUnavailable, serves
-from harness.journal import RunJournal, new_run_id
+from harness.hosts.local import Host, HostUnavailable, serves, worker_file
+from harness.sweep.journal import RunJournal, new_run_id
 
 # A PR job's worth: long enough for a small GPU scenario to settle its quiet cells, short
 # enough that nobody switches the gate off. Undecided cells say how much more they need.
@@ -47,7 +49,7 @@ DEFAULT_BUDGET_S = 600.0
 
 @dataclass
 class GateOptions:
-    scenario: object                       # harness.scenario.Scenario
+    scenario: object                       # harness.sweep.scenario.Scenario
     policies: dict[str, Policy]
     host: Host
     base_ref: str | None = None            # A/B mode
@@ -263,9 +265,9 @@ def _budget_note(result: GateResult, measured: abtest.Measured, opts: GateOption
 
 
 def _check_tree(tree: Path, what: str) -> None:
-    if not (Path(tree) / "harness" / "worker.py").is_file():
-        raise InputError(None, None, None, f"{what} has no harness/worker.py: not a "
-                                           f"specdec-harness commit")
+    if worker_file(tree) is None:
+        raise InputError(None, None, None, f"{what} has no harness worker (harness/worker/ or "
+                                           f"harness/worker.py): not a specdec-harness commit")
 
 
 def _measure_ab(opts, cells, base_tree, head_tree, design, more) -> abtest.Measured:

@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from harness.errors import InputError
 from harness.gate.policy import PER_REPEAT, Policy
 from harness.gate.stats import Comparison, ci_rank, compare, min_p
+from harness.protocol.errors import InputError
 
 DEFAULT_MAX_ROUNDS = 15
 PLAN_SEARCH_LIMIT = 500      # rounds or samples tried when saying what a refused design needs

@@ -1,0 +1,243 @@
+"""The hosts inventory: `hosts.yaml` (docs/ARCHITECTURE.md) -> Host objects, and choosing hosts for a sweep.
+
+    hosts:
+      gpu-a:
+        ssh: gpu-a                  # an alias from ~/.ssh/config, or [user@]host[:port]
+        python: /opt/venv/bin/python
+        workdir: ~/.cache/specdec-harness
+        gpus: [0, 1]                # one cell per GPU at a time
+        labels: {gpu: h200}
+        env: {HF_TOKEN: "${HF_TOKEN}"}   # ${VAR}: taken from the controller's environment
+        known_hosts: strict         # or accept-new: trust a host key never seen before
+        connect_timeout_s: 10
+        gpu_busy: wait              # a GPU with a foreign process: wait for it, or run `noisy`
+        busy_wait_s: 600
+
+`local` (this machine) always exists; an entry named `local` (without `ssh`) sets its python,
+gpus, labels, env and `persistent` (default true: one serving worker process per GPU for the
+whole sweep; false: a fresh process per cell, as `harness run --fresh-workers` does). Every
+mistake is an InputError at file:line:column, like scenarios.
+
+Values end up on a remote command line only as single shell words (shlex.quote), and host
+names and SSH targets are restricted to characters that need no quoting at all: a hosts file
+cannot smuggle shell syntax to a host. `${VAR}` values are resolved here, from the controller's
+environment, into the Host object only: they are never journaled, logged or sent to MLflow.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harness.hosts.local import Host, LocalHost, local_hosts
+from harness.protocol.errors import InputError
+from harness.sweep.yamldoc import EmptyDocument, Source, read_text, read_yaml, show
+
+DEFAULT_HOSTS_FILE = Path("hosts.yaml")
+DEFAULT_WORKDIR = "~/.cache/specdec-harness"
+GPU_BUSY_POLICIES = ("wait", "noisy")
+KNOWN_HOSTS_POLICIES = ("strict", "accept-new")
+
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# [user@]host[:port]; host is a name, an IPv4 address or a bracketed IPv6 address.
+SSH_TARGET = re.compile(r"(?:(?P<user>[A-Za-z0-9._][A-Za-z0-9._-]*)@)?"
+                        r"(?P<host>[A-Za-z0-9_][A-Za-z0-9._-]*|\[[0-9A-Fa-f:.]+\])"
+                        r"(?::(?P<port>[0-9]{1,5}))?")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+COMMAND_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+_Scalar = str | int | float | bool
+
+
+class HostSpec(BaseModel):
+    model_config = _STRICT
+    ssh: str | None = None
+    python: str | None = None
+    workdir: str = DEFAULT_WORKDIR
+    gpus: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=16)] | None = None
+    labels: dict[str, _Scalar] = Field(default_factory=dict)
+    env: dict[str, _Scalar] = Field(default_factory=dict)
+    known_hosts: Literal[KNOWN_HOSTS_POLICIES] = "strict"
+    connect_timeout_s: Annotated[float, Field(gt=0, le=600)] = 10.0
+    gpu_busy: Literal[GPU_BUSY_POLICIES] = "wait"
+    busy_wait_s: Annotated[float, Field(ge=0)] = 600.0
+    persistent: bool | None = None     # local only; unset means true
+
+
+class HostsFile(BaseModel):
+    model_config = _STRICT
+    hosts: dict[str, HostSpec] = Field(default_factory=dict)
+
+
+_WHAT = {
+    "ssh": "an SSH alias or [user@]host[:port]",
+    "python": "a path to Python on the host (absolute, ~/..., or a command name)",
+    "workdir": "a path on the host (absolute or ~/...)",
+    "gpus": "a non-empty list of GPU indices (integers >= 0)",
+    "labels": "a mapping of label -> value",
+    "env": "a mapping of variable -> value",
+    "known_hosts": "strict or accept-new",
+    "connect_timeout_s": "a number of seconds > 0",
+    "gpu_busy": "wait or noisy",
+    "busy_wait_s": "a number of seconds >= 0",
+    "persistent": "true or false",
+}
+
+
+def _schema_error(exc: ValidationError, source: Source) -> InputError:
+    errors = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        if err["type"] == "extra_forbidden":
+            allowed = ", ".join(HostSpec.model_fields if len(loc) > 2 else HostsFile.model_fields)
+            errors.append(source.error(loc, f"unknown key '{loc[-1]}' (expected one of: {allowed})",
+                                       key=True))
+            continue
+        key = next((part for part in reversed(loc) if part in _WHAT), None)
+        if not loc:
+            message = f"a hosts file is a mapping with a 'hosts' key, got {show(err['input'])}"
+        elif len(loc) == 2 and loc[0] == "hosts":
+            message = f"host '{loc[1]}' must be a mapping of settings, got {show(err['input'])}"
+        elif key:
+            message = f"{key} must be {_WHAT[key]}, got {show(err['input'])}"
+        elif loc == ("hosts",):
+            message = f"hosts must be a mapping of host name -> settings, got {show(err['input'])}"
+        else:
+            message = err["msg"]
+        errors.append(source.error(loc, message))
+    return min(errors, key=lambda e: (e.line or 0, e.column or 0))
+
+
+def _check_path(source: Source, at: tuple, value: str, what: str, *, command_ok: bool) -> None:
+    if not value or any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise source.error(at, f"{what} must be a non-empty path without control characters "
+                               f"(newlines, tabs), got {show(value)}")
+    if value.startswith("/") or value.startswith("~/"):
+        return
+    if command_ok and COMMAND_NAME.fullmatch(value):
+        return
+    raise source.error(at, f"{what} {show(value)} must be absolute or start with ~/"
+                           + (" (or be a plain command name like python3)" if command_ok else ""))
+
+
+def _resolve_env(source: Source, at: tuple, value) -> str:
+    """`${VAR}` -> the controller's value of VAR (kept out of every log and record)."""
+    text = value if isinstance(value, str) else show(value)
+
+    def lookup(match: re.Match) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            raise source.error(at, f"{at[-1]} refers to ${{{name}}}, which is not set in the "
+                                   f"controller's environment")
+        return os.environ[name]
+    return ENV_REFERENCE.sub(lookup, text)
+
+
+def parse_ssh_target(target: str) -> tuple[str | None, str, int | None]:
+    """(user, host, port) of `[user@]host[:port]`; an ssh_config alias is just a host."""
+    match = SSH_TARGET.fullmatch(target)
+    if not match:
+        raise ValueError(target)
+    host = match.group("host").strip("[]")
+    port = match.group("port")
+    return match.group("user"), host, int(port) if port else None
+
+
+def _build(name: str, spec: HostSpec, source: Source) -> Host:
+    at = ("hosts", name)
+    if not HOST_NAME.fullmatch(name):
+        raise source.error(at, f"host name {show(name)} may use only letters, digits, '.', '_' "
+                               f"and '-' (and start with a letter or digit)", key=True)
+    if spec.gpus is not None and len(set(spec.gpus)) != len(spec.gpus):
+        raise source.error(at + ("gpus",), "gpus lists a GPU twice")
+    for key in spec.env:
+        if not ENV_NAME.fullmatch(key):
+            raise source.error(at + ("env", key), f"env name {show(key)} is not a valid "
+                                                  f"variable name", key=True)
+    env = {key: _resolve_env(source, at + ("env", key), value) for key, value in spec.env.items()}
+    if spec.python is not None:
+        _check_path(source, at + ("python",), spec.python, "python", command_ok=True)
+    _check_path(source, at + ("workdir",), spec.workdir, "workdir", command_ok=False)
+
+    if name == "local":
+        if spec.ssh is not None:
+            raise source.error(at + ("ssh",), "'local' is this machine: it takes no ssh target "
+                                              "(name the remote host differently)")
+        return LocalHost(name="local", python=os.path.expanduser(spec.python or sys.executable),
+                         gpus=spec.gpus, labels=dict(spec.labels), env=env,
+                         persistent=spec.persistent is not False)
+    if spec.persistent is not None:
+        raise source.error(at + ("persistent",), "persistent is a setting of the local host only "
+                                                 "(an SSH host starts a worker per cell)", key=True)
+    if spec.ssh is None:
+        raise source.error(at, f"host '{name}' needs an ssh target (an alias from ~/.ssh/config "
+                               f"or [user@]host[:port])")
+    try:
+        user, host, port = parse_ssh_target(spec.ssh)
+    except ValueError:
+        raise source.error(at + ("ssh",), f"ssh target {show(spec.ssh)} is not an alias or "
+                                          f"[user@]host[:port]") from None
+    if port is not None and not 0 < port < 65536:
+        raise source.error(at + ("ssh",), f"ssh port {port} is out of range")
+
+    from harness.hosts.ssh import SSHHost
+    return SSHHost(name=name, ssh=spec.ssh, user=user, address=host, port=port,
+                   python=spec.python or "python3", workdir=spec.workdir,
+                   gpus=spec.gpus or [0], labels=dict(spec.labels), env=env,
+                   known_hosts=spec.known_hosts, connect_timeout_s=spec.connect_timeout_s,
+                   gpu_busy=spec.gpu_busy, busy_wait_s=spec.busy_wait_s)
+
+
+def parse_hosts(text: str, path: str | os.PathLike | None = None) -> dict[str, Host]:
+    """Validate hosts YAML `text` into name -> Host (with `local` always present)."""
+    shown = None if path is None else str(path)
+    try:
+        source = read_yaml(text, shown)
+    except EmptyDocument:                            # an empty hosts file: just `local`
+        return local_hosts()
+    try:
+        spec = HostsFile.model_validate(source.data)
+    except ValidationError as exc:
+        raise _schema_error(exc, source) from None
+    inventory: dict[str, Host] = local_hosts()
+    for name, host_spec in spec.hosts.items():
+        inventory[name] = _build(name, host_spec, source)
+    return inventory
+
+
+def load_hosts(path: str | os.PathLike | None = None) -> dict[str, Host]:
+    """The inventory from `path`; with no path, from ./hosts.yaml if it exists, else just local."""
+    if path is None:
+        if not DEFAULT_HOSTS_FILE.is_file():
+            return local_hosts()
+        path = DEFAULT_HOSTS_FILE
+    return parse_hosts(read_text(path, "hosts"), str(path))
+
+
+def select_hosts(inventory: dict[str, Host], wanted: list, where: str = "--host") -> list[Host]:
+    """The hosts named (or matched by label filters like {gpu: h200}) in `wanted`, in order,
+    without duplicates. Unknown names and filters that match nothing are InputErrors."""
+    chosen: dict[str, Host] = {}
+    for entry in wanted:
+        if isinstance(entry, dict):
+            matched = [h for h in inventory.values()
+                       if all(h.labels.get(k) == v for k, v in entry.items())]
+            if not matched:
+                shown = ", ".join(f"{k}: {show(v)}" for k, v in entry.items())
+                raise InputError(where, None, None, f"no host in the inventory has labels "
+                                                    f"{{{shown}}}")
+            for h in matched:
+                chosen.setdefault(h.name, h)
+        else:
+            if entry not in inventory:
+                raise InputError(where, None, None, f"unknown host {show(entry)} (known: "
+                                                    f"{', '.join(sorted(inventory))})")
+            chosen.setdefault(entry, inventory[entry])
+    return list(chosen.values())

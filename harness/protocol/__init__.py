@@ -1,0 +1,3 @@
+"""What the controller and the worker agree on, in the standard library alone: a cell's
+parameters and id (params), the model presets, the errors shown without a traceback, URI
+redaction, and the wire format between the two processes (wire)."""

@@ -1,0 +1,3 @@
+from harness.remote.launcher import main
+
+raise SystemExit(main())

@@ -1,0 +1,603 @@
+"""Scenarios: load a YAML sweep, validate it, expand its matrix into cells.
+
+A scenario names an MLflow experiment and describes a set of cells (harness.protocol.params): shared
+`defaults`, a `matrix` whose cartesian product gives the cells, `exclude` entries that drop
+cells, and `include` entries that add cells. Every mistake becomes an `InputError` that points
+at the YAML node responsible (`file:line:column: message`), never a traceback.
+
+How it works:
+1. `harness.sweep.yamldoc` reads the YAML under a budget (size, depth, alias expansions) into plain
+   data, remembering where every value and every mapping key starts (keyed by its data path,
+   e.g. ('matrix', 'tau', 2)).
+2. pydantic models check the shape and the value of every parameter; each pydantic error is
+   mapped back to its node through that data path.
+3. `_expand` counts the cells before it builds them (at most `max_cells`, DEFAULT_MAX_CELLS
+   unless the caller raises it on purpose), remembering which node set each value, so the
+   checks that need a whole cell (context vs. model limit, impossible combinations, ...) point
+   at the right node.
+
+The controller never imports torch: this module needs only the standard library, PyYAML and
+pydantic.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+import os
+import re
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, create_model
+
+from harness.protocol import params
+from harness.protocol import presets
+from harness.protocol.errors import InputError
+from harness.sweep.yamldoc import DataPath, EmptyDocument, Source, read_text, read_yaml, show
+
+# The most cells a scenario may expand to unless the caller raises it (`--max-cells`): a
+# nightly sweep of every mode, capture and context is a few hundred; a million is a typo.
+DEFAULT_MAX_CELLS = 10_000
+
+TRIGGERS = ("manual", "nightly", "pr")
+METRIC_DIRECTIONS = ("higher", "lower")
+GPU_BUSY_POLICIES = ("wait", "noisy")
+
+
+# --------------------------------------------------------------------------------------------
+# Schema
+# --------------------------------------------------------------------------------------------
+
+# Strict: "abc" or 1.5 is not an int, "true" is not a bool, 5 is not a string. Ints are still
+# accepted where a float is expected.
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+# Integers stop where the kernels' int32 indices and sizes do: a larger count is a typo, and
+# one that validated would fail only inside a worker.
+INT_MAX = 2**31 - 1
+SEED_MAX = 2**32 - 1      # every generator the workers seed takes 32 bits
+NAME_MAX_CHARS = 200      # an MLflow experiment name, shown in tables and titles
+
+_PositiveInt = Annotated[int, Field(gt=0, le=INT_MAX)]
+_NonNegativeInt = Annotated[int, Field(ge=0, le=INT_MAX)]
+
+# The enumerated cell parameters and their allowed values.
+_PARAM_CHOICES: dict[str, tuple] = {
+    "workload": params.WORKLOADS,
+    "model": tuple(presets.PRESETS),
+    "verify_mode": params.VERIFY_MODES,
+    "graph_capture": params.GRAPH_CAPTURES,
+    "tree_build": params.TREE_BUILDS,
+    "accept": params.ACCEPTS,
+    "speculation": params.SPECULATIONS,
+    "acceptance": params.ACCEPTANCES,
+    "device": params.DEVICES,
+    "dtype": params.DTYPES,
+    "replay": params.REPLAYS,
+    "attention": params.ATTENTIONS,
+    "layout": params.LAYOUTS,
+    "topk_impl": params.TOPK_IMPLS,
+    "tree_build_impl": params.TREE_BUILD_IMPLS,
+}
+
+# Every other cell parameter: its type and, for error messages, what it must be.
+_MODE = "(" + "|".join(params.VERIFY_MODES) + ")"
+_MODE_LIST = rf"^({_MODE}(,{_MODE})*)?$"
+_PARAM_TYPES: dict[str, tuple[Any, str]] = {
+    "checkpoint": (str | None, "a path to a local checkpoint (or null)"),
+    "fused_ops": (StrictBool, "true or false"),
+    "context_length": (_PositiveInt, "a positive integer"),
+    "batch_size": (_PositiveInt, "a positive integer"),
+    "tau": (Annotated[float, Field(ge=1, allow_inf_nan=False)], "a number >= 1"),
+    "tree_budget": (_PositiveInt, "a positive integer"),
+    "block_size": (Annotated[int, Field(ge=2)], "an integer >= 2"),
+    "seed": (Annotated[int, Field(ge=0, le=SEED_MAX)], "an integer >= 0"),
+    "warmup_steps": (_NonNegativeInt, "an integer >= 0"),
+    "steps": (_PositiveInt, "a positive integer"),
+    "repeats": (_PositiveInt, "a positive integer"),
+    "profile_steps": (_NonNegativeInt, "an integer >= 0"),
+    "profile": (StrictBool, "true or false"),
+    "timeout_s": (_PositiveInt, "a positive integer (seconds)"),
+    "sleep_s": (Annotated[float, Field(ge=0, allow_inf_nan=False)], "a number of seconds >= 0"),
+    "work_us": (Annotated[float, Field(gt=0, allow_inf_nan=False)], "a positive number (µs)"),
+    "idle_target": (Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)],
+                    "a number in [0, 1)"),
+    "tree_tokens": (_PositiveInt, "a positive integer"),
+    "heads": (_PositiveInt, "a positive integer"),
+    "kv_heads": (_PositiveInt, "a positive integer"),
+    "head_dim": (_PositiveInt, "a positive integer"),
+    "page_size": (_PositiveInt, "a positive integer"),
+    "compare_modes": (Annotated[str, Field(pattern=_MODE_LIST)],
+                      "a comma-separated list of verify modes (custom, triton, sdpa, flex), or ''"),
+}
+
+# A parameter added to harness.protocol.params must be given a type here before any scenario loads.
+if set(_PARAM_CHOICES) | set(_PARAM_TYPES) != set(params.ALL_PARAMS):
+    raise RuntimeError("harness.sweep.scenario and harness.protocol.params.ALL_PARAMS disagree on the cell "
+                       "parameters: "
+                       f"{sorted(set(_PARAM_CHOICES) ^ set(_PARAM_TYPES) ^ set(params.ALL_PARAMS))}")
+
+
+def _param_type(name: str) -> Any:
+    if name in _PARAM_CHOICES:
+        return Literal[_PARAM_CHOICES[name]]
+    return _PARAM_TYPES[name][0]
+
+
+# All fields default to None and are left out with `exclude_unset`, so "not given" (use the
+# default) stays distinct from an explicit `checkpoint: null`.
+CellParams = create_model(
+    "CellParams", __config__=_STRICT,
+    **{name: (_param_type(name), None) for name in params.ALL_PARAMS})
+
+MatrixParams = create_model(
+    "MatrixParams", __config__=_STRICT,
+    **{name: (Annotated[list[_param_type(name)], Field(min_length=1)], None)
+       for name in params.ALL_PARAMS})
+
+
+class MetricPolicy(BaseModel):
+    """How the regression gate treats one metric (used by the gate, validated here)."""
+
+    model_config = _STRICT
+    direction: Literal[METRIC_DIRECTIONS] | None = None
+    threshold_rel: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    threshold_abs: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    gate: bool | None = None        # false: reported beside the gate, never decides it
+
+
+class ScenarioSpec(BaseModel):
+    """The top level of a scenario file."""
+
+    model_config = _STRICT
+    # No control characters: the name is printed in terminals, tables and HTML titles.
+    name: Annotated[str, Field(min_length=1, max_length=NAME_MAX_CHARS,
+                               pattern=r"^[^\x00-\x1f\x7f]*$")]
+    description: str | None = None
+    trigger: Literal[TRIGGERS] = "manual"
+    defaults: CellParams = Field(default_factory=CellParams)
+    matrix: MatrixParams
+    exclude: list[CellParams] = Field(default_factory=list)
+    include: list[CellParams] = Field(default_factory=list)
+    # Host names, or label filters ({gpu: h200}: every inventory host with those labels).
+    hosts: list[str | Annotated[dict[str, str | int | float | bool], Field(min_length=1)]] = \
+        Field(default_factory=list)
+    gpu_busy: Literal[GPU_BUSY_POLICIES] | None = None   # overrides each host's policy
+    metrics: dict[str, MetricPolicy] = Field(default_factory=dict)
+
+
+_TOP_WHAT = {
+    "name": "a non-empty string (the MLflow experiment name)",
+    "description": "a string",
+    "defaults": "a mapping of cell parameters",
+    "matrix": "a mapping of cell parameter -> list of values",
+    "exclude": "a list of mappings of cell parameters",
+    "include": "a list of mappings of cell parameters",
+    "hosts": "a list of host names or label filters like {gpu: h200}",
+    "gpu_busy": "wait or noisy (what a cell does when its GPU has a foreign process)",
+    "metrics": "a mapping of metric name -> policy",
+}
+_METRIC_WHAT = {"threshold_rel": "a number >= 0", "threshold_abs": "a number >= 0",
+                "gate": "true or false (false: reported, never decides the gate)"}
+_CELL_SECTIONS = ("defaults", "matrix", "exclude", "include")
+
+
+# --------------------------------------------------------------------------------------------
+# pydantic errors -> InputError at the right node
+# --------------------------------------------------------------------------------------------
+
+class _Field(NamedTuple):
+    """What an error message says about the value at a location."""
+
+    label: str                 # how the message names it, e.g. `context_length`, `hosts[2]`
+    what: str = ""             # what it must be, e.g. `a positive integer`
+    choices: tuple = ()        # allowed values of an enumeration
+
+
+def _describe(loc: DataPath) -> _Field:
+    """Name and expectation of the value at pydantic location `loc` (a data path)."""
+    if not loc:
+        return _Field("the scenario", "a mapping with at least 'name' and 'matrix'")
+    section, rest = loc[0], loc[1:]
+    if not rest:
+        return _Field(section, _TOP_WHAT.get(section, ""), TRIGGERS if section == "trigger" else ())
+    if section == "hosts":
+        return _Field(f"hosts[{rest[0]}]", "a host name or a non-empty mapping of labels "
+                                            "like {gpu: h200}")
+    if section == "metrics":
+        if len(rest) == 1:
+            return _Field(f"metrics.{rest[0]}", "a mapping of direction, threshold_rel, "
+                                                "threshold_abs, gate")
+        key = rest[1]
+        return _Field(key, _METRIC_WHAT.get(key, ""),
+                      METRIC_DIRECTIONS if key == "direction" else ())
+    if section in ("exclude", "include"):
+        if len(rest) == 1:
+            return _Field(f"{section}[{rest[0]}]", "a mapping of cell parameters")
+        rest = rest[1:]
+    if section == "matrix" and len(rest) == 1:
+        return _Field(f"matrix.{rest[0]}", "a non-empty list of values")
+    name = rest[0]
+    what = _PARAM_TYPES[name][1] if name in _PARAM_TYPES else ""
+    return _Field(name, what, _PARAM_CHOICES.get(name, ()))
+
+
+def _allowed_keys(parent: DataPath) -> list[str]:
+    if not parent:
+        return list(ScenarioSpec.model_fields)
+    if parent[0] == "metrics":
+        return list(MetricPolicy.model_fields)
+    return list(params.ALL_PARAMS)
+
+
+def _did_you_mean(word: Any, candidates) -> str:
+    close = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1)
+    return f"did you mean '{close[0]}'?" if close else ""
+
+
+def _pydantic_error(err: dict, source: Source) -> InputError:
+    loc = tuple(err["loc"])
+    kind = err["type"]
+    if kind == "missing":
+        return source.error(loc[:-1], f"missing required key '{loc[-1]}'")
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        hint = _did_you_mean(loc[-1], allowed) or "expected one of: " + ", ".join(allowed)
+        return source.error(loc, f"unknown key '{loc[-1]}' ({hint})", key=True)
+    described = _describe(loc)
+    if kind == "less_than_equal" and isinstance(err["input"], int):    # INT_MAX, SEED_MAX
+        return source.error(loc, f"{described.label} must be at most {err['ctx']['le']}, "
+                                 f"got {show(err['input'])}")
+    if kind == "string_too_long":
+        return source.error(loc, f"{described.label} is {len(err['input'])} characters long: "
+                                 f"at most {err['ctx']['max_length']} are allowed")
+    if kind == "string_pattern_mismatch" and loc == ("name",):
+        return source.error(loc, "name must not contain control characters (tabs, line "
+                                 "breaks, escapes)")
+    if kind == "literal_error" and described.choices:
+        hint = _did_you_mean(err["input"], described.choices)
+        allowed = "allowed: " + ", ".join(described.choices) + (f"; {hint}" if hint else "")
+        return source.error(loc, f"unknown {described.label} {show(err['input'])} ({allowed})")
+    if described.what:
+        return source.error(loc, f"{described.label} must be {described.what}, "
+                                 f"got {show(err['input'])}")
+    return source.error(loc, f"{described.label}: {err['msg']}")
+
+
+def _first_schema_error(exc: ValidationError, source: Source) -> InputError:
+    """The error that comes first in the file, so fixing errors top-down converges.
+
+    Missing keys go last: they sit at their parent mapping, ahead of everything inside it, yet
+    are often explained by a misspelt key further down ("unknown key 'matrx'").
+    """
+    ranked = [(err["type"] == "missing", _pydantic_error(err, source)) for err in exc.errors()]
+    return min(ranked, key=lambda r: (r[0], r[1].line or 0, r[1].column or 0))[1]
+
+
+# --------------------------------------------------------------------------------------------
+# Expansion and whole-cell checks
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class _Draft:
+    """A cell before canonicalisation, and the data path of the node that set each value."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    origin: dict[str, DataPath] = field(default_factory=dict)
+
+    def with_values(self, values: dict[str, Any], origin: dict[str, DataPath]) -> "_Draft":
+        return _Draft({**self.values, **values}, {**self.origin, **origin})
+
+    def where(self, *names: str) -> DataPath:
+        """Where the first of `names` that the scenario sets was set (else the root)."""
+        for name in names:
+            if name in self.origin:
+                return self.origin[name]
+        return ()
+
+
+def _matches(cell: dict, entry: dict) -> bool:
+    # A key of another workload (work_us on a decode cell) is absent, so it does not match.
+    return all(key in cell and cell[key] == value for key, value in entry.items())
+
+
+def _expand(spec: ScenarioSpec, source: Source, max_cells: int) -> list[_Draft]:
+    """Defaults x matrix product, minus excluded cells, plus included ones (in that order)."""
+    defaults = spec.defaults.model_dump(exclude_unset=True)
+    base = _Draft(defaults, {name: ("defaults", name) for name in defaults})
+
+    matrix = spec.matrix.model_dump(exclude_unset=True)
+    # Keys in the order the file gives them, so the first key varies slowest.
+    keys = [key for key in source.data["matrix"] if key in matrix]
+    excludes = [entry.model_dump(exclude_unset=True) for entry in spec.exclude]
+
+    # Counted before anything is built: the product of a few long lists is astronomically large.
+    count = math.prod(len(matrix[key]) for key in keys) + len(spec.include)
+    if count > max_cells:
+        raise source.error(("matrix",), key=True, message=f"the matrix expands to {count:,} cells (before "
+                                        f"exclude), more than the cap of {max_cells:,}; "
+                                        f"pass --max-cells {count} to run that many on purpose")
+
+    drafts = []
+    for combo in itertools.product(*(list(enumerate(matrix[key])) for key in keys)):
+        draft = base.with_values(
+            {key: value for key, (_, value) in zip(keys, combo)},
+            {key: ("matrix", key, index) for key, (index, _) in zip(keys, combo)})
+        cell = params.canonical(draft.values)
+        if not any(_matches(cell, entry) for entry in excludes):
+            drafts.append(draft)
+
+    for j, entry in enumerate(spec.include):
+        values = entry.model_dump(exclude_unset=True)
+        drafts.append(base.with_values(values, {name: ("include", j, name) for name in values}))
+    return drafts
+
+
+def _check_structure(spec: ScenarioSpec, source: Source) -> None:
+    """Shape problems pydantic cannot express: an empty matrix, an exclude that drops all."""
+    if not spec.matrix.model_fields_set:
+        raise source.error(("matrix",), "matrix is empty: give at least one cell parameter "
+                                        "with a list of values")
+    for j, entry in enumerate(spec.exclude):
+        if not entry.model_fields_set:
+            raise source.error(("exclude", j), "empty exclude entry: it would drop every cell")
+
+
+def _decoded_tokens_bound(cell: dict) -> int:
+    """The most positions a cell's decoding can add to the KV cache after the prompt.
+
+    Conservative on purpose: every step (warm-up, timed, profiled) may commit a whole block,
+    no repeat is assumed to restart from the prompt, and the last verify adds a tree of
+    1 + tree_budget tokens on top.
+    """
+    step_count = cell["warmup_steps"] + cell["repeats"] * cell["steps"] + cell["profile_steps"]
+    if cell["speculation"] == "none":
+        return step_count
+    return step_count * cell["block_size"] + 1 + cell["tree_budget"]
+
+
+def _check_context(draft: _Draft, cell: dict, source: Source) -> None:
+    if cell["workload"] != "decode":     # a model's context limit binds only cells that run it
+        return
+    limit = presets.max_context(cell["model"])
+    context = cell["context_length"]
+    at = draft.where("context_length", "model")
+    if context > limit:
+        raise source.error(at, f"context_length {context} exceeds model '{cell['model']}' "
+                               f"limit {limit}")
+    decoded = _decoded_tokens_bound(cell)
+    if context + decoded > limit:
+        raise source.error(at, f"context_length {context} plus up to {decoded} decoded tokens "
+                               f"exceeds model '{cell['model']}' limit {limit}")
+
+
+def _check_tau(draft: _Draft, cell: dict, source: Source) -> None:
+    # tau only drives synthetic acceptance; greedy cells ignore it, so their block size is free.
+    if cell["acceptance"] == "synthetic" and cell["tau"] > cell["block_size"]:
+        raise source.error(draft.where("tau", "block_size", "acceptance"),
+                           f"tau {cell['tau']} exceeds block_size {cell['block_size']}: a step "
+                           f"accepts at most block_size tokens")
+
+
+def _check_graph_capture(draft: _Draft, cell: dict, source: Source) -> None:
+    # Plain decoding (speculation: none) has no tree and no accept walk: any capture works.
+    if (cell["graph_capture"] == "full" and cell["speculation"] != "none"
+            and (cell["tree_build"], cell["accept"]) != ("gpu", "gpu")):
+        raise source.error(draft.where("graph_capture"),
+                           "graph_capture 'full' captures tree build and accept in one replay: "
+                           "it needs tree_build: gpu and accept: gpu")
+
+
+def _check_impl(draft: _Draft, cell: dict, source: Source) -> None:
+    """Implementation knobs pick CUDA kernels of the decode loop: nothing else runs them."""
+    changed = [k for k, v in params.IMPL_DEFAULTS.items() if cell[k] != v]
+    if not changed:
+        return
+    if cell["workload"] != "decode" or cell["device"] == "cpu":
+        raise source.error(draft.where(*changed),
+                           f"{', '.join(changed)} pick{'s' if len(changed) == 1 else ''} CUDA "
+                           f"kernels of the decode workload; "
+                           f"this cell runs workload '{cell['workload']}' on device "
+                           f"'{cell['device']}'")
+    if cell["tree_build_impl"] != params.IMPL_DEFAULTS["tree_build_impl"] and cell["tree_build"] != "gpu":
+        raise source.error(draft.where("tree_build_impl", "tree_build"),
+                           "tree_build_impl picks the kernel of tree_build: gpu; this cell builds "
+                           "its trees on the host (tree_build: cpu)")
+
+
+def _check_workload_params(draft: _Draft, cell: dict, source: Source) -> None:
+    """A workload's own parameter (params.WORKLOAD_PARAMS) set on a cell of another workload."""
+    for name in draft.values:
+        owner = next((w for w, own in params.WORKLOAD_PARAMS.items() if name in own), None)
+        if owner is not None and owner != cell["workload"]:
+            raise source.error(draft.where(name),
+                               f"{name} is a parameter of workload '{owner}' only; this cell "
+                               f"runs workload '{cell['workload']}'")
+
+
+def _check_kernel(draft: _Draft, cell: dict, source: Source) -> None:
+    """Shapes a verify-attention kernel cell can have (harness/worker/workloads/kernel.py)."""
+    if cell["workload"] != "kernel":
+        return
+    heads, kv_heads = cell["heads"], cell["kv_heads"]
+    if cell["attention"] == "mla":
+        if kv_heads != 1 or cell["head_dim"] != 576:
+            raise source.error(draft.where("kv_heads", "head_dim", "attention"),
+                               "attention mla is one latent KV head of 576 values (512 latent + "
+                               "64 rope; values are the first 512): set kv_heads: 1, head_dim: 576")
+    group = heads // kv_heads
+    if heads % kv_heads or group & (group - 1):
+        raise source.error(draft.where("heads", "kv_heads"),
+                           f"heads {heads} over kv_heads {kv_heads} is not a power-of-two group")
+    modes = [cell["verify_mode"]] + [m for m in cell["compare_modes"].split(",") if m]
+    if len(set(modes)) != len(modes):
+        raise source.error(draft.where("compare_modes", "verify_mode"),
+                           f"compare_modes '{cell['compare_modes']}' repeats a mode or names the "
+                           f"cell's own verify_mode '{cell['verify_mode']}'")
+    if cell["attention"] == "gqa" and "custom" in modes and cell["head_dim"] not in (64, 128):
+        raise source.error(draft.where("head_dim"),
+                           f"the custom kernel supports head_dim 64 and 128, not {cell['head_dim']}")
+    if cell["layout"] == "paged" and {"sdpa", "flex"} & set(modes):
+        raise source.error(draft.where("layout", "verify_mode", "compare_modes"),
+                           "sdpa and flex read a contiguous cache only: drop them from paged cells")
+
+
+def _resolve_checkpoint(draft: _Draft, cell: dict, source: Source, base_dir: Path) -> None:
+    """Make a relative checkpoint path absolute (against the scenario's folder); it must exist."""
+    if cell["checkpoint"] is None:
+        return
+    given = cell["checkpoint"]
+    resolved = Path(os.path.expanduser(given))
+    if not resolved.is_absolute():
+        resolved = base_dir / resolved
+    resolved = Path(os.path.abspath(resolved))
+    if not resolved.exists():
+        raise source.error(draft.where("checkpoint"),
+                           f"checkpoint '{given}' does not exist (looked for {resolved})")
+    draft.values["checkpoint"] = str(resolved)
+
+
+def _finish_cells(drafts: list[_Draft], source: Source, base_dir: Path) -> list[dict]:
+    """Check each cell as a whole and return the canonical cells, duplicates dropped."""
+    cells: dict[str, dict] = {}
+    for draft in drafts:
+        cell = params.canonical(draft.values)
+        _check_context(draft, cell, source)
+        _check_tau(draft, cell, source)
+        _check_graph_capture(draft, cell, source)
+        _check_workload_params(draft, cell, source)
+        _check_impl(draft, cell, source)
+        _check_kernel(draft, cell, source)
+        _resolve_checkpoint(draft, cell, source, base_dir)
+        cell = params.canonical(draft.values)
+        cells.setdefault(params.cell_id(cell), cell)
+    return list(cells.values())
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+class Scenario:
+    """A validated scenario. `cells()` gives its expanded cells, canonical and de-duplicated."""
+
+    def __init__(self, *, name: str, description: str | None, trigger: str, path: str | None,
+                 text: str, hosts: list, metrics: dict[str, dict], cells: list[dict],
+                 gpu_busy: str | None = None):
+        self.name = name
+        self.description = description
+        self.trigger = trigger
+        self.path = path
+        self.text = text          # the raw YAML, e.g. to log as an MLflow artifact
+        self.hosts = hosts        # names and label filters (dicts); empty: not chosen here
+        self.gpu_busy = gpu_busy  # None: each host's own policy (hosts.yaml)
+        self.metrics = metrics    # metric name -> {direction, threshold_rel, threshold_abs}
+        self._cells = cells
+
+    def cells(self) -> list[dict]:
+        """Canonical cells in matrix order (first matrix key slowest), then include entries."""
+        return [dict(cell) for cell in self._cells]
+
+    def cell_ids(self) -> list[str]:
+        return [params.cell_id(cell) for cell in self._cells]
+
+    def __repr__(self) -> str:
+        return f"Scenario(name={self.name!r}, path={self.path!r}, cells={len(self._cells)})"
+
+
+def parse_scenario(text: str, path: str | os.PathLike | None = None, *,
+                   max_cells: int | None = None) -> Scenario:
+    """Validate scenario YAML `text`; `path` names it in errors and anchors relative paths.
+
+    At most `max_cells` cells (DEFAULT_MAX_CELLS if None), counted before exclude; more is an
+    InputError at the matrix.
+    """
+    shown_path = None if path is None else str(path)
+    try:
+        source = read_yaml(text, shown_path)
+    except EmptyDocument:
+        raise InputError(shown_path, None, None, "empty scenario file: expected a mapping with "
+                         "at least 'name' and 'matrix'") from None
+    try:
+        spec = ScenarioSpec.model_validate(source.data)
+    except ValidationError as exc:
+        raise _first_schema_error(exc, source) from None
+    _check_structure(spec, source)
+
+    drafts = _expand(spec, source, max_cells or DEFAULT_MAX_CELLS)
+    if not drafts:
+        raise source.error(("exclude",), "exclude drops every cell of the matrix: nothing to run")
+    base_dir = Path(shown_path).parent if shown_path else Path.cwd()
+    cells = _finish_cells(drafts, source, base_dir)
+
+    return Scenario(
+        name=spec.name, description=spec.description, trigger=spec.trigger, path=shown_path,
+        text=text, hosts=list(spec.hosts), gpu_busy=spec.gpu_busy,
+        metrics={name: policy.model_dump() for name, policy in spec.metrics.items()},
+        cells=cells)
+
+
+def load_scenario(path: str | os.PathLike, *, max_cells: int | None = None) -> Scenario:
+    """Read and validate the scenario file at `path` (see parse_scenario)."""
+    return parse_scenario(read_text(path, "scenario"), str(path), max_cells=max_cells)
+
+
+# --------------------------------------------------------------------------------------------
+# Tracking URI
+# --------------------------------------------------------------------------------------------
+
+_TRACKING_URI_FORMS = ("sqlite:///PATH, http(s)://HOST[:PORT], file:///PATH or a local path, "
+                       "postgresql://..., mysql://..., mssql://..., databricks")
+_DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")  # each optionally `+driver`, as SQLAlchemy
+
+
+def _tracking_uri_problem(uri: str) -> str | None:
+    """Why `uri` is not a tracking URI MLflow understands, or None if it looks fine."""
+    if not uri or uri != uri.strip():
+        return "empty or surrounded by spaces"
+    if re.match(r"^[A-Za-z]:[\\/]", uri):  # a Windows drive path, not a one-letter scheme
+        return None
+    scheme, sep, rest = uri.partition(":")
+    if not sep or "/" in scheme or "\\" in scheme:
+        return None  # a plain local path
+    scheme = scheme.lower()
+    if scheme == "databricks":
+        return None if rest == "" or re.fullmatch(r"//[^/\s]+", rest) else "bad databricks profile"
+    if scheme == "sqlite":
+        return None if re.fullmatch(r"///.+", rest) else "an SQLite URI is sqlite:///PATH"
+    if scheme == "file":
+        parsed = urllib.parse.urlparse(uri)
+        if parsed.netloc in ("", "localhost") and parsed.path and rest.startswith("/"):
+            return None
+        return "a file URI is file:///ABSOLUTE/PATH"
+    if scheme in ("http", "https"):
+        return _http_problem(uri)
+    if scheme.split("+", 1)[0] in _DATABASE_SCHEMES:
+        return None if rest.startswith("//") and len(rest) > 2 else "no database after //"
+    return f"unknown scheme '{scheme}'"
+
+
+def _http_problem(uri: str) -> str | None:
+    parsed = urllib.parse.urlparse(uri)
+    if not uri.lower().startswith(parsed.scheme + "://"):
+        return "expected http(s)://HOST[:PORT]"
+    if not parsed.hostname:
+        return "no host"
+    try:
+        parsed.port  # noqa: B018 -- raises on a non-numeric or out-of-range port
+    except ValueError:
+        return "bad port"
+    return None
+
+
+def validate_tracking_uri(uri: str) -> str:
+    """Return `uri` if it is a tracking URI MLflow can use; raise InputError otherwise."""
+    problem = _tracking_uri_problem(uri) if isinstance(uri, str) else "not a string"
+    if problem:
+        raise InputError(None, None, None,
+                         f"malformed tracking URI {uri!r}: {problem} (expected {_TRACKING_URI_FORMS})")
+    return uri

@@ -1,0 +1,71 @@
+"""The end-of-run table: one row per cell, the numbers a reader looks at first.
+
+Only the parameters that differ between cells get a column (a sweep over context and verify mode
+shows `ctx` and `verify`), so the table stays narrow enough for a terminal.
+"""
+
+from __future__ import annotations
+
+from rich.markup import escape
+from rich.table import Table
+
+from harness.protocol import params
+
+SHORT = {"context_length": "ctx", "tree_budget": "N", "block_size": "B", "verify_mode": "verify",
+         "graph_capture": "graph", "tree_build": "tree", "batch_size": "bs",
+         "speculation": "spec", "acceptance": "acceptance"}
+
+
+def _fmt(value, spec: str, missing: str = "–") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def varying_params(results: list[dict]) -> list[str]:
+    keys = [k for k in params.DEFAULTS if k not in params.MEASUREMENT_KNOBS]
+    cells = [params.canonical(r["cell"]) for r in results]
+    return [k for k in keys if len({repr(c[k]) for c in cells}) > 1]
+
+
+def idle_text(result: dict) -> str:
+    idle = (result.get("metrics") or {}).get("idle_fraction")
+    if idle is not None:
+        return f"{idle:.1%}"
+    if result["status"] == "ok" and not (result.get("env") or {}).get("gpu"):
+        return "n/a (no GPU)"
+    return "n/a"
+
+
+def summary_table(results: list[dict], title: str) -> Table:
+    # Titles and cells are rich markup: every user-supplied string (the scenario name, labels,
+    # an error) is escaped, so `bench[/red]mark` prints as itself.
+    table = Table(title=escape(title), title_justify="left", header_style="bold")
+    shown = varying_params(results) if len(results) > 1 else []
+    for k in shown:
+        table.add_column(SHORT.get(k, k), justify="right" if k in ("context_length", "tree_budget") else "left")
+    if not shown:
+        table.add_column("cell")
+    hosts = {r.get("host") for r in results}
+    if len(hosts) > 1:
+        table.add_column("host")
+    for name in ("tok/s", "±", "accept", "p50 ms", "idle"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("status")
+
+    def order(r):
+        c = params.canonical(r["cell"])
+        return tuple(repr(c[k]) if not isinstance(c[k], (int, float)) else f"{c[k]:020.6f}" for k in shown)
+
+    for r in sorted(results, key=order):
+        c = params.canonical(r["cell"])
+        m = r.get("metrics") or {}
+        row = [escape(str(c[k])) for k in shown] or [escape(str(r.get("label", r.get("cell_id", "?"))))]
+        if len(hosts) > 1:
+            row.append(escape(str(r.get("host"))))
+        status = "[green]ok[/]" if r["status"] == "ok" else "[red]failed[/]"
+        if r["status"] != "ok" and r.get("error"):
+            status += " " + escape(r["error"].strip().splitlines()[0][:50])
+        row += [_fmt(m.get("tokens_per_s"), ".1f"), _fmt(m.get("tokens_per_s_spread"), ".1f"),
+                _fmt(m.get("accept_len_mean"), ".2f"), _fmt(m.get("step_ms_p50"), ".2f"),
+                idle_text(r), status]
+        table.add_row(*row)
+    return table

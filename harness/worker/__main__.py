@@ -1,0 +1,3 @@
+from harness.worker.main import main
+
+raise SystemExit(main())

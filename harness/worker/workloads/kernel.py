@@ -1,0 +1,430 @@
+"""The kernel workload: one verify-attention kernel at one point, against its roofline.
+
+A point is (attention gqa|mla, batch, context, tree tokens T, heads, kv heads, head dim, layout
+contiguous|paged, page size); `context_length` is the committed prefix per sequence, so each
+sequence reads context + T keys. `tree_tokens` is T, every query of the verify forward (root +
+tree nodes), each seeing the prefix and its ancestors in a random tree.
+
+The cell, in order:
+  1. Checks `verify_mode` against a float64 reference on fresh random inputs (sequences of
+     different prefix lengths when batch > 1), output poisoned with NaN where the mode accepts
+     an output buffer. Relative error above 1e-2 fails the cell: a wrong kernel is never timed.
+  2. Measures this host's ceilings once per process: device copy bandwidth and bf16 matmul
+     rate (harness.worker.ceilings; a small CPU version on CPU hosts).
+  3. Times the mode: input sets rotated so that together they are several times the L2
+     cache, one launch per set captured in a CUDA graph (at least 8 launches), `warmup_steps`
+     untimed replays, then `repeats` replays each timed with CUDA events; per-launch time =
+     replay time / launches; the median is `kernel_us`. A mode that cannot be captured is timed
+     as eager launches the same way (recorded as graph: false).
+  4. The same for every mode in `compare_modes` (a measurement knob: it adds metrics, never
+     changes this mode's), giving `<mode>.kernel_us`, `<mode>.pct_roofline` and
+     `speedup_vs_<mode>` = their time / this mode's time, measured in the same process on the
+     same inputs. A compared mode that fails or is wrong leaves its metrics absent and its
+     error in `compare_errors`; the cell still succeeds.
+
+Roofline (docs/ARCHITECTURE.md): roofline_us = max(bytes / copy bandwidth, FLOPs / matmul rate), bytes =
+K and V (MLA: the one 576-wide latent row per key, values are its first 512) + Q + output,
+FLOPs = 2 * rows * keys * (dk + dv); pct_roofline = 100 * roofline_us / kernel_us.
+
+The modes: `custom` (kernels/verify/custom_verify.py), `triton` (kernels/verify/triton_verify.py; for MLA it
+attends with the 576-wide latent as values and drops the last 64 output columns unless the
+module has an MLA entry point), `sdpa` (torch SDPA with an additive mask, the G query heads of
+a KV head folded into its query axis so the cache is never expanded: the decode loop's SDPA
+path) and `flex` (harness/decode/flex_verify.py: torch.compile'd flex_attention with a block
+mask, the decode loop's flex path). sdpa and flex read a contiguous cache only.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+from harness.kernels.verify import verify_reference as ref
+from harness.worker import measure
+from harness.worker.workloads.decode import resolve_device, resolve_dtype
+
+TOLERANCE = 1e-2
+MIN_LAUNCHES = 8            # launches per captured graph at least
+L2_MULTIPLE = 3             # input sets together at least this many times the L2 cache
+MAX_SETS = 32
+MLA_DK, MLA_DV = 576, 512
+
+
+@dataclass(frozen=True)
+class Point:
+    attention: str
+    batch: int
+    context: int
+    tokens: int
+    heads: int
+    kv_heads: int
+    dk: int
+    dv: int
+    layout: str
+    page_size: int
+
+    @classmethod
+    def from_cell(cls, cell: dict) -> "Point":
+        mla = cell["attention"] == "mla"
+        if mla and (cell["kv_heads"] != 1 or cell["head_dim"] != MLA_DK):
+            raise ValueError(f"attention mla needs kv_heads 1 and head_dim {MLA_DK} (the latent: "
+                             f"{MLA_DV} values + 64 rope)")
+        if cell["heads"] % cell["kv_heads"]:
+            raise ValueError(f"heads {cell['heads']} is not a multiple of kv_heads {cell['kv_heads']}")
+        return cls(cell["attention"], cell["batch_size"], cell["context_length"], cell["tree_tokens"],
+                   cell["heads"], cell["kv_heads"], cell["head_dim"],
+                   MLA_DV if mla else cell["head_dim"], cell["layout"], cell["page_size"])
+
+    @property
+    def mla(self) -> bool:
+        return self.attention == "mla"
+
+    def kv_bytes(self, elem: int) -> int:
+        keys = self.batch * (self.context + self.tokens)
+        row = self.dk if self.mla else 2 * self.dk        # MLA: values live inside the key row
+        return keys * self.kv_heads * row * elem
+
+    def bytes(self, elem: int) -> int:
+        qo = self.batch * self.heads * self.tokens * (self.dk + self.dv) * elem
+        return self.kv_bytes(elem) + qo
+
+    def flops(self) -> int:
+        return 2 * self.batch * self.heads * self.tokens * (self.context + self.tokens) * (self.dk + self.dv)
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------------
+
+def make_inputs(pt: Point, lengths: list[int], seed: int, device: torch.device,
+                dtype: torch.dtype, tree_boost: float = 1.0) -> dict:
+    """Random q, cache (contiguous or paged), lengths, random tree bitmasks for one input set.
+
+    `tree_boost` scales the keys of the tree (slots L .. L+T-1): checks use it so that the tree
+    part carries real weight next to a long prefix, where a wrong tree mask would otherwise hide
+    below the tolerance."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    cpu_gen = torch.Generator().manual_seed(seed)
+    b, T = pt.batch, pt.tokens
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+    inp = {"q": randn(b, pt.heads, T, pt.dk),
+           "lengths": torch.tensor(lengths, dtype=torch.int32, device=device)}
+    vis = ref.random_tree(b, T, cpu_gen)
+    inp["bits"] = ref.pack_visibility(vis).to(device)
+    n_max = max(lengths) + T
+    if pt.layout == "contiguous":
+        inp["k"] = randn(b, pt.kv_heads, n_max, pt.dk)
+        inp["v"] = inp["k"][..., :MLA_DV] if pt.mla else randn(b, pt.kv_heads, n_max, pt.dk)
+    else:
+        ps = pt.page_size
+        counts = [math.ceil((L + T) / ps) for L in lengths]
+        perm = torch.randperm(sum(counts), generator=cpu_gen).to(torch.int32)
+        table = torch.zeros(b, max(counts), dtype=torch.int32)
+        start = 0
+        for i, c in enumerate(counts):                 # scattered pages, like a real pool
+            table[i, :c] = perm[start:start + c]
+            start += c
+        inp["page_table"] = table.to(device)
+        inp["k"] = randn(sum(counts), pt.kv_heads, ps, pt.dk)
+        inp["v"] = inp["k"][..., :MLA_DV] if pt.mla else randn(sum(counts), pt.kv_heads, ps, pt.dk)
+    inp["n_keys"] = n_max
+    if tree_boost != 1.0:
+        _boost_tree_keys(pt, inp, lengths, tree_boost)
+    return inp
+
+
+def _boost_tree_keys(pt: Point, inp: dict, lengths: list[int], factor: float) -> None:
+    k, table, T = inp["k"], inp.get("page_table"), pt.tokens
+    for i, L in enumerate(lengths):
+        slots = torch.arange(L, L + T, device=k.device)
+        if table is None:
+            k[i, :, L:L + T] *= factor
+        else:
+            pages = table[i, slots // pt.page_size].long()
+            k[pages, :, slots % pt.page_size] *= factor
+
+
+def check_boost(context: int) -> float:
+    """Tree-key scale for checks: about ln(context)/2, so the tree's softmax mass is not negligible."""
+    return max(1.0, math.log(context + 1) / 2)
+
+
+def reference(pt: Point, inp: dict) -> torch.Tensor:
+    return ref.reference_attention(inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"],
+                                   sm_scale=1.0 / math.sqrt(pt.dk), page_table=inp.get("page_table"))
+
+
+# --------------------------------------------------------------------------------------------
+# Modes: each returns a zero-argument callable for one input set (all preparation done here)
+# --------------------------------------------------------------------------------------------
+
+def prepare(mode: str, pt: Point, inp: dict, out: torch.Tensor | None = None, *,
+            custom_impl: str = "mma"):
+    """A callable running `mode` on input set `inp`; `out` (if the mode takes one) is written.
+    `custom_impl`: the custom kernel's S = QK^T (custom_verify's `impl`; no cell knob picks
+    it, ci/gpu/kernels.py times "wgmma")."""
+    scale = 1.0 / math.sqrt(pt.dk)
+    q, k, v, lengths, bits = inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"]
+    table = inp.get("page_table")
+    if mode in ("sdpa", "flex") and table is not None:
+        raise NotImplementedError(f"{mode} reads a contiguous cache only (layout paged)")
+
+    if mode == "custom":
+        if q.device.type != "cuda":
+            raise RuntimeError("the custom kernel needs a CUDA device")
+        from harness.kernels.verify import custom_verify as cv
+        if pt.mla:
+            return lambda: cv.mla_tree_verify_attention(q, k, lengths, bits, scale, page_table=table,
+                                                        impl=custom_impl, out=out)
+        if table is not None:
+            return lambda: cv.tree_verify_attention_paged(q, k, v, table, lengths, bits, scale,
+                                                          impl=custom_impl, out=out)
+        return lambda: cv.tree_verify_attention(q, k, v, lengths, bits, scale, impl=custom_impl,
+                                                out=out)
+
+    if mode == "triton":
+        from harness.kernels.verify import triton_verify as tv
+        if pt.mla:
+            if hasattr(tv, "mla_tree_verify_attention"):
+                return lambda: tv.mla_tree_verify_attention(q, k, lengths, bits, scale, page_table=table)
+            if table is not None:
+                raise NotImplementedError("the Triton baseline has no paged MLA variant")
+            return lambda: tv.tree_verify_attention(q, k, k, lengths, bits, scale)[..., :MLA_DV]
+        if table is not None:
+            if not hasattr(tv, "tree_verify_attention_paged"):
+                raise NotImplementedError("the Triton baseline has no paged variant")
+            return lambda: tv.tree_verify_attention_paged(q, k, v, table, lengths, bits, scale)
+        return lambda: tv.tree_verify_attention(q, k, v, lengths, bits, scale, out=out)
+
+    n = inp["n_keys"]
+    kn, vn = k[:, :, :n], v[:, :, :n]
+    b, hq, T, _ = q.shape
+    G = hq // k.shape[1]
+    if mode == "sdpa":
+        bias = _sdpa_bias(lengths, bits, T, G, n, q.dtype)
+        qg = q.reshape(b, k.shape[1], G * T, pt.dk)
+        return lambda: F.scaled_dot_product_attention(qg, kn, vn, attn_mask=bias, scale=scale
+                                                      ).reshape(b, hq, T, pt.dv)
+    if mode == "flex":                # the decode loop's flex path, block mask built here
+        from harness.decode.flex_verify import flex_block_mask, flex_tree_verify
+        block_mask = flex_block_mask(lengths, bits, T, n)
+        return lambda: flex_tree_verify(q, kn, vn, lengths, bits, scale, block_mask=block_mask)
+    raise ValueError(f"unknown verify mode '{mode}'")
+
+
+def _sdpa_bias(lengths, bits, T, G, n, dtype) -> torch.Tensor:
+    """Additive mask [b, 1, G*T, n] (0 visible, -inf hidden), rows g*T + t; stored with its last
+    dim padded to a multiple of 16, as the memory-efficient SDPA kernel wants."""
+    b = lengths.shape[0]
+    j = torch.arange(n, device=lengths.device)
+    rel = j[None, :] - lengths.long()[:, None]                                   # [b, n]
+    tree = ref.unpack_visibility(bits, T)                                       # [b, T, T]
+    in_tree = (rel >= 0) & (rel < T)
+    seen = torch.gather(tree, 2, rel.clamp(0, T - 1)[:, None, :].expand(b, T, n))
+    allowed = (rel < 0)[:, None, :] | (in_tree[:, None, :] & seen)             # [b, T, n]
+    allowed = allowed.repeat(1, G, 1)[:, None]                                  # [b, 1, G*T, n]
+    padded = torch.full((b, 1, G * T, (n + 15) // 16 * 16), float("-inf"), dtype=dtype,
+                        device=lengths.device)
+    bias = padded[..., :n]
+    bias.masked_fill_(allowed, 0.0)
+    return bias
+
+
+# --------------------------------------------------------------------------------------------
+# Ceilings and timing
+# --------------------------------------------------------------------------------------------
+
+def ceilings(device: torch.device, dtype: torch.dtype) -> tuple[float, float]:
+    """(copy bytes/s counting read + write, matmul FLOP/s) measured on this host, once."""
+    if device.type == "cuda":
+        from harness.worker import ceilings as gpu
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return gpu.copy_bandwidth(index), gpu.matmul_rate(index)
+    return _cpu_ceilings(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_ceilings(dtype: torch.dtype) -> tuple[float, float]:
+    src = torch.randn(16 << 20)
+    dst = torch.empty_like(src)
+    copy_s = _best_of(lambda: dst.copy_(src), 5)
+    n = 512
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    mm_s = _best_of(lambda: a @ b, 5)
+    return 2 * src.numel() * src.element_size() / copy_s, 2 * n**3 / mm_s
+
+
+def _best_of(fn, reps: int) -> float:
+    fn()
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def time_calls(calls: list, repeats: int, warmup: int, device: torch.device) -> tuple[list[float], bool]:
+    """Per-launch µs samples, one per timed replay, and whether a CUDA graph was replayed."""
+    launches = math.ceil(max(MIN_LAUNCHES, len(calls)) / len(calls)) * len(calls)
+
+    def eager():
+        for i in range(launches):
+            calls[i % len(calls)]()
+
+    for c in calls:                  # first calls compile and allocate, outside everything
+        c()
+    if device.type != "cuda":
+        for _ in range(warmup):
+            eager()
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            eager()
+            samples.append((time.perf_counter() - t0) * 1e6 / launches)
+        return samples, False
+
+    torch.cuda.synchronize(device)
+    replay, graph = eager, False
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            eager()
+        replay, graph = g.replay, True
+    except Exception:                # not capturable (e.g. a host sync inside): time eagerly
+        torch.cuda.synchronize(device)
+    for _ in range(warmup):
+        replay()
+    torch.cuda.synchronize(device)
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / launches)
+    return samples, graph
+
+
+# --------------------------------------------------------------------------------------------
+# The cell
+# --------------------------------------------------------------------------------------------
+
+def _resolve(cell: dict) -> tuple[torch.device, torch.dtype]:
+    device = resolve_device(cell)
+    return device, resolve_dtype(cell, device)
+
+
+def compare_list(cell: dict) -> list[str]:
+    return [m for m in cell["compare_modes"].split(",") if m and m != cell["verify_mode"]]
+
+
+def check(mode: str, pt: Point, device, dtype, seed: int, *, custom_impl: str = "mma") -> float:
+    """Relative error of `mode` against the float64 reference on fresh random inputs; raises
+    if it is above TOLERANCE (or NaN). `custom_impl` as for `prepare`."""
+    gen = torch.Generator().manual_seed(seed)
+    if pt.batch == 1:
+        lengths = [pt.context]
+    else:                            # different prefix lengths per sequence
+        lengths = [int(torch.randint(max(1, pt.context // 2), pt.context + 1, (1,), generator=gen))
+                   for _ in range(pt.batch)]
+        lengths[0] = pt.context
+    inp = make_inputs(pt, lengths, seed, device, dtype, tree_boost=check_boost(pt.context))
+    out = None
+    if mode in ("custom", "triton"):  # poisoned: an element the kernel never writes stays NaN
+        out = torch.full((pt.batch, pt.heads, pt.tokens, pt.dv), float("nan"), dtype=dtype, device=device)
+    got = prepare(mode, pt, inp, out, custom_impl=custom_impl)()
+    err = ref.relative_error(got, reference(pt, inp))
+    if not err <= TOLERANCE:
+        raise AssertionError(f"{mode} is wrong at this point: relative error {err:.3g} > {TOLERANCE} "
+                             f"against the float64 reference; not timing it")
+    return err
+
+
+def input_sets(pt: Point, device, dtype, seed: int) -> list[dict]:
+    elem = torch.empty((), dtype=dtype).element_size()
+    per_set = pt.bytes(elem)
+    if device.type == "cuda":
+        l2 = torch.cuda.get_device_properties(device).L2_cache_size
+        n = min(MAX_SETS, max(2, math.ceil(L2_MULTIPLE * l2 / per_set)))
+    else:
+        n = 2
+    return [make_inputs(pt, [pt.context] * pt.batch, seed + 1 + i, device, dtype) for i in range(n)]
+
+
+def measure_mode(mode: str, pt: Point, sets: list[dict], cell: dict, device, *,
+                 custom_impl: str = "mma") -> tuple[list[float], bool]:
+    calls = [prepare(mode, pt, s, custom_impl=custom_impl) for s in sets]
+    return time_calls(calls, cell["repeats"], cell["warmup_steps"], device)
+
+
+def run(cell: dict, progress) -> dict:
+    device, dtype = _resolve(cell)
+    pt = Point.from_cell(cell)
+    mode = cell["verify_mode"]
+    elem = torch.empty((), dtype=dtype).element_size()
+    seed = cell["seed"]
+
+    progress(stage="check", mode=mode)
+    err = check(mode, pt, device, dtype, seed * 1000 + 7919)
+    progress(stage="ceilings", device=str(device))
+    copy_bw, mm_rate = ceilings(device, dtype)
+    bytes_, flops = pt.bytes(elem), pt.flops()
+    roofline_us = max(bytes_ / copy_bw, flops / mm_rate) * 1e6
+
+    sets = input_sets(pt, device, dtype, seed * 1000)
+    progress(stage="time", mode=mode, input_sets=len(sets))
+    samples, graph = measure_mode(mode, pt, sets, cell, device)
+    us = statistics.median(samples)
+    metrics = {
+        "kernel_us": us,
+        "kernel_us_spread": measure.spread(samples),
+        "achieved_tbps": bytes_ / (us * 1e-6) / 1e12,
+        "achieved_tflops": flops / (us * 1e-6) / 1e12,
+        "roofline_us": roofline_us,
+        "pct_roofline": 100.0 * roofline_us / us,
+        "rel_error": err,
+        "copy_tbps": copy_bw / 1e12,
+        "matmul_tflops": mm_rate / 1e12,
+    }
+    info = {"bytes": bytes_, "flops": flops, "input_sets": len(sets), "graph": graph,
+            "bound": "memory" if bytes_ / copy_bw >= flops / mm_rate else "compute"}
+    if mode == "custom":
+        info["custom_plan"] = _custom_plan(pt, sets[0])
+
+    compare_errors = {}
+    for other in compare_list(cell):
+        progress(stage="compare", mode=other)
+        try:
+            other_err = check(other, pt, device, dtype, seed * 1000 + 7919)
+            other_samples, _ = measure_mode(other, pt, sets, cell, device)
+        except Exception as exc:     # a peer that cannot run here is a note, not a failed cell
+            compare_errors[other] = f"{type(exc).__name__}: {str(exc)[:500]}"
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            continue
+        other_us = statistics.median(other_samples)
+        metrics[f"{other}.kernel_us"] = other_us
+        metrics[f"{other}.pct_roofline"] = 100.0 * roofline_us / other_us
+        metrics[f"{other}.rel_error"] = other_err
+        metrics[f"speedup_vs_{other}"] = other_us / us
+    info["compare_errors"] = compare_errors
+    return {"metrics": metrics, "samples": {"kernel_us": samples}, "kernel": info}
+
+
+def _custom_plan(pt: Point, inp: dict) -> dict:
+    from harness.kernels.verify import custom_verify as cv
+    k = inp["k"]
+    table = inp.get("page_table")
+    max_keys = table.shape[1] * pt.page_size if table is not None else k.shape[2]
+    return cv.plan(inp["q"], pt.kv_heads, max_keys, table is not None, mla=pt.mla)

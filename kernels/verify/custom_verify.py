@@ -1,0 +1,369 @@
+"""The custom CUDA tree-verify attention kernels (kernels/verify/verify_attention.cu), called from Python.
+
+    tree_verify_attention(q, k, v, lengths, tree_bits, sm_scale=None, num_splits=None)
+    tree_verify_attention_paged(q, k_pages, v_pages, page_table, lengths, tree_bits, ...)
+    mla_tree_verify_attention(q, kv, lengths, tree_bits, sm_scale=None, num_splits=None,
+                              page_table=None)
+
+Same contract as the Triton baseline (kernels/verify/triton_verify.py): queries are the T = 1 + N tree
+tokens of each sequence; sequence b sees its committed prefix [0, lengths[b]) fully and the tree
+keys lengths[b] + j (j < T) by the ancestor bitmask tree_bits[b, i] (bit j % 32 of word j // 32,
+see harness.decode.attention.visibility_bits). bf16 in and out, fp32 accumulation.
+
+Calls never synchronise with the host and allocate only the output and the split-KV workspace
+(pass `out=` and `workspace=` from `alloc_workspace` to allocate nothing), so they can be
+captured in a CUDA graph; make the first call outside the capture (it compiles and loads the
+library). The library is compiled on first use (kernels/build.py); importing this module works
+on a host without a GPU.
+
+Two implementations of S = QK^T (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_80)
+and "wgmma" (Hopper warpgroup MMA; P V stays on mma.sync). The caller picks one; nothing in the
+environment does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+
+import torch
+
+TILE_KEYS = 64               # keys per tile of the kernels (BN in verify_attention.cu)
+MAX_SPLITS = 1024            # chosen here at most
+MAX_REQUESTED_SPLITS = 4096  # asked for at most (the combine keeps one lse per split in shared memory)
+MLA_DK, MLA_DV = 576, 512
+
+
+class _Params(ctypes.Structure):
+    """Mirror of tva::AttnParams (every field 8 bytes wide, so no padding questions)."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in
+                ("q", "k", "v", "out", "lengths", "tree_bits", "page_table", "ws_o", "ws_lse")] + \
+               [(name, ctypes.c_int64) for name in
+                ("lengths_int64", "batch", "heads_q", "heads_kv", "tokens", "num_splits", "page_size",
+                 "q_sb", "q_sh", "q_st", "k_sb", "k_sh", "k_st", "v_sb", "v_sh", "v_st",
+                 "o_sb", "o_sh", "o_st", "bits_sb", "bits_st", "pt_sb")] + \
+               [("sm_scale", ctypes.c_double)]
+
+
+def _lib():
+    from .build import load_library
+
+    lib = load_library()
+    if lib.tva_struct_size() != ctypes.sizeof(_Params):
+        raise RuntimeError("verify_attention.cu and custom_verify.py disagree on the parameter struct")
+    return lib
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _gqa_occupancy(index: int, head_dim: int, num_warps: int, paged: bool, wgmma: bool) -> int:
+    with torch.cuda.device(index):
+        return max(1, _lib().tva_gqa_occupancy(head_dim, num_warps, int(paged), int(wgmma)))
+
+
+IMPLS = ("mma", "wgmma")
+# S = QK^T on mma.sync everywhere, until the wgmma path has been measured on an H200.
+DEFAULT_IMPL = "mma"
+
+
+def _resolve_impl(impl: str, index: int, warps: int) -> bool:
+    """Whether to launch the wgmma variant: impl "mma" (any GPU) or "wgmma" (compute
+    capability 9.0, 4 or 8 warps; an error where it cannot run)."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "mma":
+        return False
+    if torch.cuda.get_device_capability(index) != (9, 0):
+        raise ValueError("impl 'wgmma' needs a Hopper GPU (compute capability 9.0)")
+    if warps not in (4, 8):
+        raise ValueError(f"impl 'wgmma' needs 4 or 8 warps per CTA (whole warpgroups), got {warps}")
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# Planning (host only: shapes, never values)
+# --------------------------------------------------------------------------------------------
+
+def gqa_warps(rows: int) -> int:
+    """Warps per CTA (16 query rows each) for M = G * T rows. Padded rows cost tensor-core work;
+    each extra row block re-reads every KV tile from L2: minimise padded rows x (1 + 0.15 per
+    block), ties to the larger CTA."""
+    def cost(w: int) -> float:
+        blocks = math.ceil(rows / (16 * w))
+        return blocks * 16 * w * (1 + 0.15 * blocks)
+    return min((8, 4, 2), key=lambda w: (cost(w), -w))
+
+
+def _splits(requested, ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int) -> int:
+    if requested is not None:
+        if not 1 <= int(requested) <= MAX_REQUESTED_SPLITS:
+            raise ValueError(f"num_splits must be in [1, {MAX_REQUESTED_SPLITS}], got {requested}")
+        return int(requested)
+    return best_splits(ctas_per_split, slots, max_keys, overhead_keys)
+
+
+@functools.lru_cache(maxsize=4096)
+def best_splits(ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int) -> int:
+    """Split count with the shortest modelled time: waves of CTAs (`slots` run at once) times
+    the keys one CTA streams (its chunk, whole tiles) plus a fixed cost per CTA in keys (start-up
+    latency, and writing and re-reading its partial output). Wave quantisation matters: 144
+    CTAs on 132 SMs take two waves, 128 take one."""
+    def cost(s: int) -> int:
+        chunk = math.ceil(math.ceil(max_keys / s) / TILE_KEYS) * TILE_KEYS
+        return math.ceil(s * ctas_per_split / slots) * (chunk + overhead_keys)
+    top = max(1, min(MAX_SPLITS, math.ceil(max_keys / TILE_KEYS)))
+    return min(range(1, top + 1), key=lambda s: (cost(s), s))
+
+
+def _overhead_keys(rows: int, dv: int, key_bytes: int) -> int:
+    """A CTA's fixed cost in keys' worth of bytes: ~ one tile of start-up latency, plus its fp32
+    partial output (rows x dv), written once and read once by the combine."""
+    return TILE_KEYS + rows * dv * 8 // key_bytes
+
+
+def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool = False,
+         num_splits: int | None = None, num_warps: int | None = None, impl: str = DEFAULT_IMPL) -> dict:
+    """Launch shape for these inputs: warps per CTA, row blocks, splits, value dim, wgmma."""
+    b, hq, T, _ = q.shape
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    if mla:
+        m_blocks = math.ceil(hq * T / 64)
+        splits = _splits(num_splits, b * m_blocks, _sm_count(index), max_keys,
+                         _overhead_keys(64, MLA_DV, MLA_DK * 2))
+        return dict(num_warps=8, m_blocks=m_blocks, num_splits=splits, dv=MLA_DV,
+                    wgmma=_resolve_impl(impl, index, 8))
+    d = q.shape[-1]
+    rows = hq // heads_kv * T
+    warps = num_warps or (max(4, gqa_warps(rows)) if impl == "wgmma" else gqa_warps(rows))
+    if warps not in (2, 4, 8):
+        raise ValueError(f"num_warps must be 2, 4 or 8, got {warps}")
+    wgmma = _resolve_impl(impl, index, warps)
+    m_blocks = math.ceil(rows / (16 * warps))
+    occupancy = _gqa_occupancy(index, d, warps, paged, wgmma)
+    splits = _splits(num_splits, b * heads_kv * m_blocks, occupancy * _sm_count(index), max_keys,
+                     _overhead_keys(16 * warps, d, 4 * d))
+    return dict(num_warps=warps, m_blocks=m_blocks, num_splits=splits, dv=d, wgmma=wgmma)
+
+
+def alloc_workspace(q: torch.Tensor, num_splits: int, dv: int):
+    """Split-KV workspace for `num_splits` splits: partial outputs and their log2-sum-exp."""
+    b, hq, T, _ = q.shape
+    n = num_splits if num_splits > 1 else 0
+    return (torch.empty(n * b * hq * T * dv, dtype=torch.float32, device=q.device),
+            torch.empty(n * b * hq * T, dtype=torch.float32, device=q.device))
+
+
+# --------------------------------------------------------------------------------------------
+# Checks (host only)
+# --------------------------------------------------------------------------------------------
+
+def _check_rows(name: str, t: torch.Tensor) -> None:
+    """cp.async moves 16-byte chunks: rows must start 16-byte aligned with a unit last stride."""
+    if t.dtype != torch.bfloat16:
+        raise TypeError(f"{name} must be bfloat16, got {t.dtype}")
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be on a CUDA device")
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name} needs a contiguous last dimension (stride {t.stride(-1)})")
+    if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
+        raise ValueError(f"{name} rows must be 16-byte aligned (strides {t.stride()})")
+
+
+def _check_common(q, lengths, tree_bits):
+    b, _, T, _ = q.shape
+    W = (T + 31) // 32
+    if tree_bits.shape != (b, T, W) or tree_bits.dtype != torch.int32:
+        raise ValueError(f"tree_bits must be int32 [{b}, {T}, {W}], got {tree_bits.dtype} "
+                         f"{tuple(tree_bits.shape)}")
+    if lengths.shape != (b,) or lengths.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"lengths must be int32/int64 [{b}], got {lengths.dtype} {tuple(lengths.shape)}")
+    if lengths.device != q.device or tree_bits.device != q.device:
+        raise ValueError("lengths and tree_bits must be on q's device")
+    return lengths.contiguous(), tree_bits if tree_bits.stride(-1) == 1 else tree_bits.contiguous()
+
+
+def _params(q, k, v, out, lengths, tree_bits, page_table, ws, heads_kv, splits, page_size, sm_scale):
+    p = _Params()
+    p.q, p.k, p.v, p.out = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+    p.lengths, p.tree_bits = lengths.data_ptr(), tree_bits.data_ptr()
+    p.page_table = page_table.data_ptr() if page_table is not None else None
+    p.ws_o, p.ws_lse = ws[0].data_ptr(), ws[1].data_ptr()
+    p.lengths_int64 = int(lengths.dtype == torch.int64)
+    p.batch, p.heads_q, _, _ = q.shape
+    p.tokens = q.shape[2]
+    p.heads_kv, p.num_splits, p.page_size = heads_kv, splits, page_size
+    p.q_sb, p.q_sh, p.q_st = q.stride()[:3]
+    p.k_sb, p.k_sh, p.k_st = k.stride()[:3]
+    p.v_sb, p.v_sh, p.v_st = v.stride()[:3]
+    p.o_sb, p.o_sh, p.o_st = out.stride()[:3]
+    p.bits_sb, p.bits_st = tree_bits.stride()[:2]
+    p.pt_sb = page_table.stride(0) if page_table is not None else 0
+    p.sm_scale = float(sm_scale)
+    return p
+
+
+def _prepare_out_ws(q, dv, pl, out, workspace):
+    b, hq, T, _ = q.shape
+    if out is None:
+        out = torch.empty(b, hq, T, dv, dtype=torch.bfloat16, device=q.device)
+    elif (out.shape != (b, hq, T, dv) or out.dtype != torch.bfloat16 or out.stride(-1) != 1
+          or out.data_ptr() % 4 or any(s % 2 for s in out.stride()[:-1])):
+        raise ValueError(f"out must be bfloat16 [{b}, {hq}, {T}, {dv}] with a contiguous last dim")
+    if workspace is None:
+        workspace = alloc_workspace(q, pl["num_splits"], dv)
+    elif pl["num_splits"] > 1:
+        need = pl["num_splits"] * b * hq * T
+        if workspace[0].numel() < need * dv or workspace[1].numel() < need:
+            raise ValueError("workspace too small (alloc_workspace with the same num_splits)")
+        # Partial outputs are written and read as float2 (8 bytes), lse as float.
+        if (workspace[0].dtype != torch.float32 or workspace[1].dtype != torch.float32
+                or workspace[0].data_ptr() % 8 or not workspace[0].is_contiguous()
+                or not workspace[1].is_contiguous()):
+            raise ValueError("workspace must be two contiguous float32 tensors, the first 8-byte aligned "
+                             "(alloc_workspace)")
+    return out, workspace
+
+
+def _run(fn, *args) -> None:
+    rc = fn(*args)
+    if rc != 0:
+        raise RuntimeError(f"custom verify kernel launch failed: {_lib().tva_error_string(rc).decode()}")
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+def _gqa(q, k, v, lengths, tree_bits, page_table, page_size, max_keys, sm_scale, num_splits,
+         num_warps, impl, out, workspace):
+    _check_rows("q", q)
+    _check_rows("k", k)
+    _check_rows("v", v)
+    b, hq, T, d = q.shape
+    hkv = k.shape[1]
+    if d not in (64, 128):
+        raise ValueError(f"head dim {d} is not supported (64 or 128)")
+    if k.shape[-1] != d or v.shape != k.shape:
+        raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} do not match q {tuple(q.shape)}")
+    if hq % hkv or (hq // hkv) & (hq // hkv - 1):
+        raise ValueError(f"{hq} query heads over {hkv} KV heads is not a power-of-two group")
+    lengths, tree_bits = _check_common(q, lengths, tree_bits)
+    paged = page_table is not None
+    pl = plan(q, hkv, max_keys, paged, num_splits=num_splits, num_warps=num_warps, impl=impl)
+    out, ws = _prepare_out_ws(q, d, pl, out, workspace)
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
+    p = _params(q, k, v, out, lengths, tree_bits, page_table, ws, hkv, pl["num_splits"], page_size, scale)
+    with torch.cuda.device(q.device):
+        lib = _lib()
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        _run(lib.tva_gqa_forward, ctypes.byref(p), d, pl["num_warps"], int(paged), int(pl["wgmma"]),
+             ctypes.c_void_p(stream))
+    return out
+
+
+def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
+                          tree_bits: torch.Tensor, sm_scale: float | None = None,
+                          num_splits: int | None = None, *, num_warps: int | None = None,
+                          impl: str = DEFAULT_IMPL, out: torch.Tensor | None = None,
+                          workspace=None) -> torch.Tensor:
+    """GQA tree-verify attention over a contiguous cache.
+
+    q [b, Hq, T, d] (d 64 or 128); k, v [b, Hkv, S, d] with a contiguous last dim (any other
+    strides: a view of a larger cache is fine), Hq / Hkv a power of two; lengths [b] int32/int64
+    on the device with lengths[b] + T <= S (not checked: that would sync); tree_bits
+    [b, T, ceil(T/32)] int32. Returns [b, Hq, T, d] bfloat16. `num_splits` and `num_warps`
+    override the plan; `impl` "mma" (the default) or "wgmma" (Hopper only, see _resolve_impl).
+    """
+    if k.dim() != 4 or k.shape[0] != q.shape[0]:
+        raise ValueError(f"k must be [b, Hkv, S, d] with b = {q.shape[0]}, got {tuple(k.shape)}")
+    return _gqa(q, k, v, lengths, tree_bits, None, 1, k.shape[2], sm_scale, num_splits, num_warps,
+                impl, out, workspace)
+
+
+def tree_verify_attention_paged(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                                page_table: torch.Tensor, lengths: torch.Tensor,
+                                tree_bits: torch.Tensor, sm_scale: float | None = None,
+                                num_splits: int | None = None, *, num_warps: int | None = None,
+                                impl: str = DEFAULT_IMPL, out: torch.Tensor | None = None,
+                                workspace=None) -> torch.Tensor:
+    """GQA tree-verify attention over a paged cache.
+
+    k_pages, v_pages [num_pages, Hkv, page_size, d]; page_table [b, max_pages] int32: key j of
+    sequence b lives in page page_table[b, j // page_size], slot j % page_size.
+    """
+    if k_pages.dim() != 4:
+        raise ValueError(f"k_pages must be [num_pages, Hkv, page_size, d], got {tuple(k_pages.shape)}")
+    page_table = _check_page_table(page_table, q)
+    page_size = k_pages.shape[2]
+    return _gqa(q, k_pages, v_pages, lengths, tree_bits, page_table, page_size,
+                page_table.shape[1] * page_size, sm_scale, num_splits, num_warps, impl, out, workspace)
+
+
+def _check_page_table(page_table: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    if page_table.dim() != 2 or page_table.shape[0] != q.shape[0] or page_table.dtype != torch.int32:
+        raise ValueError(f"page_table must be int32 [b, max_pages], got {page_table.dtype} "
+                         f"{tuple(page_table.shape)}")
+    if page_table.device != q.device:
+        raise ValueError("page_table must be on q's device")
+    return page_table if page_table.stride(1) == 1 else page_table.contiguous()
+
+
+@functools.lru_cache(maxsize=None)
+def _mla_smem_ok(index: int) -> tuple[int, int]:
+    props = torch.cuda.get_device_properties(index)
+    have = getattr(props, "shared_memory_per_block_optin", None)
+    with torch.cuda.device(index):
+        need = _lib().tva_mla_smem_bytes()
+    return need, have
+
+
+def _check_mla_smem(device: torch.device) -> None:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    need, have = _mla_smem_ok(index)
+    if have is not None and have < need:
+        raise RuntimeError(f"the MLA kernel needs {need} bytes of shared memory per block; this GPU "
+                           f"allows {have} (Hopper-class GPUs allow 232448)")
+
+
+def mla_tree_verify_attention(q: torch.Tensor, kv: torch.Tensor, lengths: torch.Tensor,
+                              tree_bits: torch.Tensor, sm_scale: float | None = None,
+                              num_splits: int | None = None, *, page_table: torch.Tensor | None = None,
+                              impl: str = DEFAULT_IMPL, out: torch.Tensor | None = None,
+                              workspace=None) -> torch.Tensor:
+    """MLA latent tree-verify attention: one KV head of 576 values (512 latent + 64 rope) for the
+    keys, its first 512 values for the values.
+
+    q [b, H, T, 576]; kv [b, 1, S, 576] (or pages [num_pages, 1, page_size, 576] with
+    `page_table` [b, max_pages] int32). Returns [b, H, T, 512] bfloat16. The default scale is
+    1/sqrt(576); MLA models usually pass their own. `impl` as for tree_verify_attention.
+    """
+    _check_rows("q", q)
+    _check_rows("kv", kv)
+    if q.shape[-1] != MLA_DK or kv.dim() != 4 or kv.shape[1] != 1 or kv.shape[-1] != MLA_DK:
+        raise ValueError(f"MLA wants q [b, H, T, {MLA_DK}] and kv [b, 1, S, {MLA_DK}], got "
+                         f"{tuple(q.shape)} and {tuple(kv.shape)}")
+    lengths, tree_bits = _check_common(q, lengths, tree_bits)
+    if page_table is not None:
+        page_table = _check_page_table(page_table, q)
+        page_size, max_keys = kv.shape[2], page_table.shape[1] * kv.shape[2]
+    else:
+        if kv.shape[0] != q.shape[0]:
+            raise ValueError(f"kv batch {kv.shape[0]} != q batch {q.shape[0]}")
+        page_size, max_keys = 1, kv.shape[2]
+    _check_mla_smem(q.device)
+    pl = plan(q, 1, max_keys, page_table is not None, mla=True, num_splits=num_splits, impl=impl)
+    out, ws = _prepare_out_ws(q, MLA_DV, pl, out, workspace)
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(MLA_DK)
+    p = _params(q, kv, kv, out, lengths, tree_bits, page_table, ws, 1, pl["num_splits"], page_size, scale)
+    with torch.cuda.device(q.device):
+        lib = _lib()
+        stream = torch.cuda.current_stream(q.device).cuda_stream
+        _run(lib.tva_mla_forward, ctypes.byref(p), int(page_table is not None), int(pl["wgmma"]),
+             ctypes.c_void_p(stream))
+    return out

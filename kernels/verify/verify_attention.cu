@@ -1,0 +1,1008 @@
+// Tree-verify attention for speculative decoding (CUDA C++, tensor cores through mma.sync).
+//
+// One verify forward attends the T = 1 + N tree tokens of each sequence b to
+//   - the committed prefix, keys [0, L_b), visible to every tree token, and
+//   - the tree itself, keys L_b + j (j < T), visible to query i iff bit j of row i of the
+//     ancestor bitmask `tree_bits[b, i, :]` is set.
+//
+// Design (flash-decoding, bandwidth first):
+//   - All G query heads sharing one KV head and all T tree tokens are the M rows of one tile
+//     (row r = g * T + t), so every KV byte is read once per KV head (a second row block, when
+//     M does not fit one CTA, re-reads it from L2 at the same moment).
+//   - The keys [0, L_b + T) are cut into `num_splits` chunks on the device (no host sync): grid
+//     (row blocks, splits, b * Hkv). Each CTA streams its chunk through shared memory in tiles of
+//     64 keys with cp.async, several stages deep, computes S = Q K^T and O += P V with
+//     mma.sync.m16n8k16 (bf16 in, fp32 accumulate), and keeps an fp32 online softmax in the
+//     log2 domain. Partials (O normalised by its own l, and lse = m + log2 l) go to a workspace;
+//     a second small kernel merges them with a log-sum-exp rescale. With one split the main
+//     kernel writes the output itself.
+//   - Shared-memory tiles are stored in 16-byte chunks, chunk c of row r at c ^ (r & 7), so
+//     cp.async writes and ldmatrix reads are free of bank conflicts.
+//   - GQA: head dim 64 or 128, 2, 4 or 8 warps per CTA (16 rows each), contiguous or paged
+//     cache (page table [b, max_pages], any page size). MLA latent: one KV head of 576 values
+//     for keys (512 latent + 64 rope) whose first 512 are the values; 64 rows per CTA over 8
+//     warps, S split by keys across warp pairs, P shared through shared memory, each warp owning
+//     64 of the 512 value columns.
+//
+// No torch headers: this file is plain CUDA C++ with extern "C" launchers, loaded through ctypes
+// (kernels/verify/custom_verify.py) and compiled in CI with nvcc alone. Launchers never synchronise
+// and never allocate, so calls can be captured in a CUDA graph.
+//
+// Tests also compile this file as plain C++ with -DTVA_EMULATE: tests/emulator/cuda_emulation.h
+// then stands in for the CUDA builtins and for the PTX helpers below (threads as fibers, the
+// warp-wide ldmatrix / mma / shuffle semantics of the PTX ISA, cp.async completing as late as
+// the wait_group rules allow), so the kernels' indexing runs on a machine without a GPU.
+
+#ifdef TVA_EMULATE
+#include "cuda_emulation.h"
+#define TVA_DYNAMIC_SMEM(name) uint8_t* name = emu::shared_memory()
+#define TVA_LAUNCH(kernel, grid, block, smem, stream, p) emu::launch(kernel, grid, block, smem, p)
+#else
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#define TVA_DYNAMIC_SMEM(name) extern __shared__ __align__(128) uint8_t name[]
+#define TVA_LAUNCH(kernel, grid, block, smem, stream, p) kernel<<<grid, block, smem, stream>>>(p)
+#endif
+#include <stdint.h>
+#include <string.h>
+
+#include <mutex>
+
+namespace tva {
+
+// ------------------------------------------------------------------------------------------
+// Parameters (mirrored by ctypes structures in custom_verify.py: every field 8 bytes wide)
+// ------------------------------------------------------------------------------------------
+
+struct AttnParams {
+    const void* q;            // bf16 [b, Hq, T, Dk], last dim contiguous
+    const void* k;            // bf16 keys: contiguous [b, Hkv, S, Dk] or pages [P, Hkv, ps, Dk]
+    const void* v;            // bf16 values, same layout as k (MLA: ignored, values = k[..., :Dv])
+    void* out;                // bf16 [b, Hq, T, Dv]
+    const void* lengths;      // [b] int32 or int64
+    const int32_t* tree_bits; // [b, T, W] int32
+    const int32_t* page_table;// [b, max_pages] int32 (paged layout only)
+    float* ws_o;              // [splits, b, Hq, T, Dv] fp32 (splits > 1 only)
+    float* ws_lse;            // [splits, b, Hq, T] fp32, log2 domain
+    int64_t lengths_int64;    // 1: lengths are int64
+    int64_t batch, heads_q, heads_kv, tokens, num_splits, page_size;
+    int64_t q_sb, q_sh, q_st;           // strides in elements
+    int64_t k_sb, k_sh, k_st;           // contiguous: batch, head, token; paged: page, head, slot
+    int64_t v_sb, v_sh, v_st;
+    int64_t o_sb, o_sh, o_st;
+    int64_t bits_sb, bits_st;
+    int64_t pt_sb;
+    double sm_scale;
+};
+
+constexpr int BN = 64;               // keys per tile
+constexpr float LOG2E = 1.4426950408889634f;
+
+// ------------------------------------------------------------------------------------------
+// PTX helpers (the emulation header defines the same functions for TVA_EMULATE builds)
+// ------------------------------------------------------------------------------------------
+
+#ifndef TVA_EMULATE
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; `valid` false writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, uint32_t a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, uint32_t a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a) : "memory");
+}
+
+// D += A B, A 16x16 bf16 (row), B 16x8 bf16 (col), D 16x8 fp32.
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ void st_shared_b32(uint32_t a, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+}
+
+// Hopper warpgroup MMA (sm_90a only; elsewhere these trap and are never launched: the Python
+// side selects impl "wgmma" only on compute capability 9.0 with a 9.0a build).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TVA_WGMMA 1
+#endif
+
+// Make this thread's generic-proxy shared-memory writes (cp.async included) visible to the
+// async proxy (wgmma operand reads) once a barrier follows.
+__device__ __forceinline__ void fence_proxy_async() {
+#ifdef TVA_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef TVA_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef TVA_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef TVA_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// d[64 x 64] (+)= A[64 x 16] x B[16 x 64], bf16 -> fp32, issued by the 4 warps of a warpgroup.
+// A in registers: warp w of the group holds rows 16w..16w+15 in the mma.m16n8k16 A layout.
+// B through a shared-memory descriptor. d: per warp the mma C layout of 8 n-tiles of 8.
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc,
+                                                int accumulate) {
+#ifdef TVA_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+#else
+    __trap();
+#endif
+}
+
+// d[64 x 32] (+)= A[64 x 16] x B[16 x 32], both operands through shared-memory descriptors.
+__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b,
+                                                   int accumulate) {
+#ifdef TVA_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "%16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#else
+    __trap();
+#endif
+}
+#endif  // TVA_EMULATE
+
+// Shared-memory matrix descriptor for wgmma: K-major operand, 128-byte swizzle, rows of 128
+// bytes (64 bf16), groups of 8 rows 1024 bytes apart (the stride byte offset); the leading
+// byte offset is unused in this mode. Bits: start address >> 4 [0, 14), LBO >> 4 [16, 30),
+// SBO >> 4 [32, 46), layout 1 = 128-byte swizzle [62, 64). The swizzle XORs address bits [4, 7)
+// with bits [7, 10): tiles must start 1024-byte aligned; chunk c of row r sits at c ^ (r & 7).
+__host__ __device__ __forceinline__ uint64_t desc_kmajor_sw128(uint32_t smem_byte_addr) {
+    return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
+           (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);   // .x (low 16 bits) = lo
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return u;
+}
+
+// Byte offset of 16-byte chunk `c` of row `r` in a swizzled tile with CH chunks per row.
+template <int CH>
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+    return static_cast<uint32_t>((r * CH + (c ^ (r & 7))) * 16);
+}
+
+__device__ __forceinline__ int read_length(const AttnParams& p, int b) {
+    return p.lengths_int64 ? static_cast<int>(static_cast<const int64_t*>(p.lengths)[b])
+                           : static_cast<const int32_t*>(p.lengths)[b];
+}
+
+// Keys [k_begin, k_end) of this split: chunks of ceil(n / splits) keys rounded up to whole tiles.
+struct SplitRange {
+    int begin, end, tiles;
+};
+__device__ __forceinline__ SplitRange split_range(int n_keys, int splits, int split) {
+    int chunk = (n_keys + splits - 1) / splits;
+    chunk = (chunk + BN - 1) / BN * BN;
+    SplitRange s;
+    s.begin = split * chunk;
+    s.end = min(n_keys, s.begin + chunk);
+    s.tiles = s.end > s.begin ? (s.end - s.begin + BN - 1) / BN : 0;
+    return s;
+}
+
+// Element offset (without the head term) of key `key` of sequence b.
+template <bool PAGED>
+__device__ __forceinline__ int64_t key_offset(const AttnParams& p, int b, int key, int64_t sb, int64_t st) {
+    if constexpr (PAGED) {
+        const int page = __ldg(p.page_table + b * p.pt_sb + key / p.page_size);
+        return static_cast<int64_t>(page) * sb + static_cast<int64_t>(key % p.page_size) * st;
+    } else {
+        return static_cast<int64_t>(b) * sb + static_cast<int64_t>(key) * st;
+    }
+}
+
+// May a query whose tree-mask row is `bits_row` see key `key` (of this split, which ends at k_end)?
+__device__ __forceinline__ bool key_visible(const int32_t* bits_row, int key, int L, int k_end) {
+    if (key < L) return true;
+    if (key >= k_end) return false;
+    const int j = key - L;
+    return (__ldg(bits_row + (j >> 5)) >> (j & 31)) & 1;
+}
+
+// ------------------------------------------------------------------------------------------
+// GQA kernel
+// ------------------------------------------------------------------------------------------
+
+template <int D>
+struct GqaConfig {
+    static constexpr int CH = D / 8;                       // 16-byte chunks per row
+    static constexpr int STAGES = 3;
+    static constexpr int TILE_BYTES = BN * D * 2;
+};
+
+// WG: S = Q K^T with wgmma (K tiles stored as 64-column blocks, 1024-byte aligned: +1 KB slack).
+template <int D, int NW, bool WG>
+constexpr int gqa_smem_bytes() {
+    return 16 * NW * D * 2 + GqaConfig<D>::STAGES * 2 * GqaConfig<D>::TILE_BYTES + (WG ? 1024 : 0);
+}
+
+template <int D, int NW, bool PAGED, bool WG>
+__global__ void __launch_bounds__(NW * 32, 1)
+gqa_kernel(const AttnParams p) {
+    constexpr int BM = 16 * NW, CH = D / 8, NT = NW * 32, STAGES = GqaConfig<D>::STAGES;
+    constexpr int TILE = GqaConfig<D>::TILE_BYTES;
+    static_assert(!WG || NW % 4 == 0, "wgmma needs whole warpgroups");
+    TVA_DYNAMIC_SMEM(smem);
+    // K stages first, 1024-byte aligned for the wgmma swizzle; then V, then Q.
+    const uint32_t sK = WG ? (smem_addr(smem) + 1023u) & ~1023u : smem_addr(smem);
+    const uint32_t sV = sK + STAGES * TILE;
+    const uint32_t sQ = sV + STAGES * TILE;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int mblock = blockIdx.x, split = blockIdx.y;
+    const int b = blockIdx.z / p.heads_kv, h = blockIdx.z % p.heads_kv;
+    const int T = p.tokens, G = p.heads_q / p.heads_kv, M = G * T;
+    const int L = read_length(p, b);
+    const SplitRange sr = split_range(L + T, p.num_splits, split);
+
+    // Rows of the K/V cache of (b, h); per key: + key * stride (contiguous) or through the page table.
+    const char* kbase = static_cast<const char*>(p.k) + h * p.k_sh * 2 + (PAGED ? 0 : b * p.k_sb * 2);
+    const char* vbase = static_cast<const char*>(p.v) + h * p.v_sh * 2 + (PAGED ? 0 : b * p.v_sb * 2);
+
+    // Q rows of this block: row r -> (g, t) = (r / T, r % T), query head h * G + g.
+    const char* qbase = static_cast<const char*>(p.q) + (b * p.q_sb + static_cast<int64_t>(h) * G * p.q_sh) * 2;
+#pragma unroll
+    for (int i = 0; i < BM * CH / NT; ++i) {
+        const int idx = tid + i * NT, row = idx / CH, c = idx % CH;
+        const int r = mblock * BM + row;
+        const bool ok = r < M;
+        const int g = ok ? r / T : 0, t = ok ? r % T : 0;
+        cp_async16(sQ + swz<CH>(row, c), qbase + (g * p.q_sh + t * p.q_st) * 2 + c * 16, ok);
+    }
+
+    // Each thread copies one 16-byte column `lc` of rows lrow0, lrow0 + RS, ... of every tile.
+    constexpr int RS = NT / CH;
+    static_assert(NT % CH == 0 && BN % RS == 0, "tile copy layout");
+    const int lc = tid % CH, lrow0 = tid / CH;
+    auto load_tile = [&](int tile, int stage) {
+        const int kb = sr.begin + tile * BN;
+#pragma unroll
+        for (int i = 0; i < BN / RS; ++i) {
+            const int row = lrow0 + i * RS, key = kb + row;
+            const bool ok = key < sr.end;
+            int64_t ko, vo;
+            if constexpr (PAGED) {
+                const int kk = ok ? key : sr.begin;
+                const int64_t page = __ldg(p.page_table + b * p.pt_sb + kk / p.page_size);
+                const int64_t slot = kk % p.page_size;
+                ko = page * p.k_sb + slot * p.k_st;
+                vo = page * p.v_sb + slot * p.v_st;
+            } else {
+                ko = static_cast<int64_t>(ok ? key : sr.begin) * p.k_st;
+                vo = static_cast<int64_t>(ok ? key : sr.begin) * p.v_st;
+            }
+            const uint32_t dst = stage * TILE + swz<CH>(row, lc);
+            // wgmma reads K as 64-column blocks of 128-byte rows: block lc / 8, chunk lc % 8.
+            const uint32_t kdst = WG ? stage * TILE + (lc >> 3) * (BN * 128) + row * 128 + (((lc & 7) ^ (row & 7)) << 4)
+                                     : dst;
+            cp_async16(sK + kdst, kbase + ko * 2 + lc * 16, ok);
+            cp_async16(sV + dst, vbase + vo * 2 + lc * 16, ok);
+        }
+    };
+
+    // Prologue: Q and the first STAGES-1 tiles (one commit group per tile; Q joins tile 0's).
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < sr.tiles) load_tile(s, s);
+        cp_async_commit();
+    }
+    cp_async_wait<STAGES - 2>();
+    if (WG) fence_proxy_async();
+    __syncthreads();
+
+    uint32_t qa[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const int row = warp * 16 + (lane & 15), c = 2 * kk + (lane >> 4);
+        ldsm_x4(qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], sQ + swz<CH>(row, c));
+    }
+
+    const float scale = static_cast<float>(p.sm_scale) * LOG2E;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int r0 = mblock * BM + warp * 16 + gid;          // this thread's rows: r0, r0 + 8
+    const int32_t* bits_row[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int r = r0 + 8 * hf;
+        const int t = r < M ? r % T : 0;
+        bits_row[hf] = p.tree_bits + b * p.bits_sb + t * p.bits_st;
+    }
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+    for (int tile = 0; tile < sr.tiles; ++tile) {
+        if (tile > 0) {
+            cp_async_wait<STAGES - 2>();
+            if (WG) fence_proxy_async();
+            __syncthreads();      // tile `tile` landed; everyone is done with tile - 1's stage
+        }
+        if (tile + STAGES - 1 < sr.tiles) load_tile(tile + STAGES - 1, (tile + STAGES - 1) % STAGES);
+        cp_async_commit();
+
+        const int stage = tile % STAGES;
+        const uint32_t k_s = sK + stage * TILE, v_s = sV + stage * TILE;
+
+        // S = Q K^T: 16 rows x 64 keys per warp.
+        float s[BN / 8][4];
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        if constexpr (WG) {        // one wgmma per 16 dims for the warpgroup's 64 rows
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk)
+                wgmma_m64n64k16(s, qa[kk], desc_kmajor_sw128(k_s + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+        } else {                   // mma.sync: every warp loads the K fragments itself
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk += 2) {
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; ++nt) {
+                    const int row = nt * 8 + (lane & 7), c = 2 * kk + (lane >> 3);
+                    uint32_t b0, b1, b2, b3;
+                    ldsm_x4(b0, b1, b2, b3, k_s + swz<CH>(row, c));
+                    mma16816(s[nt], qa[kk], b0, b1);
+                    mma16816(s[nt], qa[kk + 1], b2, b3);
+                }
+            }
+        }
+
+        // Scale to the log2 domain; mask the tree part and the keys past this split.
+        const int kb = sr.begin + tile * BN;
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] *= scale;
+        if (kb + BN > L) {
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = kb + nt * 8 + 2 * tig + (e & 1);
+                    if (!key_visible(bits_row[e >> 1], key, L, sr.end)) s[nt][e] = -INFINITY;
+                }
+        }
+
+        // Online softmax (fp32, log2 domain). l is kept per thread and reduced at the end.
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run[hf], mx);
+            const float m_use = m_new == -INFINITY ? 0.f : m_new;   // nothing visible yet: no NaN
+            const float alpha = fast_exp2(m_run[hf] - m_use);
+            m_run[hf] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt) {
+                s[nt][2 * hf] = fast_exp2(s[nt][2 * hf] - m_use);
+                s[nt][2 * hf + 1] = fast_exp2(s[nt][2 * hf + 1] - m_use);
+                sum += s[nt][2 * hf] + s[nt][2 * hf + 1];
+            }
+            l_run[hf] = l_run[hf] * alpha + sum;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+                o[dt][2 * hf] *= alpha;
+                o[dt][2 * hf + 1] *= alpha;
+            }
+        }
+
+        // O += P V: the S accumulator layout is the A-operand layout of P (two n-tiles per k-step).
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                    pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                    pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < D / 16; ++dp) {
+                const int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, c = 2 * dp + (lane >> 4);
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_t(b0, b1, b2, b3, v_s + swz<CH>(row, c));
+                mma16816(o[2 * dp], pa, b0, b1);
+                mma16816(o[2 * dp + 1], pa, b2, b3);
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    // Epilogue: normalise, write the output (one split) or the partial and its lse.
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        float l = l_run[hf];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int r = r0 + 8 * hf;
+        if (r >= M) continue;
+        const int g = r / T, t = r % T, hq = h * G + g;
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        if (p.num_splits == 1) {
+            __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hq * p.o_sh + t * p.o_st;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt)
+                *reinterpret_cast<uint32_t*>(out + dt * 8 + 2 * tig) =
+                    pack_bf16(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+        } else {
+            const int64_t row = ((static_cast<int64_t>(split) * p.batch + b) * p.heads_q + hq) * T + t;
+            float* wo = p.ws_o + row * D;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt)
+                *reinterpret_cast<float2*>(wo + dt * 8 + 2 * tig) = make_float2(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+            if (tig == 0) p.ws_lse[row] = l > 0.f ? m_run[hf] + __log2f(l) : -INFINITY;
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// MLA latent kernel: keys 576 wide (512 latent + 64 rope), values = the first 512, one KV head.
+// ------------------------------------------------------------------------------------------
+
+namespace mla {
+constexpr int DK = 576, DV = 512, CH = DK / 8, BM = 64, NW = 8, NT = NW * 32, STAGES = 2;
+constexpr int PCH = BN / 8;                       // chunks per row of the P tile
+constexpr int Q_BYTES = BM * DK * 2;              // 73728
+constexpr int TILE = BN * DK * 2;                 // 73728
+constexpr int P_BYTES = BM * BN * 2;              // 8192
+constexpr int RED_BYTES = 2 * 2 * BM * 4;         // row max and row sum halves: 1024
+constexpr int SMEM = Q_BYTES + STAGES * TILE + P_BYTES + RED_BYTES + 1024;   // 231424 (+1 KB: alignment)
+}  // namespace mla
+
+// Byte offset of 16-byte chunk c of row r in a tile of ROWS rows stored as 64-column blocks of
+// 128-byte rows, swizzled: the layout wgmma's 128-byte-swizzle descriptors read (block base
+// 1024-byte aligned), and one ldmatrix reads without bank conflicts.
+template <int ROWS>
+__device__ __forceinline__ uint32_t blk(int r, int c) {
+    return static_cast<uint32_t>((c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// WG: S = Q K^T with wgmma, Q and K both read by descriptor (each warpgroup: 64 rows x 32 keys).
+template <bool PAGED, bool WG>
+__global__ void __launch_bounds__(mla::NT, 1)
+mla_kernel(const AttnParams p) {
+    using namespace mla;
+    TVA_DYNAMIC_SMEM(smem);
+    const uint32_t sQ = (smem_addr(smem) + 1023u) & ~1023u;     // Q and KV tiles: 1024-byte aligned
+    const uint32_t sKV = sQ + Q_BYTES;
+    const uint32_t sP = sKV + STAGES * TILE;
+    float* red_max = reinterpret_cast<float*>(smem + (sP + P_BYTES - smem_addr(smem)));   // [2][BM]
+    float* red_sum = red_max + 2 * BM;                                                     // [2][BM]
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int mblock = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
+    const int T = p.tokens, H = p.heads_q, M = H * T;
+    const int L = read_length(p, b);
+    const SplitRange sr = split_range(L + T, p.num_splits, split);
+    const char* kvbase = static_cast<const char*>(p.k);
+
+    // Copies: warp w takes rows w, w + 8, ...; its lanes the 16-byte chunks lane, lane + 32, lane + 64.
+    const char* qbase = static_cast<const char*>(p.q) + b * p.q_sb * 2;
+#pragma unroll 2
+    for (int i = 0; i < BM / NW; ++i) {
+        const int row = warp + i * NW, r = mblock * BM + row;
+        const bool ok = r < M;
+        const char* src = qbase + ((ok ? r / T : 0) * p.q_sh + (ok ? r % T : 0) * p.q_st) * 2;
+#pragma unroll
+        for (int j = 0; j < 3; ++j) {
+            const int c = lane + 32 * j;
+            if (c < CH) cp_async16(sQ + blk<BM>(row, c), src + c * 16, ok);
+        }
+    }
+
+    auto load_tile = [&](int tile, int stage) {
+        const int kb = sr.begin + tile * BN;
+        const uint32_t dst = sKV + stage * TILE;
+#pragma unroll 2
+        for (int i = 0; i < BN / NW; ++i) {
+            const int row = warp + i * NW, key = kb + row;
+            const bool ok = key < sr.end;
+            const char* src = kvbase + key_offset<PAGED>(p, b, ok ? key : sr.begin, p.k_sb, p.k_st) * 2;
+#pragma unroll
+            for (int j = 0; j < 3; ++j) {
+                const int c = lane + 32 * j;
+                if (c < CH) cp_async16(dst + blk<BN>(row, c), src + c * 16, ok);
+            }
+        }
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < sr.tiles) load_tile(s, s);
+        cp_async_commit();
+    }
+
+    // Roles. QK: warp computes S for rows 16*rt.. of the block and keys 32*kh.. of the tile.
+    // PV: warp owns value columns 64*warp .. 64*warp+63 for all 64 rows (4 m-tiles).
+    const int rt = warp & 3, kh = warp >> 2;
+    const float scale = static_cast<float>(p.sm_scale) * LOG2E;
+    const int32_t* bits_row[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int r = mblock * BM + rt * 16 + gid + 8 * hf;
+        const int t = r < M ? r % T : 0;
+        bits_row[hf] = p.tree_bits + b * p.bits_sb + t * p.bits_st;
+    }
+
+    float o[4][8][4];
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+    float m_run[4][2];
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt) m_run[mt][0] = m_run[mt][1] = -INFINITY;
+    float l_part[2] = {0.f, 0.f};      // QK role: partial row sums over this warp's key half
+
+    for (int tile = 0; tile < sr.tiles; ++tile) {
+        cp_async_wait<STAGES - 2>();
+        if (WG) fence_proxy_async();
+        __syncthreads();                                         // (A) tile landed, stage free
+        if (tile + STAGES - 1 < sr.tiles) load_tile(tile + STAGES - 1, (tile + STAGES - 1) % STAGES);
+        cp_async_commit();
+        const uint32_t kv_s = sKV + (tile % STAGES) * TILE;
+
+        // S = Q K^T for 16 rows x 32 keys per warp (warpgroup kh: 64 rows x keys 32kh..32kh+31).
+        float s[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        if constexpr (WG) {
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < DK / 16; ++kk) {
+                const uint32_t kofs = (kk & 3) * 32;           // 16 columns of a 64-column block
+                wgmma_m64n32k16_ss(s, desc_kmajor_sw128(sQ + (kk >> 2) * (BM * 128) + kofs),
+                                   desc_kmajor_sw128(kv_s + (kk >> 2) * (BN * 128) + kh * 32 * 128 + kofs), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+        } else {                   // mma.sync, A fragments from shared memory
+#pragma unroll 6
+            for (int kk = 0; kk < DK / 16; kk += 2) {
+                uint32_t a0[4], a1[4];
+                const int qrow = rt * 16 + (lane & 15);
+                ldsm_x4(a0[0], a0[1], a0[2], a0[3], sQ + blk<BM>(qrow, 2 * kk + (lane >> 4)));
+                ldsm_x4(a1[0], a1[1], a1[2], a1[3], sQ + blk<BM>(qrow, 2 * kk + 2 + (lane >> 4)));
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt) {
+                    const int row = kh * 32 + nt * 8 + (lane & 7), c = 2 * kk + (lane >> 3);
+                    uint32_t b0, b1, b2, b3;
+                    ldsm_x4(b0, b1, b2, b3, kv_s + blk<BN>(row, c));
+                    mma16816(s[nt], a0, b0, b1);
+                    mma16816(s[nt], a1, b2, b3);
+                }
+            }
+        }
+
+        const int kb = sr.begin + tile * BN + kh * 32;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[nt][e] *= scale;
+        if (kb + 32 > L) {
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = kb + nt * 8 + 2 * tig + (e & 1);
+                    if (!key_visible(bits_row[e >> 1], key, L, sr.end)) s[nt][e] = -INFINITY;
+                }
+        }
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * hf], s[nt][2 * hf + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            if (tig == 0) red_max[kh * BM + rt * 16 + gid + 8 * hf] = mx;
+        }
+        __syncthreads();                                         // (B) row maxima of both halves
+
+        // Every warp updates the running max of all 64 rows (identically), rescales its O.
+        float m_qk[2] = {0.f, 0.f}, a_qk[2] = {0.f, 0.f};
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int row = mt * 16 + gid + 8 * hf;
+                const float m_new = fmaxf(m_run[mt][hf], fmaxf(red_max[row], red_max[BM + row]));
+                const float m_use = m_new == -INFINITY ? 0.f : m_new;
+                const float alpha = fast_exp2(m_run[mt][hf] - m_use);
+                m_run[mt][hf] = m_new;
+#pragma unroll
+                for (int dt = 0; dt < 8; ++dt) {
+                    o[mt][dt][2 * hf] *= alpha;
+                    o[mt][dt][2 * hf + 1] *= alpha;
+                }
+                if (mt == rt) {
+                    m_qk[hf] = m_use;
+                    a_qk[hf] = alpha;
+                }
+            }
+
+        // P = exp2(S - m) to shared memory (bf16), partial row sums.
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            float sum = 0.f;
+            const int prow = rt * 16 + gid + 8 * hf;
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+                const float p0 = fast_exp2(s[nt][2 * hf] - m_qk[hf]);
+                const float p1 = fast_exp2(s[nt][2 * hf + 1] - m_qk[hf]);
+                sum += p0 + p1;
+                const int pc = kh * 4 + nt;   // 16-byte chunk of 8 keys
+                st_shared_b32(sP + swz<PCH>(prow, pc) + tig * 4, pack_bf16(p0, p1));
+            }
+            l_part[hf] = l_part[hf] * a_qk[hf] + sum;
+        }
+        __syncthreads();                                         // (C) P complete
+
+        // O[:, 64*warp .. +63] += P V.
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            uint32_t pa[4][4];
+#pragma unroll
+            for (int mt = 0; mt < 4; ++mt)
+                ldsm_x4(pa[mt][0], pa[mt][1], pa[mt][2], pa[mt][3],
+                        sP + swz<PCH>(mt * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+#pragma unroll
+            for (int dp = 0; dp < 4; ++dp) {
+                const int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                const int c = warp * 8 + 2 * dp + (lane >> 4);
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_t(b0, b1, b2, b3, kv_s + blk<BN>(row, c));
+#pragma unroll
+                for (int mt = 0; mt < 4; ++mt) {
+                    mma16816(o[mt][2 * dp], pa[mt], b0, b1);
+                    mma16816(o[mt][2 * dp + 1], pa[mt], b2, b3);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+    // Row sums: the two key halves of each row, through shared memory.
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        float l = l_part[hf];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (tig == 0) red_sum[kh * BM + rt * 16 + gid + 8 * hf] = l;
+    }
+    __syncthreads();
+
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int row = mt * 16 + gid + 8 * hf;
+            const int r = mblock * BM + row;
+            if (r >= M) continue;
+            const float l = red_sum[row] + red_sum[BM + row];
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const int hh = r / T, t = r % T;
+            if (p.num_splits == 1) {
+                __nv_bfloat16* out =
+                    static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hh * p.o_sh + t * p.o_st + warp * 64;
+#pragma unroll
+                for (int dt = 0; dt < 8; ++dt)
+                    *reinterpret_cast<uint32_t*>(out + dt * 8 + 2 * tig) =
+                        pack_bf16(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
+            } else {
+                const int64_t wrow = ((static_cast<int64_t>(split) * p.batch + b) * H + hh) * T + t;
+                float* wo = p.ws_o + wrow * DV + warp * 64;
+#pragma unroll
+                for (int dt = 0; dt < 8; ++dt)
+                    *reinterpret_cast<float2*>(wo + dt * 8 + 2 * tig) =
+                        make_float2(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
+                if (warp == 0 && tig == 0) p.ws_lse[wrow] = l > 0.f ? m_run[mt][hf] + __log2f(l) : -INFINITY;
+            }
+        }
+}
+
+// ------------------------------------------------------------------------------------------
+// Combine: out[row] = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max). One CTA of 4 warps per
+// output row: the warps take every fourth split (loads unrolled, so several are in flight
+// rather than one latency per split), then add their sums through shared memory.
+// ------------------------------------------------------------------------------------------
+
+constexpr int COMBINE_WARPS = 4;
+
+__host__ __device__ constexpr int combine_smem_bytes(int splits, int dv) {
+    return (splits + 2 * COMBINE_WARPS + COMBINE_WARPS * dv) * 4;
+}
+
+template <int DV>
+__global__ void __launch_bounds__(COMBINE_WARPS * 32)
+combine_kernel(const AttnParams p) {
+    TVA_DYNAMIC_SMEM(smem);
+    const int S = static_cast<int>(p.num_splits);
+    // The float2 array first: its 8-byte accesses need an 8-byte aligned start, which it would
+    // not have after S floats with S odd (33 splits: cudaErrorMisalignedAddress on the GPU).
+    float2* s_acc = reinterpret_cast<float2*>(smem);                    // [warps][DV / 2]
+    float* s_max = reinterpret_cast<float*>(s_acc + COMBINE_WARPS * (DV / 2));   // [warps]
+    float* s_tot = s_max + COMBINE_WARPS;                                // [warps]
+    float* s_lse = s_tot + COMBINE_WARPS;                                // [S]
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int T = p.tokens, H = p.heads_q;
+    const int64_t rows = p.batch * H * T, row = blockIdx.x;
+    const int t = row % T, hq = (row / T) % H, b = row / (T * H);
+
+    float mx = -INFINITY;
+    for (int s = tid; s < S; s += COMBINE_WARPS * 32) {
+        const float v = p.ws_lse[s * rows + row];
+        s_lse[s] = v;
+        mx = fmaxf(mx, v);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    if (lane == 0) s_max[warp] = mx;
+    __syncthreads();
+    mx = s_max[0];
+#pragma unroll
+    for (int w = 1; w < COMBINE_WARPS; ++w) mx = fmaxf(mx, s_max[w]);
+
+    constexpr int V = DV / 64;          // float2 per lane: columns 2 * (lane + 32 i)
+    float2 acc[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) acc[i] = make_float2(0.f, 0.f);
+    float total = 0.f;
+    if (mx != -INFINITY) {              // else nothing was visible anywhere: zeros
+#pragma unroll 4
+        for (int s = warp; s < S; s += COMBINE_WARPS) {
+            // An empty split (or a row that saw nothing in it) has lse -inf: weight 0, O = 0.
+            const float w = exp2f(s_lse[s] - mx);
+            total += w;
+            const float2* src = reinterpret_cast<const float2*>(p.ws_o + (s * rows + row) * DV);
+#pragma unroll
+            for (int i = 0; i < V; ++i) {
+                const float2 x = src[lane + 32 * i];
+                acc[i].x += w * x.x;
+                acc[i].y += w * x.y;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) s_acc[warp * (DV / 2) + lane + 32 * i] = acc[i];
+    if (lane == 0) s_tot[warp] = total;
+    __syncthreads();
+
+    // Each warp writes a quarter of the columns.
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < COMBINE_WARPS; ++w) sum += s_tot[w];
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hq * p.o_sh + t * p.o_st;
+    for (int c = tid; c < DV / 2; c += COMBINE_WARPS * 32) {
+        float2 v = s_acc[c];
+#pragma unroll
+        for (int w = 1; w < COMBINE_WARPS; ++w) {
+            v.x += s_acc[w * (DV / 2) + c].x;
+            v.y += s_acc[w * (DV / 2) + c].y;
+        }
+        *reinterpret_cast<uint32_t*>(out + 2 * c) = pack_bf16(v.x * inv, v.y * inv);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Host side
+// ------------------------------------------------------------------------------------------
+
+// Raise a kernel's dynamic shared-memory limit once per (kernel, device) (a host-side attribute:
+// no stream work, so it is also fine while a graph is being captured). Every kernel here has the
+// same type, void(*)(AttnParams), so the memo is keyed by the kernel's address: a per-type memo
+// (a `static bool done[device]` in a template over the kernel's type, as this once was) marks the
+// first kernel prepared as done for all of them, and every other kernel needing more than the
+// default 48 KB then fails to launch with cudaErrorInvalidValue ("invalid argument").
+template <typename Kernel>
+static cudaError_t prepare(Kernel kernel, int smem) {
+    struct Done {
+        const void* kernel;
+        int device, smem;
+    };
+    static Done done[256];
+    static int n_done = 0;
+    static std::mutex lock;          // ctypes drops the GIL: launches may come from several threads
+    const void* key = reinterpret_cast<const void*>(kernel);
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    std::lock_guard<std::mutex> guard(lock);
+    for (int i = 0; i < n_done; ++i)
+        if (done[i].kernel == key && done[i].device == device && done[i].smem >= smem) return cudaSuccess;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err == cudaSuccess && n_done < 256) done[n_done++] = {key, device, smem};
+    return err;
+}
+
+// The launch's error; in TVA_DEBUG builds (HARNESS_KERNEL_DEBUG=1) also its execution error,
+// waited for, so a fault is reported by the launch that caused it.
+static cudaError_t launch_status(cudaStream_t stream) {
+    cudaError_t err = cudaGetLastError();
+#if defined(TVA_DEBUG) && !defined(TVA_EMULATE)
+    if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+#else
+    (void)stream;
+#endif
+    return err;
+}
+
+template <int D, int NW, bool PAGED, bool WG>
+static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_blocks) {
+    constexpr int smem = gqa_smem_bytes<D, NW, WG>();
+    auto kernel = gqa_kernel<D, NW, PAGED, WG>;
+    cudaError_t err = prepare(kernel, smem);
+    if (err != cudaSuccess) return err;
+    dim3 grid(m_blocks, static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.batch * p.heads_kv));
+    TVA_LAUNCH(kernel, grid, NW * 32, smem, stream, p);
+    return launch_status(stream);
+}
+
+template <int D>
+static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
+    if (p.num_splits == 1) return cudaSuccess;
+    const int64_t rows = p.batch * p.heads_q * p.tokens;
+    // At most 4096 splits (custom_verify.py): under 25 KB, inside the default 48 KB limit.
+    const int smem = combine_smem_bytes(static_cast<int>(p.num_splits), D);
+    TVA_LAUNCH(combine_kernel<D>, dim3(static_cast<unsigned>(rows)), COMBINE_WARPS * 32, smem, stream, p);
+    return launch_status(stream);
+}
+
+template <int D, bool PAGED>
+static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma, cudaStream_t stream) {
+    const int M = static_cast<int>(p.heads_q / p.heads_kv * p.tokens);
+    const int bm = 16 * num_warps;
+    const int m_blocks = (M + bm - 1) / bm;
+    switch (num_warps * 2 + (wgmma ? 1 : 0)) {
+        case 4: return launch_gqa<D, 2, PAGED, false>(p, stream, m_blocks);
+        case 8: return launch_gqa<D, 4, PAGED, false>(p, stream, m_blocks);
+        case 9: return launch_gqa<D, 4, PAGED, true>(p, stream, m_blocks);
+        case 16: return launch_gqa<D, 8, PAGED, false>(p, stream, m_blocks);
+        case 17: return launch_gqa<D, 8, PAGED, true>(p, stream, m_blocks);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+}  // namespace tva
+
+using tva::AttnParams;
+
+extern "C" {
+
+// Shared-memory bytes the GQA kernel needs (for occupancy planning on the Python side).
+int tva_gqa_smem_bytes(int head_dim, int num_warps, int wgmma) {
+    const int q = 16 * num_warps * head_dim * 2;
+    return q + 3 * 2 * tva::BN * head_dim * 2 + (wgmma ? 1024 : 0);
+}
+
+int tva_mla_smem_bytes() { return tva::mla::SMEM; }
+
+// CTAs of the GQA kernel that fit on one multiprocessor (0 on error).
+int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
+    int blocks = 0;
+    const int smem = tva_gqa_smem_bytes(head_dim, num_warps, wgmma);
+#define TVA_OCC(D, NW, P, W)                                                                     \
+    if (head_dim == D && num_warps == NW && paged == P && wgmma == W) {                          \
+        if (tva::prepare(tva::gqa_kernel<D, NW, P, W>, smem) != cudaSuccess) return 0;           \
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, tva::gqa_kernel<D, NW, P, W>, NW * 32, smem); \
+    }
+#define TVA_OCC_D(D, P) \
+    TVA_OCC(D, 2, P, 0) TVA_OCC(D, 4, P, 0) TVA_OCC(D, 8, P, 0) TVA_OCC(D, 4, P, 1) TVA_OCC(D, 8, P, 1)
+    TVA_OCC_D(64, 0) TVA_OCC_D(64, 1) TVA_OCC_D(128, 0) TVA_OCC_D(128, 1)
+#undef TVA_OCC_D
+#undef TVA_OCC
+    return blocks;
+}
+
+// Returns a cudaError_t (0 = success). The launch is asynchronous on `stream`.
+// wgmma = 1: S = Q K^T on Hopper's warpgroup MMA (4 or 8 warps; a 9.0a build on an sm_90 GPU).
+int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int paged, int wgmma, void* stream) {
+    const AttnParams& p = *params;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    cudaError_t err;
+    if (head_dim == 64) {
+        err = paged ? tva::dispatch_warps<64, true>(p, num_warps, wgmma, s)
+                    : tva::dispatch_warps<64, false>(p, num_warps, wgmma, s);
+        if (err == cudaSuccess) err = tva::launch_combine<64>(p, s);
+    } else if (head_dim == 128) {
+        err = paged ? tva::dispatch_warps<128, true>(p, num_warps, wgmma, s)
+                    : tva::dispatch_warps<128, false>(p, num_warps, wgmma, s);
+        if (err == cudaSuccess) err = tva::launch_combine<128>(p, s);
+    } else {
+        err = cudaErrorInvalidValue;
+    }
+    return static_cast<int>(err);
+}
+
+// wgmma = 1: S = Q K^T on Hopper's warpgroup MMA (a 9.0a build on an sm_90 GPU).
+int tva_mla_forward(const AttnParams* params, int paged, int wgmma, void* stream) {
+    const AttnParams& p = *params;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const int M = static_cast<int>(p.heads_q * p.tokens);
+    dim3 grid((M + tva::mla::BM - 1) / tva::mla::BM, static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.batch));
+    cudaError_t err;
+#define TVA_MLA(P, W)                                                                            \
+    if (paged == P && wgmma == W) {                                                              \
+        auto kernel = tva::mla_kernel<P, W>;                                                     \
+        err = tva::prepare(kernel, tva::mla::SMEM);                                              \
+        if (err == cudaSuccess) TVA_LAUNCH(kernel, grid, tva::mla::NT, tva::mla::SMEM, s, p);    \
+    }
+    err = cudaErrorInvalidValue;
+    TVA_MLA(0, 0) TVA_MLA(0, 1) TVA_MLA(1, 0) TVA_MLA(1, 1)
+#undef TVA_MLA
+    if (err == cudaSuccess) err = tva::launch_status(s);
+    if (err == cudaSuccess) err = tva::launch_combine<tva::mla::DV>(p, s);
+    return static_cast<int>(err);
+}
+
+const char* tva_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+
+int tva_struct_size() { return static_cast<int>(sizeof(AttnParams)); }
+
+}  // extern "C"

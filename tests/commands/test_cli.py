@@ -1,0 +1,219 @@
+"""The `harness` command end to end: real worker subprocesses, a real journal, a real MLflow
+sqlite store. Scenarios are tiny so the whole file runs in well under a minute."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HARNESS = [sys.executable, "-m", "harness.cli"]
+
+SMALL = """\
+name: small
+defaults:
+  model: tiny
+  device: cpu
+  warmup_steps: 1
+  steps: 3
+  repeats: 2
+  profile_steps: 0
+  timeout_s: 120
+matrix:
+  context_length: [64, 128]
+"""
+
+
+def harness(*args: str, cwd: Path, env: dict | None = None, timeout: int = 240):
+    full_env = dict(os.environ, **(env or {}))
+    full_env.pop("MLFLOW_TRACKING_URI", None)
+    full_env["COLUMNS"] = "160"
+    return subprocess.run([*HARNESS, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mlflow_children(uri: str, experiment: str):
+    import mlflow
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    return parents, children
+
+
+def run_id_from(stdout: str) -> str:
+    for line in stdout.splitlines():
+        if line.startswith("Run "):
+            return line.split()[1].rstrip(":")
+    raise AssertionError(f"no run id in output:\n{stdout}")
+
+
+def test_run_journals_and_logs_every_cell(tmp_path):
+    sc = write(tmp_path / "small.yaml", SMALL)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    out = harness("run", str(sc), "--tracking-uri", uri, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert "tok/s" in out.stdout and "n/a (no GPU)" in out.stdout
+    run_id = run_id_from(out.stdout)
+
+    run_dir = tmp_path / "results" / "runs" / run_id
+    run = json.loads((run_dir / "run.json").read_text())
+    assert len(run["cells"]) == 2
+    for entry in run["cells"]:
+        cell = json.loads((run_dir / "cells" / f"{entry['cell_id']}.json").read_text())
+        assert {"cell", "status", "error", "metrics", "samples", "env"} <= set(cell)
+        assert cell["status"] == "ok" and cell["error"] is None
+        assert cell["metrics"]["tokens_per_s"] > 0
+        assert cell["metrics"]["idle_fraction"] is None      # absent on CPU, never invented
+        assert len(cell["samples"]["tokens_per_s"]) == 2
+
+    parents, children = mlflow_children(uri, "small")
+    assert len(parents) == 1 and len(children) == 2
+    assert parents[0].data.tags["harness.run_id"] == run_id
+    for child in children:
+        assert child.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+        assert {"tokens_per_s", "accept_len_mean"} <= set(child.data.metrics)
+        assert "idle_fraction" not in child.data.metrics
+        assert child.data.params["context_length"] in ("64", "128")
+        assert child.data.tags["trigger"] == "manual" and child.data.tags["host"] == "local"
+
+
+def test_failed_cell_does_not_stop_the_sweep_and_resume_finishes_it(tmp_path):
+    # One extra cell points at a checkpoint whose config is not a Qwen3 model: its worker
+    # fails; the two good cells still run and everything is journaled and logged.
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    sc = write(tmp_path / "mixed.yaml", SMALL.replace("name: small", "name: mixed")
+               + "include:\n  - {context_length: 64, checkpoint: ckpt}\n")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    out = harness("run", str(sc), "--tracking-uri", uri, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr + out.stdout
+    run_id = run_id_from(out.stdout)
+    cells_dir = tmp_path / "results" / "runs" / run_id / "cells"
+    results = [json.loads(p.read_text()) for p in cells_dir.glob("*.json")]
+    assert sorted(r["status"] for r in results) == ["failed", "ok", "ok"]
+    bad = next(r for r in results if r["status"] == "failed")
+    # A refused checkpoint is one line naming its file and field, no traceback.
+    assert bad["error"] == (f"CheckpointError: {bad['cell']['checkpoint']}/config.json: "
+                            f"model_type is missing: this loader reads Qwen3 checkpoints only "
+                            f"(model_type \"qwen3\")"), bad["error"]
+    assert f"--resume {run_id}" in out.stderr
+    parents, children = mlflow_children(uri, "mixed")
+    assert sorted(c.data.tags["status"] for c in children) == ["failed", "ok", "ok"]
+
+    # Fix the checkpoint, resume: only the failed cell runs, and gets a child run of its own.
+    from harness.decode.checkpoint import save_target
+    from harness.decode.model import Target, TargetConfig, init_random_
+    from harness.protocol.presets import PRESETS
+    model = Target(TargetConfig(**PRESETS["tiny"]["target"]))
+    init_random_(model, 0)
+    save_target(model, tmp_path / "ckpt")
+    again = harness("run", str(sc), "--tracking-uri", uri, "--resume", run_id, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert "1 of 3 cell(s) to run" in again.stdout
+    assert all(json.loads(p.read_text())["status"] == "ok" for p in cells_dir.glob("*.json"))
+    parents, children = mlflow_children(uri, "mixed")
+    assert len(parents) == 1
+    assert sorted(c.data.tags["status"] for c in children).count("ok") == 3
+
+
+def test_unreachable_tracking_server_then_resume_logs_everything(tmp_path):
+    sc = write(tmp_path / "small.yaml", SMALL)
+    dead = f"http://127.0.0.1:{free_port()}"
+    out = harness("run", str(sc), "--tracking-uri", dead, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr      # every cell ran, but the run is not logged
+    assert "MLflow logging failed" in out.stderr and "--resume" in out.stderr
+    run_id = run_id_from(out.stdout)
+    assert len(list((tmp_path / "results" / "runs" / run_id / "cells").glob("*.json"))) == 2
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    again = harness("run", str(sc), "--tracking-uri", uri, "--resume", run_id, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "0 of 2 cell(s) to run" in again.stdout
+    parents, children = mlflow_children(uri, "small")
+    assert len(parents) == 1 and len(children) == 2
+
+
+BAD_INPUTS = {
+    "yaml syntax": ("name: x\nmatrix: [1, 2\n", r"bad\.yaml:\d+:\d+: "),
+    "unknown key": ("name: x\nmatrix:\n  contxt_length: [1]\n", r"bad\.yaml:3:3: .*did you mean 'context_length'"),
+    "wrong type": ("name: x\nmatrix:\n  context_length: [abc]\n", r"bad\.yaml:3:20: "),
+    "empty matrix": ("name: x\nmatrix: {}\n", r"bad\.yaml:2:\d+: "),
+    "bad context": ("name: x\nmatrix:\n  context_length: [0]\n", r"bad\.yaml:3:20: "),
+    "too long": ("name: x\nmatrix:\n  context_length: [9999999]\n", r"bad\.yaml:3:20: .*exceeds"),
+    "verify mode": ("name: x\nmatrix:\n  verify_mode: [fast]\n", r"bad\.yaml:3:17: .*verify_mode"),
+    "preset": ("name: x\nmatrix:\n  model: [llama]\n", r"bad\.yaml:3:11: "),
+    "checkpoint": ("name: x\ndefaults:\n  checkpoint: /nonexistent/ckpt\nmatrix:\n  seed: [0]\n",
+                   r"bad\.yaml:3:15: "),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, case, command):
+    import re
+    text, pattern = BAD_INPUTS[case]
+    write(tmp_path / "bad.yaml", text)
+    out = harness(command, "bad.yaml", cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, out.stderr
+    assert re.search(pattern, lines[0]), lines[0]
+    assert not (tmp_path / "results").exists()      # nothing ran, nothing journaled
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (["run", "missing.yaml"], r"missing\.yaml: no such scenario file"),
+    (["run", "ok.yaml", "--tracking-uri", "htp:/nowhere"], r"malformed tracking URI"),
+    (["run", "ok.yaml", "--host", "gpu-z"], r"unknown host 'gpu-z'"),
+    (["run", "ok.yaml", "--resume", "20990101-000000-abcdef"], r"20990101-000000-abcdef"),
+    (["report", "nope"], r"nope"),
+    # Run ids are names inside results/runs, never paths out of it.
+    (["report", "../../etc"], r"run id '\.\./\.\./etc' is not a valid name"),
+    (["run", "ok.yaml", "--resume", "/tmp"], r"run id '/tmp' is not a valid name"),
+])
+def test_bad_arguments_exit_2(tmp_path, args, pattern):
+    import re
+    write(tmp_path / "ok.yaml", SMALL)
+    out = harness(*args, cwd=tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    assert re.search(pattern, out.stderr), out.stderr
+
+
+def test_shipped_scenarios_validate(tmp_path):
+    for name in ("quickstart", "nightly", "pr"):
+        out = harness("validate", str(REPO / "scenarios" / f"{name}.yaml"), cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+
+
+def test_user_text_is_printed_as_plain_text_not_markup(tmp_path):
+    # A scenario name that is valid rich markup's closing tag: it must come out as written,
+    # in validate, in the run's lines and in the summary table -- never a MarkupError.
+    write(tmp_path / "m.yaml", SMALL.replace("name: small", 'name: "bench[/red]mark"'))
+    out = harness("validate", "m.yaml", cwd=tmp_path)
+    assert out.returncode == 0 and "scenario bench[/red]mark" in out.stdout, out.stderr
+    out = harness("run", "m.yaml", "--tracking-uri", f"sqlite:///{tmp_path}/m.db", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr and "MarkupError" not in out.stderr
+    assert "scenario bench[/red]mark" in out.stdout and "bench[/red]mark — run" in out.stdout

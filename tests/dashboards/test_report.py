@@ -1,0 +1,310 @@
+"""The HTML report: content from the journal, escaping, comparison verdicts, the CLI, the MLflow
+upload, and — in headless Chromium — no console errors, every image loaded, not blank."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from dashboard_fixtures import (
+    CPU_ENV, GPU_BASE, META, cpu_result, failed_result, gpu_result, gpu_sweep, kernel_sweep,
+    write_journal,
+)
+from harness.dashboards import headless
+from harness.dashboards.report import _plain_verdicts, build_report
+
+# mlflow 3.17's sqlalchemy store uses a loader strategy SQLAlchemy 2.1 deprecates: not ours.
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
+
+REPO = Path(__file__).resolve().parents[2]
+HEAD_ID, BASE_ID = "20260501-020000-aaaaaa", "20260430-020000-bbbbbb"
+NEVER_RAN = {**GPU_BASE, "context_length": 131072, "verify_mode": "custom",
+             "graph_capture": "full", "tree_build": "gpu"}
+
+needs_chromium = pytest.mark.skipif(headless.find_chromium() is None,
+                                    reason="Chromium not installed (apt-get install chromium)")
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """A head run (decode sweep with a failed cell, kernel cells, one cell that never ran)
+    and a base run of the same sweep, 10 % faster."""
+    root = tmp_path / "results" / "runs"
+    head = write_journal(root, HEAD_ID, gpu_sweep() + kernel_sweep(), [NEVER_RAN])
+    base = write_journal(root, BASE_ID, gpu_sweep(speed=1.1),
+                         meta={**META, "git_sha": "1111111222222233333334444444555555566666"})
+    return head, base
+
+
+def images_in(page: str) -> list[bytes]:
+    return [base64.b64decode(m)
+            for m in re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)]
+
+
+def test_report_is_self_contained_and_says_what_ran_where(runs):
+    head, _ = runs
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = build_report(head)
+    assert report.path == head.path / "report" / "index.html"
+    page = report.path.read_text()
+
+    # Summary: host, GPU, driver, torch, commit, scenario, trigger, date.
+    for text in ("gpu-a", "NVIDIA H200 (× 8)", "580.65.06", "2.11.0+cu130",
+                 META["git_sha"], "nightly", head.run["created_at"]):
+        assert text in page, text
+    # Every figure is inlined, drawn, and also written beside index.html for MLflow.
+    assert not [f for f in report.figures if f.error], [f.error for f in report.figures]
+    names = {f.name for f in report.figures}
+    assert {"tokens_vs_context.png", "speedup_heatmap.png", "idle_by_phase.png",
+            "kernel_roofline.png"} <= names
+    assert any(n.startswith("timeline-") for n in names)
+    pngs = images_in(page)
+    assert len(pngs) == len(report.figures)
+    for f in report.figures:
+        assert (report.path.parent / f.name).read_bytes() in pngs
+    # Nothing to fetch: no scripts, no external URLs, a CSP that forbids any.
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+    assert "default-src 'none'" in page
+
+
+def test_report_shows_a_history_when_given_one(runs):
+    head, _ = runs
+    points = [(f"{i:07x}", f"2026-04-{i + 1:02d} 02:00", 500.0 - 40 * (i >= 6)) for i in range(10)]
+    report = build_report(head, history=[{"points": points, "change_points": [6],
+                                          "cell": "ctx=4096 verify=custom", "gpu": "h200"}])
+    assert [f.name for f in report.figures if f.name.startswith("history")] == ["history-0.png"]
+    assert "History of tokens_per_s for ctx=4096 verify=custom" in report.path.read_text()
+
+
+def test_report_lists_failed_and_missing_cells_escaped(runs):
+    head, _ = runs
+    page = build_report(head).path.read_text()
+    failed = page.split("<h2>Failed cells</h2>", 1)[1]
+    # The error text is shown escaped, never as markup.
+    assert "torch.OutOfMemoryError: CUDA out of memory" in failed
+    assert "&lt;&amp; &quot;quoted&quot; &gt;" in failed and '<& "quoted" >' not in page
+    assert "CompilationError" in failed                         # failed kernel cells too
+    assert "ctx=131072" in failed and "never produced a result" in failed
+    cells = page.split("<h2>Cells</h2>", 1)[1].split("<h2>Failed cells</h2>", 1)[0]
+    assert "Decode cells" in cells and "Kernel cells" in cells
+    assert cells.count('badge failed') == 1 + 3 and cells.count("badge missing") == 1
+    assert "n/a" not in cells.split("Kernel cells")[1]           # GPU host: no "no GPU" text
+
+
+def test_cpu_run_says_idle_is_not_available(tmp_path):
+    results = [cpu_result(256, "greedy", 40.0), cpu_result(1024, "greedy", 30.0),
+               failed_result({"model": "tiny", "device": "cpu", "context_length": 4096},
+                             env=CPU_ENV, host="local")]
+    journal = write_journal(tmp_path / "runs", HEAD_ID, results, scenario="quickstart",
+                            meta={"git_sha": "abc", "trigger": "manual", "git_dirty": True})
+    page = build_report(journal).path.read_text()
+    assert "n/a (no GPU)" in page and "none (CPU)" in page
+    assert "uncommitted changes" in page
+    assert "speedup_heatmap" not in page  # one verify mode: nothing to compare, no figure
+
+
+def test_a_figure_that_fails_is_a_visible_card_not_a_lost_report(runs, monkeypatch):
+    from harness.dashboards import figures
+
+    def broken(*args, **kwargs):
+        raise ValueError("no <good> data")
+
+    monkeypatch.setattr(figures, "tokens_vs_context", broken)
+    head, _ = runs
+    report = build_report(head)
+    page = report.path.read_text()
+    assert "Figure tokens_vs_context.png could not be drawn" in page
+    assert "ValueError: no &lt;good&gt; data" in page
+    assert len(images_in(page)) == len(report.figures) - 1  # the others are still there
+
+
+def test_compare_verdicts_ratio_per_cell(runs):
+    head, base = runs
+    report = build_report(head, base=base)
+    page = report.path.read_text()
+    assert BASE_ID in page and "head/base" in page
+    verdicts = report.verdicts
+    assert verdicts.keys() == head.results().keys()
+    ok = [v for v in verdicts.values() if v.ratio is not None]
+    assert ok and all(v.ratio == pytest.approx(1 / 1.1) for v in ok)
+    by_verdict = {v.verdict for v in verdicts.values()}
+    assert {"no base", "base failed"} <= by_verdict  # kernel cells; the cell failed in both
+    try:
+        import harness.gate.stats  # noqa: F401
+    except ImportError:
+        assert {v.detail for v in ok} == {"significance not assessed"}
+    else:  # the statistical gate decides: 3 vs 3 repeats cannot be significant at alpha 1 %
+        assert {v.verdict for v in ok} == {"inconclusive"}
+        assert all("p=" in v.detail for v in ok)
+
+
+def test_plain_verdicts_read_direction_per_metric():
+    fast = gpu_result(4096, "custom", tps=1000.0)
+    slow = dict(fast, metrics={**fast["metrics"], "tokens_per_s": 900.0})
+    same = dict(fast, metrics={**fast["metrics"], "tokens_per_s": 1010.0})
+    k_base = kernel_sweep()[0]
+    k_head = dict(k_base, metrics={**k_base["metrics"], "kernel_us": k_base["metrics"]["kernel_us"] / 2})
+    failed = failed_result(fast["cell"])
+    cid, kid = fast["cell_id"], k_base["cell_id"]
+
+    def verdict(head, base, key):
+        return _plain_verdicts({key: head}, {key: base} if base else {})[key]
+
+    assert verdict(slow, fast, cid).verdict == "slower"
+    assert verdict(fast, slow, cid).verdict == "faster"
+    assert verdict(same, fast, cid).verdict == "unchanged"
+    assert verdict(k_head, k_base, kid).verdict == "faster"   # half the µs: lower is better
+    assert verdict(k_head, k_base, kid).ratio == pytest.approx(0.5)
+    assert verdict(failed, fast, cid).verdict == "head failed"
+    assert verdict(fast, failed, cid).verdict == "base failed"
+    assert verdict(fast, None, cid).verdict == "no base"
+    assert verdict(slow, fast, cid).detail == "significance not assessed"
+
+
+def run_cli(*args, cwd):
+    env = dict(os.environ, COLUMNS="160")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=240, env=env)
+
+
+def test_report_command_writes_and_prints_the_path(runs, tmp_path):
+    out = run_cli("report", HEAD_ID, "--compare", BASE_ID, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr + out.stdout
+    path = tmp_path / "results" / "runs" / HEAD_ID / "report" / "index.html"
+    assert f"Report: {path.relative_to(tmp_path)}" in out.stdout
+    assert path.is_file() and BASE_ID in path.read_text()
+    assert f"Compared with {BASE_ID}:" in out.stdout
+    # No MLflow store was ever made here: said so, and no sqlite file created just for this.
+    assert "not attached to MLflow" in out.stdout
+    assert not (tmp_path / "results" / "mlflow.db").exists()
+
+    bad = run_cli("report", HEAD_ID, "--compare", "20990101-000000-ffffff", cwd=tmp_path)
+    assert bad.returncode == 2 and "20990101-000000-ffffff" in bad.stderr
+
+
+@pytest.mark.slow
+def test_report_is_attached_to_the_parent_mlflow_run(runs, tmp_path):
+    from mlflow import MlflowClient
+
+    from harness.sweep.tracking import TrackingUnavailable, log_report, log_run
+
+    head, _ = runs
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    report = build_report(head)
+    with pytest.raises(TrackingUnavailable, match="no MLflow store"):
+        log_report(head, report.path.parent, uri)
+    logged = log_run(head, uri)
+    assert log_report(head, report.path.parent) == logged.parent_run_id  # uri from tracking.json
+    artifacts = {a.path for a in MlflowClient(uri).list_artifacts(logged.parent_run_id, "report")}
+    assert {"report/index.html", "report/tokens_vs_context.png"} <= artifacts
+
+
+@pytest.mark.slow
+def test_harness_run_makes_the_report_at_the_end(tmp_path):
+    scenario = tmp_path / "one.yaml"
+    scenario.write_text(textwrap.dedent("""\
+        name: one
+        defaults: {model: tiny, device: cpu, warmup_steps: 1, steps: 2, repeats: 2,
+                   profile_steps: 0, timeout_s: 120}
+        matrix:
+          context_length: [32]
+        """))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    out = run_cli("run", str(scenario), "--tracking-uri", uri, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr + out.stdout
+    index = next((tmp_path / "results" / "runs").glob("*/report/index.html"))
+    assert f"Report: {index.relative_to(tmp_path)}" in out.stdout
+    assert "Report attached to the MLflow run" in out.stdout
+    state = json.loads((index.parent.parent / "tracking.json").read_text())
+    from mlflow import MlflowClient
+
+    artifacts = {a.path for a in MlflowClient(uri).list_artifacts(state["parent_run_id"], "report")}
+    assert "report/index.html" in artifacts
+
+
+# -- in a real browser -----------------------------------------------------------------------
+
+
+def distinct_colors(png: bytes) -> int:
+    with Image.open(io.BytesIO(png)) as image:
+        return len(image.convert("RGB").getcolors(1 << 24))
+
+
+@needs_chromium
+def test_report_opens_in_headless_chromium(runs):
+    head, base = runs
+    report = build_report(head, base=base)
+    check = headless.check_page(report.path)
+    assert check.console_errors == []
+    assert len(check.images) == len(report.figures) > 4
+    assert check.broken_images == []
+    assert all(i["width"] > 300 for i in check.images)
+    assert check.title == f"nightly — run {HEAD_ID}"
+    # Nothing but the file itself and its inline images was loaded.
+    assert {u.split(":", 1)[0] for u in check.requests} <= {"file", "data"}
+    # The screenshot shows a page, not a blank canvas: text, tables and figures in colour.
+    assert check.screenshot[:8] == b"\x89PNG\r\n\x1a\n"
+    assert distinct_colors(check.screenshot) > 500
+
+
+@needs_chromium
+def test_headless_check_catches_console_errors_and_broken_images(tmp_path):
+    """The checker itself can fail: a page with a script error and a broken image."""
+    page = tmp_path / "broken.html"
+    page.write_text("<!DOCTYPE html><html><head><title>broken</title></head><body>"
+                    "<img src='data:image/png;base64,AAAA'><img src='missing.png'>"
+                    "<script>console.error('boom'); undefinedFunction();</script></body></html>")
+    check = headless.check_page(page, screenshot=False)
+    assert not check.ok
+    assert any("boom" in e for e in check.console_errors)
+    assert any("undefinedFunction" in e for e in check.console_errors)
+    assert len(check.broken_images) == 2
+
+
+@needs_chromium
+def test_screenshot_script_writes_the_top_of_the_report(runs, tmp_path):
+    bin_dir = Path(sys.executable).parent
+    env = dict(os.environ, RESULTS=str(tmp_path / "results"), HEIGHT="1800",
+               PYTHON=sys.executable, HARNESS=str(bin_dir / "harness"))
+    env.pop("MLFLOW_TRACKING_URI", None)
+    shot = tmp_path / "shot.png"
+    out = subprocess.run(["bash", str(REPO / "ci" / "screenshot_report.sh"), HEAD_ID, str(shot)],
+                         capture_output=True, text=True, timeout=240, env=env)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert '"console_errors": []' in out.stdout and '"broken_images": []' in out.stdout
+    with Image.open(shot) as image:
+        assert image.size == (1400, 1800)
+    assert distinct_colors(shot.read_bytes()) > 500
+
+
+def test_worker_results_from_a_gpu_host_become_a_journal_and_a_report(tmp_path):
+    """ci/journal_from_results.py: results copied back from ci/gpu_cells.sh, then reported."""
+    out = tmp_path / "gpu-out"
+    out.mkdir()
+    for i, r in enumerate(gpu_sweep()[:4], start=1):
+        (out / f"{i}.json").write_text(json.dumps(r))
+    (out / "env.json").write_text(json.dumps({"gpu": "NVIDIA H200"}))  # not a result: skipped
+    made = subprocess.run([sys.executable, str(REPO / "ci" / "journal_from_results.py"),
+                           "--scenario", "nightly", "--root", str(tmp_path / "results" / "runs"),
+                           *map(str, sorted(out.glob("*.json")))],
+                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert made.returncode == 0, made.stderr
+    assert "env.json: skipped" in made.stderr
+    run_id = made.stdout.strip()
+    report = run_cli("report", run_id, "--no-mlflow", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr + report.stdout
+    page = (tmp_path / "results" / "runs" / run_id / "report" / "index.html").read_text()
+    assert "NVIDIA H200" in page and page.count("badge ok") == 4

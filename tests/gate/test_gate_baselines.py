@@ -1,0 +1,158 @@
+"""Baseline selection without MLflow: GPU classes, the JSON files, journaled runs, and the
+`harness gate` exit codes around them."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.gate import baselines
+from harness.gate.baselines import gpu_class, samples_of
+from harness.protocol.errors import InputError
+from harness.protocol.params import cell_id, cell_label
+from harness.sweep.journal import RunJournal
+from harness.sweep.scenario import parse_scenario
+
+runner = CliRunner()
+NAME = "gate-files"
+TEXT = textwrap.dedent(f"""\
+    name: {NAME}
+    defaults: {{model: tiny, device: cpu, repeats: 5, profile_steps: 0}}
+    matrix:
+      context_length: [64, 128]
+    """)
+
+
+def journal(root: Path, run_id: str, tps: float, gpu: str | None = "NVIDIA H200",
+            failed: set[int] = frozenset(), sha: str = "abc1234") -> RunJournal:
+    sc = parse_scenario(TEXT, "s.yaml")
+    j = RunJournal.create(root / "runs", run_id, NAME, "s.yaml", TEXT, sc.cells(),
+                          {"git_sha": sha, "trigger": "nightly"})
+    for k, cell in enumerate(sc.cells()):
+        ok = k not in failed
+        j.write_cell({"cell": cell, "cell_id": cell_id(cell), "label": cell_label(cell),
+                      "status": "ok" if ok else "failed", "error": None if ok else "boom",
+                      "metrics": {"tokens_per_s": tps, "accept_len_mean": 6.5, "idle_fraction": None}
+                      if ok else {},
+                      "samples": {"tokens_per_s": [tps * f for f in (0.99, 1.0, 1.01, 0.995, 1.005)],
+                                  "accept_len_mean": [6.5] * 5, "step_ms": [1.0] * 40}
+                      if ok else {},
+                      "env": {"gpu": gpu}, "started_at": "2026-01-01T00:00:00+00:00"})
+    return j
+
+
+def harness(*args):
+    r = runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
+    return r.exit_code, r.output
+
+
+def test_gpu_class_names():
+    assert gpu_class("NVIDIA H200") == "h200"
+    assert gpu_class("NVIDIA H100 80GB HBM3") == "h100-80gb-hbm3"
+    assert gpu_class("NVIDIA GeForce RTX 4090") == "geforce-rtx-4090"
+    assert gpu_class(None) == gpu_class("") == gpu_class("none") == "cpu"
+
+
+def test_samples_pool_per_repeat_lists_and_single_values():
+    results = [{"status": "ok", "metrics": {"tokens_per_s": 10.0, "step_ms_p50": 2.0, "idle_fraction": None},
+                "samples": {"tokens_per_s": [9.0, 10.0, 11.0]}},
+               {"status": "ok", "metrics": {"tokens_per_s": 12.0, "step_ms_p50": 3.0},
+                "samples": {"tokens_per_s": [12.0]}},
+               {"status": "failed", "metrics": {"tokens_per_s": 1.0}, "samples": {}}]
+    assert samples_of(results) == {"tokens_per_s": [9.0, 10.0, 11.0, 12.0], "step_ms_p50": [2.0, 3.0]}
+
+
+def test_file_roundtrip_merge_and_class_layout(tmp_path):
+    root = tmp_path / "baselines"
+    first = journal(tmp_path, "20260101-000000-000001", 100.0)
+    [(path, n, kept)] = baselines.write_file(root, first)
+    assert path == root / "h200" / f"{NAME}.json" and (n, kept) == (2, 0)
+    data = json.loads(path.read_text())
+    assert data["gpu_class"] == "h200" and len(data["cells"]) == 2
+    entry = next(iter(data["cells"].values()))
+    assert "step_ms" not in entry["samples"]               # only the metrics' samples are kept
+    assert entry["git_sha"] == "abc1234" and entry["run_id"] == first.run_id
+
+    # A later run with a failed cell keeps that cell's older entry.
+    second = journal(tmp_path, "20260102-000000-000002", 120.0, failed={1}, sha="def5678")
+    [(path, n, kept)] = baselines.write_file(root, second)
+    assert (n, kept) == (1, 1)
+    sides = baselines.from_file(root, NAME, "h200")
+    shas = sorted(s.git_sha for s in sides.values())
+    assert shas == ["abc1234", "def5678"]
+    assert sides[first.cells[0]["cell_id"]].samples["tokens_per_s"][1] == 120.0
+
+
+def test_file_source_refuses_other_gpu_classes(tmp_path):
+    root = tmp_path / "baselines"
+    baselines.write_file(root, journal(tmp_path, "20260101-000000-000003", 100.0))
+    with pytest.raises(InputError, match="GPU class 'a100'.*exist for GPU class h200.*never compared"):
+        baselines.from_file(root, NAME, "a100")
+    # A file moved under the wrong class folder is refused too.
+    (root / "b200").mkdir()
+    (root / "h200" / f"{NAME}.json").rename(root / "b200" / f"{NAME}.json")
+    with pytest.raises(InputError, match="lies under 'b200'"):
+        baselines.from_file(root, NAME, "b200")
+
+
+def test_gate_against_file_and_run_baselines(tmp_path):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(TEXT)
+    results = tmp_path / "results"
+    base = journal(results, "20260101-000000-000004", 100.0)
+    code, out = harness("baseline", "mark", base.run_id, "--no-mlflow", "--file", "--results", results)
+    assert code == 0 and "2 cell(s)" in out, out
+    assert (results / "baselines" / "h200" / f"{NAME}.json").is_file()
+
+    slow = journal(results, "20260102-000000-000005", 90.0)
+    same = journal(results, "20260102-000000-000006", 100.0)
+    code, out = harness("gate", scenario, "--baseline", "file", "--run", slow.run_id, "--results", results)
+    assert code == 1, out
+    code, out = harness("gate", scenario, "--baseline", "file", "--run", same.run_id, "--results", results)
+    assert code == 0, out
+    code, out = harness("gate", scenario, "--baseline", f"run:{base.run_id}", "--run", slow.run_id,
+                        "--results", results)
+    assert code == 1, out
+
+    # Baseline missing for the head's GPU class: exit 2.
+    cpu = journal(results, "20260102-000000-000007", 100.0, gpu=None)
+    code, out = harness("gate", scenario, "--baseline", "file", "--run", cpu.run_id, "--results", results)
+    assert code == 2 and "no baseline for scenario" in out
+    # A journaled baseline run from another class: refused, exit 2.
+    code, out = harness("gate", scenario, "--baseline", f"run:{base.run_id}", "--run", cpu.run_id,
+                        "--results", results)
+    assert code == 2 and "never compared" in out
+    # Head cells all failed: nothing measured, exit 2.
+    broken = journal(results, "20260102-000000-000008", 100.0, failed={0, 1})
+    code, out = harness("gate", scenario, "--baseline", "file", "--run", broken.run_id, "--results", results)
+    assert code == 2 and "boom" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "either --base REF"),
+    (["--base", "HEAD", "--baseline", "file"], "either --base REF"),
+    (["--baseline", "nightly"], "--baseline must be mlflow, file or run:RUN_ID"),
+    (["--baseline", "file", "--run", "nope"], "no run 'nope'"),
+    (["--head", "HEAD", "--baseline", "file"], "--head REF needs --base"),
+    (["--baseline", "file", "--alpha", "2"], "--alpha must lie between 0 and 1"),
+    (["--baseline", "file", "--trigger", "cron"], "--trigger must be one of"),
+    (["--baseline", "file", "--rounds", "0"], "--rounds must be >= 1"),
+])
+def test_bad_gate_input_is_one_line_and_exit_2(tmp_path, args, message):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(TEXT)
+    code, out = harness("gate", scenario, *args, "--results", tmp_path / "results")
+    assert code == 2 and message in out, out
+    assert "Traceback" not in out and len(out.strip().splitlines()) == 1
+
+
+def test_baseline_mark_bad_input(tmp_path):
+    code, out = harness("baseline", "mark", "nope", "--no-mlflow", "--file", "--results", tmp_path)
+    assert code == 2 and "needs the run's journal" in out
+    code, out = harness("baseline", "mark", "nope", "--no-mlflow", "--results", tmp_path)
+    assert code == 2 and "nothing to do" in out

@@ -1,0 +1,732 @@
+// CPU stand-ins for the CUDA builtins and PTX helpers that kernels/verify/verify_attention.cu uses, so
+// its kernels run, unchanged, on a machine without a GPU (tests only; build with -DTVA_EMULATE).
+//
+// - Every CUDA thread of a block is a fiber (ucontext) on one OS thread; a scheduler runs them
+//   round-robin between barriers. __syncthreads is a barrier of the block's live threads;
+//   warp-wide operations are barriers of the warp's 32 lanes around an exchange of values.
+//   (On x86-64 the fibers switch with a few instructions of assembly; elsewhere with
+//   swapcontext, which also saves the signal mask: correct, only slower.)
+// - ldmatrix (.x4, plain and .trans), mma.sync.m16n8k16.row.col bf16->fp32 and shfl.xor follow
+//   the fragment layouts of the PTX ISA: the emulator reassembles whole matrices from the
+//   lanes' registers, so a kernel that indexes them wrongly computes the wrong numbers here too.
+// - wgmma.mma_async m64n64k16 (A in registers, B through a K-major 128-byte-swizzle shared-memory
+//   descriptor) is a barrier of the warpgroup's 128 threads that completes at issue; the
+//   descriptor is decoded bit by bit and the swizzle applied to absolute shared addresses.
+// - cp.async copies are queued per thread and land as late as the rules allow: at the
+//   cp.async.wait_group that retires their group (TVA_EMU_EARLY=1: at issue instead). A kernel
+//   that reads a tile before waiting for it reads the poison (0xff bytes: bf16 NaN).
+// - Skew (a non-zero seed) makes the scheduler skip random warps in each round, so warps drift
+//   apart between barriers and a missing __syncthreads shows up as wrong numbers.
+// - emu_configure(early, skew_seed) (extern "C") sets both; the environment variables
+//   TVA_EMU_EARLY=1 and TVA_EMU_SKEW=<seed> give the defaults.
+// - Shared memory is a poisoned buffer of the launch's dynamic size; every access is bounds
+//   checked. A deadlock (threads stuck at different barriers) aborts with a message.
+// - Alignment is checked as strictly as the hardware does (a misaligned access there is
+//   cudaErrorMisalignedAddress): cp.async 16 (both addresses), ldmatrix row addresses, 4-byte
+//   shared stores, and every plain C++ load or store the kernels make through a typed pointer
+//   (float2 in shared or global memory, uint32_t output stores, ...): the test build adds
+//   -fsanitize=alignment, whose reports land in __ubsan_handle_type_mismatch_v1 below. The
+//   dynamic shared window starts where CUDA guarantees no more than its declared 128-byte
+//   alignment (shared address 128 modulo 1024), so a kernel assuming 1024 without rounding up
+//   misses too. A fault is recorded (the first one's message: emu_last_fault()) and the
+//   launcher's cudaGetLastError() returns cudaErrorMisalignedAddress, as on the GPU.
+// - Launch configurations are checked as the runtime checks them on an H200: block size, grid
+//   y / z <= 65535, and dynamic shared memory <= the kernel's own
+//   cudaFuncAttributeMaxDynamicSharedMemorySize (48 KB unless raised; at most 232448), kept per
+//   kernel address. A refused launch runs nothing and its cudaGetLastError() is
+//   cudaErrorInvalidValue. emu_dry_run(1) validates launches without running any block.
+#pragma once
+
+#include <ucontext.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct alignas(8) float2 {      // as CUDA's: an 8-byte vector type
+    float x, y;
+};
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline int min(int a, int b) { return a < b ? a : b; }
+
+struct __nv_bfloat16 {
+    uint16_t bits;
+};
+struct __nv_bfloat162 {
+    __nv_bfloat16 x, y;
+};
+inline uint16_t emu_f2bf(float f) {       // round to nearest even, NaN stays NaN
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return static_cast<uint16_t>(u >> 16);
+}
+inline float emu_bf2f(uint16_t h) {
+    uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) { return {{emu_f2bf(lo)}, {emu_f2bf(hi)}}; }
+inline float __log2f(float x) { return std::log2(x); }
+template <typename T>
+inline T __ldg(const T* p) { return *p; }
+
+// The CUDA runtime, as far as the launchers use it.
+typedef int cudaError_t;
+typedef void* cudaStream_t;
+enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMisalignedAddress = 716 };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+inline cudaError_t cudaGetDevice(int* d) { *d = 0; return cudaSuccess; }
+namespace emu {
+// The launch-configuration rules of the CUDA runtime on an H200 (sm_90): a launch that breaks one
+// does not run and its cudaGetLastError() is cudaErrorInvalidValue ("invalid argument"), as there.
+constexpr int kDefaultDynamicSmem = 48 * 1024;    // without cudaFuncAttributeMaxDynamicSharedMemorySize
+constexpr int kOptinDynamicSmem = 232448;         // sharedMemPerBlockOptin on sm_90
+constexpr unsigned kMaxGridYZ = 65535, kMaxBlockThreads = 1024;
+// The first alignment fault since the last cudaGetLastError() (empty: none).
+inline std::string& fault() {
+    static std::string first;
+    return first;
+}
+inline void misaligned(const char* what) {
+    if (fault().empty()) fault() = what;
+}
+// A refused launch since the last cudaGetLastError() (empty: none), and why.
+inline std::string& launch_refused() {
+    static std::string why;
+    return why;
+}
+inline void refuse(const std::string& why) {
+    if (launch_refused().empty()) launch_refused() = why;
+    if (fault().empty()) fault() = "launch refused: " + why;
+}
+// cudaFuncAttributeMaxDynamicSharedMemorySize per kernel (by address), as the runtime keeps it.
+inline std::vector<std::pair<const void*, int>>& smem_attributes() {
+    static std::vector<std::pair<const void*, int>> a;
+    return a;
+}
+inline int max_dynamic_smem(const void* kernel) {
+    for (const auto& kv : smem_attributes())
+        if (kv.first == kernel) return kv.second;
+    return kDefaultDynamicSmem;
+}
+inline bool& dry_run() {      // validate launches, run no blocks (launch-parameter tests)
+    static bool on = false;
+    return on;
+}
+inline long& launches() {     // launches that passed validation
+    static long n = 0;
+    return n;
+}
+}  // namespace emu
+template <typename K>
+inline cudaError_t cudaFuncSetAttribute(K kernel, cudaFuncAttribute, int value) {
+    if (value < 0 || value > emu::kOptinDynamicSmem) return cudaErrorInvalidValue;
+    const void* key = reinterpret_cast<const void*>(kernel);
+    for (auto& kv : emu::smem_attributes())
+        if (kv.first == key) {
+            kv.second = value;
+            return cudaSuccess;
+        }
+    emu::smem_attributes().push_back({key, value});
+    return cudaSuccess;
+}
+inline cudaError_t cudaGetLastError() {
+    if (!emu::launch_refused().empty()) {
+        emu::launch_refused().clear();
+        return cudaErrorInvalidValue;
+    }
+    const bool faulted = !emu::fault().empty();
+    return faulted ? cudaErrorMisalignedAddress : cudaSuccess;
+}
+inline const char* cudaGetErrorString(cudaError_t e) {
+    return e == cudaErrorMisalignedAddress ? "misaligned address"
+           : e == cudaErrorInvalidValue    ? "invalid argument"
+           : e                             ? "emulated error"
+                                           : "no error";
+}
+template <typename K>
+inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, K, int, size_t) {
+    *n = 2;
+    return cudaSuccess;
+}
+
+#if defined(__x86_64__)
+// emu_switch(save, to): push the callee-saved registers, store the stack pointer in *save,
+// continue on stack `to` (popping what its own emu_switch pushed, or a fresh fiber's frame).
+asm(R"(
+.text
+.globl emu_switch
+.type emu_switch,@function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+.size emu_switch, .-emu_switch
+)");
+extern "C" void emu_switch(void** save, void* to);
+#define EMU_FAST_SWITCH 1
+#endif
+
+namespace emu {
+
+[[noreturn]] inline void die(const char* what) {
+    std::fprintf(stderr, "cuda emulation: %s\n", what);
+    std::abort();
+}
+
+struct Copy {
+    uint32_t dst;
+    const void* src;
+    int bytes;
+};
+
+struct Fiber {
+    ucontext_t ctx;
+    void* sp = nullptr;
+    char* stack = nullptr;
+    int tid = 0;
+    bool done = false;
+    std::vector<Copy> open;
+    std::deque<std::vector<Copy>> groups;
+};
+
+// Shared address of the first byte of dynamic shared memory: 128-byte aligned (what
+// `extern __shared__ __align__(128)` promises), not 1024.
+constexpr uint32_t kSmemBase = 128;
+
+struct Block {
+    dim3 idx, dim;
+    std::vector<uint8_t> smem_store;   // host bytes; smem is their 1024-byte aligned part
+    uint8_t* smem = nullptr;           // host address of shared address kSmemBase
+    size_t smem_size = 0;
+    std::vector<Fiber> fibers;
+    ucontext_t sched;
+    void* sched_sp = nullptr;
+    int cur = 0, live = 0;
+    long progress = 0;
+    int bar_count = 0;
+    long bar_gen = 0;
+    std::vector<int> warp_count, group_count;
+    std::vector<long> warp_gen, group_gen;
+    std::vector<std::array<uint32_t, 16>> slots;   // per thread: values it shares with its warp
+    void (*body)(const void*) = nullptr;
+    const void* arg = nullptr;
+};
+
+inline Block*& current_block() {
+    static thread_local Block* b = nullptr;
+    return b;
+}
+inline uint64_t& skew_state() {
+    static uint64_t state = [] {
+        const char* s = std::getenv("TVA_EMU_SKEW");
+        return s ? std::strtoull(s, nullptr, 10) : 0ull;
+    }();
+    return state;
+}
+// With skew on: does warp w run in this round? (xorshift; about half the warps sit out)
+inline bool skip_warp() {
+    uint64_t& x = skew_state();
+    if (!x) return false;
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return (x >> 11) & 1;
+}
+inline bool& late_copies() {
+    static bool late = !std::getenv("TVA_EMU_EARLY") || std::getenv("TVA_EMU_EARLY")[0] != '1';
+    return late;
+}
+
+inline Fiber& me() { return current_block()->fibers[current_block()->cur]; }
+inline void to_scheduler(Fiber& f) {
+    Block* b = current_block();
+#ifdef EMU_FAST_SWITCH
+    emu_switch(&f.sp, b->sched_sp);
+#else
+    swapcontext(&f.ctx, &b->sched);
+#endif
+}
+inline void yield() { to_scheduler(current_block()->fibers[current_block()->cur]); }
+
+inline void barrier(int& count, long& gen, int participants) {
+    Block* b = current_block();
+    const long mine = gen;
+    ++b->progress;
+    if (++count == participants) {
+        count = 0;
+        ++gen;
+        return;
+    }
+    while (gen == mine) yield();
+}
+
+inline void syncthreads() {
+    Block* b = current_block();
+    barrier(b->bar_count, b->bar_gen, b->live);
+}
+inline int lane() { return me().tid & 31; }
+inline int warp() { return me().tid >> 5; }
+inline void warp_sync() {
+    Block* b = current_block();
+    barrier(b->warp_count[warp()], b->warp_gen[warp()], 32);
+}
+inline std::array<uint32_t, 16>& slot(int l) { return current_block()->slots[warp() * 32 + l]; }
+inline void warpgroup_sync() {
+    Block* b = current_block();
+    barrier(b->group_count[warp() / 4], b->group_gen[warp() / 4], 128);
+}
+
+inline uint8_t* smem_at(uint32_t addr, uint32_t bytes) {
+    Block* b = current_block();
+    if (addr < kSmemBase || static_cast<size_t>(addr - kSmemBase) + bytes > b->smem_size)
+        die("shared-memory access out of bounds");
+    return b->smem + (addr - kSmemBase);
+}
+
+// -- cp.async --------------------------------------------------------------------------------
+inline void perform(const Copy& c) {
+    uint8_t* dst = smem_at(c.dst, 16);
+    if (c.bytes) std::memcpy(dst, c.src, 16);
+    else std::memset(dst, 0, 16);
+}
+inline void retire(size_t keep) {
+    Fiber& f = me();
+    while (f.groups.size() > keep) {
+        for (const Copy& c : f.groups.front()) perform(c);
+        f.groups.pop_front();
+    }
+}
+
+// -- launching -------------------------------------------------------------------------------
+inline void fiber_main() {
+    Block* b = current_block();
+    b->body(b->arg);
+    Fiber& f = me();
+    if (!f.open.empty() || !f.groups.empty()) {   // cp.async never waited for: lands anyway
+        f.groups.push_back(f.open);
+        f.open.clear();
+        retire(0);
+    }
+    f.done = true;
+    --b->live;
+    ++b->progress;
+    if (b->bar_count > 0 && b->bar_count >= b->live) {   // the exited thread was awaited
+        b->bar_count = 0;
+        ++b->bar_gen;
+    }
+    to_scheduler(f);
+    die("a finished fiber was resumed");
+}
+
+// Fiber stacks, reused by every block (allocating and zeroing them per block costs more than
+// the emulated kernel).
+constexpr size_t kStackBytes = 128 * 1024;
+inline char* fiber_stack(unsigned t) {
+    static thread_local std::vector<std::unique_ptr<char[]>> pool;
+    while (pool.size() <= t) pool.emplace_back(new char[kStackBytes]);
+    return pool[t].get();
+}
+
+inline void run_block(Block& b) {
+    current_block() = &b;
+    b.live = static_cast<int>(b.dim.x);
+    b.fibers.resize(b.dim.x);
+    b.slots.assign(b.dim.x, {});
+    b.warp_count.assign((b.dim.x + 31) / 32, 0);
+    b.warp_gen.assign((b.dim.x + 31) / 32, 0);
+    b.group_count.assign((b.dim.x + 127) / 128, 0);
+    b.group_gen.assign((b.dim.x + 127) / 128, 0);
+    for (unsigned t = 0; t < b.dim.x; ++t) {
+        Fiber& f = b.fibers[t];
+        f.tid = static_cast<int>(t);
+        f.stack = fiber_stack(t);
+#ifdef EMU_FAST_SWITCH
+        // A frame emu_switch can return into: six zeroed registers, then fiber_main as the
+        // return address, placed so fiber_main starts with the stack alignment of a call.
+        uintptr_t top = reinterpret_cast<uintptr_t>(f.stack + kStackBytes) & ~uintptr_t(15);
+        void** frame = reinterpret_cast<void**>(top - 64);
+        for (int i = 0; i < 6; ++i) frame[i] = nullptr;
+        frame[6] = reinterpret_cast<void*>(&fiber_main);
+        frame[7] = nullptr;
+        f.sp = frame;
+#else
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = f.stack;
+        f.ctx.uc_stack.ss_size = kStackBytes;
+        f.ctx.uc_link = nullptr;
+        makecontext(&f.ctx, fiber_main, 0);
+#endif
+    }
+    bool all_warps = false;              // after a round without progress, run everyone
+    while (b.live > 0) {
+        const long before = b.progress;
+        bool skip = false;
+        for (unsigned t = 0; t < b.dim.x; ++t) {
+            if (t % 32 == 0) skip = !all_warps && skip_warp();
+            if (skip || b.fibers[t].done) continue;
+            b.cur = static_cast<int>(t);
+#ifdef EMU_FAST_SWITCH
+            emu_switch(&b.sched_sp, b.fibers[t].sp);
+#else
+            swapcontext(&b.sched, &b.fibers[t].ctx);
+#endif
+        }
+        if (b.progress == before && all_warps) die("deadlock: threads wait at barriers that cannot complete");
+        all_warps = b.progress == before;
+    }
+    current_block() = nullptr;
+}
+
+template <typename P>
+inline void launch(void (*kernel)(const P), dim3 grid, dim3 block, size_t smem_bytes, const P& p) {
+    struct Call {
+        void (*kernel)(const P);
+        const P* p;
+        static void body(const void* self) {
+            const Call* c = static_cast<const Call*>(self);
+            c->kernel(*c->p);
+        }
+    } call{kernel, &p};
+    const unsigned threads = block.x * block.y * block.z;
+    const int smem_limit = max_dynamic_smem(reinterpret_cast<const void*>(kernel));
+    if (threads == 0 || threads > kMaxBlockThreads)
+        return refuse("block of " + std::to_string(threads) + " threads");
+    if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > kMaxGridYZ || grid.z > kMaxGridYZ)
+        return refuse("grid " + std::to_string(grid.x) + " x " + std::to_string(grid.y) + " x " +
+                      std::to_string(grid.z) + " (y and z at most 65535)");
+    if (smem_bytes > static_cast<size_t>(smem_limit))
+        return refuse(std::to_string(smem_bytes) + " bytes of dynamic shared memory, the kernel's limit is " +
+                      std::to_string(smem_limit) + " (cudaFuncAttributeMaxDynamicSharedMemorySize)");
+    ++launches();
+    if (dry_run()) return;
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) {
+                Block b;
+                b.idx = dim3(x, y, z);
+                b.dim = block;
+                // Host address == shared address modulo 1024, so typed accesses through
+                // `smem` have the alignment their shared addresses have.
+                b.smem_store.assign(smem_bytes + 2048, 0xff);   // poison: bf16 NaN, fp32 NaN
+                const uintptr_t raw = reinterpret_cast<uintptr_t>(b.smem_store.data());
+                b.smem = reinterpret_cast<uint8_t*>(((raw + 1023) & ~uintptr_t(1023)) + kSmemBase);
+                b.smem_size = smem_bytes;
+                b.body = &Call::body;
+                b.arg = &call;
+                run_block(b);
+            }
+}
+
+inline uint8_t* shared_memory() { return current_block()->smem; }
+
+}  // namespace emu
+
+inline dim3 emu_thread_idx() { return dim3(static_cast<unsigned>(emu::me().tid)); }
+#define threadIdx (emu_thread_idx())
+#define blockIdx (emu::current_block()->idx)
+#define blockDim (emu::current_block()->dim)
+
+inline void __syncthreads() { emu::syncthreads(); }
+
+inline float __shfl_xor_sync(unsigned, float v, int mask) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    emu::slot(emu::lane())[0] = u;
+    emu::warp_sync();
+    const uint32_t r = emu::slot(emu::lane() ^ mask)[0];
+    emu::warp_sync();
+    float out;
+    std::memcpy(&out, &r, 4);
+    return out;
+}
+
+// -- warp collectives and shared-memory atomics of kernels/tree/tree_build.cu ----------------------
+// Each is a barrier of the warp's 32 lanes around an exchange of values, like __shfl_xor_sync
+// above (so all 32 lanes must reach it, as the full-mask intrinsics require on the GPU). Values
+// of up to 8 bytes travel in two 32-bit slots. Atomics need no care: fibers switch only at
+// barriers, so a read-modify-write is never interleaved with another thread's.
+namespace emu {
+template <typename T>
+inline T shfl_from(T v, int src_of_lane_xor, bool xor_mode) {
+    static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
+    uint32_t u[2] = {0, 0};
+    std::memcpy(u, &v, sizeof(T));
+    slot(lane())[0] = u[0];
+    slot(lane())[1] = u[1];
+    warp_sync();
+    const int src = xor_mode ? (lane() ^ src_of_lane_xor) & 31 : src_of_lane_xor & 31;
+    const uint32_t r[2] = {slot(src)[0], slot(src)[1]};
+    warp_sync();
+    T out;
+    std::memcpy(&out, r, sizeof(T));
+    return out;
+}
+}  // namespace emu
+inline int __shfl_xor_sync(unsigned, int v, int mask) { return emu::shfl_from(v, mask, true); }
+inline unsigned __shfl_xor_sync(unsigned, unsigned v, int mask) { return emu::shfl_from(v, mask, true); }
+inline double __shfl_xor_sync(unsigned, double v, int mask) { return emu::shfl_from(v, mask, true); }
+inline int __shfl_sync(unsigned, int v, int src) { return emu::shfl_from(v, src, false); }
+inline unsigned __shfl_sync(unsigned, unsigned v, int src) { return emu::shfl_from(v, src, false); }
+inline double __shfl_sync(unsigned, double v, int src) { return emu::shfl_from(v, src, false); }
+inline unsigned __ballot_sync(unsigned, int predicate) {
+    emu::slot(emu::lane())[0] = predicate ? 1u : 0u;
+    emu::warp_sync();
+    unsigned bits = 0;
+    for (int l = 0; l < 32; ++l) bits |= emu::slot(l)[0] << l;
+    emu::warp_sync();
+    return bits;
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int atomicAdd(int* address, int value) {
+    const int old = *address;
+    *address = old + value;
+    return old;
+}
+struct alignas(16) uint4 {      // as CUDA's: a 16-byte vector type
+    unsigned x, y, z, w;
+};
+
+// -- the PTX helpers of verify_attention.cu ---------------------------------------------------------
+inline uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(static_cast<const uint8_t*>(p) - emu::shared_memory()) + emu::kSmemBase;
+}
+
+inline void cp_async16(uint32_t dst, const void* src, bool valid) {
+    emu::Copy c{dst, src, valid ? 16 : 0};
+    emu::smem_at(dst, 16);                          // bounds check at issue
+    if (dst % 16) emu::misaligned("cp.async 16: shared address not 16-byte aligned");
+    if (reinterpret_cast<uintptr_t>(src) % 16) emu::misaligned("cp.async 16: global address not 16-byte aligned");
+    if (emu::late_copies()) emu::me().open.push_back(c);
+    else emu::perform(c);
+}
+inline void cp_async_commit() {
+    emu::Fiber& f = emu::me();
+    f.groups.push_back(f.open);
+    f.open.clear();
+}
+template <int N>
+inline void cp_async_wait() {
+    emu::retire(N);
+}
+
+inline uint16_t emu_ld16(uint32_t addr) {
+    if (addr % 2) emu::misaligned("2-byte shared load not 2-byte aligned");
+    uint16_t v;
+    std::memcpy(&v, emu::smem_at(addr, 2), 2);
+    return v;
+}
+
+// ldmatrix.x4: lanes 8i..8i+7 give the row addresses of matrix i; lane l receives row l/4,
+// columns 2(l%4), 2(l%4)+1 of each matrix (with .trans: rows 2(l%4), 2(l%4)+1 of column l/4).
+inline void emu_ldsm(uint32_t (&r)[4], uint32_t addr, bool trans) {
+    const int l = emu::lane();
+    if (addr % 16) emu::misaligned("ldmatrix row address not 16-byte aligned");
+    emu::slot(l)[0] = addr;
+    emu::warp_sync();
+    for (int i = 0; i < 4; ++i) {
+        uint16_t lo, hi;
+        if (!trans) {
+            const uint32_t row = emu::slot(8 * i + l / 4)[0];
+            lo = emu_ld16(row + 4 * (l % 4));
+            hi = emu_ld16(row + 4 * (l % 4) + 2);
+        } else {
+            lo = emu_ld16(emu::slot(8 * i + 2 * (l % 4))[0] + 2 * (l / 4));
+            hi = emu_ld16(emu::slot(8 * i + 2 * (l % 4) + 1)[0] + 2 * (l / 4));
+        }
+        r[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    }
+    emu::warp_sync();
+}
+inline void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, uint32_t a) {
+    uint32_t r[4];
+    emu_ldsm(r, a, false);
+    r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3];
+}
+inline void ldsm_x4_t(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3, uint32_t a) {
+    uint32_t r[4];
+    emu_ldsm(r, a, true);
+    r0 = r[0], r1 = r[1], r2 = r[2], r3 = r[3];
+}
+
+inline bool current_warp_count_check(int tid) {
+    return static_cast<int>(emu::current_block()->dim.x) < (tid & ~127) + 128;
+}
+
+inline float emu_half(uint32_t reg, int hi) { return emu_bf2f(static_cast<uint16_t>(hi ? reg >> 16 : reg)); }
+
+// mma.m16n8k16.row.col: A row r, col k is in lane (r%8)*4 + (k%8)/2, register (r>=8) + 2(k>=8),
+// half k%2; B row k, col n in lane n*4 + (k%8)/2, register (k>=8), half k%2; C/D row r, col n
+// in lane (r%8)*4 + n/2, element 2(r>=8) + n%2.
+inline void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    const int l = emu::lane();
+    auto& s = emu::slot(l);
+    for (int i = 0; i < 4; ++i) s[i] = a[i];
+    s[4] = b0, s[5] = b1;
+    emu::warp_sync();
+    float out[4];
+    for (int e = 0; e < 4; ++e) {
+        const int r = l / 4 + 8 * (e >> 1), n = 2 * (l % 4) + (e & 1);
+        float acc = d[e];
+        for (int k = 0; k < 16; ++k) {
+            const auto& sa = emu::slot((r % 8) * 4 + (k % 8) / 2);
+            const auto& sb = emu::slot(n * 4 + (k % 8) / 2);
+            acc += emu_half(sa[(r >= 8) + 2 * (k >= 8)], k % 2) * emu_half(sb[4 + (k >= 8)], k % 2);
+        }
+        out[e] = acc;
+    }
+    emu::warp_sync();
+    for (int e = 0; e < 4; ++e) d[e] = out[e];
+}
+
+inline float fast_exp2(float x) { return std::exp2(x); }
+
+inline void fence_proxy_async() {}
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+template <int N>
+inline void wgmma_wait() {}
+
+// Element (row r, column k) of a K-major 128-byte-swizzle operand described by `desc`: rows in
+// groups of 8, the groups SBO bytes apart, rows 128 bytes apart; the swizzle XORs address bits
+// [4, 7) with bits [7, 10) of the absolute shared address.
+inline float emu_desc_at(uint64_t desc, int r, int k) {
+    if ((desc >> 62) != 1) emu::die("emulated wgmma supports the 128-byte swizzle only");
+    const uint32_t start = static_cast<uint32_t>(desc & 0x3FFF) << 4;
+    const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4;
+    uint32_t addr = start + (r / 8) * sbo + (r % 8) * 128 + 2 * k;
+    addr ^= ((addr >> 7) & 7u) << 4;
+    return emu_bf2f(emu_ld16(addr));
+}
+
+// One warpgroup-wide d[64 x N] (+)= A[64 x 16] B[16 x N]: every thread gives its operands, the
+// product is formed from the whole group's, each thread keeps its accumulator fragment (warp w of
+// the group: rows 16w + lane/4 (+8), n-tile j columns 8j + 2(lane%4) (+1)).
+template <int N, typename AAt>
+inline void emu_wgmma(float (&d)[N / 8][4], AAt a_at, uint64_t desc_b, int accumulate) {
+    const int tid = emu::me().tid, lane = tid & 31, w = (tid >> 5) & 3;
+    float out[N / 8][4];
+    for (int j = 0; j < N / 8; ++j)
+        for (int e = 0; e < 4; ++e) {
+            const int row = 16 * w + lane / 4 + 8 * (e >> 1), n = 8 * j + 2 * (lane % 4) + (e & 1);
+            float acc = accumulate ? d[j][e] : 0.f;
+            for (int k = 0; k < 16; ++k) acc += a_at(row, k) * emu_desc_at(desc_b, n, k);
+            out[j][e] = acc;
+        }
+    emu::warpgroup_sync();
+    for (int j = 0; j < N / 8; ++j)
+        for (int e = 0; e < 4; ++e) d[j][e] = out[j][e];
+}
+
+inline void emu_wgmma_enter(uint64_t d0, uint64_t d1, const uint32_t* a) {
+    const int tid = emu::me().tid, group0 = tid & ~127;
+    if (current_warp_count_check(tid)) emu::die("wgmma needs a whole warpgroup of 128 threads");
+    auto& mine = emu::current_block()->slots[tid];
+    for (int i = 0; i < 4; ++i) mine[i] = a ? a[i] : 0;
+    mine[4] = static_cast<uint32_t>(d0), mine[5] = static_cast<uint32_t>(d0 >> 32);
+    mine[6] = static_cast<uint32_t>(d1), mine[7] = static_cast<uint32_t>(d1 >> 32);
+    emu::warpgroup_sync();
+    const auto& first = emu::current_block()->slots[group0];
+    for (int i = 4; i < 8; ++i)
+        if (first[i] != mine[i]) emu::die("wgmma descriptor differs across the warpgroup");
+}
+
+inline void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
+    emu_wgmma_enter(desc, 0, a);
+    const int group0 = emu::me().tid & ~127;
+    auto a_at = [&](int r, int k) {            // registers: warp r / 16 of the group, mma A layout
+        const int rr = r % 16;
+        const auto& sl = emu::current_block()->slots[group0 + (r / 16) * 32 + (rr % 8) * 4 + (k % 8) / 2];
+        return emu_half(sl[(rr >= 8) + 2 * (k >= 8)], k % 2);
+    };
+    emu_wgmma<64>(d, a_at, desc, accumulate);
+}
+
+inline void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    emu_wgmma_enter(desc_a, desc_b, nullptr);
+    emu_wgmma<32>(d, [&](int r, int k) { return emu_desc_at(desc_a, r, k); }, desc_b, accumulate);
+}
+
+inline void st_shared_b32(uint32_t a, uint32_t v) {
+    if (a % 4) emu::misaligned("st.shared.b32 not 4-byte aligned");
+    std::memcpy(emu::smem_at(a, 4), &v, 4);
+}
+
+extern "C" void emu_configure(int early, unsigned long long skew_seed) {
+    emu::late_copies() = !early;
+    emu::skew_state() = skew_seed;
+}
+
+extern "C" const char* emu_last_fault() { return emu::fault().c_str(); }
+extern "C" void emu_clear_fault() {
+    emu::fault().clear();
+    emu::launch_refused().clear();
+}
+// dry = 1: launches are validated (and counted) but run no blocks.
+extern "C" void emu_dry_run(int dry) { emu::dry_run() = dry != 0; }
+extern "C" long emu_launch_count() { return emu::launches(); }
+
+// -fsanitize=alignment reports (the UBSan ABI of GCC and Clang): a typed load or store through a
+// pointer not aligned for its type. Recorded as a misaligned-address fault with the source line.
+struct EmuUbsanLocation {
+    const char* file;
+    uint32_t line, column;
+};
+struct EmuUbsanType {
+    uint16_t kind, info;
+    char name[1];
+};
+struct EmuUbsanMismatch {
+    EmuUbsanLocation loc;
+    const EmuUbsanType* type;
+    unsigned char log_alignment, check_kind;
+};
+extern "C" void __ubsan_handle_type_mismatch_v1(EmuUbsanMismatch* data, uintptr_t ptr) {
+    const uintptr_t align = uintptr_t(1) << data->log_alignment;
+    if (ptr == 0 || ptr % align == 0) return;      // (null and object-size checks are not enabled)
+    static const char* kinds[] = {"load of", "store to", "reference binding to", "member access within",
+                                  "member call on", "constructor call on", "downcast of", "downcast of",
+                                  "upcast of", "cast to virtual base of", "_Nonnull binding to",
+                                  "dynamic operation on"};
+    char msg[512];
+    std::snprintf(msg, sizeof msg, "%s:%u: %s misaligned address (%lu mod %lu) for type %s",
+                  data->loc.file, data->loc.line,
+                  data->check_kind < 12 ? kinds[data->check_kind] : "access to",
+                  static_cast<unsigned long>(ptr % align), static_cast<unsigned long>(align),
+                  data->type ? data->type->name : "?");
+    emu::misaligned(msg);
+}
+extern "C" void __ubsan_handle_type_mismatch_v1_abort(EmuUbsanMismatch* data, uintptr_t ptr) {
+    __ubsan_handle_type_mismatch_v1(data, ptr);
+}

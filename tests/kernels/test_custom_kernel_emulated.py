@@ -1,0 +1,283 @@
+"""The CUDA verify-attention kernels, run on the CPU through the emulator (no GPU needed).
+
+kernels/verify/verify_attention.cu is compiled as C++ with -DTVA_EMULATE against
+tests/emulator/cuda_emulation.h: threads become fibers, ldmatrix / mma.sync / shuffles follow the
+PTX fragment layouts, cp.async lands as late as wait_group allows. The same extern "C" entry
+points as the GPU build are called through ctypes with the same parameter struct as
+kernels/verify/custom_verify.py, and the output is compared with the float64 reference. Three schedules:
+warps in lockstep; warps skewed at random; skewed with copies landing at issue (the stage-reuse
+race). Each one catches a missing barrier or wait that the others may not (verified by breaking
+the kernel on purpose while writing these tests).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import pytest
+import torch
+
+from emulator.emulate import emulated_library
+from harness.kernels import build
+from harness.kernels.verify import custom_verify as cv, verify_reference as ref
+from harness.worker.workloads import kernel as kw
+
+SCHEDULES = {"lockstep": (0, 0), "skewed": (0, 12345), "skewed-early-copies": (1, 777)}
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory):
+    lib = emulated_library("verify/verify_attention.cu", tmp_path_factory.mktemp("emu"))
+    build._declare(lib)
+    assert lib.tva_struct_size() == ctypes.sizeof(cv._Params)
+    return lib
+
+
+def _point(attention="gqa", b=1, heads=4, kv_heads=1, T=16, d=64, layout="contiguous", ps=16):
+    dv = kw.MLA_DV if attention == "mla" else d
+    return kw.Point(attention, b, 0, T, heads, kv_heads, d, dv, layout, ps)
+
+
+def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, wgmma=False, seed=0, lengths_dtype=torch.int32):
+    inp = kw.make_inputs(pt, lengths, seed, torch.device("cpu"), torch.bfloat16)
+    inp["lengths"] = inp["lengths"].to(lengths_dtype)
+    b, T = pt.batch, pt.tokens
+    out = torch.full((b, pt.heads, T, pt.dv), float("nan"), dtype=torch.bfloat16)
+    ws = (torch.full((splits * b * pt.heads * T * pt.dv,), float("nan")),
+          torch.full((splits * b * pt.heads * T,), float("nan")))
+    table = inp.get("page_table")
+    page_size = pt.page_size if table is not None else 1
+    scale = 1.0 / math.sqrt(pt.dk)
+    lib.emu_clear_fault()
+    p = cv._params(inp["q"], inp["k"], inp["k"] if pt.mla else inp["v"], out, inp["lengths"],
+                   inp["bits"], table, ws, pt.kv_heads, splits, page_size, scale)
+    if pt.mla:
+        rc = lib.tva_mla_forward(ctypes.byref(p), int(table is not None), int(wgmma), None)
+    else:
+        w = warps or cv.gqa_warps(pt.heads // pt.kv_heads * T)
+        rc = lib.tva_gqa_forward(ctypes.byref(p), pt.dk, w, int(table is not None), int(wgmma), None)
+    assert rc == 0, f"launch failed ({rc}): {lib.emu_last_fault().decode()}"
+    return ref.relative_error(out, kw.reference(pt, inp))
+
+
+# (point, lengths, splits, warps): every feature at least once, small enough for seconds.
+GQA_CASES = {
+    "d128-g4-T16-3splits-b2": (_point(b=2, heads=8, kv_heads=2, T=16, d=128), [300, 171], 3, None),
+    "d64-g8-T65-4splits": (_point(b=2, heads=8, kv_heads=1, T=65, d=64), [97, 260], 4, None),
+    "g1-T1-decode": (_point(heads=4, kv_heads=4, T=1, d=128), [200], 2, None),
+    "g4-T64-8warps": (_point(b=2, heads=16, kv_heads=4, T=64, d=64), [130, 64], 2, 8),
+    "T128-one-split-direct-write": (_point(heads=2, kv_heads=1, T=128, d=128), [40], 1, None),
+    "paged-ps16": (_point(b=2, heads=8, kv_heads=2, T=17, d=128, layout="paged"), [150, 77], 3, None),
+    "paged-ps1": (_point(b=2, heads=4, kv_heads=2, T=33, d=64, layout="paged", ps=1), [90, 33], 2, None),
+    "empty-prefix": (_point(T=16), [0], 1, None),
+    "more-splits-than-tiles": (_point(T=16), [1000], 40, None),
+    # An odd split count: the combine's shared-memory float2 array once started 4 mod 8 bytes
+    # (the H200's cudaErrorMisalignedAddress at 33 splits); the emulator now faults on it.
+    "odd-33-splits": (_point(b=1, heads=8, kv_heads=2, T=16, d=128), [1200], 33, None),
+}
+MLA_CASES = {
+    "mla-H8-T16": (_point("mla", heads=8, T=16, d=576), [100], 1),
+    "mla-b2-T17-3splits": (_point("mla", b=2, heads=4, T=17, d=576), [150, 61], 3),
+    "mla-paged-ps16": (_point("mla", heads=16, T=5, d=576, layout="paged"), [70], 2),
+    "mla-paged-ps1-empty": (_point("mla", b=2, heads=2, T=33, d=576, layout="paged", ps=1), [0, 40], 1),
+}
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("case", list(GQA_CASES))
+def test_gqa_kernel_matches_reference(emu, case, schedule):
+    emu.emu_configure(*SCHEDULES[schedule])
+    pt, lengths, splits, warps = GQA_CASES[case]
+    assert _run(emu, pt, lengths, splits, warps=warps) < 5e-3
+
+
+# The wgmma variant (S = Q K^T on warpgroup MMA, 4 or 8 warps): K stored as swizzled 64-column
+# blocks and read through descriptors.
+WGMMA_CASES = {
+    "wgmma-d128-4warps-b2": (_point(b=2, heads=8, kv_heads=2, T=16, d=128), [300, 171], 3, 4),
+    "wgmma-d64-8warps-T65": (_point(b=2, heads=8, kv_heads=1, T=65, d=64), [97, 260], 4, 8),
+    "wgmma-d128-8warps-T64": (_point(heads=16, kv_heads=4, T=64, d=128), [130], 2, 8),
+    "wgmma-paged-ps16": (_point(b=2, heads=8, kv_heads=2, T=17, d=128, layout="paged"), [150, 77], 3, 4),
+    "wgmma-paged-ps1-decode": (_point(heads=4, kv_heads=1, T=1, d=64, layout="paged", ps=1), [70], 1, 4),
+}
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("case", list(WGMMA_CASES))
+def test_gqa_wgmma_kernel_matches_reference(emu, case, schedule):
+    emu.emu_configure(*SCHEDULES[schedule])
+    pt, lengths, splits, warps = WGMMA_CASES[case]
+    assert _run(emu, pt, lengths, splits, warps=warps, wgmma=True) < 5e-3
+
+
+@pytest.mark.parametrize("wgmma", [False, True], ids=["mma", "wgmma"])
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("case", list(MLA_CASES))
+def test_mla_kernel_matches_reference(emu, case, schedule, wgmma):
+    emu.emu_configure(*SCHEDULES[schedule])
+    pt, lengths, splits = MLA_CASES[case]
+    assert _run(emu, pt, lengths, splits, wgmma=wgmma) < 5e-3
+
+
+def test_int64_lengths_and_every_warp_count(emu):
+    emu.emu_configure(0, 0)
+    pt = _point(b=2, heads=8, kv_heads=2, T=16, d=128)
+    for warps in (2, 4, 8):
+        assert _run(emu, pt, [129, 64], 2, warps=warps, lengths_dtype=torch.int64) < 5e-3
+
+
+def test_a_wrong_mask_is_caught(emu):
+    """The check is not vacuous: the same kernel fed another tree's bits is far off."""
+    emu.emu_configure(0, 0)
+    pt = _point(T=16, d=64)
+    inp = kw.make_inputs(pt, [64], 0, torch.device("cpu"), torch.bfloat16)
+    out = torch.empty(1, 4, 16, 64, dtype=torch.bfloat16)
+    wrong_bits = ref.pack_visibility(torch.ones(1, 16, 16, dtype=torch.bool))   # everything visible
+    p = cv._params(inp["q"], inp["k"], inp["v"], out, inp["lengths"], wrong_bits, None,
+                   (torch.empty(0), torch.empty(0)), 1, 1, 1, 1 / 8)
+    assert emu.tva_gqa_forward(ctypes.byref(p), 64, 4, 0, 0, None) == 0
+    assert ref.relative_error(out, kw.reference(pt, inp)) > 0.05
+
+
+def test_misaligned_accesses_fault_like_the_gpu(emu):
+    """The alignment checks are live: a q view starting 8 bytes into its storage (16-byte
+    cp.async from it) fails the launch with cudaErrorMisalignedAddress and says where."""
+    emu.emu_configure(0, 0)
+    pt = _point(T=16, d=64)
+    inp = kw.make_inputs(pt, [64], 0, torch.device("cpu"), torch.bfloat16)
+    q = torch.empty(inp["q"].numel() + 4, dtype=torch.bfloat16)[4:].view_as(inp["q"])
+    q.copy_(inp["q"])
+    out = torch.empty(1, 4, 16, 64, dtype=torch.bfloat16)
+    p = cv._params(q, inp["k"], inp["v"], out, inp["lengths"], inp["bits"], None,
+                   (torch.empty(0), torch.empty(0)), 1, 1, 1, 1 / 8)
+    emu.emu_clear_fault()
+    assert emu.tva_gqa_forward(ctypes.byref(p), 64, 4, 0, 0, None) == 716
+    assert "cp.async 16: global address" in emu.emu_last_fault().decode()
+    # A typed store through a misaligned pointer (the output, 2 bytes off) is caught by the
+    # -fsanitize=alignment hook with its source line.
+    bad_out = torch.empty(out.numel() + 1, dtype=torch.bfloat16)[1:].view_as(out)
+    p = cv._params(inp["q"], inp["k"], inp["v"], bad_out, inp["lengths"], inp["bits"], None,
+                   (torch.empty(0), torch.empty(0)), 1, 1, 1, 1 / 8)
+    emu.emu_clear_fault()
+    assert emu.tva_gqa_forward(ctypes.byref(p), 64, 4, 0, 0, None) == 716
+    assert "verify_attention.cu:" in emu.emu_last_fault().decode()
+    emu.emu_clear_fault()
+
+
+# -- host-side planning (pure Python) -------------------------------------------------------------
+
+def test_wgmma_needs_whole_warpgroups(emu):
+    emu.emu_configure(0, 0)
+    pt = _point(T=16, d=64)
+    inp = kw.make_inputs(pt, [64], 0, torch.device("cpu"), torch.bfloat16)
+    out = torch.empty(1, 4, 16, 64, dtype=torch.bfloat16)
+    p = cv._params(inp["q"], inp["k"], inp["v"], out, inp["lengths"], inp["bits"], None,
+                   (torch.empty(0), torch.empty(0)), 1, 1, 1, 1 / 8)
+    assert emu.tva_gqa_forward(ctypes.byref(p), 64, 2, 0, 1, None) != 0      # 2 warps: refused
+
+
+def test_warps_minimise_padding():
+    assert cv.gqa_warps(1 * 4) == 2        # decode step, group 4: 32 rows of 16 * 2
+    assert cv.gqa_warps(16 * 4) == 4       # T 16, group 4: exactly one block of 64
+    assert cv.gqa_warps(64 * 4) == 8       # T 64, group 4: two blocks of 128
+    assert cv.gqa_warps(8 * 16) == 8       # group 8, T 16: one block of 128, KV read once
+    assert cv.gqa_warps(65 * 4) == 8       # 260 rows: 3 x 128, not 9 x 32 (nine L2 re-reads)
+
+
+def test_splits_avoid_a_partial_second_wave():
+    # 16 CTAs per split on 132 one-CTA slots: 8 splits (128 CTAs, one wave), never 9 (144: two).
+    assert cv.best_splits(16, 132, 65600, 320) == 8
+    # 8 CTAs per split, 264 slots: 33 splits fill exactly one wave.
+    assert cv.best_splits(8, 264, 65552, 192) == 33
+    # Tiny contexts never split below one tile per split.
+    assert cv.best_splits(8, 264, 100, 192) <= 2
+    assert cv.best_splits(1, 1, 10**6, 64) == 1
+
+
+# -- launch configurations (the emulator checks them as the CUDA runtime does on an H200) -------
+
+H200_SMS, H200_SMEM_OPTIN = 132, 232448
+
+
+def _launch_params(b, hq, hkv, T, splits, page_size=1):
+    """A parameter struct with shapes only: in dry-run mode no block runs, so no pointer is read."""
+    p = cv._Params()
+    p.batch, p.heads_q, p.heads_kv, p.tokens, p.num_splits, p.page_size = b, hq, hkv, T, splits, page_size
+    p.sm_scale = 0.1
+    return p
+
+
+def _h200_splits(lib, b, hq, hkv, T, d, max_keys, mla=False, wgmma=False):
+    """cv.plan's split count with the H200's SM count (plan itself asks the GPU)."""
+    if mla:
+        m_blocks = math.ceil(hq * T / 64)
+        return 8, cv.best_splits(b * m_blocks, H200_SMS, max_keys, cv._overhead_keys(64, cv.MLA_DV, cv.MLA_DK * 2))
+    warps = max(4, cv.gqa_warps(hq // hkv * T)) if wgmma else cv.gqa_warps(hq // hkv * T)
+    m_blocks = math.ceil(hq // hkv * T / (16 * warps))
+    occupancy = max(1, (228 * 1024) // (lib.tva_gqa_smem_bytes(d, warps, int(wgmma)) + 1024))
+    return warps, cv.best_splits(b * hkv * m_blocks, occupancy * H200_SMS, max_keys,
+                                 cv._overhead_keys(16 * warps, d, 4 * d))
+
+
+# The H200 benchmark's points in the order ci/gpu/kernels.py runs them, in one process: the
+# first launch of one kernel instance must not hide another's missing shared-memory opt-in
+# (the H200's "invalid argument" for every configuration but the first one launched).
+H200_POINTS = [  # (name, b, hq, hkv, T, d, context, layout, page size, wgmma)
+    ("gqa-T16-4096", 1, 32, 8, 16, 128, 4096, "contiguous", 1, False),
+    ("gqa-T16-65536", 1, 32, 8, 16, 128, 65536, "contiguous", 1, False),
+    ("gqa-T64-65536", 1, 32, 8, 64, 128, 65536, "contiguous", 1, False),
+    ("gqa-T64-131072", 1, 32, 8, 64, 128, 131072, "contiguous", 1, False),
+    ("gqa-d64-T1-decode", 4, 32, 8, 1, 64, 65536, "contiguous", 1, False),
+    ("mla-H8-T16-65536", 1, 8, 1, 16, 576, 65536, "mla", 1, False),
+    ("mla-H64-T16-paged", 2, 64, 1, 16, 576, 65536, "mla-paged", 16, False),
+    ("paged-ps16-T16-65536", 1, 32, 8, 16, 128, 65536, "paged", 16, False),
+    ("paged-ps1-T16-65536", 1, 32, 8, 16, 128, 65536, "paged", 1, False),
+    ("wg-gqa-T16-65536", 1, 32, 8, 16, 128, 65536, "contiguous", 1, True),
+    ("wg-gqa-T64-65536", 1, 32, 8, 64, 128, 65536, "contiguous", 1, True),
+    ("wg-mla-H8-T16-65536", 1, 8, 1, 16, 576, 65536, "mla", 1, True),
+]
+
+
+def test_h200_launch_configurations_are_accepted(emu):
+    emu.emu_dry_run(1)
+    try:
+        for name, b, hq, hkv, T, d, ctx, layout, ps, wgmma in H200_POINTS:
+            mla = layout.startswith("mla")
+            warps, splits = _h200_splits(emu, b, hq, hkv, T, d, ctx + T, mla=mla, wgmma=wgmma)
+            for s in sorted({1, splits, cv.MAX_REQUESTED_SPLITS}):
+                p = _launch_params(b, hq, hkv, T, s, ps)
+                emu.emu_clear_fault()
+                before = emu.emu_launch_count()
+                if mla:
+                    rc = emu.tva_mla_forward(ctypes.byref(p), int(layout == "mla-paged"), int(wgmma), None)
+                else:
+                    rc = emu.tva_gqa_forward(ctypes.byref(p), d, warps, int(layout == "paged"), int(wgmma), None)
+                assert rc == 0, f"{name} splits={s}: {emu.emu_last_fault().decode()}"
+                assert emu.emu_launch_count() - before == (1 if s == 1 else 2)   # main (+ combine)
+    finally:
+        emu.emu_dry_run(0)
+        emu.emu_clear_fault()
+
+
+def test_every_kernel_fits_the_h200_shared_memory(emu):
+    """The launchers' own sizes (exported by the same source) fit the H200's per-block opt-in."""
+    sizes = {(d, w, wg): emu.tva_gqa_smem_bytes(d, w, wg) for d in (64, 128) for w in (2, 4, 8)
+             for wg in (0, 1) if not (wg and w == 2)}
+    assert sizes[(128, 8, 0)] == 131072 and sizes[(128, 4, 0)] == 114688
+    assert max(sizes.values()) <= H200_SMEM_OPTIN
+    assert 200 * 1024 < emu.tva_mla_smem_bytes() <= H200_SMEM_OPTIN
+
+
+def test_launch_limits_are_enforced(emu):
+    """The emulator's runtime checks are live: a grid with more than 65535 (batch x KV heads)
+    and a kernel whose opt-in was never raised are refused with cudaErrorInvalidValue (1)."""
+    emu.emu_dry_run(1)
+    try:
+        p = _launch_params(65536, 8, 8, 1, 2)          # grid z = 65536 * 8 > 65535
+        emu.emu_clear_fault()
+        assert emu.tva_gqa_forward(ctypes.byref(p), 64, 2, 0, 0, None) == 1
+        assert "grid" in emu.emu_last_fault().decode()
+    finally:
+        emu.emu_dry_run(0)
+        emu.emu_clear_fault()

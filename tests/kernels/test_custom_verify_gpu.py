@@ -1,0 +1,169 @@
+"""The custom CUDA verify kernels on a real GPU (skipped without one; ci/gpu/kernels.py runs them
+on the H200): every variant against the float64 reference, CUDA-graph capture, the Python API's
+contracts. The same kernels run on the CPU through the emulator in test_custom_kernel_emulated.py;
+these tests add the real compiler, hardware and sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from harness.kernels.verify import verify_reference as ref
+from harness.worker.workloads import kernel as kw
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+TOL = 1e-2
+DEV = torch.device("cuda")
+
+
+def point(attention="gqa", b=1, heads=32, kv_heads=8, T=16, d=128, layout="contiguous", ps=16, ctx=0):
+    dv = kw.MLA_DV if attention == "mla" else d
+    return kw.Point(attention, b, ctx, T, heads, kv_heads, d, dv, layout, ps)
+
+
+def check(pt: kw.Point, lengths, seed=0, **kwargs) -> float:
+    inp = kw.make_inputs(pt, lengths, seed, DEV, torch.bfloat16, tree_boost=kw.check_boost(max(lengths)))
+    out = torch.full((pt.batch, pt.heads, pt.tokens, pt.dv), float("nan"), dtype=torch.bfloat16, device=DEV)
+    from harness.kernels.verify import custom_verify as cv
+
+    table, scale = inp.get("page_table"), 1.0 / math.sqrt(pt.dk)
+    if pt.mla:
+        cv.mla_tree_verify_attention(inp["q"], inp["k"], inp["lengths"], inp["bits"], scale,
+                                     page_table=table, out=out, **kwargs)
+    elif table is not None:
+        cv.tree_verify_attention_paged(inp["q"], inp["k"], inp["v"], table, inp["lengths"], inp["bits"],
+                                       scale, out=out, **kwargs)
+    else:
+        cv.tree_verify_attention(inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"], scale,
+                                 out=out, **kwargs)
+    torch.cuda.synchronize()
+    return ref.relative_error(out, kw.reference(pt, inp))
+
+
+# name -> (point, lengths): head dims 64/128, groups 1/4/8, T 1/16/64/65/128, batch 2 with
+# different lengths, contiguous / paged 16 / paged 1, MLA.
+CASES = {
+    "d128-g4-T16": (point(T=16), [4096]),
+    "d128-g4-T64-b2": (point(b=2, T=64), [5000, 1234]),
+    "d128-g4-T65": (point(T=65), [3000]),
+    "d128-g4-T128": (point(T=128), [2049]),
+    "d128-g4-T1": (point(T=1), [7777]),
+    "d64-g1-T16-b2": (point(b=2, heads=8, kv_heads=8, T=16, d=64), [999, 4000]),
+    "d64-g8-T65": (point(heads=32, kv_heads=4, T=65, d=64), [2500]),
+    "d128-g8-T16": (point(heads=64, kv_heads=8, T=16), [3333]),
+    "paged16-d128-g4-T16-b2": (point(b=2, T=16, layout="paged", ps=16), [4100, 700]),
+    "paged1-d128-g4-T64": (point(T=64, layout="paged", ps=1), [1500]),
+    "paged16-d64-g8-T65": (point(heads=16, kv_heads=2, T=65, d=64, layout="paged"), [2222]),
+    "long-d128-g4-T16": (point(T=16), [65536]),
+    "mla-H8-T16": (point("mla", heads=8, kv_heads=1, T=16, d=576), [4096]),
+    "mla-H64-T16-b2": (point("mla", b=2, heads=64, kv_heads=1, T=16, d=576), [3000, 1000]),
+    "mla-H16-T65-paged16": (point("mla", heads=16, kv_heads=1, T=65, d=576, layout="paged"), [2000]),
+    "mla-H8-T16-paged1": (point("mla", heads=8, kv_heads=1, T=16, d=576, layout="paged", ps=1), [1000]),
+    "mla-long": (point("mla", heads=8, kv_heads=1, T=16, d=576), [65536]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_float64_reference(case):
+    pt, lengths = CASES[case]
+    assert check(pt, lengths) <= TOL
+
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+WGMMA_CASES = list(CASES)          # GQA (forced to >= 4 warps) and MLA
+
+
+@pytest.mark.skipif(not HOPPER, reason="wgmma needs compute capability 9.0")
+@pytest.mark.parametrize("case", WGMMA_CASES)
+def test_wgmma_variant_matches_float64_reference(case):
+    pt, lengths = CASES[case]
+    assert check(pt, lengths, impl="wgmma") <= TOL
+
+
+@pytest.mark.skipif(not HOPPER, reason="wgmma needs compute capability 9.0")
+def test_wgmma_variant_equals_mma_variant_closely():
+    """Same inputs, both variants: they differ only in fp32 summation order of Q K^T."""
+    from harness.kernels.verify import custom_verify as cv
+
+    pt = point(b=2, T=64)
+    inp = kw.make_inputs(pt, [5000, 3000], 4, DEV, torch.bfloat16)
+    args = (inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"])
+    a, b = cv.tree_verify_attention(*args, impl="mma"), cv.tree_verify_attention(*args, impl="wgmma")
+    assert ref.relative_error(b, a.double()) < 5e-3
+
+
+@pytest.mark.parametrize("splits", [1, 2, 7, 64])
+def test_any_split_count(splits):
+    assert check(point(b=2, T=17), [3000, 150], num_splits=splits) <= TOL
+    assert check(point("mla", heads=8, kv_heads=1, T=17, d=576), [3000], num_splits=splits) <= TOL
+
+
+@pytest.mark.parametrize("warps", [2, 4, 8])
+def test_any_warp_count(warps):
+    assert check(point(b=2, T=33), [3000, 150], num_warps=warps) <= TOL
+
+
+def test_graph_capture_replays_new_inputs():
+    """Captured once, replayed with new q / cache / lengths / tree bits copied into the same
+    buffers: equals eager calls, and never syncs the host."""
+    from harness.kernels.verify import custom_verify as cv
+
+    pt = point(b=2, T=16)
+    a = kw.make_inputs(pt, [3000, 2000], 1, DEV, torch.bfloat16)
+    b = kw.make_inputs(pt, [2500, 2999], 2, DEV, torch.bfloat16)
+    static = {k: v.clone() for k, v in a.items() if torch.is_tensor(v)}
+    pl = cv.plan(static["q"], pt.kv_heads, static["k"].shape[2], False)
+    ws = cv.alloc_workspace(static["q"], pl["num_splits"], pt.dv)
+    out = torch.empty(2, pt.heads, 16, pt.dv, dtype=torch.bfloat16, device=DEV)
+    call = lambda: cv.tree_verify_attention(static["q"], static["k"], static["v"], static["lengths"],  # noqa: E731
+                                            static["bits"], out=out, workspace=ws)
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):          # (entering the capture synchronises by itself)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for inp in (b, a):
+        for k, v in static.items():
+            v.copy_(inp[k])
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = cv.tree_verify_attention(inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"])
+        assert torch.equal(out, eager)
+
+
+def test_view_of_a_bigger_cache_and_int64_lengths():
+    """k, v as a slice of a larger buffer (the decode loop's cache), lengths as int64."""
+    from harness.kernels.verify import custom_verify as cv
+
+    pt = point(b=2, T=16)
+    inp = kw.make_inputs(pt, [3000, 1000], 3, DEV, torch.bfloat16)
+    big_k = torch.randn(2, 8, 5000, 128, device=DEV, dtype=torch.bfloat16)
+    big_v = torch.randn(2, 8, 5000, 128, device=DEV, dtype=torch.bfloat16)
+    n = inp["k"].shape[2]
+    big_k[:, :, :n] = inp["k"]
+    big_v[:, :, :n] = inp["v"]
+    got = cv.tree_verify_attention(inp["q"], big_k[:, :, :4500], big_v[:, :, :4500],
+                                   inp["lengths"].long(), inp["bits"])
+    assert ref.relative_error(got, kw.reference(pt, inp)) <= TOL
+
+
+def test_rejects_bad_inputs():
+    from harness.kernels.verify import custom_verify as cv
+
+    pt = point(T=16)
+    inp = kw.make_inputs(pt, [100], 0, DEV, torch.bfloat16)
+    with pytest.raises(TypeError):
+        cv.tree_verify_attention(inp["q"].float(), inp["k"], inp["v"], inp["lengths"], inp["bits"])
+    with pytest.raises(ValueError):
+        cv.tree_verify_attention(inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"][:, :, :0])
+    with pytest.raises(ValueError):     # group 3: not a power of two
+        cv.tree_verify_attention(inp["q"][:, :24], inp["k"][:, :8], inp["v"][:, :8], inp["lengths"],
+                                 inp["bits"])

@@ -1,0 +1,172 @@
+"""The CUDA tree-build kernel (kernels/tree/tree_build.cu), run on the CPU through the emulator.
+
+The .cu is compiled as C++ with -DTVA_EMULATE against tests/emulator/cuda_emulation.h (threads
+as fibers, warp collectives as barriers of the warp's lanes, shared memory poisoned) and called
+through ctypes with the parameter struct of kernels/tree/cuda_tree_build.py. Its outputs must equal
+the torch path of harness/decode/tree_gpu.py bit for bit (every GpuTree field, poisoned first)
+and the CPU heap node for node, ties included. Warps run skewed (a random subset sits out each
+scheduling round), so a missing __syncthreads reads stale shared memory and shows as a wrong
+tree: checked while writing these tests by deleting barriers and flipping the tie rule.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from harness.decode.tree_gpu import GpuTree, build_tree_gpu, candidate_pairs, topk_logprobs_batched
+from harness.kernels import build
+from harness.kernels.tree import cuda_tree_build as ctb
+from emulator.emulate import emulated_library
+from test_tree_gpu import FIELDS, assert_same_as_heap, assert_valid_tree, random_topk
+
+SKEWED, LOCKSTEP = 4242, 0
+SKEW_SEEDS = (4242, 777)   # the main cases run under two random schedules
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory):
+    lib = emulated_library("tree/tree_build.cu", tmp_path_factory.mktemp("emu"))
+    build._declare_tree_build(lib)
+    assert lib.ttb_struct_size() == ctypes.sizeof(ctb._Params)
+    return lib
+
+
+def emulated_build(lib, lp, ids, budget: int, threads: int | None = None, skew: int = SKEWED) -> GpuTree:
+    """Launch the emulated kernel on CPU tensors, into poisoned outputs."""
+    lib.emu_configure(0, skew)
+    lib.emu_clear_fault()
+    out = GpuTree.empty(lp.shape[0], budget, "cpu")
+    for f in FIELDS:
+        x = getattr(out, f)
+        x.fill_(True) if x.dtype == torch.bool else x.fill_(77)
+    J, R = candidate_pairs(budget, min(lp.shape[2], budget), "cpu")
+    threads = threads or ctb.default_threads(budget)
+    lp, ids = ctb.prepare_inputs(lp, ids)
+    p = ctb.make_params(lp, ids, budget, J, R, out, threads)
+    rc = lib.ttb_build_tree(ctypes.byref(p), threads, None)
+    assert rc == 0, f"launch failed ({rc}): {lib.emu_last_fault().decode()}"
+    return out
+
+
+def assert_equal_to_torch(got: GpuTree, lp, ids, budget: int) -> None:
+    want = build_tree_gpu(lp, ids, budget, impl="torch")
+    for f in FIELDS:
+        assert torch.equal(getattr(got, f), getattr(want, f)), f
+
+
+def drafter_topk(b: int, depth: int, k: int, seed: int, scale: float = 1.0, dtype=torch.float32):
+    """Sorted top-k log-probs of random normal logits (vocabulary 2000) and their ids."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(b, depth, 2000, generator=gen) * scale).to(dtype)
+    return topk_logprobs_batched(logits, k)
+
+
+# (budget, depth, k): k >= budget (k' = N) and k < budget (k' < N), B = 8 and 16.
+CASES = [(16, 7, 16), (16, 15, 11), (64, 15, 64), (64, 7, 40), (256, 15, 256), (256, 7, 100)]
+
+
+@pytest.mark.parametrize("scale", [1.0, 32.0], ids=["flat", "peaked"])
+@pytest.mark.parametrize("budget,depth,k", CASES)
+def test_equals_torch_and_heap(emu, budget, depth, k, scale):
+    lp, ids = drafter_topk(2, depth, k, seed=budget * depth + k, scale=scale)
+    for skew in SKEW_SEEDS:
+        got = emulated_build(emu, lp, ids, budget, skew=skew)
+        assert_equal_to_torch(got, lp, ids, budget)
+    assert_same_as_heap(got, lp, ids, budget)
+
+
+@pytest.mark.parametrize("budget", [16, 64, 256])
+def test_ties_break_like_torch_and_heap(emu, budget):
+    """bf16-like log-probs on a grid (ties between siblings, cousins and depths) and certain
+    tokens (log-prob 0: a child ties its parent)."""
+    lp, ids = random_topk(2, 15, budget, 1000, seed=budget, grid=0.5)
+    lp[:, 4, :2] = 0.0
+    lp[:, 9, 0] = 0.0
+    lp = lp.sort(-1, descending=True).values
+    for skew in SKEW_SEEDS:
+        got = emulated_build(emu, lp, ids, budget, skew=skew)
+        assert_equal_to_torch(got, lp, ids, budget)
+    assert_same_as_heap(got, lp, ids, budget)
+    if budget <= 64:
+        assert_valid_tree(got, budget)
+
+
+@pytest.mark.parametrize("budget", [64, 128])
+def test_bf16_logits_ties(emu, budget):
+    """The realistic tie source: bf16 drafter logits (x8: many equal top values)."""
+    lp, ids = drafter_topk(2, 15, budget, seed=7 + budget, scale=8.0, dtype=torch.bfloat16)
+    assert (lp[..., 1:] == lp[..., :-1]).any()
+    got = emulated_build(emu, lp, ids, budget)
+    assert_equal_to_torch(got, lp, ids, budget)
+    assert_same_as_heap(got, lp, ids, budget)
+
+
+@pytest.mark.parametrize("budget,threads", [(16, 32), (64, 64), (64, 128), (64, 256), (64, 512), (128, 96)])
+def test_every_block_size(emu, budget, threads):
+    """1..8 threads per survivor and per slot, several passes, more slots than threads."""
+    lp, ids = drafter_topk(2, 15, budget, seed=threads)
+    assert_equal_to_torch(emulated_build(emu, lp, ids, budget, threads=threads), lp, ids, budget)
+
+
+def test_lockstep_schedule(emu):
+    lp, ids = random_topk(2, 15, 64, 1000, seed=3, grid=0.5)
+    assert_equal_to_torch(emulated_build(emu, lp, ids, 64, skew=LOCKSTEP), lp, ids, 64)
+
+
+@pytest.mark.parametrize("depth,k,budget", [(7, 2, 256), (3, 3, 64), (1, 5, 16), (2, 4, 32), (1, 64, 64)])
+def test_small_candidate_space_pads(emu, depth, k, budget):
+    lp, ids = random_topk(2, depth, k, 1000, seed=depth * k)
+    got = emulated_build(emu, lp, ids, budget)
+    assert_equal_to_torch(got, lp, ids, budget)
+    assert_same_as_heap(got, lp, ids, budget)
+
+
+def test_masked_log_probs(emu):
+    """-inf log-probs are clamped to -1e30 exactly as the torch path does."""
+    lp, ids = random_topk(2, 5, 8, 50, seed=9)
+    lp[:, :, 5:] = float("-inf")
+    assert_equal_to_torch(emulated_build(emu, lp, ids, 64), lp, ids, 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+def test_input_dtypes_and_strides(emu, dtype):
+    """float64 / bfloat16 are read as they are, float16 converted; a strided view works."""
+    lp, ids = random_topk(3, 7, 48, 1000, seed=11)
+    lp = lp.to(dtype).sort(-1, descending=True).values
+    wide = torch.zeros(3, 9, 48, dtype=dtype)
+    wide[:, 1:8] = lp
+    view = wide[:, 1:8]                     # batch stride 9 * 48, not contiguous
+    got = emulated_build(emu, view, ids.int(), 32)
+    assert_equal_to_torch(got, lp, ids, 32)
+
+
+def test_outputs_of_a_second_launch_are_independent(emu):
+    """Shared memory is poisoned per block and every output element is written per launch."""
+    lp1, ids1 = drafter_topk(2, 15, 64, seed=1)
+    lp2, ids2 = drafter_topk(2, 15, 64, seed=2)
+    assert_equal_to_torch(emulated_build(emu, lp1, ids1, 64), lp1, ids1, 64)
+    assert_equal_to_torch(emulated_build(emu, lp2, ids2, 64), lp2, ids2, 64)
+
+
+def test_limits_are_refused(emu):
+    lp, ids = drafter_topk(1, 7, 64, seed=0)
+    out = GpuTree.empty(1, 64, "cpu")
+    J, R = candidate_pairs(64, 64, "cpu")
+    with pytest.raises(ValueError):          # 280 pairs need >= 35 threads per CTA
+        ctb.make_params(lp, ids, 64, J, R, out, 32)
+    with pytest.raises(ValueError):
+        ctb.make_params(lp, ids, 64, J, R, out, 100)
+    J8, R8 = candidate_pairs(64, 8, "cpu")  # the table of another k'
+    with pytest.raises(ValueError):
+        ctb.make_params(lp, ids, 64, J8, R8, out, 512)
+    big = GpuTree.empty(1, 300, "cpu")
+    J3, R3 = candidate_pairs(300, 64, "cpu")
+    with pytest.raises(ValueError):
+        ctb.make_params(lp, ids, 300, J3, R3, big, 512)
+    p = ctb.make_params(lp, ids, 64, J, R, out, 64)
+    assert emu.ttb_build_tree(ctypes.byref(p), 48, None) != 0     # not a whole number of warps
+    p.budget = 257
+    assert emu.ttb_build_tree(ctypes.byref(p), 512, None) != 0

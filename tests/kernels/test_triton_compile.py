@@ -1,0 +1,63 @@
+"""The Triton kernels compile for the GPUs they are meant for, on a machine without one.
+
+The interpreter (tests/test_fused_ops.py, test_triton_verify.py) checks what a kernel computes,
+but it runs Python, not the compiler: a construct that the interpreter accepts and the NVIDIA
+backend rejects (a pointer select, a scalar branch, a layout the backend cannot lower) would only
+show on a GPU host. So each kernel is compiled ahead of time here, through Triton's whole
+pipeline down to a cubin by Triton's own ptxas, for sm_90 (H200) and sm_120 (RTX PRO 6000
+Blackwell), with the dtypes and constexprs the decode loop uses.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+triton = pytest.importorskip("triton", reason="Triton is needed (Linux wheels only)")
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from harness.kernels.fused import triton_fused  # noqa: E402
+
+ARCHS = [90, 120]
+
+
+def compile_for(fn, arch: int, types: dict[str, str], constexprs: dict, num_warps: int):
+    """Compile `fn` with argument types by name (pointers "*bf16", ints "i32"/"i64", floats
+    "fp32"; an argument named in `constexprs` is a constexpr) for sm_<arch>."""
+    sig = {name: ("constexpr" if name in constexprs else types[name]) for name in fn.arg_names}
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps))
+
+
+def typed(fn, pointers: dict[str, str], floats=("eps",), i64=()) -> dict[str, str]:
+    """Pointers as given, `floats` fp32, strides and `i64` int64, everything else int32."""
+    return {n: pointers.get(n) or ("fp32" if n in floats else
+                                   "i64" if n.startswith("stride") or n in i64 else "i32")
+            for n in fn.arg_names}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("has_res", [False, True])
+def test_add_rmsnorm_compiles(arch, has_res):
+    fn = triton_fused._add_rmsnorm_kernel
+    types = typed(fn, {n: "*bf16" for n in ("X", "R", "W", "OUT", "RES_OUT")})
+    k = compile_for(fn, arch, types, dict(HAS_RES=has_res, BLOCK=4096), num_warps=8)
+    assert k.asm["cubin"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("half,half_block", [(64, 64), (144, 256)])   # qwen3-8b d 128; kimi d 288
+def test_qk_norm_rope_store_compiles(arch, half, half_block):
+    fn = triton_fused._qk_norm_rope_store_kernel
+    ptrs = {n: "*bf16" for n in ("QKV", "QW", "KW", "COS", "SIN", "Q_OUT", "KC", "VC")}
+    ptrs["SLOTS"] = "*i64"
+    k = compile_for(fn, arch, typed(fn, ptrs), dict(HALF=half, HALF_BLOCK=half_block), num_warps=1)
+    assert k.asm["cubin"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_silu_mul_compiles(arch):
+    fn = triton_fused._silu_mul_kernel
+    k = compile_for(fn, arch, typed(fn, {"GU": "*bf16", "OUT": "*bf16"}), dict(BLOCK=1024),
+                    num_warps=4)
+    assert k.asm["cubin"]

@@ -1,0 +1,260 @@
+"""MLflow upload of a journal, against a real sqlite store (no mocks), and the figures.
+
+One store per module: creating MLflow's sqlite schema takes seconds. Each test uses its own
+scenario name, hence its own experiment, so tests stay independent.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+# mlflow 3.17's sqlalchemy store uses a loader strategy SQLAlchemy 2.1 deprecates: not ours.
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
+
+from harness.sweep.journal import RunJournal, new_run_id
+from harness.protocol.params import canonical, cell_id, cell_label
+from harness.sweep.tracking import (
+    TrackingUnavailable, default_tracking_uri, log_run, resolve_tracking_uri,
+)
+
+CELLS = [
+    {"context_length": 256, "verify_mode": "sdpa"},
+    {"context_length": 1024, "verify_mode": "sdpa"},
+    {"context_length": 256, "verify_mode": "flex", "graph_capture": "verify"},
+]
+
+
+def make_result(cell: dict, status: str = "ok", tps: float = 100.0,
+                started_at: str = "2026-01-01T00:00:00+00:00") -> dict:
+    ok = status == "ok"
+    cell = canonical(cell)  # workers return the canonical params
+    return {
+        "cell": cell, "cell_id": cell_id(cell), "label": cell_label(cell), "status": status,
+        "error": None if ok else "RuntimeError: CUDA out of memory\n" + "x" * 6000,
+        "metrics": {"tokens_per_s": tps, "tokens_per_s_spread": 2.0, "accept_len_mean": 3.25,
+                    "step_ms_p50": 4.0, "idle_fraction": None, "phase.draft.host_ms": 0.5}
+        if ok else {},
+        "samples": {"tokens_per_s": [tps - 1, tps, tps + 1], "accept_len_mean": [3.0, 3.5, 3.25]}
+        if ok else {},
+        "env": {"hostname": "box", "python": "3.11.7", "torch": "2.13.0", "device": "cpu",
+                "gpu": None, "driver": None},
+        "host": "local", "started_at": started_at, "wall_s": 2.5,
+    }
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+
+
+@pytest.fixture
+def client(store):
+    from mlflow import MlflowClient
+
+    return MlflowClient(store)
+
+
+def make_journal(tmp_path: Path, scenario: str, statuses=("ok", "ok", "failed")) -> RunJournal:
+    j = RunJournal.create(tmp_path / "runs", new_run_id(), scenario, f"scenarios/{scenario}.yaml",
+                          f"name: {scenario}\n", CELLS,
+                          {"git_sha": "abc123", "git_branch": "main", "trigger": "nightly",
+                           "hosts": ["local"]})
+    for cell, status in zip(CELLS, statuses):
+        j.write_cell(make_result(cell, status))
+    return j
+
+
+def children_of(client, report):
+    return client.search_runs([report.experiment_id],
+                              f"tags.mlflow.parentRunId = '{report.parent_run_id}'")
+
+
+def test_log_run_creates_parent_and_children(tmp_path, store, client):
+    j = make_journal(tmp_path, "layout")
+    report = log_run(j, store)
+    assert report.logged_now == 3 and report.already_logged == 0
+    assert report.parent_run_id in report.ui_hint
+
+    exp = client.get_experiment(report.experiment_id)
+    assert exp.name == "layout"
+    # Artifacts go next to the database, not into ./mlruns of the CWD.
+    assert exp.artifact_location == (Path(store[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
+
+    parent = client.get_run(report.parent_run_id)
+    assert parent.info.run_name == j.run_id
+    assert parent.data.tags["harness.run_id"] == j.run_id
+    assert "mlflow.parentRunId" not in parent.data.tags
+    for k, v in {"git.sha": "abc123", "git.branch": "main", "trigger": "nightly",
+                 "host": "local", "gpu": "none"}.items():
+        assert parent.data.tags[k] == v
+    assert parent.data.params == {"scenario": "layout", "trigger": "nightly", "n_cells": "3"}
+    assert parent.data.metrics == {"n_ok": 2.0, "n_failed": 1.0}
+    assert parent.info.status == "FAILED"  # one cell failed
+    artifacts = {a.path for a in client.list_artifacts(report.parent_run_id)}
+    assert {"scenario.yaml", "env.json", "tokens_vs_context.png"} <= artifacts
+    env = client.download_artifacts(report.parent_run_id, "env.json", str(tmp_path))
+    env = json.loads(Path(env).read_text())
+    assert env["worker_env"]["device"] == "cpu" and env["controller"]["python"]
+
+    children = {r.data.tags["harness.cell_id"]: r for r in children_of(client, report)}
+    assert set(children) == {cell_id(c) for c in CELLS}
+
+    ok = children[cell_id(CELLS[0])]
+    assert ok.info.run_name == cell_label(CELLS[0])
+    assert ok.info.status == "FINISHED"
+    for k, v in {"status": "ok", "baseline": "false", "git.sha": "abc123", "git.branch": "main",
+                 "host": "local", "gpu": "none", "trigger": "nightly",
+                 "harness.run_id": j.run_id}.items():
+        assert ok.data.tags[k] == v
+    # Every canonical cell parameter, JSON-spelled (None -> "null").
+    assert ok.data.params == {k: v if isinstance(v, str) else json.dumps(v)
+                              for k, v in canonical(CELLS[0]).items()}
+    assert ok.data.params["checkpoint"] == "null"
+    assert ok.data.params["context_length"] == "256"
+    # Null metrics (idle_fraction on CPU) are skipped, never logged as a number.
+    assert ok.data.metrics == {"tokens_per_s": 100.0, "tokens_per_s_spread": 2.0,
+                               "accept_len_mean": 3.25, "step_ms_p50": 4.0,
+                               "phase.draft.host_ms": 0.5, "tokens_per_s_repeat": 101.0}
+    series = client.get_metric_history(ok.info.run_id, "tokens_per_s_repeat")
+    assert [(m.step, m.value) for m in sorted(series, key=lambda m: m.step)] == [
+        (0, 99.0), (1, 100.0), (2, 101.0)]
+    cell_json = client.download_artifacts(ok.info.run_id, "cell.json", str(tmp_path))
+    assert json.loads(Path(cell_json).read_text()) == j.results()[cell_id(CELLS[0])]
+
+    failed = children[cell_id(CELLS[2])]
+    assert failed.data.tags["status"] == "failed"
+    assert failed.info.status == "FAILED"
+    assert failed.data.tags["error"].startswith("RuntimeError: CUDA out of memory")
+    assert len(failed.data.tags["error"]) == 5000
+    assert failed.data.metrics == {}
+
+    state = j.tracking_state()
+    assert state["parent_run_id"] == report.parent_run_id
+    assert state["logged"] == {cid: r.info.run_id for cid, r in children.items()}
+    assert (j.path / "tokens_vs_context.png").is_file()
+
+
+def test_log_run_twice_logs_nothing_new(tmp_path, store, client):
+    j = make_journal(tmp_path, "idempotent")
+    first = log_run(j, store)
+    second = log_run(j, store)
+    assert second.parent_run_id == first.parent_run_id
+    assert (second.logged_now, second.already_logged) == (0, 3)
+    assert len(children_of(client, first)) == 3
+    # No duplicate history for the parent's counters either.
+    assert len(client.get_metric_history(first.parent_run_id, "n_ok")) == 1
+
+    # Without tracking.json (lost, or resumed elsewhere) the parent and children are found
+    # again through their tags in MLflow itself.
+    (j.path / "tracking.json").unlink()
+    third = log_run(j, store)
+    assert third.parent_run_id == first.parent_run_id
+    assert (third.logged_now, third.already_logged) == (0, 3)
+    parents = client.search_runs([first.experiment_id], f"tags.`harness.run_id` = '{j.run_id}'")
+    assert len(parents) == 4  # 1 parent + 3 children, nothing duplicated
+
+
+def test_resume_logs_a_new_child_for_a_retried_cell(tmp_path, store, client):
+    j = make_journal(tmp_path, "resume")
+    first = log_run(j, store)
+    failed_cid = cell_id(CELLS[2])
+    old_child = j.tracking_state()["logged"][failed_cid]
+    assert j.missing() == [CELLS[2]]
+
+    # --resume re-runs the failed cell; this time it succeeds.
+    j.write_cell(make_result(CELLS[2], "ok", tps=80.0, started_at="2026-01-02T00:00:00+00:00"))
+    assert j.missing() == []
+    second = log_run(j, store)
+    assert second.parent_run_id == first.parent_run_id
+    assert (second.logged_now, second.already_logged) == (1, 2)
+
+    new_child = j.tracking_state()["logged"][failed_cid]
+    assert new_child != old_child
+    new = client.get_run(new_child)
+    assert new.data.tags["status"] == "ok" and new.data.metrics["tokens_per_s"] == 80.0
+    assert new.data.tags["mlflow.parentRunId"] == first.parent_run_id
+    assert client.get_run(old_child).data.tags["harness.superseded_by"] == new_child
+    parent = client.get_run(first.parent_run_id)
+    assert parent.data.metrics == {"n_ok": 3.0, "n_failed": 0.0}
+    assert parent.info.status == "FINISHED"
+    assert len(children_of(client, first)) == 4
+
+
+def test_child_cut_off_mid_upload_is_redone(tmp_path, store, client):
+    j = make_journal(tmp_path, "cutoff", statuses=("ok",))
+    first = log_run(j, store)
+    (child,) = children_of(client, first)
+    # What a crash between create_run and the final set_terminated leaves behind.
+    client.update_run(child.info.run_id, status="RUNNING")
+    second = log_run(j, store)
+    assert (second.logged_now, second.already_logged) == (1, 0)
+    (redone,) = children_of(client, first)  # the partial one was deleted
+    assert redone.info.run_id != child.info.run_id
+    assert redone.data.metrics["tokens_per_s"] == 100.0
+    assert client.get_run(first.parent_run_id).info.status == "KILLED"  # 2 cells never ran
+
+
+def test_deleted_experiment_is_a_tracking_error(tmp_path, store, client):
+    j = make_journal(tmp_path, "deleted", statuses=("ok",))
+    report = log_run(j, store)
+    client.delete_experiment(report.experiment_id)
+    with pytest.raises(TrackingUnavailable, match="deleted"):
+        log_run(j, store)
+
+
+def test_unreachable_server_fails_fast(tmp_path):
+    j = make_journal(tmp_path, "unreachable", statuses=("ok",))
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(TrackingUnavailable, match="unreachable") as info:
+        log_run(j, f"http://127.0.0.1:{port}")
+    assert time.monotonic() - start < 5
+    assert "\n" not in str(info.value)
+    assert j.tracking_state()["logged"] == {}  # the journal is untouched
+
+
+def test_tracking_uris(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert default_tracking_uri() == "sqlite:///results/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow:5000")
+    assert default_tracking_uri() == "http://mlflow:5000"
+    assert resolve_tracking_uri("http://mlflow:5000") == "http://mlflow:5000"
+
+    monkeypatch.chdir(tmp_path)
+    uri = resolve_tracking_uri("sqlite:///results/mlflow.db")
+    assert uri == f"sqlite:///{tmp_path.resolve()}/results/mlflow.db"
+    assert (tmp_path / "results").is_dir()
+    assert resolve_tracking_uri(uri) == uri  # already absolute: unchanged
+
+
+def test_tracking_module_does_not_import_mlflow():
+    # `harness validate` imports the controller modules and must stay fast.
+    code = "import sys, harness.sweep.tracking, harness.sweep.journal; print('mlflow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_figure_renders_ok_and_failed_cells(tmp_path):
+    from harness.dashboards.figures import tokens_vs_context
+
+    results = [make_result(c) for c in CELLS[:2]] + [make_result(CELLS[2], "failed")]
+    results.append(make_result({"context_length": 65536, "verify_mode": "sdpa"}, tps=12.0))
+    no_samples = make_result({"context_length": 4096, "verify_mode": "sdpa"}, tps=50.0)
+    no_samples["samples"] = {}  # error bar from tokens_per_s_spread instead
+    results.append(no_samples)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = tokens_vs_context(results, tmp_path / "figs" / "tvc.png")
+        empty = tokens_vs_context([make_result(CELLS[0], "failed")], tmp_path / "empty.png")
+    for path in (out, empty):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
