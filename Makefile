@@ -18,8 +18,12 @@ PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 run: $(VENV)/.installed
 	$(VENV)/bin/harness run scenarios/quickstart.yaml
 
+# Most of the suite waits on real processes (workers, sshd, MLflow, Chromium), so it runs in
+# more processes than there are cores; a file's tests stay in one process (module fixtures).
+TEST_JOBS ?= 4
+
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 ui: $(VENV)/.installed
 	$(VENV)/bin/harness ui
