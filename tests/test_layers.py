@@ -115,6 +115,29 @@ def test_protocol_and_remote_are_the_standard_library_alone(layer):
     assert violations(rule) == []
 
 
+def test_every_import_of_the_package_names_a_module_that_exists():
+    # A module moved without its importers (a relative `from .build import` left behind in a
+    # subfolder, say) fails here, before a GPU host ever tries the import.
+    found = modules()
+    bad = []
+    for name, path in found.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = (name if path.name == "__init__.py" else name.rpartition(".")[0]).split(".")
+                    base = ".".join(anchor[:len(anchor) - node.level + 1] + ([base] if base else []))
+                targets = [base]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            bad += [f"{path}:{node.lineno}: {t}" for t in targets
+                    if within(t, ("harness",)) and t not in found]
+    assert bad == []
+
+
 def test_the_cli_starts_without_torch():
     # What the rules above promise, in a real interpreter: the whole CLI imports without torch.
     code = ("import sys, harness.cli, harness.commands.gate; "

@@ -36,9 +36,9 @@ BASE = dict(model="qwen3-8b", acceptance="synthetic", tau=6.5, tree_budget=64, b
 
 def lossless_check(steps: int = 12) -> dict:
     """Greedy outputs of every fast mode == the baseline loop's == plain AR, qwen3-8b @ 4096.
-    A drafter that knows the target's continuation (as in tests/test_decode.py) makes whole
+    A drafter that knows the target's continuation (as in tests/decode/test_decode.py) makes whole
     paths, sibling branches included, get accepted, so KV compaction is exercised."""
-    sys.path.insert(0, "tests")
+    sys.path.insert(0, "tests/decode")
     from test_decode import OracleDrafter
     from harness.decode.fast import FastSpecDecoder
     from harness.decode.loop import ARDecoder, SpecDecoder

@@ -5,9 +5,9 @@
 Needs torch (CUDA), nvcc + ninja (torch's extension builder), Triton, pytest and the repo; fits
 `timeout 150` on an H200 including the first compile (~18 s; OPTIONAL_S / HARD_S below). Steps:
   1. Build kernels/verify/verify_attention.cu for this GPU (timed; cache in a fresh temp dir so the
-     compile is really measured). Register / spill report: tests/test_kernels_compile.py.
+     compile is really measured). Register / spill report: tests/kernels/test_kernels_compile.py.
   2. Ceilings measured here: device copy bandwidth and bf16 matmul rate.
-  3. Correctness: pytest tests/test_custom_verify_gpu.py (every variant vs float64: contiguous,
+  3. Correctness: pytest tests/kernels/test_custom_verify_gpu.py (every variant vs float64: contiguous,
      paged 16 and 1, MLA; d 64/128; groups 1/4/8; T 1/16/64/65/128; batch 2 with different
      lengths; split and warp counts; CUDA-graph capture without host syncs).
   4. Timing through the kernel workload's own code (harness/worker/workloads/kernel.py: a check against
@@ -71,7 +71,7 @@ t = time.perf_counter()
 build.load_library()
 RESULTS["build_s"] = round(time.perf_counter() - t, 1)
 log("built in", RESULTS["build_s"], "s")
-# (register / spill report: tests/test_kernels_compile.py, on the CPU host, with nvcc -Xptxas -v)
+# (register / spill report: tests/kernels/test_kernels_compile.py, on the CPU host, with nvcc -Xptxas -v)
 
 # -- 2. ceilings -------------------------------------------------------------------------------
 copy_bw, mm_rate = kw.ceilings(DEV, torch.bfloat16)
@@ -82,7 +82,7 @@ log(f"ceilings: copy {copy_bw / 1e12:.2f} TB/s, bf16 matmul {mm_rate / 1e12:.0f}
 t = time.perf_counter()
 try:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                           "tests/test_custom_verify_gpu.py"], capture_output=True, text=True, timeout=PYTEST_S)
+                           "tests/kernels/test_custom_verify_gpu.py"], capture_output=True, text=True, timeout=PYTEST_S)
     RESULTS["pytest"] = {"rc": proc.returncode, "s": round(time.perf_counter() - t, 1),
                          "tail": proc.stdout[-3000:] + proc.stderr[-2000:]}
 except subprocess.TimeoutExpired as exc:

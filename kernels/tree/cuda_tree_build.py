@@ -37,7 +37,7 @@ class _Params(ctypes.Structure):
 
 
 def _lib():
-    from .build import TREE_BUILD_SOURCE, load_library
+    from harness.kernels.build import TREE_BUILD_SOURCE, load_library
 
     lib = load_library(source=TREE_BUILD_SOURCE)
     if lib.ttb_struct_size() != ctypes.sizeof(_Params):

@@ -250,7 +250,7 @@ __device__ __forceinline__ void merge(int m, int N, int T, int tid, const double
 }
 
 // (MAX_THREADS, 1): up to 128 registers a thread. With the minimum CTA count left out, nvcc 13
-// caps this kernel at 64 registers and spills (tests/test_kernels_compile.py checks for spills).
+// caps this kernel at 64 registers and spills (tests/kernels/test_kernels_compile.py checks for spills).
 __global__ void __launch_bounds__(MAX_THREADS, 1) tree_build_kernel(const Params p) {
     TTB_DYNAMIC_SMEM(smem);
     const double NEG = -__builtin_inf();

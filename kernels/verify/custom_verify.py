@@ -48,7 +48,7 @@ class _Params(ctypes.Structure):
 
 
 def _lib():
-    from .build import load_library
+    from harness.kernels.build import load_library
 
     lib = load_library()
     if lib.tva_struct_size() != ctypes.sizeof(_Params):

@@ -151,7 +151,7 @@ def test_fused_forward_equals_unfused(interp):
 @torch.no_grad()
 def run_fast_loop_switched_on():
     """In the interpreter: fused forward, Triton top-k, Triton verify, GPU-style tree build and
-    accept, sibling branches and a batch of two (as tests/test_fast_loop.py, in float32).
+    accept, sibling branches and a batch of two (as tests/decode/test_fast_loop.py, in float32).
     Returns the speculative output, plain greedy with the same forward, and plain greedy with
     the unfused forward."""
     from harness.decode.fast import FastSpecDecoder

@@ -1,5 +1,5 @@
 """hosts.yaml validation (errors at file:line:column), ${VAR} secrets, host selection by name
-and label, and the worker bundle. No SSH here: tests/test_ssh.py connects for real."""
+and label, and the worker bundle. No SSH here: tests/hosts/test_ssh.py connects for real."""
 
 from __future__ import annotations
 

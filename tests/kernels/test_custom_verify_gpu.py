@@ -114,7 +114,7 @@ def test_graph_capture_replays_new_inputs():
 
     pt = point(b=2, T=16)
     a = kw.make_inputs(pt, [3000, 2000], 1, DEV, torch.bfloat16)
-    b = kw.make_inputs(pt, [2500, 2999], 2, DEV, torch.bfloat16)
+    b = kw.make_inputs(pt, [2500, 3000], 2, DEV, torch.bfloat16)   # the same cache shape as a
     static = {k: v.clone() for k, v in a.items() if torch.is_tensor(v)}
     pl = cv.plan(static["q"], pt.kv_heads, static["k"].shape[2], False)
     ws = cv.alloc_workspace(static["q"], pl["num_splits"], pt.dv)

@@ -1,6 +1,6 @@
 """The Triton kernels compile for the GPUs they are meant for, on a machine without one.
 
-The interpreter (tests/test_fused_ops.py, test_triton_verify.py) checks what a kernel computes,
+The interpreter (tests/decode/test_fused_ops.py, test_triton_verify.py) checks what a kernel computes,
 but it runs Python, not the compiler: a construct that the interpreter accepts and the NVIDIA
 backend rejects (a pointer select, a scalar branch, a layout the backend cannot lower) would only
 show on a GPU host. So each kernel is compiled ahead of time here, through Triton's whole

@@ -1,4 +1,4 @@
-"""The runner's scheduling and fault rules, with stand-in hosts (units; tests/test_ssh.py runs the
+"""The runner's scheduling and fault rules, with stand-in hosts (units; tests/hosts/test_ssh.py runs the
 same rules against real sshd instances).
 
 Infrastructure failures (HostUnavailable) are retried on this or another host, bounded; hosts
