@@ -71,8 +71,8 @@ def main() -> None:
         rows.append(row("a password in the tracking URI", "harness run s.yaml --tracking-uri "
                         "http://u:secret@127.0.0.1:1", cli("run", "s.yaml", "--tracking-uri",
                                                            "http://u:secret@127.0.0.1:1", cwd=d)))
-        code, _, _ = cli("run", "s.yaml", "--tracking-uri", f"sqlite:///{d}/m.db", cwd=d)
-        (run,) = (d / "results" / "runs").iterdir()
+        cli("run", "s.yaml", "--tracking-uri", f"sqlite:///{d}/m.db", cwd=d)
+        run = max((d / "results" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
         cell = next((run / "cells").glob("*.json"))
         cell.write_text('{"cell": ')                                  # truncated
         rows.append(row("a truncated cell file", f"harness report {run.name}",
@@ -81,14 +81,20 @@ def main() -> None:
         rows.append(row("a damaged tracking.json, then resume", f"harness run s.yaml --resume {run.name}",
                         cli("run", "s.yaml", "--resume", run.name, "--tracking-uri",
                             f"sqlite:///{d}/m.db", cwd=d)))
-        ckpt = d / "ckpt"
-        ckpt.mkdir()
-        (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3", "rope_scaling": {
-            "type": "yarn", "factor": 4.0}}))
+        ckpt = d / "ckpt"                     # the tiny model, saved, then given yarn scaling
+        from harness.decode.checkpoint import save_target
+        from harness.decode.model import Target, TargetConfig
+        from harness.protocol.presets import PRESETS
+        save_target(Target(TargetConfig(**PRESETS["tiny"]["target"])), ckpt)
+        config = json.loads((ckpt / "config.json").read_text())
+        config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0,
+                                  "original_max_position_embeddings": 32768}
+        (ckpt / "config.json").write_text(json.dumps(config))
         (d / "c.yaml").write_text("name: c\nmatrix:\n  context_length: [64]\ndefaults: "
                                   "{model: tiny, device: cpu, checkpoint: ckpt, steps: 2, "
                                   "warmup_steps: 0, repeats: 1, profile_steps: 0}\n")
         code, wall, _ = cli("run", "c.yaml", "--tracking-uri", f"sqlite:///{d}/m.db", cwd=d)
+        # the cell's own error, the one line naming the file and the field
         runs = sorted((d / "results" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
         err = json.loads(next((runs[-1] / "cells").glob("*.json")).read_text())["error"]
         rows.append(f"| a yarn checkpoint | `harness run c.yaml` | {code} | {wall:.2f} | "

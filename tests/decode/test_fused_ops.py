@@ -152,15 +152,16 @@ def test_fused_forward_equals_unfused(interp):
 def run_fast_loop_switched_on():
     """In the interpreter: fused forward, Triton top-k, Triton verify, GPU-style tree build and
     accept, sibling branches and a batch of two (as tests/decode/test_fast_loop.py, in float32).
-    Returns the speculative output, plain greedy with the same forward, and plain greedy with
-    the unfused forward."""
+    Returns the speculative output and plain greedy decoding with the unfused forward: equal,
+    the fused loop is lossless against the plain one (a fused greedy reference would cost 40
+    interpreted forwards and say no more)."""
     from harness.decode.fast import FastSpecDecoder
     from test_decode import OracleDrafter, ar_reference, make_models, prompts_for
 
     every = Kernels(verify="triton", topk="triton", fused_ops=True)
     target, drafter = make_models(11, block=6, dtype=torch.float32)
     prompts = prompts_for(11, [14, 33])
-    ref = ar_reference(target, prompts, 40, kernels=Kernels(fused_ops=True))
+    ref = ar_reference(target, prompts, 40)
     oracle = OracleDrafter(drafter, ref, [14, 33], wrong_at={(6, 2), (13, 0)},
                            second_at={(0, 1), (6, 0), (19, 3)})
     dec = FastSpecDecoder(target, oracle, batch=2, max_len=256, tree_budget=16, kernels=every,
@@ -169,16 +170,14 @@ def run_fast_loop_switched_on():
     for _ in range(6):
         dec.step()
     dec.finish()
-    plain = ar_reference(target, prompts, 40)
-    return dec.output, ref, plain
+    return dec.output, ref
 
 
 def test_fast_loop_with_every_switch_on_is_lossless(interp):
-    out, ref, plain = interp.apply(run_fast_loop_switched_on)
+    out, plain = interp.apply(run_fast_loop_switched_on)
     for b in range(2):
         assert len(out[b]) > 6                    # whole blocks were accepted along the way
-        assert out[b] == ref[b][: len(out[b])]
-    assert ref == plain                           # the fused forward decodes what the plain one does
+        assert out[b] == plain[b][: len(out[b])]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,49 @@
+"""What the verbs share: the consoles, the results root, the one-line input error and the
+options several verbs take. Help texts stay per verb (each says what the option means there),
+so the factories take `help`; a verb that documents nothing passes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+console = Console(soft_wrap=True)   # never wrap a command the user will copy
+err = Console(stderr=True, soft_wrap=True)
+
+RESULTS_DIR = Path("results")
+
+
+def fail_input(e: Exception) -> typer.Exit:
+    """Bad input: one line on stderr (escaped: a path may hold `[...]`), exit 2."""
+    err.print(f"[red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+def max_cells_option(help: str = "allow a scenario of up to N cells (default 10000: more is "
+                                 "usually a typo in the matrix)"):
+    """`--max-cells N`: the cap on a scenario's cells, raised on purpose for a huge sweep."""
+    return typer.Option(None, "--max-cells", min=1, metavar="N", help=help)
+
+
+def hosts_file_option(help: str):
+    """`--hosts FILE`: the hosts inventory (None: ./hosts.yaml if present)."""
+    return typer.Option(None, "--hosts", metavar="FILE", help=help)
+
+
+def tracking_uri_option(help: Optional[str] = None):
+    """`--tracking-uri URI`: the MLflow store (None: each verb's default store)."""
+    return typer.Option(None, "--tracking-uri", help=help)
+
+
+def results_option(help: Optional[str] = None):
+    """`--results DIR`: the root of the journal (RESULTS/runs) and what is written beside it."""
+    return typer.Option(RESULTS_DIR, "--results", help=help)
+
+
+def baselines_option(help: Optional[str] = None):
+    """`--baselines DIR`: baseline files (None: RESULTS/baselines)."""
+    return typer.Option(None, "--baselines", metavar="DIR", help=help)

@@ -1,0 +1,136 @@
+"""`harness run SCENARIO`: run a scenario's cells on host slots, journal every result, upload
+the journal to MLflow and write the report.
+
+Exit codes: 0 every cell ok and logged; 1 some cells failed (the rest still ran and were
+logged), or the run is unfinished (the MLflow upload failed, the disk refused a result:
+`--resume` finishes it); 2 bad input; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from harness.commands.options import (console, err, fail_input, hosts_file_option,
+                                      max_cells_option, results_option, tracking_uri_option)
+from harness.commands.report import write_report
+from harness.protocol.errors import InputError
+
+
+def run(
+    scenario: Path = typer.Argument(..., help="scenario YAML file"),
+    host: Optional[list[str]] = typer.Option(None, "--host", help="run on this host (repeatable)"),
+    hosts_file: Optional[Path] = hosts_file_option(
+        "hosts inventory (default ./hosts.yaml if present; `local` always exists)"),
+    tracking_uri: Optional[str] = tracking_uri_option(
+        "MLflow URI (default $MLFLOW_TRACKING_URI or sqlite:///results/mlflow.db)"),
+    resume: Optional[str] = typer.Option(None, "--resume", metavar="RUN_ID",
+                                         help="finish a run: run only its missing or failed cells, log what was not logged"),
+    trigger: Optional[str] = typer.Option(None, "--trigger", help="manual | nightly | pr (default: the scenario's)"),
+    results_dir: Path = results_option("journal root is RESULTS/runs"),
+    fresh_workers: bool = typer.Option(False, "--fresh-workers",
+                                       help="local host: a new worker process per cell instead of one per GPU "
+                                            "for the whole run (if you suspect state leaking between cells)"),
+    max_cells: Optional[int] = max_cells_option(),
+):
+    """Run a scenario's cells, journal every result, log the run to MLflow."""
+    from harness.sweep import gitinfo, journal as jr, runner, tracking
+    from harness.hosts.inventory import load_hosts, select_hosts
+    from harness.sweep.scenario import TRIGGERS, load_scenario, validate_tracking_uri
+    from harness.sweep.summary import summary_table
+
+    try:
+        sc = load_scenario(scenario, max_cells=max_cells)
+        uri = validate_tracking_uri(tracking_uri or tracking.default_tracking_uri())
+        if trigger is not None and trigger not in TRIGGERS:
+            raise InputError(None, None, None, f"--trigger must be one of {', '.join(TRIGGERS)}, not '{trigger}'")
+        inventory = load_hosts(hosts_file)
+        if host:
+            chosen = select_hosts(inventory, host, "--host")
+        else:
+            chosen = select_hosts(inventory, sc.hosts or ["local"], f"{scenario}: hosts")
+        if sc.gpu_busy:                        # the scenario's policy beats the hosts file's
+            for h in chosen:
+                if hasattr(h, "gpu_busy"):
+                    h.gpu_busy = sc.gpu_busy
+        if fresh_workers:                      # the flag beats the hosts file's `persistent`
+            for h in chosen:
+                if hasattr(h, "persistent"):
+                    h.persistent = False
+        wanted = [h.name for h in chosen]
+    except InputError as e:
+        raise fail_input(e)
+
+    root = results_dir / "runs"
+    if resume:
+        try:
+            journal = jr.RunJournal.open(root, resume)
+        except jr.JournalError as e:
+            raise fail_input(e)
+        if journal.scenario_name != sc.name:
+            raise fail_input(InputError(str(scenario), None, None,
+                                        f"run {resume} is of scenario '{journal.scenario_name}', not '{sc.name}'"))
+        try:   # on to the store the run was logged to, unless told otherwise
+            uri = validate_tracking_uri(tracking.tracking_uri_for(journal, tracking_uri))
+        except InputError as e:
+            raise fail_input(e)
+        cells = journal.missing()
+        console.print(f"Resuming run [bold]{resume}[/]: {len(cells)} of {len(journal.cells)} cell(s) to run")
+    else:
+        git = gitinfo.git_info()
+        meta = {"git_sha": git["sha"], "git_branch": git["branch"], "git_dirty": git["dirty"],
+                "trigger": trigger or sc.trigger, "hosts": wanted, "tracking_uri": uri,
+                "argv": sys.argv, "controller": {"python": platform.python_version(),
+                                                 "platform": platform.platform()}}
+        try:   # a full disk here leaves no run folder behind
+            journal = jr.RunJournal.create(root, jr.new_run_id(), sc.name, scenario, sc.text, sc.cells(), meta)
+        except jr.JournalError as e:
+            raise fail_input(e)
+        cells = [c["cell"] for c in journal.cells]
+        console.print(f"Run [bold]{journal.run_id}[/]: scenario [bold]{escape(sc.name)}[/], "
+                      f"{len(cells)} cell(s) on {escape(', '.join(wanted))}")
+
+    outcome = runner.run_cells(cells, chosen, journal, console)
+    from harness.sweep.derived import add_speedup_vs_ar
+    try:
+        for r in add_speedup_vs_ar(list(journal.results().values())):
+            journal.write_cell(r)              # derived metrics join the journal record
+    except jr.JournalFull as e:
+        outcome.journal_full = outcome.journal_full or str(e)
+    if outcome.journal_full:                   # no upload or report: they write there too
+        err.print(f"[red]error:[/] {escape(outcome.journal_full)}; the results written before "
+                  f"are kept; once there is space, finish with: harness run "
+                  f"{escape(str(scenario))} --resume {journal.run_id}", highlight=False)
+        raise typer.Exit(1)
+    results = list(journal.results().values())
+    console.print(summary_table(results, f"{sc.name} — run {journal.run_id}"))
+
+    # MLflow after the journal: a dead server costs a re-upload, never a measurement.
+    logged = False
+    try:
+        report = tracking.log_run(journal, uri)
+        console.print(str(report), highlight=False)
+        logged = True
+    except tracking.TrackingUnavailable as e:
+        err.print(f"[yellow]MLflow logging failed:[/] {escape(str(e))}\n"
+                  f"The results are safe in the journal; log them later with: "
+                  f"harness run {escape(str(scenario))} --resume {journal.run_id}", highlight=False)
+    write_report(journal, uri if logged else None)
+
+    console.print(f"Journal: {escape(str(journal.path))}", highlight=False)
+    if outcome.interrupted:
+        err.print(f"Interrupted. Finish with: harness run {escape(str(scenario))} --resume "
+                  f"{journal.run_id}")
+        raise typer.Exit(130)
+    failed = [r for r in results if r["status"] != "ok"]
+    missing = journal.missing()
+    if failed or missing:
+        err.print(f"{len(missing)} cell(s) failed or missing; rerun them with: "
+                  f"harness run {escape(str(scenario))} --resume {journal.run_id}")
+    if failed or missing or not logged:        # an upload that failed is unfinished work too
+        raise typer.Exit(1)
