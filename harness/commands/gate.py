@@ -75,7 +75,7 @@ def gate(
     from harness.gate import report
     from harness.gate.policy import resolve_policies
     from harness.gate.run import GateOptions, gate_ab, gate_against, parse_baseline
-    from harness.hosts.local import HostUnavailable
+    from harness.hosts.interface import HostUnavailable
     from harness.sweep.journal import JournalError
     from harness.sweep.scenario import TRIGGERS, load_scenario
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from harness.gate.sequential import Design
-from harness.hosts.local import Host
+from harness.hosts.interface import Host
 from harness.protocol import params
 from harness.protocol.errors import InputError
 from harness.sweep.journal import atomic_write_json

@@ -39,7 +39,8 @@ from harness.gate.policy import PER_RUN, Policy
 from harness.gate.sequential import (DEFAULT_MAX_ROUNDS, Design, check_fixed, per_round,
                                      plan_ab, plan_stored, rounds_to_decide)
 from harness.gate.stats import Comparison
-from harness.hosts.local import Host, HostUnavailable, serves, worker_file
+from harness.hosts.interface import Host, HostUnavailable
+from harness.hosts.local import serves, worker_file
 from harness.sweep.journal import RunJournal, new_run_id
 
 # A PR job's worth: long enough for a small GPU scenario to settle its quiet cells, short

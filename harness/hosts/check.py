@@ -13,7 +13,8 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from harness.hosts.local import Host, LocalHost
+from harness.hosts.interface import Host
+from harness.hosts.local import LocalHost
 from harness.remote import probe
 
 CHECK_TIMEOUT_S = 90

@@ -34,7 +34,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from harness.hosts.local import Host, LocalHost, local_hosts
+from harness.hosts.interface import Host
+from harness.hosts.local import LocalHost, local_hosts
 from harness.protocol.errors import InputError
 from harness.sweep.yamldoc import EmptyDocument, Source, read_text, read_yaml, show
 

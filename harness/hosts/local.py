@@ -1,12 +1,8 @@
-"""Hosts: where cells run. An executor takes one cell and returns its result dict.
+"""The local host: cells run as worker processes of this machine (the `Host` interface of
+harness/hosts/interface.py; harness/hosts/ssh.py is the remote kind).
 
-Every executor speaks the worker protocol (harness/worker/main.py: one cell JSON on stdin, progress
-on stderr, one result JSON on stdout). `LocalHost` runs the worker as a subprocess of this
-machine; `harness.hosts.ssh.SSHHost` (remote GPU hosts) and, later, a Slurm executor implement the
-same `Host` interface. Hosts raise HostUnavailable / HostBroken for failures of the host itself
-(the runner retries those elsewhere); everything that goes wrong with a cell is a result.
-
-Whatever goes wrong with the process itself (a crash, a timeout, garbage on stdout) becomes a
+Every worker speaks the worker protocol (harness/worker/main.py: one cell JSON on stdin, progress
+on stderr, one result JSON on stdout). Whatever goes wrong with the process itself (a crash, a timeout, garbage on stdout) becomes a
 failed result carrying the stderr tail, so one broken cell never stops a sweep.
 
 `LocalHost(persistent=True)` (what `harness run` uses) keeps one serving worker per slot
@@ -31,56 +27,23 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable
 
-from harness.protocol import params
-from harness.protocol.wire import (
-    CELL_PREFIX,
-    CONTROLLER_PID_ENV,
-    PROGRESS_PREFIX,
-    SERVE_PROTOCOL,
+from harness.hosts.interface import (
+    REPLY_LIMIT,
+    STDERR_TAIL_LINES,
+    Host,
+    ProgressFn,
+    failed_result,
+    no_result_why,
+    parse_result,
+    read_tail,
+    route_line,
 )
+from harness.protocol import params
+from harness.protocol.wire import CELL_PREFIX, CONTROLLER_PID_ENV, PROGRESS_PREFIX, SERVE_PROTOCOL
 
-STDERR_TAIL_LINES = 40
-# The longest reply line a serving worker may send (results with many samples run to a few
-# MiB); beyond it the reply is refused rather than buffered without bound.
-REPLY_LIMIT = 64 * 2**20
 CLOSE_WAIT_S = 5.0      # close(): how long an idle serving worker gets to exit on EOF
-
-ProgressFn = Callable[[dict], None]
-
-
-class HostUnavailable(Exception):
-    """The host could not run the cell for reasons of its own, not the cell's: unreachable,
-    connection dropped mid-cell, GPU held by someone else for too long. The runner retries the
-    cell (bounded, with backoff) on this or another eligible host. The message is one line."""
-
-
-class HostBroken(HostUnavailable):
-    """The host cannot run anything until a person fixes it: its host key is unknown or
-    changed, login is refused, its Python is missing. The runner stops using it for the rest of
-    the sweep and says why in one line."""
-
-
-class Host(Protocol):
-    name: str
-    slots: int          # cells this host runs at once (one per GPU)
-    labels: dict
-
-    async def run_cell(self, cell: dict, slot: int, on_progress: ProgressFn) -> dict: ...
-
-    # Optional (the runner uses them when present):
-    #   async prepare() -> None    connect / ship code; raises HostUnavailable or HostBroken
-    #   async close() -> None      release connections at the end of a sweep
-
-
-def failed_result(cell: dict, host: str, error: str, wall_s: float | None = None) -> dict:
-    """A result for a cell whose worker produced none."""
-    cell = params.canonical(cell)
-    return {"cell": cell, "cell_id": params.cell_id(cell), "label": params.cell_label(cell),
-            "status": "failed", "error": error, "metrics": {}, "samples": {}, "env": {},
-            "host": host, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": wall_s}
-
 
 class LocalHost:
     """Runs cells on this machine, one at a time per slot, as `python -m harness.worker`: a
@@ -214,7 +177,7 @@ class LocalHost:
             raise
         if not line and not too_long:           # EOF: the worker died (crash, signal, OOM killer)
             code = await self._retire(slot, worker, exiting=True)
-            return failed_result(cell, self.name, f"{_no_result_why(code)}\n{worker.tail_text()}",
+            return failed_result(cell, self.name, f"{no_result_why(code)}\n{worker.tail_text()}",
                                  time.perf_counter() - t0)
         try:
             if too_long:
@@ -470,17 +433,6 @@ async def _communicate(proc, data: bytes, tail: deque, on_progress: ProgressFn) 
     return stdout
 
 
-async def read_tail(stream, limit: int = REPLY_LIMIT) -> bytes:
-    """A worker's whole stdout, of which only the last `limit` bytes are kept: the result is its
-    last line, and a worker that prints without end must not fill the controller's memory."""
-    kept = bytearray()
-    while chunk := await stream.read(1 << 16):
-        kept += chunk
-        if len(kept) > 2 * limit:      # trimmed now and then, not on every chunk
-            del kept[:-limit]
-    return bytes(kept[-limit:])
-
-
 async def _read_lines(stream, handle: Callable[[str], None]) -> None:
     """Feed each line of a worker's stderr to `handle` until EOF."""
     while True:
@@ -492,61 +444,6 @@ async def _read_lines(stream, handle: Callable[[str], None]) -> None:
         if not raw:
             return
         handle(raw.decode(errors="replace").rstrip("\n"))
-
-
-def route_line(line: str, tail: deque, on_progress: ProgressFn) -> None:
-    """A progress line goes to `on_progress`, anything else to the stderr tail."""
-    if line.startswith(PROGRESS_PREFIX):
-        try:
-            on_progress(json.loads(line[len(PROGRESS_PREFIX):]))
-            return
-        except json.JSONDecodeError:
-            pass
-    tail.append(line)
-
-
-def parse_result(cell: dict, host: str, returncode: int | None, stdout: bytes, tail, wall_s: float) -> dict:
-    """The worker's result, or a failed result that says why there is none."""
-    text = stdout.decode(errors="replace").strip()
-    stderr_tail = "\n".join(tail)
-    if text:
-        try:
-            result = json.loads(text.splitlines()[-1])
-        except json.JSONDecodeError:
-            result = None
-        if isinstance(result, dict):
-            result["host"] = host
-            return result
-        if result is not None:
-            return failed_result(cell, host, f"the worker's reply is not a result object: "
-                                             f"{type(result).__name__}\n{stderr_tail}", wall_s)
-    return failed_result(cell, host, f"{_no_result_why(returncode)}\n{stderr_tail}", wall_s)
-
-
-def bound_to(cell: dict, result, host: str) -> dict:
-    """The result as the answer to `cell`, the cell this controller sent: a worker's reply that
-    is not a result object, or names another cell, is this cell's failure. The journal files
-    results under their cell id, so a reply trusted blindly could overwrite another cell's
-    result (or, with a crafted id, write outside the run)."""
-    expected = params.cell_id(cell)
-    if not isinstance(result, dict):
-        return failed_result(cell, host, f"the worker's reply is not a result object: "
-                                         f"{type(result).__name__}")
-    if result.get("cell_id") != expected:
-        got = str(result.get("cell_id"))[:80]
-        return failed_result(cell, host, f"the worker answered for cell {got!r}, not for "
-                                         f"the cell sent ({expected})")
-    return result
-
-
-def _no_result_why(returncode: int | None) -> str:
-    """Why a worker gave no result, from its exit status."""
-    if returncode is not None and returncode < 0:
-        try:
-            return f"worker killed by signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"worker killed by signal {-returncode}"
-    return f"worker exited with code {returncode} and no result"
 
 
 def _kill_group(proc) -> None:

@@ -34,9 +34,17 @@ from pathlib import Path
 import asyncssh
 
 from harness.hosts import bundle as bundlemod
+from harness.hosts.interface import (
+    STDERR_TAIL_LINES,
+    HostBroken,
+    HostUnavailable,
+    ProgressFn,
+    failed_result,
+    parse_result,
+    read_tail,
+    route_line,
+)
 from harness.protocol import params
-from harness.hosts.local import (STDERR_TAIL_LINES, HostBroken, HostUnavailable, ProgressFn,
-                           failed_result, parse_result, read_tail, route_line)
 
 MAX_CHANNELS = 10            # sshd's default MaxSessions: at most 9 cells at once per host
 KEEPALIVE_S = 15             # a silently dead host is noticed after ~KEEPALIVE_S * 3

@@ -32,7 +32,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColu
 from rich.text import Text
 
 from harness.protocol import params
-from harness.hosts.local import Host, HostBroken, HostUnavailable, bound_to, failed_result
+from harness.hosts.interface import Host, HostBroken, HostUnavailable, bound_to, failed_result
 from harness.sweep.journal import JournalFull, RunJournal
 
 MAX_CELL_ATTEMPTS = 3          # infrastructure failures a cell may suffer before it is failed

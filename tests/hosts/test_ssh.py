@@ -33,7 +33,7 @@ from sshd_server import TEST_USER, LoopbackSSH, user_processes
 
 from harness.sweep import runner
 from harness.hosts.check import check_all, describe
-from harness.hosts.local import HostBroken, HostUnavailable
+from harness.hosts.interface import HostBroken, HostUnavailable
 from harness.hosts.inventory import parse_hosts
 from harness.sweep.journal import RunJournal
 

@@ -14,7 +14,7 @@ import io
 import pytest
 from rich.console import Console
 
-from harness.hosts.local import HostBroken, HostUnavailable, failed_result
+from harness.hosts.interface import HostBroken, HostUnavailable, failed_result
 from harness.protocol.params import canonical, cell_id
 from harness.sweep import runner
 from harness.sweep.journal import RunJournal
