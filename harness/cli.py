@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import typer
 
-from harness.commands import baseline, bisect, gate, history, hosts, report, run, ui, validate
+from harness.commands import (baseline, bisect, gate, history, hosts, import_, report, run, ui,
+                              validate)
 
 app = typer.Typer(help="Benchmark and regression harness for speculative decoding with draft trees.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 app.command()(validate.validate)
 app.command()(run.run)
+app.command(name="import")(import_.import_)
 app.command()(report.report)
 app.command()(ui.ui)
 app.command()(gate.gate)

@@ -37,12 +37,15 @@ def run(
                                        help="local host: a new worker process per cell instead of one per GPU "
                                             "for the whole run (if you suspect state leaking between cells)"),
     max_cells: Optional[int] = max_cells_option(),
+    export_cells: Optional[Path] = typer.Option(
+        None, "--export-cells", metavar="FILE",
+        help="write the cells to FILE (JSON lines) for `python -m harness.worker --cells FILE "
+             "--out DIR` on a host with nothing but torch, then `harness import DIR`; runs nothing"),
 ):
     """Run a scenario's cells, journal every result, log the run to MLflow."""
     from harness.sweep import gitinfo, journal as jr, runner, tracking
     from harness.hosts.inventory import load_hosts, select_hosts
     from harness.sweep.scenario import TRIGGERS, load_scenario, validate_tracking_uri
-    from harness.sweep.summary import summary_table
 
     try:
         sc = load_scenario(scenario, max_cells=max_cells)
@@ -65,6 +68,9 @@ def run(
         wanted = [h.name for h in chosen]
     except InputError as e:
         raise fail_input(e)
+    if export_cells is not None:
+        write_cells_file(export_cells, sc, trigger or sc.trigger)
+        return
 
     root = results_dir / "runs"
     if resume:
@@ -96,7 +102,16 @@ def run(
                       f"{len(cells)} cell(s) on {escape(', '.join(wanted))}")
 
     outcome = runner.run_cells(cells, chosen, journal, console)
+    finish(journal, uri, outcome, f"harness run {scenario} --resume {journal.run_id}")
+
+
+def finish(journal, uri: str, outcome, resume: str) -> None:
+    """The end of a run (or an import): derived metrics into the journal, the summary table, the
+    MLflow upload, the report, and the exit code. `resume` is the command that finishes it."""
+    from harness.sweep import journal as jr, tracking
     from harness.sweep.derived import add_speedup_vs_ar
+    from harness.sweep.summary import summary_table
+
     try:
         for r in add_speedup_vs_ar(list(journal.results().values())):
             journal.write_cell(r)              # derived metrics join the journal record
@@ -104,11 +119,10 @@ def run(
         outcome.journal_full = outcome.journal_full or str(e)
     if outcome.journal_full:                   # no upload or report: they write there too
         err.print(f"[red]error:[/] {escape(outcome.journal_full)}; the results written before "
-                  f"are kept; once there is space, finish with: harness run "
-                  f"{escape(str(scenario))} --resume {journal.run_id}", highlight=False)
+                  f"are kept; once there is space, finish with: {escape(resume)}", highlight=False)
         raise typer.Exit(1)
     results = list(journal.results().values())
-    console.print(summary_table(results, f"{sc.name} — run {journal.run_id}"))
+    console.print(summary_table(results, f"{journal.scenario_name} — run {journal.run_id}"))
 
     # MLflow after the journal: a dead server costs a re-upload, never a measurement.
     logged = False
@@ -119,18 +133,39 @@ def run(
     except tracking.TrackingUnavailable as e:
         err.print(f"[yellow]MLflow logging failed:[/] {escape(str(e))}\n"
                   f"The results are safe in the journal; log them later with: "
-                  f"harness run {escape(str(scenario))} --resume {journal.run_id}", highlight=False)
+                  f"{escape(resume)}", highlight=False)
     write_report(journal, uri if logged else None)
 
     console.print(f"Journal: {escape(str(journal.path))}", highlight=False)
     if outcome.interrupted:
-        err.print(f"Interrupted. Finish with: harness run {escape(str(scenario))} --resume "
-                  f"{journal.run_id}")
+        err.print(f"Interrupted. Finish with: {escape(resume)}")
         raise typer.Exit(130)
     failed = [r for r in results if r["status"] != "ok"]
     missing = journal.missing()
     if failed or missing:
-        err.print(f"{len(missing)} cell(s) failed or missing; rerun them with: "
-                  f"harness run {escape(str(scenario))} --resume {journal.run_id}")
+        err.print(f"{len(missing)} cell(s) failed or missing; rerun them with: {escape(resume)}")
     if failed or missing or not logged:        # an upload that failed is unfinished work too
         raise typer.Exit(1)
+
+
+def write_cells_file(path: Path, sc, trigger: str) -> None:
+    """The scenario's cells as a batch file: a header (what import needs to make a run of it),
+    then one canonical cell per line."""
+    import json
+
+    from harness.sweep import gitinfo
+    git = gitinfo.git_info()
+    header = {"harness_batch": {"scenario": sc.name, "scenario_text": sc.text,
+                                "git_sha": git["sha"], "git_branch": git["branch"],
+                                "git_dirty": git["dirty"], "trigger": trigger,
+                                "cells": len(sc.cells())}}
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(json.dumps(header) + "\n")
+            for cell in sc.cells():
+                f.write(json.dumps(cell) + "\n")
+    except OSError as e:
+        raise fail_input(InputError(str(path), None, None, e.strerror or str(e)))
+    console.print(f"{escape(str(path))}: {len(sc.cells())} cell(s) of scenario "
+                  f"[bold]{escape(sc.name)}[/]; run them with `python -m harness.worker --cells "
+                  f"{escape(path.name)} --out DIR`, then `harness import DIR`", highlight=False)

@@ -2,6 +2,7 @@
 
     python -m harness.worker < cell.json > result.json        # one cell
     python -m harness.worker --serve                           # many cells, one per line
+    python -m harness.worker --cells cells.jsonl --out DIR     # a batch (harness/worker/batch.py)
 
 One-cell mode reads one cell (a JSON object of parameters, see harness.protocol.params) on stdin, writes
 progress lines on stderr (`@@progress {json}`; anything else on stderr is plain log) and exactly
@@ -42,6 +43,7 @@ import socket
 import sys
 import time
 import traceback
+from pathlib import Path
 
 from harness.protocol.errors import CellRefused
 from harness.protocol.wire import CELL_PREFIX, PROGRESS_PREFIX, SERVE_PROTOCOL  # noqa: F401
@@ -120,7 +122,18 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Run cells of the harness on this host.")
     parser.add_argument("--serve", action="store_true",
                         help="run many cells: JSON request lines on stdin, one result line each")
+    parser.add_argument("--cells", type=Path, metavar="FILE",
+                        help="batch: run the cells of this JSON-lines file (harness run "
+                             "--export-cells), with no controller")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="batch: write DIR/batch.json and DIR/cells/<cell_id>.json "
+                             "(harness import DIR)")
     args = parser.parse_args(argv)
+    if (args.cells is None) != (args.out is None):
+        parser.error("--cells FILE and --out DIR go together")
+    if args.cells is not None:
+        from harness.worker.batch import run_batch
+        return run_batch(args.cells, args.out)
     return serve() if args.serve else run_one()
 
 

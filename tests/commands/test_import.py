@@ -1,0 +1,73 @@
+"""A batch with no controller, then `harness import`: the real CLI and the real worker.
+
+`harness run --export-cells` writes the cells, `python -m harness.worker --cells --out` runs them
+(in a folder of its own, as on a host that has nothing but the worker), and `harness import`
+makes a normal run of the results: journal, MLflow (a real sqlite store), report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCENARIO = "name: batch\nmatrix:\n  workload: [noop]\n  seed: [1, 2, 3]\ndefaults: {sleep_s: 0}\n"
+
+
+def sh(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="160")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=240)
+
+
+def test_export_run_a_batch_and_import_it(tmp_path):
+    (tmp_path / "s.yaml").write_text(SCENARIO)
+    export = sh("-m", "harness.cli", "run", "s.yaml", "--export-cells", "cells.jsonl", cwd=tmp_path)
+    assert export.returncode == 0, export.stderr
+    lines = [json.loads(x) for x in (tmp_path / "cells.jsonl").read_text().splitlines()]
+    assert lines[0]["harness_batch"]["scenario"] == "batch" and len(lines) == 4
+    assert not (tmp_path / "results").exists()                  # exporting runs nothing
+
+    host = tmp_path / "gpu-host"          # the batch runs elsewhere, from the file alone
+    host.mkdir()
+    (host / "cells.jsonl").write_text((tmp_path / "cells.jsonl").read_text())
+    batch = sh("-m", "harness.worker", "--cells", "cells.jsonl", "--out", "out", cwd=host)
+    assert batch.returncode == 0, batch.stderr
+    made = sorted((host / "out" / "cells").glob("*.json"))
+    assert len(made) == 3
+    again = sh("-m", "harness.worker", "--cells", "cells.jsonl", "--out", "out", cwd=host)
+    assert again.returncode == 0 and '"skipped": true' in again.stderr    # done cells are kept
+
+    # One result damaged, one foreign file dropped in: set aside, their cells missing.
+    made[0].write_text('{"cell": ')
+    foreign = json.loads(made[1].read_text())
+    foreign["cell_id"] = made[2].stem
+    made[1].write_text(json.dumps(foreign))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    imported = sh("-m", "harness.cli", "import", str(host / "out"), "--tracking-uri", uri,
+                  cwd=tmp_path)
+    assert imported.returncode == 1, imported.stdout + imported.stderr   # two cells missing
+    assert "Traceback" not in imported.stderr
+    assert f"{made[0]}: damaged" in imported.stderr
+    assert f"{made[1]}: names cell '{made[2].stem}', not the file's {made[1].stem}" in imported.stderr
+    assert "1 of 3 cell(s)" in imported.stdout and "MLflow: 1 cell run(s) logged" in imported.stdout
+    (run,) = (tmp_path / "results" / "runs").iterdir()
+    assert [p.stem for p in (run / "cells").glob("*.json")] == [made[2].stem]
+    assert (run / "report" / "index.html").exists()
+    meta = json.loads((run / "run.json").read_text())["meta"]
+    assert meta["imported_from"]["dir"] == str(host / "out") and meta["hosts"]
+
+
+def test_what_is_not_a_batch_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "empty").mkdir()
+    out = sh("-m", "harness.cli", "import", "empty", cwd=tmp_path)
+    assert out.returncode == 2 and "empty/batch.json: no such file" in out.stderr
+    (tmp_path / "cells.jsonl").write_text('{"harness_batch": {}}\n[1, 2]\n')
+    bad = sh("-m", "harness.worker", "--cells", "cells.jsonl", "--out", "o", cwd=tmp_path)
+    assert bad.returncode == 2 and "cells.jsonl:2: a cell is a JSON object, got list" in bad.stderr
+    alone = sh("-m", "harness.worker", "--cells", "cells.jsonl", cwd=tmp_path)
+    assert alone.returncode == 2 and "--cells FILE and --out DIR go together" in alone.stderr
