@@ -30,116 +30,6 @@ from .history import history as history_figure
 REPORT_DIR = "report"
 INDEX = "index.html"
 MAX_TIMELINES = 12
-# Without the statistical gate, a ratio beyond ±3 % is called slower/faster (DESIGN's example
-# policy for tokens_per_s) and its significance is reported as not assessed.
-RATIO_THRESHOLD = 0.03
-
-
-# -- comparison ------------------------------------------------------------------------------
-
-
-@dataclass
-class Verdict:
-    metric: str                  # what was compared: tokens_per_s (decode) or kernel_us (kernel)
-    base: float | None           # the base run's value of `metric`
-    ratio: float | None          # head / base of `metric`
-    verdict: str                 # regressed | improved | unchanged | inconclusive | slower | ...
-    detail: str = ""             # p-value / CI from the gate, or "significance not assessed"
-
-
-def compared_metric(result: dict) -> tuple[str, bool]:
-    """(metric, higher is better) a cell is compared on: decode tokens/s, kernel time."""
-    if (result.get("cell") or {}).get("workload") == "kernel":
-        return "kernel_us", False
-    return "tokens_per_s", True
-
-
-def compare(head: dict[str, dict], base: dict[str, dict]) -> dict[str, Verdict]:
-    """Verdict per head cell id against the base run's cell of the same id (same parameters).
-
-    Uses the statistical gate (harness.gate) when it is importable: regressed / improved /
-    unchanged / inconclusive with the p-value and the confidence interval of the ratio.
-    Otherwise the ratio of medians, read as slower/faster beyond ±3 %, with "significance not
-    assessed".
-    """
-    gated = _gate_verdicts(head, base)
-    return gated if gated is not None else _plain_verdicts(head, base)
-
-
-def _plain_verdicts(head: dict[str, dict], base: dict[str, dict]) -> dict[str, Verdict]:
-    out = {}
-    for cid, h in head.items():
-        metric, higher_is_better = compared_metric(h)
-        b = base.get(cid)
-        h_val, b_val = _value(h, metric), _value(b, metric)
-        if b is None:
-            out[cid] = Verdict(metric, None, None, "no base", "cell not in the base run")
-        elif b.get("status") != "ok" or b_val is None:
-            out[cid] = Verdict(metric, None, None, "base failed")
-        elif h.get("status") != "ok" or h_val is None:
-            out[cid] = Verdict(metric, b_val, None, "head failed")
-        elif b_val == 0:
-            out[cid] = Verdict(metric, b_val, None, "inconclusive", "base is zero")
-        else:
-            ratio = h_val / b_val
-            better = ratio if higher_is_better else 1 / ratio if ratio else math.inf
-            word = ("slower" if better < 1 - RATIO_THRESHOLD else
-                    "faster" if better > 1 + RATIO_THRESHOLD else "unchanged")
-            out[cid] = Verdict(metric, b_val, ratio, word, "significance not assessed")
-    return out
-
-
-def _gate_verdicts(head: dict[str, dict], base: dict[str, dict]) -> dict[str, Verdict] | None:
-    """The statistical gate's verdicts (harness.gate.stats.compare: Mann–Whitney on the
-    repeats plus the default policy's threshold), or None when the gate is not importable.
-    Cells whose two sides are not both measured get the plain verdicts of `compare`."""
-    try:
-        from harness.gate.policy import DEFAULT_POLICIES
-        from harness.gate.stats import compare as gate_compare
-    except ImportError:
-        return None
-    out = {}
-    for cid, h in head.items():
-        metric, _ = compared_metric(h)
-        b = base.get(cid)
-        hs, bs = _samples(h, metric), _samples(b, metric)
-        policy = DEFAULT_POLICIES.get(metric)
-        if policy is None or not hs or not bs or h.get("status") != "ok" or b.get("status") != "ok":
-            continue  # filled in below from the plain comparison (no base, failed, ...)
-        c = gate_compare(bs, hs, policy)
-        bits = [f"p={c.p:.2g}", f"n={c.n_base}/{c.n_head}"]
-        if c.ci_ratio:
-            bits.insert(1, f"{c.confidence:.0%} CI {c.ci_ratio[0]:.3f}–{c.ci_ratio[1]:.3f}")
-        out[cid] = Verdict(metric, c.base, c.ratio, c.verdict, ", ".join(bits))
-    plain = _plain_verdicts({cid: r for cid, r in head.items() if cid not in out}, base)
-    return {cid: out.get(cid) or plain[cid] for cid in head}
-
-
-def _verdict_source() -> str:
-    try:
-        import harness.gate.stats  # noqa: F401
-    except ImportError:
-        return (f"Verdicts: slower/faster beyond ±{RATIO_THRESHOLD:.0%} of the ratio of medians; "
-                f"significance not assessed.")
-    return ("Verdicts: the regression gate (one-sided Mann–Whitney on the repeats and the "
-            "default policy threshold); with few repeats a real change can stay inconclusive.")
-
-
-def _samples(result: dict | None, metric: str) -> list[float]:
-    """The repeats of `metric` (samples), else its single value, else nothing."""
-    if not result:
-        return []
-    values = [float(v) for v in (result.get("samples") or {}).get(metric) or [] if _finite(v)]
-    if not values and _value(result, metric) is not None:
-        values = [_value(result, metric)]
-    return values
-
-
-def _value(result: dict | None, metric: str) -> float | None:
-    v = ((result or {}).get("metrics") or {}).get(metric)
-    return float(v) if _finite(v) else None
-
-
 def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -159,7 +49,7 @@ class FigureFile:
 class Report:
     path: Path                   # index.html
     figures: list[FigureFile] = field(default_factory=list)
-    verdicts: dict[str, Verdict] | None = None   # per cell id, when compared with a base run
+    verdicts: dict | None = None   # per cell id (harness.gate.runs.Verdict), when compared
 
 
 def _render(out_dir: Path, name: str, caption: str, draw) -> FigureFile:
@@ -360,7 +250,7 @@ def _is_kernel(cell: dict) -> bool:
 
 
 def _cells_table(journal: RunJournal, results: dict[str, dict],
-                 verdicts: dict[str, Verdict] | None, kernel: bool) -> str:
+                 verdicts: dict | None, kernel: bool) -> str:
     """One table of the run's decode cells (kernel=False) or kernel cells, in matrix order;
     cells that never produced a result are listed as such."""
     planned = {c["cell_id"]: c for c in journal.cells}
@@ -449,11 +339,14 @@ def _figures_html(figs: list[FigureFile]) -> str:
 
 
 def build_report(journal: RunJournal, out_dir=None, *, base: RunJournal | None = None,
+                 verdicts: dict | None = None, verdict_note: str = "",
                  reference: str | None = None, history: list[dict] | None = None) -> Report:
     """Write the report of `journal` into `out_dir` (default `<run>/report/`): index.html
-    plus one PNG per figure. `base`: a run to compare with (verdicts per cell on tokens/s);
-    `reference`: the verify mode the speedup heatmap divides by; `history`: series for the
-    history figure (dicts with the arguments of harness.dashboards.history.history)."""
+    plus one PNG per figure. `base`: the run it was compared with, and `verdicts` the gate's
+    per-cell verdicts against it (harness.gate.runs.compare: the report draws them, it does not
+    judge), explained by `verdict_note`; `reference`: the verify mode the speedup heatmap
+    divides by; `history`: series for the history figure (dicts with the arguments of
+    harness.dashboards.history.history)."""
     out_dir = Path(out_dir) if out_dir is not None else journal.path / REPORT_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     results = journal.results()
@@ -463,10 +356,8 @@ def build_report(journal: RunJournal, out_dir=None, *, base: RunJournal | None =
     commit = style.short_commit(meta.get("git_sha"), meta.get("git_dirty"))
 
     figs = _figures(result_list, out_dir, commit, reference, history)
-    verdicts = None
     compare_note = ""
     if base is not None:
-        verdicts = compare(results, base.results())
         gpus_head = {str((r.get("env") or {}).get("gpu")) for r in result_list}
         gpus_base = {str((r.get("env") or {}).get("gpu")) for r in base.results().values()}
         warn = ""
@@ -476,7 +367,7 @@ def build_report(journal: RunJournal, out_dir=None, *, base: RunJournal | None =
         compare_note = (f"<p>Compared with run <strong>{_e(base.run_id)}</strong> (commit "
                         f"{_e(style.short_commit(base.meta.get('git_sha')) or 'unknown')}): "
                         f"head/base = this run's value ÷ the base run's, per cell (decode: tokens/s, "
-                        f"higher is better; kernel: µs, lower is better). {_e(_verdict_source())}"
+                        f"higher is better; kernel: µs, lower is better). {_e(verdict_note)}"
                         f"{warn}</p>")
 
     n_ok = sum(r.get("status") == "ok" for r in result_list)

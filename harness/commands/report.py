@@ -44,8 +44,11 @@ def write_report(journal, tracking_uri: Optional[str], base=None, reference: Opt
     cannot be written or uploaded is a warning, never a lost run: returns the path or None."""
     from harness.sweep import tracking
     from harness.dashboards.report import build_report
+    from harness.gate import runs
+    verdicts = runs.compare(journal.results(), base.results()) if base is not None else None
     try:
-        built = build_report(journal, base=base, reference=reference)
+        built = build_report(journal, base=base, verdicts=verdicts, verdict_note=runs.VERDICT_NOTE,
+                             reference=reference)
     except Exception as e:  # noqa: BLE001 - the journal and MLflow run are intact either way
         err.print(f"[yellow]report failed:[/] {type(e).__name__}: {e}", highlight=False)
         return None

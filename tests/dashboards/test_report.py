@@ -22,7 +22,9 @@ from dashboard_fixtures import (
     write_journal,
 )
 from harness.dashboards import headless
-from harness.dashboards.report import _plain_verdicts, build_report
+from harness.dashboards.report import build_report
+from harness.gate.runs import VERDICT_NOTE
+from harness.gate.runs import compare as compare_runs
 
 # mlflow 3.17's sqlalchemy store uses a loader strategy SQLAlchemy 2.1 deprecates: not ours.
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
@@ -132,45 +134,35 @@ def test_a_figure_that_fails_is_a_visible_card_not_a_lost_report(runs, monkeypat
 
 def test_compare_verdicts_ratio_per_cell(runs):
     head, base = runs
-    report = build_report(head, base=base)
+    verdicts = compare_runs(head.results(), base.results())
+    report = build_report(head, base=base, verdicts=verdicts, verdict_note=VERDICT_NOTE)
     page = report.path.read_text()
-    assert BASE_ID in page and "head/base" in page
-    verdicts = report.verdicts
-    assert verdicts.keys() == head.results().keys()
+    assert BASE_ID in page and "head/base" in page and VERDICT_NOTE in page
+    assert report.verdicts is verdicts and verdicts.keys() == head.results().keys()
     ok = [v for v in verdicts.values() if v.ratio is not None]
     assert ok and all(v.ratio == pytest.approx(1 / 1.1) for v in ok)
     by_verdict = {v.verdict for v in verdicts.values()}
     assert {"no base", "base failed"} <= by_verdict  # kernel cells; the cell failed in both
-    try:
-        import harness.gate.stats  # noqa: F401
-    except ImportError:
-        assert {v.detail for v in ok} == {"significance not assessed"}
-    else:  # the statistical gate decides: 3 vs 3 repeats cannot be significant at alpha 1 %
-        assert {v.verdict for v in ok} == {"inconclusive"}
-        assert all("p=" in v.detail for v in ok)
+    # The statistical gate decides: 3 vs 3 repeats cannot be significant at alpha 1 %.
+    assert {v.verdict for v in ok} == {"inconclusive"}
+    assert all("p=" in v.detail for v in ok)
 
 
-def test_plain_verdicts_read_direction_per_metric():
+def test_run_verdicts_read_the_metric_of_each_workload():
     fast = gpu_result(4096, "custom", tps=1000.0)
-    slow = dict(fast, metrics={**fast["metrics"], "tokens_per_s": 900.0})
-    same = dict(fast, metrics={**fast["metrics"], "tokens_per_s": 1010.0})
     k_base = kernel_sweep()[0]
     k_head = dict(k_base, metrics={**k_base["metrics"], "kernel_us": k_base["metrics"]["kernel_us"] / 2})
     failed = failed_result(fast["cell"])
     cid, kid = fast["cell_id"], k_base["cell_id"]
 
     def verdict(head, base, key):
-        return _plain_verdicts({key: head}, {key: base} if base else {})[key]
+        return compare_runs({key: head}, {key: base} if base else {})[key]
 
-    assert verdict(slow, fast, cid).verdict == "slower"
-    assert verdict(fast, slow, cid).verdict == "faster"
-    assert verdict(same, fast, cid).verdict == "unchanged"
-    assert verdict(k_head, k_base, kid).verdict == "faster"   # half the µs: lower is better
-    assert verdict(k_head, k_base, kid).ratio == pytest.approx(0.5)
+    assert verdict(k_head, k_base, kid).metric == "kernel_us"
+    assert verdict(fast, fast, cid).metric == "tokens_per_s"
     assert verdict(failed, fast, cid).verdict == "head failed"
     assert verdict(fast, failed, cid).verdict == "base failed"
     assert verdict(fast, None, cid).verdict == "no base"
-    assert verdict(slow, fast, cid).detail == "significance not assessed"
 
 
 def run_cli(*args, cwd):

@@ -1,0 +1,76 @@
+"""Two runs compared cell by cell: the verdict `harness report RUN --compare BASE` shows.
+
+Each head cell is compared with the base run's cell of the same id (the same parameters) on
+its workload's headline metric (decode: tokens/s, higher is better; kernel: µs, lower is
+better) by the statistical gate (harness.gate.stats.compare: one-sided Mann–Whitney on the
+repeats plus the default policy's threshold). A cell whose two sides are not both measured
+gets a plain word (no base, base failed, head failed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from harness.gate.policy import DEFAULT_POLICIES
+from harness.gate.stats import compare as gate_compare
+
+VERDICT_NOTE = ("Verdicts: the regression gate (one-sided Mann–Whitney on the repeats and the "
+                "default policy threshold); with few repeats a real change can stay inconclusive.")
+
+
+@dataclass
+class Verdict:
+    metric: str                  # what was compared: tokens_per_s (decode) or kernel_us (kernel)
+    base: float | None           # the base run's value of `metric`
+    ratio: float | None          # head / base of `metric`
+    verdict: str                 # regressed | improved | unchanged | inconclusive | no base | ...
+    detail: str = ""             # p-value and CI from the gate, or why there is no verdict
+
+
+def compared_metric(result: dict) -> str:
+    """The metric a cell is compared on: decode tokens/s, kernel time."""
+    if (result.get("cell") or {}).get("workload") == "kernel":
+        return "kernel_us"
+    return "tokens_per_s"
+
+
+def compare(head: dict[str, dict], base: dict[str, dict]) -> dict[str, Verdict]:
+    """Verdict per head cell id against the base run's cell of the same id."""
+    out = {}
+    for cid, h in head.items():
+        metric = compared_metric(h)
+        b = base.get(cid)
+        hs, bs = _samples(h, metric), _samples(b, metric)
+        if b is None:
+            out[cid] = Verdict(metric, None, None, "no base", "cell not in the base run")
+        elif b.get("status") != "ok" or not bs:
+            out[cid] = Verdict(metric, None, None, "base failed")
+        elif h.get("status") != "ok" or not hs:
+            out[cid] = Verdict(metric, _value(b, metric), None, "head failed")
+        else:
+            c = gate_compare(bs, hs, DEFAULT_POLICIES[metric])
+            bits = [f"p={c.p:.2g}", f"n={c.n_base}/{c.n_head}"]
+            if c.ci_ratio:
+                bits.insert(1, f"{c.confidence:.0%} CI {c.ci_ratio[0]:.3f}–{c.ci_ratio[1]:.3f}")
+            out[cid] = Verdict(metric, c.base, c.ratio, c.verdict, ", ".join(bits))
+    return out
+
+
+def _samples(result: dict | None, metric: str) -> list[float]:
+    """The repeats of `metric` (samples), else its single value, else nothing."""
+    if not result:
+        return []
+    values = [float(v) for v in (result.get("samples") or {}).get(metric) or [] if _finite(v)]
+    if not values and _value(result, metric) is not None:
+        values = [_value(result, metric)]
+    return values
+
+
+def _value(result: dict | None, metric: str) -> float | None:
+    v = ((result or {}).get("metrics") or {}).get(metric)
+    return float(v) if _finite(v) else None
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
