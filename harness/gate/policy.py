@@ -7,7 +7,8 @@ A scenario may carry a `metrics:` mapping (validated by harness.sweep.scenario):
       idle_fraction: {direction: lower,  threshold_abs: 0.02}
 
 A scenario with such a mapping gates exactly the metrics it names; a field it leaves out comes
-from the default policy of that metric. A scenario without one gets `DEFAULT_POLICIES`.
+from the default policy of that metric. A scenario without one gets `DEFAULT_POLICIES`: the
+union of the policies each workload declares (harness/protocol/workloads/).
 Acceptance length is its own entry, so a drop in accepted tokens per step is reported even when
 tokens/s hides it (or the other way round).
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from harness.protocol.errors import InputError
+from harness.protocol.workloads import SPECS
 
 HIGHER, LOWER = "higher", "lower"
 PER_REPEAT, PER_RUN = "repeat", "run"
@@ -70,15 +72,20 @@ class Policy:
         return what + ("" if self.gate else " (reported, not gated)")
 
 
-DEFAULT_POLICIES: dict[str, Policy] = {
-    p.metric: p for p in (
-        Policy("tokens_per_s", HIGHER, threshold_rel=0.03),
-        Policy("accept_len_mean", HIGHER, threshold_rel=0.03),
-        Policy("idle_fraction", LOWER, threshold_abs=0.02, gate=False, per=PER_RUN),
-        Policy("step_ms_p50", LOWER, threshold_rel=0.03),
-        Policy("kernel_us", LOWER, threshold_rel=0.03),
-    )
-}
+def _workload_policies() -> dict[str, Policy]:
+    """The union of the policies every workload declares (WorkloadSpec.policies, in workload
+    order); two workloads that declare one metric must declare the same policy."""
+    found: dict[str, Policy] = {}
+    for spec in SPECS.values():
+        for metric, fields in spec.policies.items():
+            policy = Policy(metric, **fields)
+            if found.setdefault(metric, policy) != policy:
+                raise RuntimeError(f"workloads disagree on the default policy of {metric}: "
+                                   f"{found[metric]} and {policy} (workload {spec.name})")
+    return found
+
+
+DEFAULT_POLICIES: dict[str, Policy] = _workload_policies()
 
 
 def resolve_policies(scenario_metrics: dict[str, dict] | None, *, alpha: float | None = None,

@@ -105,8 +105,8 @@ class LocalHost:
         if self._serves is None:
             tree = Path(self.code_root) if self.code_root else await self._worker_tree()
             self._serves = tree is not None and serves(tree)
-            self._strict_ids = tree is not None and _same_file(
-                _params_file(tree), Path(params.__file__))
+            self._strict_ids = tree is not None and _id_sources(tree) == _id_sources(
+                Path(params.__file__).parents[2])
         return self._serves
 
     async def _worker_tree(self) -> Path | None:
@@ -371,13 +371,6 @@ def _ignore(_progress: dict) -> None:
     pass
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.read_bytes() == b.read_bytes()
-    except OSError:
-        return False
-
-
 # `-c` puts the working directory first on sys.path, as `-m` does. find_spec of a submodule
 # imports its package (harness/__init__.py) but not the module itself.
 _FIND_WORKER = ("import importlib.util as u; s = u.find_spec('harness.worker'); "
@@ -398,9 +391,19 @@ def worker_file(tree: str | os.PathLike) -> Path | None:
     return next((Path(tree) / f for f in WORKER_FILES if (Path(tree) / f).is_file()), None)
 
 
-def _params_file(tree: str | os.PathLike) -> Path:
-    return next((Path(tree) / f for f in PARAMS_FILES if (Path(tree) / f).is_file()),
-                Path(tree) / PARAMS_FILES[0])
+def _id_sources(tree: str | os.PathLike) -> list[bytes] | None:
+    """The files that decide how the tree at `tree` computes cell ids (its params and, in this
+    layout, its workload declarations), read; None where it has none. Two trees with the same
+    sources compute the same ids, so their replies can be held to this controller's ids."""
+    root = Path(tree)
+    params_file = next((root / f for f in PARAMS_FILES if (root / f).is_file()), None)
+    if params_file is None:
+        return None
+    files = [params_file, *sorted((root / "harness/protocol/workloads").glob("*.py"))]
+    try:
+        return [f.read_bytes() for f in files]
+    except OSError:
+        return None
 
 
 def serves(code_root: str | os.PathLike | None) -> bool:

@@ -13,8 +13,8 @@ How it works:
    mapped back to its node through that data path.
 3. `_expand` counts the cells before it builds them (at most `max_cells`, DEFAULT_MAX_CELLS
    unless the caller raises it on purpose), remembering which node set each value, so the
-   checks that need a whole cell (context vs. model limit, impossible combinations, ...) point
-   at the right node.
+   checks that need a whole cell (context vs. model limit, impossible combinations, ...: each
+   workload declares its own, harness/protocol/workloads/) point at the right node.
 
 The controller never imports torch: this module needs only the standard library, PyYAML and
 pydantic.
@@ -34,8 +34,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, create_model
 
-from harness.protocol import params
-from harness.protocol import presets
+from harness.protocol import params, workloads
 from harness.protocol.errors import InputError
 from harness.sweep.yamldoc import DataPath, EmptyDocument, Source, read_text, read_yaml, show
 
@@ -56,76 +55,31 @@ GPU_BUSY_POLICIES = ("wait", "noisy")
 # accepted where a float is expected.
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
-# Integers stop where the kernels' int32 indices and sizes do: a larger count is a typo, and
-# one that validated would fail only inside a worker.
-INT_MAX = 2**31 - 1
-SEED_MAX = 2**32 - 1      # every generator the workers seed takes 32 bits
+# Integers stop where the kernels' int32 indices and sizes do (harness.protocol.workloads).
+INT_MAX = workloads.INT_MAX
+SEED_MAX = workloads.SEED_MAX
 NAME_MAX_CHARS = 200      # an MLflow experiment name, shown in tables and titles
-
-_PositiveInt = Annotated[int, Field(gt=0, le=INT_MAX)]
-_NonNegativeInt = Annotated[int, Field(ge=0, le=INT_MAX)]
-
-# The enumerated cell parameters and their allowed values.
-_PARAM_CHOICES: dict[str, tuple] = {
-    "workload": params.WORKLOADS,
-    "model": tuple(presets.PRESETS),
-    "verify_mode": params.VERIFY_MODES,
-    "graph_capture": params.GRAPH_CAPTURES,
-    "tree_build": params.TREE_BUILDS,
-    "accept": params.ACCEPTS,
-    "speculation": params.SPECULATIONS,
-    "acceptance": params.ACCEPTANCES,
-    "device": params.DEVICES,
-    "dtype": params.DTYPES,
-    "replay": params.REPLAYS,
-    "attention": params.ATTENTIONS,
-    "layout": params.LAYOUTS,
-    "topk_impl": params.TOPK_IMPLS,
-    "tree_build_impl": params.TREE_BUILD_IMPLS,
-}
-
-# Every other cell parameter: its type and, for error messages, what it must be.
-_MODE = "(" + "|".join(params.VERIFY_MODES) + ")"
-_MODE_LIST = rf"^({_MODE}(,{_MODE})*)?$"
-_PARAM_TYPES: dict[str, tuple[Any, str]] = {
-    "checkpoint": (str | None, "a path to a local checkpoint (or null)"),
-    "fused_ops": (StrictBool, "true or false"),
-    "context_length": (_PositiveInt, "a positive integer"),
-    "batch_size": (_PositiveInt, "a positive integer"),
-    "tau": (Annotated[float, Field(ge=1, allow_inf_nan=False)], "a number >= 1"),
-    "tree_budget": (_PositiveInt, "a positive integer"),
-    "block_size": (Annotated[int, Field(ge=2)], "an integer >= 2"),
-    "seed": (Annotated[int, Field(ge=0, le=SEED_MAX)], "an integer >= 0"),
-    "warmup_steps": (_NonNegativeInt, "an integer >= 0"),
-    "steps": (_PositiveInt, "a positive integer"),
-    "repeats": (_PositiveInt, "a positive integer"),
-    "profile_steps": (_NonNegativeInt, "an integer >= 0"),
-    "profile": (StrictBool, "true or false"),
-    "timeout_s": (_PositiveInt, "a positive integer (seconds)"),
-    "sleep_s": (Annotated[float, Field(ge=0, allow_inf_nan=False)], "a number of seconds >= 0"),
-    "work_us": (Annotated[float, Field(gt=0, allow_inf_nan=False)], "a positive number (µs)"),
-    "idle_target": (Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)],
-                    "a number in [0, 1)"),
-    "tree_tokens": (_PositiveInt, "a positive integer"),
-    "heads": (_PositiveInt, "a positive integer"),
-    "kv_heads": (_PositiveInt, "a positive integer"),
-    "head_dim": (_PositiveInt, "a positive integer"),
-    "page_size": (_PositiveInt, "a positive integer"),
-    "compare_modes": (Annotated[str, Field(pattern=_MODE_LIST)],
-                      "a comma-separated list of verify modes (custom, triton, sdpa, flex), or ''"),
-}
-
-# A parameter added to harness.protocol.params must be given a type here before any scenario loads.
-if set(_PARAM_CHOICES) | set(_PARAM_TYPES) != set(params.ALL_PARAMS):
-    raise RuntimeError("harness.sweep.scenario and harness.protocol.params.ALL_PARAMS disagree on the cell "
-                       "parameters: "
-                       f"{sorted(set(_PARAM_CHOICES) ^ set(_PARAM_TYPES) ^ set(params.ALL_PARAMS))}")
 
 
 def _param_type(name: str) -> Any:
-    if name in _PARAM_CHOICES:
-        return Literal[_PARAM_CHOICES[name]]
-    return _PARAM_TYPES[name][0]
+    """The pydantic type of a cell parameter, from its declaration (harness.protocol.params
+    for the general ones, harness/protocol/workloads/ for each workload's)."""
+    p = params.PARAMS[name]
+    if p.choices:
+        return Literal[p.choices]
+    if p.type is bool:
+        return StrictBool
+    bounds = {k: v for k, v in (("ge", p.ge), ("gt", p.gt), ("le", p.le), ("lt", p.lt))
+              if v is not None}
+    if p.type is int:
+        kind = Annotated[int, Field(**bounds)]
+    elif p.type is float:      # always finite; ints are accepted too
+        kind = Annotated[float, Field(**bounds, allow_inf_nan=False)]
+    elif p.type is str:
+        kind = Annotated[str, Field(pattern=p.pattern)] if p.pattern else str
+    else:
+        raise RuntimeError(f"cell parameter {name}: unsupported type {p.type!r}")
+    return kind | None if p.nullable else kind
 
 
 # All fields default to None and are left out with `exclude_unset`, so "not given" (use the
@@ -222,8 +176,8 @@ def _describe(loc: DataPath) -> _Field:
     if section == "matrix" and len(rest) == 1:
         return _Field(f"matrix.{rest[0]}", "a non-empty list of values")
     name = rest[0]
-    what = _PARAM_TYPES[name][1] if name in _PARAM_TYPES else ""
-    return _Field(name, what, _PARAM_CHOICES.get(name, ()))
+    declared = params.PARAMS.get(name)
+    return _Field(name, declared.what, declared.choices) if declared else _Field(name)
 
 
 def _allowed_keys(parent: DataPath) -> list[str]:
@@ -347,68 +301,6 @@ def _check_structure(spec: ScenarioSpec, source: Source) -> None:
             raise source.error(("exclude", j), "empty exclude entry: it would drop every cell")
 
 
-def _decoded_tokens_bound(cell: dict) -> int:
-    """The most positions a cell's decoding can add to the KV cache after the prompt.
-
-    Conservative on purpose: every step (warm-up, timed, profiled) may commit a whole block,
-    no repeat is assumed to restart from the prompt, and the last verify adds a tree of
-    1 + tree_budget tokens on top.
-    """
-    step_count = cell["warmup_steps"] + cell["repeats"] * cell["steps"] + cell["profile_steps"]
-    if cell["speculation"] == "none":
-        return step_count
-    return step_count * cell["block_size"] + 1 + cell["tree_budget"]
-
-
-def _check_context(draft: _Draft, cell: dict, source: Source) -> None:
-    if cell["workload"] != "decode":     # a model's context limit binds only cells that run it
-        return
-    limit = presets.max_context(cell["model"])
-    context = cell["context_length"]
-    at = draft.where("context_length", "model")
-    if context > limit:
-        raise source.error(at, f"context_length {context} exceeds model '{cell['model']}' "
-                               f"limit {limit}")
-    decoded = _decoded_tokens_bound(cell)
-    if context + decoded > limit:
-        raise source.error(at, f"context_length {context} plus up to {decoded} decoded tokens "
-                               f"exceeds model '{cell['model']}' limit {limit}")
-
-
-def _check_tau(draft: _Draft, cell: dict, source: Source) -> None:
-    # tau only drives synthetic acceptance; greedy cells ignore it, so their block size is free.
-    if cell["acceptance"] == "synthetic" and cell["tau"] > cell["block_size"]:
-        raise source.error(draft.where("tau", "block_size", "acceptance"),
-                           f"tau {cell['tau']} exceeds block_size {cell['block_size']}: a step "
-                           f"accepts at most block_size tokens")
-
-
-def _check_graph_capture(draft: _Draft, cell: dict, source: Source) -> None:
-    # Plain decoding (speculation: none) has no tree and no accept walk: any capture works.
-    if (cell["graph_capture"] == "full" and cell["speculation"] != "none"
-            and (cell["tree_build"], cell["accept"]) != ("gpu", "gpu")):
-        raise source.error(draft.where("graph_capture"),
-                           "graph_capture 'full' captures tree build and accept in one replay: "
-                           "it needs tree_build: gpu and accept: gpu")
-
-
-def _check_impl(draft: _Draft, cell: dict, source: Source) -> None:
-    """Implementation knobs pick CUDA kernels of the decode loop: nothing else runs them."""
-    changed = [k for k, v in params.IMPL_DEFAULTS.items() if cell[k] != v]
-    if not changed:
-        return
-    if cell["workload"] != "decode" or cell["device"] == "cpu":
-        raise source.error(draft.where(*changed),
-                           f"{', '.join(changed)} pick{'s' if len(changed) == 1 else ''} CUDA "
-                           f"kernels of the decode workload; "
-                           f"this cell runs workload '{cell['workload']}' on device "
-                           f"'{cell['device']}'")
-    if cell["tree_build_impl"] != params.IMPL_DEFAULTS["tree_build_impl"] and cell["tree_build"] != "gpu":
-        raise source.error(draft.where("tree_build_impl", "tree_build"),
-                           "tree_build_impl picks the kernel of tree_build: gpu; this cell builds "
-                           "its trees on the host (tree_build: cpu)")
-
-
 def _check_workload_params(draft: _Draft, cell: dict, source: Source) -> None:
     """A workload's own parameter (params.WORKLOAD_PARAMS) set on a cell of another workload."""
     for name in draft.values:
@@ -419,31 +311,18 @@ def _check_workload_params(draft: _Draft, cell: dict, source: Source) -> None:
                                f"runs workload '{cell['workload']}'")
 
 
-def _check_kernel(draft: _Draft, cell: dict, source: Source) -> None:
-    """Shapes a verify-attention kernel cell can have (harness/worker/workloads/kernel.py)."""
-    if cell["workload"] != "kernel":
-        return
-    heads, kv_heads = cell["heads"], cell["kv_heads"]
-    if cell["attention"] == "mla":
-        if kv_heads != 1 or cell["head_dim"] != 576:
-            raise source.error(draft.where("kv_heads", "head_dim", "attention"),
-                               "attention mla is one latent KV head of 576 values (512 latent + "
-                               "64 rope; values are the first 512): set kv_heads: 1, head_dim: 576")
-    group = heads // kv_heads
-    if heads % kv_heads or group & (group - 1):
-        raise source.error(draft.where("heads", "kv_heads"),
-                           f"heads {heads} over kv_heads {kv_heads} is not a power-of-two group")
-    modes = [cell["verify_mode"]] + [m for m in cell["compare_modes"].split(",") if m]
-    if len(set(modes)) != len(modes):
-        raise source.error(draft.where("compare_modes", "verify_mode"),
-                           f"compare_modes '{cell['compare_modes']}' repeats a mode or names the "
-                           f"cell's own verify_mode '{cell['verify_mode']}'")
-    if cell["attention"] == "gqa" and "custom" in modes and cell["head_dim"] not in (64, 128):
-        raise source.error(draft.where("head_dim"),
-                           f"the custom kernel supports head_dim 64 and 128, not {cell['head_dim']}")
-    if cell["layout"] == "paged" and {"sdpa", "flex"} & set(modes):
-        raise source.error(draft.where("layout", "verify_mode", "compare_modes"),
-                           "sdpa and flex read a contiguous cache only: drop them from paged cells")
+def _check_whole_cell(draft: _Draft, cell: dict, source: Source) -> None:
+    """The whole-cell checks the workloads declare (harness/protocol/workloads/): every
+    workload's `shared_checks` (of the parameters every cell has), then the cell's own
+    workload's `checks`. A check blames parameters; the error points at the first of them the
+    scenario sets."""
+    specs = workloads.SPECS
+    own = specs[cell["workload"]].checks
+    for check in [c for spec in specs.values() for c in spec.shared_checks] + list(own):
+        problem = check(cell)
+        if problem is not None:
+            blamed, message = problem
+            raise source.error(draft.where(*blamed), message)
 
 
 def _resolve_checkpoint(draft: _Draft, cell: dict, source: Source, base_dir: Path) -> None:
@@ -466,12 +345,8 @@ def _finish_cells(drafts: list[_Draft], source: Source, base_dir: Path) -> list[
     cells: dict[str, dict] = {}
     for draft in drafts:
         cell = params.canonical(draft.values)
-        _check_context(draft, cell, source)
-        _check_tau(draft, cell, source)
-        _check_graph_capture(draft, cell, source)
         _check_workload_params(draft, cell, source)
-        _check_impl(draft, cell, source)
-        _check_kernel(draft, cell, source)
+        _check_whole_cell(draft, cell, source)
         _resolve_checkpoint(draft, cell, source, base_dir)
         cell = params.canonical(draft.values)
         cells.setdefault(params.cell_id(cell), cell)

@@ -1,20 +1,17 @@
 """Workload registry: name -> the function that runs one cell of it on the worker.
 
-Entries are import paths, resolved only inside the worker, so the controller can list and
-validate workloads without importing torch. A later workload (kernel timing, a serving
-endpoint, calibration) is one module and one line here.
+Entries are import paths, each from its workload's spec (`runner`, harness/protocol/workloads/),
+resolved only inside the worker, so the controller can list and validate workloads without
+importing torch. A workload is its spec module there and its runner module here.
 """
 
 from __future__ import annotations
 
 import importlib
 
-REGISTRY: dict[str, str] = {
-    "decode": "harness.worker.workloads.decode:run",
-    "calibrate": "harness.worker.workloads.calibrate:run",   # checks the idle meter (issue 5)
-    "noop": "harness.worker.workloads.noop:run",             # harness self-test: sleeps sleep_s
-    "kernel": "harness.worker.workloads.kernel:run",         # one verify-attention kernel vs roofline
-}
+from harness.protocol.workloads import SPECS
+
+REGISTRY: dict[str, str] = {name: spec.runner for name, spec in SPECS.items()}
 
 
 def resolve(name: str):
