@@ -38,12 +38,12 @@ import re
 import secrets
 import shutil
 import sys
-import tempfile
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from harness.protocol.files import atomic_write_json, atomic_write_text  # noqa: F401 (the journal's writers)
 from harness.protocol.params import cell_id as compute_cell_id
 from harness.protocol.params import cell_label
 from harness.protocol.redact import redact_uri
@@ -97,34 +97,6 @@ def new_run_id(now: datetime | None = None) -> str:
 
 def utc_now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` so readers see either the old file or the whole new one.
-
-    The temp file lives in the same directory so os.replace is a rename on one filesystem;
-    fsync before the rename so a power loss cannot leave an empty file under the final name.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        # Includes KeyboardInterrupt: never leave temp files lying around in the journal.
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def atomic_write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
 def _load(path: Path) -> tuple[Any, str | None]:

@@ -21,11 +21,11 @@ Exit status: 0 every cell ok, 1 some failed (their results say why), 2 a bad cel
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from harness.protocol.files import atomic_write_json
 
 BATCH_FILE = "batch.json"
 CELLS_DIR = "cells"
@@ -63,23 +63,6 @@ def read_cells(path: Path) -> tuple[dict, list[dict]]:
     return header, cells
 
 
-def write_json(path: Path, data) -> None:
-    """Atomically: a reader (or a batch cut short) sees the old file or the whole new one."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def _has_result(path: Path) -> bool:
     try:
         return isinstance(json.loads(path.read_text()), dict)
@@ -104,7 +87,7 @@ def run_batch(cells_file: Path, out: Path) -> int:
     batch = {**header, "cells_file": str(cells_file), "cell_ids": [params.cell_id(c) for c in canonical],
              "env": environment(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
              "finished_at": None}
-    write_json(out / BATCH_FILE, batch)
+    atomic_write_json(out / BATCH_FILE, batch)
     failed = 0
     for i, cell in enumerate(canonical, start=1):
         path = out / CELLS_DIR / f"{params.cell_id(cell)}.json"
@@ -114,9 +97,9 @@ def run_batch(cells_file: Path, out: Path) -> int:
         progress(stage="batch", cell=i, cells=len(canonical), label=params.cell_label(cell))
         result = run_cell(cell)
         failed += result["status"] != "ok"
-        write_json(path, result)
+        atomic_write_json(path, result)
         print(f"[{i}/{len(canonical)}] {result['label']}: {result['status']}", file=sys.stderr,
               flush=True)
     batch["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    write_json(out / BATCH_FILE, batch)
+    atomic_write_json(out / BATCH_FILE, batch)
     return 1 if failed else 0
