@@ -51,12 +51,12 @@ def import_(
 
     results = []
     for path in sorted((batch_dir / "cells").glob("*.json")):
-        why = _why_not_a_result(path, wanted)
+        result, why = _read_result(path, wanted)
         if why:
             err.print(f"[yellow]warning:[/] {escape(str(path))}: {escape(why)}; its cell counts "
                       f"as missing", highlight=False)
         else:
-            results.append(json.loads(path.read_text()))
+            results.append(result)
 
     env = batch.get("env") if isinstance(batch.get("env"), dict) else {}
     host = str(env.get("hostname") or "batch")
@@ -98,23 +98,24 @@ def _read_batch(batch_dir: Path) -> dict:
     return batch
 
 
-def _why_not_a_result(path: Path, wanted: dict[str, dict]) -> str | None:
-    """Why the file at `path` is not the result of one of the `wanted` cells, or None."""
+def _read_result(path: Path, wanted: dict[str, dict]) -> tuple[dict | None, str | None]:
+    """(the result in the file at `path`, None), or (None, why it is not the result of one of
+    the `wanted` cells)."""
     from harness.protocol import params
 
     try:
         result = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        return f"damaged ({e})"
+        return None, f"damaged ({e})"
     if not isinstance(result, dict) or not isinstance(result.get("cell"), dict) \
             or result.get("status") not in ("ok", "failed"):
-        return "not a worker result"
+        return None, "not a worker result"
     if path.stem not in wanted:
-        return "not a cell of the batch's scenario"
+        return None, "not a cell of the batch's scenario"
     try:
         echoed = params.cell_id(params.canonical(result["cell"]))
     except (TypeError, ValueError):
         echoed = None
     if result.get("cell_id") != path.stem or echoed != path.stem:
-        return f"names cell {str(result.get('cell_id'))[:40]!r}, not the file's {path.stem}"
-    return None
+        return None, f"names cell {str(result.get('cell_id'))[:40]!r}, not the file's {path.stem}"
+    return result, None

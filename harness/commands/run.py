@@ -155,17 +155,18 @@ def write_cells_file(path: Path, sc, trigger: str) -> None:
 
     from harness.sweep import gitinfo
     git = gitinfo.git_info()
+    cells = sc.cells()
     header = {"harness_batch": {"scenario": sc.name, "scenario_text": sc.text,
                                 "git_sha": git["sha"], "git_branch": git["branch"],
                                 "git_dirty": git["dirty"], "trigger": trigger,
-                                "cells": len(sc.cells())}}
+                                "cells": len(cells)}}
     try:
         with open(path, "w", encoding="utf-8") as f:
             f.write(json.dumps(header) + "\n")
-            for cell in sc.cells():
+            for cell in cells:
                 f.write(json.dumps(cell) + "\n")
     except OSError as e:
         raise fail_input(InputError(str(path), None, None, e.strerror or str(e)))
-    console.print(f"{escape(str(path))}: {len(sc.cells())} cell(s) of scenario "
+    console.print(f"{escape(str(path))}: {len(cells)} cell(s) of scenario "
                   f"[bold]{escape(sc.name)}[/]; run them with `python -m harness.worker --cells "
                   f"{escape(path.name)} --out DIR`, then `harness import DIR`", highlight=False)
