@@ -20,10 +20,13 @@ run: $(VENV)/.installed
 
 # Most of the suite waits on real processes (workers, sshd, MLflow, Chromium), so it runs in
 # more processes than there are cores; a file's tests stay in one process (module fixtures).
+# One OpenMP thread per process: with more processes than cores, torch's spinning intra-op
+# threads slow every CPU worker the tests start several times over (a real-worker A/B gate
+# test: 21 s with one thread, 91 s with the default, on two loaded cores).
 TEST_JOBS ?= 4
 
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
 
 ui: $(VENV)/.installed
 	$(VENV)/bin/harness ui

@@ -10,12 +10,12 @@ The cell, in order:
      different prefix lengths when batch > 1), output poisoned with NaN where the mode accepts
      an output buffer. Relative error above 1e-2 fails the cell: a wrong kernel is never timed.
   2. Measures this host's ceilings once per process: device copy bandwidth and bf16 matmul
-     rate (harness.worker.ceilings; a small CPU version on CPU hosts).
-  3. Times the mode: input sets rotated so that together they are several times the L2
-     cache, one launch per set captured in a CUDA graph (at least 8 launches), `warmup_steps`
-     untimed replays, then `repeats` replays each timed with CUDA events; per-launch time =
-     replay time / launches; the median is `kernel_us`. A mode that cannot be captured is timed
-     as eager launches the same way (recorded as graph: false).
+     rate (harness.worker.kerneltime; a small CPU version on CPU hosts).
+  3. Times the mode (harness.worker.kerneltime): input sets rotated so that together they are
+     several times the L2 cache, one launch per set captured in a CUDA graph (at least 8
+     launches), `warmup_steps` untimed replays, then `repeats` replays each timed with CUDA
+     events; per-launch time = replay time / launches; the median is `kernel_us`. A mode that
+     cannot be captured is timed as eager launches the same way (recorded as graph: false).
   4. The same for every mode in `compare_modes` (a measurement knob: it adds metrics, never
      changes this mode's), giving `<mode>.kernel_us`, `<mode>.pct_roofline` and
      `speedup_vs_<mode>` = their time / this mode's time, measured in the same process on the
@@ -36,10 +36,8 @@ mask, the decode loop's flex path). sdpa and flex read a contiguous cache only.
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
-import time
 from dataclasses import dataclass
 
 import torch
@@ -47,12 +45,10 @@ from torch.nn import functional as F
 
 from harness.kernels.verify import verify_reference as ref
 from harness.worker import measure
+from harness.worker.kerneltime import ceilings, set_count, time_calls
 from harness.worker.workloads.decode import resolve_device, resolve_dtype
 
 TOLERANCE = 1e-2
-MIN_LAUNCHES = 8            # launches per captured graph at least
-L2_MULTIPLE = 3             # input sets together at least this many times the L2 cache
-MAX_SETS = 32
 MLA_DK, MLA_DV = 576, 512
 
 
@@ -240,83 +236,6 @@ def _sdpa_bias(lengths, bits, T, G, n, dtype) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# Ceilings and timing
-# --------------------------------------------------------------------------------------------
-
-def ceilings(device: torch.device, dtype: torch.dtype) -> tuple[float, float]:
-    """(copy bytes/s counting read + write, matmul FLOP/s) measured on this host, once."""
-    if device.type == "cuda":
-        from harness.worker import ceilings as gpu
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return gpu.copy_bandwidth(index), gpu.matmul_rate(index)
-    return _cpu_ceilings(dtype)
-
-
-@functools.lru_cache(maxsize=None)
-def _cpu_ceilings(dtype: torch.dtype) -> tuple[float, float]:
-    src = torch.randn(16 << 20)
-    dst = torch.empty_like(src)
-    copy_s = _best_of(lambda: dst.copy_(src), 5)
-    n = 512
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    mm_s = _best_of(lambda: a @ b, 5)
-    return 2 * src.numel() * src.element_size() / copy_s, 2 * n**3 / mm_s
-
-
-def _best_of(fn, reps: int) -> float:
-    fn()
-    best = math.inf
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def time_calls(calls: list, repeats: int, warmup: int, device: torch.device) -> tuple[list[float], bool]:
-    """Per-launch µs samples, one per timed replay, and whether a CUDA graph was replayed."""
-    launches = math.ceil(max(MIN_LAUNCHES, len(calls)) / len(calls)) * len(calls)
-
-    def eager():
-        for i in range(launches):
-            calls[i % len(calls)]()
-
-    for c in calls:                  # first calls compile and allocate, outside everything
-        c()
-    if device.type != "cuda":
-        for _ in range(warmup):
-            eager()
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            eager()
-            samples.append((time.perf_counter() - t0) * 1e6 / launches)
-        return samples, False
-
-    torch.cuda.synchronize(device)
-    replay, graph = eager, False
-    try:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            eager()
-        replay, graph = g.replay, True
-    except Exception:                # not capturable (e.g. a host sync inside): time eagerly
-        torch.cuda.synchronize(device)
-    for _ in range(warmup):
-        replay()
-    torch.cuda.synchronize(device)
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / launches)
-    return samples, graph
-
-
-# --------------------------------------------------------------------------------------------
 # The cell
 # --------------------------------------------------------------------------------------------
 
@@ -353,12 +272,7 @@ def check(mode: str, pt: Point, device, dtype, seed: int, *, custom_impl: str = 
 
 def input_sets(pt: Point, device, dtype, seed: int) -> list[dict]:
     elem = torch.empty((), dtype=dtype).element_size()
-    per_set = pt.bytes(elem)
-    if device.type == "cuda":
-        l2 = torch.cuda.get_device_properties(device).L2_cache_size
-        n = min(MAX_SETS, max(2, math.ceil(L2_MULTIPLE * l2 / per_set)))
-    else:
-        n = 2
+    n = set_count(pt.bytes(elem), device)
     return [make_inputs(pt, [pt.context] * pt.batch, seed + 1 + i, device, dtype) for i in range(n)]
 
 

@@ -1,0 +1,87 @@
+"""The op workload: one kernel family of the decode step, at the loop's own shapes, timed.
+
+Runner: harness/worker/workloads/op.py. `op` names the family; the decode knob that picks its
+kernel in the loop picks it here too, so an op cell and the decode cells that run its kernel
+read the same knob:
+
+  op             kernel knob        shapes (from the model preset and the decode parameters)
+  topk           topk_impl          drafter logits [batch, block_size - 1, vocab] -> top tree_budget
+  tree_build     tree_build_impl    DDTree of tree_budget nodes over [batch, block_size - 1, k]
+  fused_forward  fused_ops          one verify forward of the target: 1 + tree_budget tokens over
+                                    context_length (attention: verify_mode)
+
+The verify attention on its own is the kernel workload (custom / triton / sdpa / flex,
+contiguous and paged, GQA and MLA); scenarios/ops.yaml times every family, that one included.
+"""
+
+from __future__ import annotations
+
+from harness.protocol import presets
+from harness.protocol.workloads import WorkloadSpec, choice
+
+OPS = ("topk", "tree_build", "fused_forward")
+# The knob of each family, and the values that run on a CPU host (torch, or no fusion).
+KNOBS = {"topk": "topk_impl", "tree_build": "tree_build_impl", "fused_forward": "fused_ops"}
+ON_CPU = {"topk_impl": "torch", "tree_build_impl": "torch", "fused_ops": False}
+# The knobs' defaults (decode's IMPL_PARAMS), restated: a spec imports no other spec's module.
+KNOB_DEFAULTS = {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "triton"}
+
+PARAMS = (choice("op", "topk", OPS),)
+
+
+def check_knobs(cell: dict):
+    """One cell times one kernel: the knobs of the other families stay at their defaults, and
+    a CPU cell runs what runs on a CPU."""
+    own = KNOBS[cell["op"]]
+    others = [k for k in KNOBS.values() if k != own and cell[k] != KNOB_DEFAULTS[k]]
+    if others:
+        return tuple(others), (f"op {cell['op']} times the kernel {own} picks; "
+                               f"{', '.join(others)} pick{'s' if len(others) == 1 else ''} "
+                               f"the kernels of other ops: leave them at their defaults")
+    if cell["device"] == "cpu" and cell[own] != ON_CPU[own]:
+        return (own, "device"), (f"{own} {str(cell[own]).lower()} is a CUDA kernel; on device "
+                                 f"cpu op {cell['op']} runs {own}: {str(ON_CPU[own]).lower()}")
+    return None
+
+
+def check_shape(cell: dict):
+    """What the kernels take: the CUDA tree build keeps its state in shared memory (N <= 256,
+    D <= 16, kernels/tree/cuda_tree_build.py); a forward's tree must fit the model's context."""
+    if cell["op"] == "tree_build" and cell["tree_build_impl"] == "cuda" and (
+            cell["tree_budget"] > 256 or cell["block_size"] - 1 > 16):
+        return ("tree_budget", "block_size", "tree_build_impl"), (
+            f"tree_build_impl cuda builds up to 256 nodes over up to 16 positions (got "
+            f"tree_budget {cell['tree_budget']}, block_size {cell['block_size']})")
+    if cell["op"] == "fused_forward":
+        limit = presets.max_context(cell["model"])
+        if cell["context_length"] + 1 + cell["tree_budget"] > limit:
+            return ("context_length", "model"), (
+                f"context_length {cell['context_length']} plus a tree of {1 + cell['tree_budget']} "
+                f"tokens exceeds model '{cell['model']}' limit {limit}")
+    return None
+
+
+def label(c: dict) -> str:
+    """e.g. `op topk triton qwen3-8b D=15 k=64` or `op fused_forward on qwen3-8b ctx=4096 T=65`."""
+    knob = c[KNOBS[c["op"]]]
+    impl = ("on" if knob else "off") if isinstance(knob, bool) else knob
+    parts = ["op", c["op"], impl, c["model"]]
+    if c["op"] == "fused_forward":
+        parts += [f"ctx={c['context_length']}", f"T={1 + c['tree_budget']}",
+                  f"verify={c['verify_mode']}"]
+    else:
+        parts += [f"D={c['block_size'] - 1}", f"k={c['tree_budget']}"]
+    if c["batch_size"] != 1:
+        parts.append(f"bs={c['batch_size']}")
+    return " ".join(parts)
+
+
+SPEC = WorkloadSpec(
+    name="op",
+    runner="harness.worker.workloads.op:run",
+    order=4,
+    params=PARAMS,
+    checks=(check_knobs, check_shape),
+    label=label,
+    policies={"kernel_us": {"direction": "lower", "threshold_rel": 0.03}},
+)

@@ -1,0 +1,315 @@
+"""The op workload: one kernel family of the decode step, at the loop's shapes, against its roofline.
+
+The families (harness/protocol/workloads/op.py), each called exactly as the decode loop calls it:
+
+  topk           tree_gpu.topk_logprobs_batched(logits, N, impl) over the drafter's float32
+                 logits [b, B-1, V] (B = block_size, V the model's vocabulary, N = tree_budget)
+  tree_build     tree_gpu.build_tree_gpu(log_probs, ids, N, out, impl) over a top-N of such
+                 logits, into a preallocated GpuTree
+  fused_forward  the target's verify forward: 1 + N tree tokens (a random tree) over a KV cache
+                 of context_length tokens, attention by verify_mode, on the fused Triton kernels
+                 or the torch ops (fused_ops)
+
+The cell, in order (as the kernel workload's):
+  1. Checks the kernel against its reference on fresh inputs; a wrong kernel fails the cell and
+     is never timed. topk: the ids must be the float64 reference's (value descending, id
+     ascending on ties) and the log-probs within 1e-3 of float64's topk - logsumexp. tree_build:
+     every sequence's tree must be the reference heap's (harness/decode/tree.py), node for node.
+     fused_forward: logits of the first CHECK_LAYERS layers of the model (same weights scheme)
+     against the same forward in float64 on the torch ops, relative error at most 5e-2 in a
+     16-bit dtype (1e-3 otherwise), and the fused forward no worse than 1.5x the unfused one.
+  2. Measures the host's ceilings (harness.worker.kerneltime).
+  3. Times graph replays over input sets rotated to several times the L2 cache.
+
+Metrics: kernel_us (median per call), kernel_us_spread, achieved_tbps and achieved_tflops (the
+minimum bytes and FLOPs of the call over its time), roofline_us = max(bytes / copy bandwidth,
+FLOPs / matmul rate), pct_roofline, check_error, copy_tbps, matmul_tflops. Bytes count each
+input once and each output once: top-k reads the logits once, a tree build its top-k and
+writes its tree, a forward reads its weights (not the embedding table: it gathers T rows) and
+the KV cache. The tree build moves a few kilobytes: it is bound by latency, not by either
+ceiling, and its pct_roofline says how far from a bandwidth bound it is, nothing more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from harness.decode import attention, tree_gpu
+from harness.decode.kernel_choice import Kernels
+from harness.decode.model import Target, TargetConfig, init_random_
+from harness.decode.tree import build_tree_cpu
+from harness.kernels.verify import verify_reference as ref
+from harness.protocol import presets
+from harness.protocol.workloads.op import KNOBS
+from harness.worker import measure
+from harness.worker.kerneltime import ceilings, set_count, time_calls
+from harness.worker.workloads.decode import build_models, resolve_device, resolve_dtype
+
+TOPK_TOLERANCE = 1e-3          # log-probs, absolute, against float64
+CHECK_LAYERS = 2               # layers of the fused-forward check model
+FORWARD_TOLERANCE = {16: 5e-2, 32: 1e-3, 64: 1e-3}   # relative logits error, by dtype bits
+FUSED_SLACK = 1.5              # the fused forward's error at most this times the unfused one's
+FORWARD_LAUNCHES = 2           # a forward is milliseconds: two per replay amortise the launch
+
+
+def _logits(b: int, depth: int, vocab: int, gen: torch.Generator, device) -> torch.Tensor:
+    """Random drafter logits, float32 [b, depth, vocab], standardised and scaled as the random
+    drafter's (harness/decode/drafter.py): tie-free, with a realistic top-k spread."""
+    from harness.decode.drafter import DrafterConfig
+    scale = DrafterConfig.__dataclass_fields__["logit_scale"].default
+    return torch.randn(b, depth, vocab, generator=gen, device=device) * scale
+
+
+# --------------------------------------------------------------------------------------------
+# The families: inputs(seed) -> one input set; call(inputs) -> a zero-argument callable doing
+# only the work the loop does (everything allocated here); check(seed) -> the error against the
+# reference (raises when wrong); traffic() -> (minimum bytes, FLOPs) of one call.
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class TopK:
+    impl: str
+    batch: int
+    depth: int
+    vocab: int
+    k: int
+    device: torch.device
+
+    def inputs(self, seed: int) -> dict:
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        return {"logits": _logits(self.batch, self.depth, self.vocab, gen, self.device)}
+
+    def call(self, inp: dict):
+        logits, k, impl = inp["logits"], self.k, self.impl
+        return lambda: tree_gpu.topk_logprobs_batched(logits, k, impl=impl)
+
+    def check(self, seed: int) -> float:
+        logits = self.inputs(seed)["logits"]
+        lp, ids = self.call({"logits": logits})()
+        x = logits.double()
+        top = torch.sort(x, dim=-1, descending=True, stable=True)
+        want_ids = top.indices[..., :self.k]
+        want_lp = top.values[..., :self.k] - torch.logsumexp(x, dim=-1, keepdim=True)
+        if not torch.equal(ids.long(), want_ids):
+            rows = int((ids.long() != want_ids).any(-1).sum())
+            raise AssertionError(f"topk {self.impl} is wrong: {rows} of {ids.shape[0] * ids.shape[1]} "
+                                 f"rows pick other ids than the float64 reference; not timing it")
+        err = float((lp.double() - want_lp).abs().max())
+        if not err <= TOPK_TOLERANCE:
+            raise AssertionError(f"topk {self.impl} is wrong: log-probs {err:.3g} from float64 "
+                                 f"(> {TOPK_TOLERANCE}); not timing it")
+        return err
+
+    def traffic(self) -> tuple[int, int]:
+        rows = self.batch * self.depth
+        return rows * self.vocab * 4 + rows * self.k * (4 + 8), 0
+
+    def set_bytes(self) -> int:
+        return self.traffic()[0]
+
+
+@dataclass
+class TreeBuild:
+    impl: str
+    batch: int
+    depth: int
+    vocab: int
+    budget: int
+    device: torch.device
+
+    def inputs(self, seed: int) -> dict:
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        logits = _logits(self.batch, self.depth, self.vocab, gen, self.device)
+        lp, ids = tree_gpu.topk_logprobs_batched(logits, self.budget, impl="torch")
+        return {"lp": lp, "ids": ids, "out": tree_gpu.GpuTree.empty(self.batch, self.budget, self.device)}
+
+    def call(self, inp: dict):
+        lp, ids, out, n, impl = inp["lp"], inp["ids"], inp["out"], self.budget, self.impl
+        return lambda: tree_gpu.build_tree_gpu(lp, ids, n, out=out, impl=impl)
+
+    def check(self, seed: int) -> float:
+        inp = self.inputs(seed)
+        got = self.call(inp)()
+        lp, ids = inp["lp"].cpu(), inp["ids"].cpu()
+        tokens, depths, parents = got.tokens.cpu(), got.depths.cpu(), got.parents.cpu()
+        wrong = 0
+        for i in range(self.batch):
+            heap = build_tree_cpu(lp[i], ids[i], self.budget)
+            n = heap.num_nodes
+            wrong += (tokens[i, :n].tolist() != heap.tokens or depths[i, :n].tolist() != heap.depths
+                      or parents[i, :n + 1].tolist() != heap.parents)
+        if wrong:
+            raise AssertionError(f"tree_build {self.impl} is wrong: {wrong} of {self.batch} trees "
+                                 f"differ from the reference heap; not timing it")
+        return 0.0
+
+    def traffic(self) -> tuple[int, int]:
+        read = self.batch * self.depth * self.budget * (4 + 8)
+        tree = tree_gpu.GpuTree.empty(1, self.budget, "meta")
+        written = self.batch * sum(getattr(tree, f.name).nbytes for f in dataclasses.fields(tree))
+        return read + written, 0
+
+    def set_bytes(self) -> int:
+        return self.traffic()[0]
+
+
+@dataclass
+class FusedForward:
+    fused: bool
+    verify: str
+    cell: dict
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def cfg(self) -> TargetConfig:
+        return TargetConfig(**presets.PRESETS[self.cell["model"]]["target"])
+
+    @property
+    def tokens(self) -> int:
+        return 1 + self.cell["tree_budget"]
+
+    def kernels(self, fused: bool | None = None) -> Kernels:
+        return Kernels(verify=self.verify, fused_ops=self.fused if fused is None else fused)
+
+    def model(self) -> Target:
+        return build_models(self.cell, self.device, self.dtype)[0]
+
+    def inputs(self, seed: int, target: Target | None = None, kernels: Kernels | None = None) -> dict:
+        target = target if target is not None else self.model()
+        b, T, ctx = self.cell["batch_size"], self.tokens, self.cell["context_length"]
+        dev = self.device
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        cpu_gen = torch.Generator().manual_seed(seed)
+        cache = target.new_cache(b, ctx + T)
+        for layer in range(target.cfg.layers):   # drawn in float32: the same keys in every dtype
+            for t in (cache.k[layer], cache.v[layer]):
+                t.copy_(torch.randn(t.shape, generator=gen, device=dev))
+        vis = ref.random_tree(b, T, cpu_gen).to(dev)
+        lengths = torch.full((b,), ctx, dtype=torch.long, device=dev)
+        positions = lengths[:, None] + vis.sum(-1) - 1          # a node's depth below the root
+        slots = lengths[:, None] + torch.arange(T, device=dev)
+        ids = torch.randint(0, target.cfg.vocab_size, (b, T), generator=gen, device=dev)
+        mask = attention.Mask(lengths, vis, ctx + T, kernels=kernels or self.kernels(),
+                              bits=attention.visibility_bits(vis))
+        return {"target": target, "ids": ids, "positions": positions, "cache": cache,
+                "slots": slots, "mask": mask}
+
+    def call(self, inp: dict):
+        target, ids, positions, cache, slots, mask = (
+            inp["target"], inp["ids"], inp["positions"], inp["cache"], inp["slots"], inp["mask"])
+        return lambda: target(ids, positions, cache, slots, mask)[0]
+
+    @torch.no_grad()
+    def check(self, seed: int) -> float:
+        small = dataclasses.replace(self.cfg, layers=min(CHECK_LAYERS, self.cfg.layers))
+        with torch.device(self.device):
+            model = Target(small).to(torch.float64).eval()
+        init_random_(model, self.cell["seed"])
+
+        def logits(kernels):
+            return self.call(self.inputs(seed, model, kernels))().double()
+
+        want = logits(Kernels(verify="sdpa"))
+        model.to(self.dtype)                     # the same weights, rounded to the cell's dtype
+        err = ref.relative_error(logits(self.kernels()), want)
+        tolerance = FORWARD_TOLERANCE[torch.finfo(self.dtype).bits]
+        if not err <= tolerance:
+            raise AssertionError(f"the verify forward (fused_ops {self.fused}) is wrong: logits "
+                                 f"{err:.3g} from float64 (> {tolerance}); not timing it")
+        if self.fused:
+            plain = ref.relative_error(logits(self.kernels(fused=False)), want)
+            if not err <= FUSED_SLACK * plain + 1e-3:
+                raise AssertionError(f"the fused forward is wrong: logits {err:.3g} from float64, "
+                                     f"the torch ops' {plain:.3g}; not timing it")
+        return err
+
+    def _sizes(self) -> tuple[int, int, int]:
+        """(weight elements read, KV elements read, FLOPs) of one forward."""
+        c, t = self.cell, self.cfg
+        b, T, ctx = c["batch_size"], self.tokens, c["context_length"]
+        # Per layer: q, k, v, o projections, the gate-up and down projections, the norms.
+        layer = (t.hidden * (t.heads + 2 * t.kv_heads) * t.head_dim + t.heads * t.head_dim * t.hidden
+                 + 3 * t.hidden * t.ffn + 2 * t.hidden + 2 * t.head_dim)
+        weights = t.layers * layer + t.hidden * t.vocab_size + t.hidden
+        kv = 2 * t.layers * t.kv_heads * t.head_dim * (ctx + T) * b
+        flops = 2 * weights * T * b + 4 * t.layers * t.heads * t.head_dim * T * (ctx + T) * b
+        return weights, kv, flops
+
+    def traffic(self) -> tuple[int, int]:
+        weights, kv, flops = self._sizes()
+        return (weights + kv) * torch.empty((), dtype=self.dtype).element_size(), flops
+
+    def set_bytes(self) -> int:
+        """An input set's own bytes: its KV cache (every set shares the one copy of the weights)."""
+        return self._sizes()[1] * torch.empty((), dtype=self.dtype).element_size()
+
+
+def family(cell: dict, device: torch.device, dtype: torch.dtype):
+    """The cell's family, with the kernel its knob picks."""
+    op, model = cell["op"], presets.PRESETS[cell["model"]]["target"]
+    b, depth, vocab, n = cell["batch_size"], cell["block_size"] - 1, model["vocab_size"], cell["tree_budget"]
+    if op == "topk":
+        return TopK(cell["topk_impl"], b, depth, vocab, n, device)
+    if op == "tree_build":
+        return TreeBuild(cell["tree_build_impl"], b, depth, vocab, n, device)
+    if op == "fused_forward":
+        return FusedForward(cell["fused_ops"], cell["verify_mode"], cell, device, dtype)
+    raise ValueError(f"unknown op '{op}'")
+
+
+def _needs_cuda(cell: dict, device: torch.device) -> None:
+    """Triton and CUDA C++ kernels run on a CUDA device (Triton also under TRITON_INTERPRET=1,
+    as the tests run them); the loop would quietly fall back to torch anywhere else."""
+    knob = KNOBS[cell["op"]]
+    if device.type == "cuda" or cell[knob] in ("torch", False):
+        return
+    from harness.kernels.tree import triton_topk
+    if not (triton_topk._interpreting() and cell[knob] != "cuda"):
+        raise RuntimeError(f"{knob} {cell[knob]} is a CUDA kernel; this cell runs on {device}")
+
+
+@torch.no_grad()
+def run(cell: dict, progress) -> dict:
+    device = resolve_device(cell)
+    dtype = resolve_dtype(cell, device)
+    _needs_cuda(cell, device)
+    fam = family(cell, device, dtype)
+    seed = cell["seed"]
+
+    progress(stage="check", op=cell["op"])
+    err = fam.check(seed * 1000 + 7919)
+    progress(stage="ceilings", device=str(device))
+    copy_bw, mm_rate = ceilings(device, dtype)
+    bytes_, flops = fam.traffic()
+    roofline_us = max(bytes_ / copy_bw, flops / mm_rate) * 1e6
+
+    first = fam.inputs(seed * 1000)
+    sets = [first] + [fam.inputs(seed * 1000 + 1 + i)
+                      for i in range(set_count(fam.set_bytes(), device) - 1)]
+    progress(stage="time", op=cell["op"], input_sets=len(sets))
+    launches = FORWARD_LAUNCHES if cell["op"] == "fused_forward" else None
+    samples, graph = time_calls([fam.call(s) for s in sets], cell["repeats"], cell["warmup_steps"],
+                                device, **({"min_launches": launches} if launches else {}))
+    us = statistics.median(samples)
+    metrics = {
+        "kernel_us": us,
+        "kernel_us_spread": measure.spread(samples),
+        "achieved_tbps": bytes_ / (us * 1e-6) / 1e12,
+        "achieved_tflops": flops / (us * 1e-6) / 1e12,
+        "roofline_us": roofline_us,
+        "pct_roofline": 100.0 * roofline_us / us,
+        "check_error": err,
+        "copy_tbps": copy_bw / 1e12,
+        "matmul_tflops": mm_rate / 1e12,
+    }
+    bound = "latency" if cell["op"] == "tree_build" else (
+        "memory" if bytes_ / copy_bw >= flops / mm_rate else "compute")
+    info = {"op": cell["op"], "bytes": bytes_, "flops": flops, "input_sets": len(sets),
+            "graph": graph, "bound": bound}
+    return {"metrics": metrics, "samples": {"kernel_us": samples}, "kernel": info}
+

@@ -1,0 +1,187 @@
+"""The op workload (harness/worker/workloads/op.py) on a CPU: every family checked against its
+reference and timed, a wrong kernel refused before timing, the Triton kernels under the
+interpreter, and the cells a scenario may and may not have. The GPU runs are scenarios/ops.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.decode import tree_gpu
+from harness.protocol import params
+from harness.protocol.errors import InputError
+from harness.sweep.scenario import load_scenario, parse_scenario
+from harness.worker import main as worker
+from harness.worker.workloads import op
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def op_cell(**over) -> dict:
+    cell = {"workload": "op", "op": "topk", "device": "cpu", "model": "tiny", "block_size": 6,
+            "tree_budget": 12, "batch_size": 2, "context_length": 40, "repeats": 3,
+            "warmup_steps": 1}
+    if over.get("op") == "tree_build":
+        cell["tree_build_impl"] = "torch"
+    cell.update(over)
+    return params.canonical(cell)
+
+
+def quiet(**_):
+    pass
+
+
+@pytest.mark.parametrize("family", ["topk", "tree_build", "fused_forward"])
+def test_each_family_checks_then_times_on_a_cpu(family):
+    out = op.run(op_cell(op=family), quiet)
+    m = out["metrics"]
+    assert len(out["samples"]["kernel_us"]) == 3 and m["kernel_us"] > 0
+    assert m["pct_roofline"] == pytest.approx(100 * m["roofline_us"] / m["kernel_us"])
+    assert m["achieved_tbps"] == pytest.approx(out["kernel"]["bytes"] / m["kernel_us"] / 1e6)
+    assert m["check_error"] < 1e-4
+    assert out["kernel"]["input_sets"] == 2 and out["kernel"]["graph"] is False
+
+
+def test_traffic_counts_what_one_call_must_move():
+    fam = op.family(op_cell(op="topk"), torch.device("cpu"), torch.float32)
+    rows = 2 * 5
+    assert fam.traffic() == (rows * 512 * 4 + rows * 12 * 12, 0)   # logits once, top-k out once
+    fwd = op.family(params.canonical({"workload": "op", "op": "fused_forward", "model": "qwen3-8b",
+                                      "tree_budget": 64, "context_length": 4096}),
+                    torch.device("cpu"), torch.bfloat16)
+    bytes_, flops = fwd.traffic()
+    # Qwen3-8B without its embedding table: 7.57e9 weights; 4161 keys of 36 layers x 8 x 128 x 2.
+    weights = (bytes_ - 2 * 36 * 8 * 128 * 2 * 4161) / 2
+    assert weights == pytest.approx(7.57e9, rel=0.01)
+    assert flops == pytest.approx(2 * weights * 65 + 4 * 36 * 32 * 128 * 65 * 4161, rel=1e-9)
+    assert fwd.set_bytes() == 2 * 36 * 8 * 128 * 4161 * 2      # sets share the weights
+
+
+def test_topk_agrees_with_float64_and_a_wrong_one_is_never_timed(monkeypatch):
+    real = tree_gpu.topk_logprobs_batched
+
+    def off_by_one_id(logits, k, impl="torch"):
+        lp, ids = real(logits, k, impl)
+        ids = ids.clone()
+        ids[0, 0, -1] = ids[0, 0, -2]       # one row's last id wrong
+        return lp, ids
+
+    monkeypatch.setattr(tree_gpu, "topk_logprobs_batched", off_by_one_id)
+    timed = []
+    monkeypatch.setattr(op, "time_calls", lambda *a, **k: timed.append(1))
+    with pytest.raises(AssertionError, match=r"1 of 10 rows pick other ids.*not timing it"):
+        op.run(op_cell(op="topk"), quiet)
+    assert not timed
+
+
+def test_topk_log_probs_off_by_more_than_the_tolerance_are_refused(monkeypatch):
+    real = tree_gpu.topk_logprobs_batched
+    monkeypatch.setattr(tree_gpu, "topk_logprobs_batched",
+                        lambda logits, k, impl="torch": (real(logits, k, impl)[0] + 2e-3,
+                                                         real(logits, k, impl)[1]))
+    with pytest.raises(AssertionError, match="log-probs 0.002 from float64"):
+        op.run(op_cell(op="topk"), quiet)
+
+
+def test_a_tree_other_than_the_heap_is_refused(monkeypatch):
+    real = tree_gpu.build_tree_gpu
+
+    def swapped(lp, ids, budget, out=None, impl="auto"):
+        t = real(lp, ids, budget, out=out, impl=impl)
+        t.tokens[1, [1, 2]] = t.tokens[1, [2, 1]]        # two siblings' tokens exchanged
+        return t
+
+    monkeypatch.setattr(tree_gpu, "build_tree_gpu", swapped)
+    with pytest.raises(AssertionError, match="1 of 2 trees differ from the reference heap"):
+        op.run(op_cell(op="tree_build"), quiet)
+
+
+def test_a_forward_off_its_reference_is_refused(monkeypatch):
+    real_call = op.FusedForward.call
+
+    def one_percent_off(self, inp):          # the cell's forward, not the float64 reference
+        f = real_call(self, inp)
+        return lambda: f() * (1.0 if inp["cache"].k.dtype == torch.float64 else 1.01)
+
+    monkeypatch.setattr(op.FusedForward, "call", one_percent_off)
+    with pytest.raises(AssertionError, match=r"logits 0.01 from float64 \(> 0.001\)"):
+        op.run(op_cell(op="fused_forward"), quiet)
+
+
+def test_cuda_kernels_are_refused_on_a_cpu_rather_than_timed_as_torch():
+    with pytest.raises(RuntimeError, match="topk_impl triton is a CUDA kernel"):
+        op.run({**op_cell(), "topk_impl": "triton"}, quiet)
+    with pytest.raises(RuntimeError, match="tree_build_impl cuda is a CUDA kernel"):
+        op.run({**op_cell(op="tree_build"), "tree_build_impl": "cuda"}, quiet)
+
+
+def test_worker_runs_an_op_cell_with_its_label():
+    result = worker.run_cell(op_cell(op="tree_build"))
+    assert result["status"] == "ok", result["error"]
+    assert result["label"] == "op tree_build torch tiny D=5 k=12 bs=2"
+    assert {"kernel_us", "achieved_tbps", "pct_roofline", "check_error"} <= set(result["metrics"])
+
+
+# -- the Triton kernels, under the interpreter --------------------------------------------------
+def _run_in_interpreter(cell: dict) -> dict:
+    from harness.worker.workloads import op as op_in_child
+    return op_in_child.run(cell, lambda **_: None)["metrics"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("over", [{"op": "topk", "topk_impl": "triton"},
+                                  {"op": "tree_build", "tree_build_impl": "triton"},
+                                  {"op": "fused_forward", "fused_ops": True}],
+                         ids=["topk", "tree_build", "fused_forward"])
+def test_the_triton_kernels_pass_their_checks_under_the_interpreter(interp, over):
+    cell = {**op_cell(op=over["op"]), **over, "repeats": 1, "warmup_steps": 0,
+            "context_length": 8}
+    metrics = interp.apply(_run_in_interpreter, (cell,))
+    assert metrics["check_error"] < 1e-4 and metrics["kernel_us"] > 0
+
+
+# -- cells and scenarios ---------------------------------------------------------------------
+def test_the_ops_scenario_covers_every_family():
+    scenario = load_scenario(REPO / "scenarios" / "ops.yaml")
+    cells = scenario.cells()
+    assert len(cells) == 25 == len(set(scenario.cell_ids()))
+    ops = {(c["op"], c[op.KNOBS[c["op"]]]) for c in cells if c["workload"] == "op"}
+    assert ops == {("topk", "torch"), ("topk", "triton"), ("tree_build", "torch"),
+                   ("tree_build", "triton"), ("tree_build", "cuda"), ("fused_forward", False),
+                   ("fused_forward", True)}
+    verify = {(c["verify_mode"], c["layout"], c["attention"]) for c in cells if c["workload"] == "kernel"}
+    assert {m for m, _, _ in verify} == {"custom", "triton", "sdpa", "flex"}
+    assert ("custom", "paged", "gqa") in verify and ("custom", "contiguous", "mla") in verify
+
+
+def test_op_ids_and_labels():
+    assert "op" not in params.canonical({})                 # an op parameter joins op cells only
+    a = params.cell_id({"workload": "op", "op": "topk"})
+    assert a != params.cell_id({"workload": "op", "op": "topk", "topk_impl": "triton", "device": "cuda"})
+    assert params.cell_id({"workload": "op", "op": "topk", "repeats": 50}) == a
+    fwd = params.canonical({"workload": "op", "op": "fused_forward", "fused_ops": True,
+                            "model": "qwen3-8b", "tree_budget": 64, "context_length": 4096})
+    assert params.SPECS["op"].cell_label(fwd) == "op fused_forward on qwen3-8b ctx=4096 T=65 verify=sdpa"
+
+
+@pytest.mark.parametrize("defaults, matrix, message", [
+    ("  op: topk\n  device: cuda\n", "  tree_build_impl: [cuda]\n",
+     "op topk times the kernel topk_impl picks; tree_build_impl picks the kernels of other ops"),
+    ("  op: tree_build\n  device: cuda\n", "  fused_ops: [true]\n", "fused_ops picks the kernels of other ops"),
+    ("  op: topk\n  device: cpu\n", "  topk_impl: [triton]\n",
+     "topk_impl triton is a CUDA kernel; on device cpu op topk runs topk_impl: torch"),
+    ("  op: tree_build\n  device: cpu\n", "  batch_size: [1]\n",
+     "tree_build_impl triton is a CUDA kernel; on device cpu op tree_build runs tree_build_impl: torch"),
+    ("  op: tree_build\n  device: cuda\n  tree_build_impl: cuda\n", "  tree_budget: [512]\n",
+     "tree_build_impl cuda builds up to 256 nodes"),
+    ("  op: fused_forward\n", "  context_length: [8190]\n",
+     "context_length 8190 plus a tree of 17 tokens exceeds model 'tiny' limit 8192"),
+    ("  op: attention\n", "  batch_size: [1]\n", "unknown op 'attention'"),
+])
+def test_bad_op_cells_are_input_errors(defaults, matrix, message):
+    text = "name: o\ndefaults:\n  workload: op\n" + defaults + "matrix:\n" + matrix
+    with pytest.raises(InputError, match=message) as err:
+        parse_scenario(text, "o.yaml")
+    assert str(err.value).startswith("o.yaml:")
