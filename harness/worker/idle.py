@@ -34,9 +34,9 @@ The profiler runs at the lowest overhead that still gives what the analysis read
     ends (pytorch/pytorch#144455) and later launches pay for it: -39 % steps/s on a
     launch-bound loop on the H200 *after* a profiled window, for the rest of the process (a
     script running many cells in one process measured every cell after the first profile
-    that way; ci/gpu/idle_meter.py's "legacy" run reproduces it). Teardown with CUDA graphs
-    crashed before CUDA 12.6 (torch's own comment in torch/profiler/profiler.py), so older
-    CUDA keeps the default.
+    that way; the "legacy" run of results/h200/final/calibration.md reproduced it). Teardown
+    with CUDA graphs crashed before CUDA 12.6 (torch's own comment in
+    torch/profiler/profiler.py), so older CUDA keeps the default.
 """
 
 from __future__ import annotations
@@ -233,3 +233,19 @@ def meter_outputs(stats: dict, event_windows_ms: list, steps: int,
         metrics["syncs_per_step"] = audit["syncs_per_step"]
         extra["sync_sites"] = audit["sync_sites"]
     return metrics, samples, extra
+
+
+def profiler_overhead(stats: dict, unprofiled_step_ms: list[float]) -> dict:
+    """How much the profiler slows the steps it records: the profiled window's host time per
+    step against the median of the timed windows' (same cell, same process, no profiler).
+
+    {"profiled_step_ms", "profiler_overhead_pct"}, or {} without a profiled window. This is the
+    cost the meter keeps out of tokens/s by profiling only after the timed windows, and the
+    bias in the profiled window's idle fraction (the profiler's host time is idle GPU time
+    wherever the host leads)."""
+    if not stats or not stats.get("steps") or not unprofiled_step_ms:
+        return {}
+    profiled = stats["window_ms"] / stats["steps"]
+    plain = statistics.median(unprofiled_step_ms)
+    return {"profiled_step_ms": profiled, "profiler_overhead_pct": 100.0 * (profiled / plain - 1.0)}
+

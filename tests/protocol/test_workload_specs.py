@@ -114,12 +114,14 @@ def test_default_policies_are_the_union_of_the_workloads_policies():
         for metric, fields in spec.policies.items():
             union.setdefault(metric, policy.Policy(metric, **fields))
     assert list(policy.DEFAULT_POLICIES.items()) == list(union.items())
-    # exactly the policies the gate had before workloads declared them
+    # the policies the gate had before workloads declared them, plus the profiler's overhead
+    # (reported, never gated)
     P = policy.Policy
     assert list(policy.DEFAULT_POLICIES.values()) == [
         P("tokens_per_s", "higher", threshold_rel=0.03),
         P("accept_len_mean", "higher", threshold_rel=0.03),
         P("idle_fraction", "lower", threshold_abs=0.02, gate=False, per="run"),
+        P("profiler_overhead_pct", "lower", threshold_abs=1.0, gate=False, per="run"),
         P("step_ms_p50", "lower", threshold_rel=0.03),
         P("kernel_us", "lower", threshold_rel=0.03),
     ]

@@ -167,6 +167,7 @@ def _run(cell: dict, progress) -> dict:
 
     lengths = prefix_lengths(ctx, batch)
     tps, accept_means, step_ms, step_p50, phase_ms = [], [], [], [], defaultdict(list)
+    window_step_ms = []       # host ms per step of each timed window
     trace_stats, event_ms, audit, decoder_kept = {}, [], None, False
     key = _decoder_key(cell, device, dtype, kernels)
     for r in range(cell["repeats"]):
@@ -216,6 +217,7 @@ def _run(cell: dict, progress) -> dict:
         sync()
         window = time.perf_counter() - t_start
         timing["window_s"] += window
+        window_step_ms.append(window * 1e3 / cell["steps"])
         event_ms.append(events.window_ms())
 
         tps.append(committed / window)
@@ -250,6 +252,7 @@ def _run(cell: dict, progress) -> dict:
     # per-phase GPU and idle time, syncs per step: absent, never zero, where not measured.
     meter, meter_samples, extra = idle.meter_outputs(trace_stats, event_ms, cell["steps"], audit)
     metrics.update(meter)
+    metrics.update(idle.profiler_overhead(trace_stats, window_step_ms))
     # step_ms: every timed step of every repeat; step_ms_p50: one p50 per repeat, the
     # per-repeat samples of metrics["step_ms_p50"] (which is the p50 over all steps).
     samples = {"tokens_per_s": tps, "accept_len_mean": accept_means, "step_ms": step_ms,

@@ -1,0 +1,33 @@
+"""The profiler's cost as decode cells report it (harness/worker/idle.py profiler_overhead) and
+the scenario that sweeps it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.sweep.scenario import load_scenario
+from harness.worker import idle
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_overhead_is_the_profiled_step_against_the_median_timed_step():
+    stats = {"window_ms": 66.0, "steps": 6}                  # 11 ms a step under the profiler
+    out = idle.profiler_overhead(stats, [10.0, 10.5, 9.0])
+    assert out == {"profiled_step_ms": 11.0, "profiler_overhead_pct": pytest.approx(10.0)}
+    assert idle.profiler_overhead(stats, [12.0])["profiler_overhead_pct"] == pytest.approx(-100 / 12)
+
+
+@pytest.mark.parametrize("stats, windows", [({}, [10.0]), ({"window_ms": 5.0, "steps": 0}, [10.0]),
+                                            ({"window_ms": 5.0, "steps": 2}, [])])
+def test_no_profiled_window_means_no_overhead_rather_than_zero(stats, windows):
+    assert idle.profiler_overhead(stats, windows) == {}
+
+
+def test_the_profiler_overhead_scenario_profiles_as_many_steps_as_it_times():
+    cells = load_scenario(REPO / "scenarios" / "profiler-overhead.yaml").cells()
+    assert len(cells) == 8
+    assert all(c["profile_steps"] == c["steps"] and c["profile"] for c in cells)
+    assert {c["graph_capture"] for c in cells} == {"none", "verify", "full"}
