@@ -5,8 +5,8 @@
 #
 # Run on the controller that holds the run's journal ($RESULTS/runs/RUN_ID, RESULTS defaults to
 # results/ of this checkout), with the harness installed (.venv, or set HARNESS and PYTHON) and
-# Chromium on PATH (Debian: apt-get install chromium). Results copied back from a GPU host
-# (ci/gpu_cells.sh) become a journal first: python ci/journal_from_results.py gpu-out/[0-9]*.json
+# Chromium on PATH (Debian: apt-get install chromium). A batch run on a GPU host (python -m
+# harness.worker --cells ... --out DIR) becomes a run first: harness import DIR.
 # Rebuilds the report from the journal (without touching MLflow), checks it in headless
 # Chromium (no console errors, every image loaded) and writes the top of the page, 1400 px
 # wide and at most $HEIGHT px tall (default 2600: summary and the first figures), to OUT.png.

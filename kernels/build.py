@@ -29,7 +29,7 @@ TREE_BUILD_SOURCE = Path(__file__).parent / "tree" / "tree_build.cu"
 NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
 # HARNESS_KERNEL_DEBUG=1: a debug build (its own cache entry) whose launchers wait for each kernel
 # and return its execution error, so a fault is pinned to the launch that made it (not
-# graph-capturable; for ci/gpu/kernels_sanitize.sh and bug hunts only).
+# graph-capturable; for ci/gpu/selfcheck.sh's compute-sanitizer pass and bug hunts only).
 DEBUG_FLAGS = ("-DTVA_DEBUG",)
 
 

@@ -1,10 +1,60 @@
-"""Fixtures shared by the test files."""
+"""Fixtures shared by the test files, and the `gpu` marker's skip.
+
+A test marked `@pytest.mark.gpu` needs a CUDA GPU: without torch or without a visible CUDA
+device it is skipped, with the reason, before it runs (`pytest_collection_modifyitems`). The
+check is `torch.cuda.is_available()` alone, made once and only when a collected test carries
+the marker, so collecting on a CPU host initialises nothing. `pytest -m gpu` runs exactly these
+tests (ci/gpu/selfcheck.sh runs them and then the kernels under compute-sanitizer). GPU tests
+ask for the device through the `cuda` fixture; a test that does is marked `gpu` here if its
+file forgot to.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import multiprocessing
 
 import pytest
+
+
+@functools.cache
+def _no_gpu_reason() -> str | None:
+    """Why the gpu tests cannot run here, or None when they can."""
+    if importlib.util.find_spec("torch") is None:
+        return "needs a CUDA GPU: torch is not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"needs a CUDA GPU: none is visible to torch {torch.__version__}"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)        # before `-m gpu` selects: the marker added here counts
+def pytest_collection_modifyitems(config, items):
+    for item in items:                  # a test that asks for the GPU is a gpu test
+        if "cuda" in getattr(item, "fixturenames", ()) and item.get_closest_marker("gpu") is None:
+            item.add_marker(pytest.mark.gpu)
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    reason = _no_gpu_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def cuda():
+    """torch.device("cuda"), or a skip saying why there is none (no torch, no visible GPU)."""
+    reason = _no_gpu_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    import torch
+
+    return torch.device("cuda")
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ class Kernels:
     (Triton interpreter, emulator, sm_90/sm_120 compiles) and not yet timed.
 
     It is a value, not module switches, because one worker process runs many cells one after
-    another (a persistent worker, the ci/gpu scripts): a switch one cell sets stays set for the
+    another (a persistent worker, a test session): a switch one cell sets stays set for the
     next until something puts it back, and a decoder kept for reuse would quietly run whatever
     the last cell left. A value belongs to the decoder built with it and reaches nothing else.
     """

@@ -2,7 +2,7 @@
 and asv's compare rules beside it.
 
     python -m harness.gate.evaluate [--trials 2000] [--seed 7] [--out FILE]
-    python -m harness.gate.evaluate aa gpu-out/gate_aa.json [--append FILE]
+    python -m harness.gate.evaluate aa AA.json [--append FILE]
 
 Series: tokens/s samples with normal noise of a given coefficient of variation (CV), the head
 slower than the base by a given shift, `repeats` samples per side and round. The gate runs as
@@ -24,8 +24,8 @@ Targets (issue 11): at CV 3 %, a 5 % regression regressed >= 95 % of the time, f
 must say so: undecided, never a pass).
 
 The `aa` subcommand judges real A/A measurements (the same code on both sides, interleaved on
-an H200: ci/gpu/gate_aa.py) with the gate's default configuration: any regression there is a
-false alarm.
+an H200, as in results/h200/final/gate_aa.json) with the gate's default configuration: any
+regression there is a false alarm.
 """
 
 from __future__ import annotations
@@ -302,8 +302,8 @@ def run_benchmark(trials: int, seed: int, max_rounds: int = DEFAULT_MAX_ROUNDS, 
     lines += ["## Real A/A measurements on a GPU", "",
               "The same gate on real decode cells with no code change is measured by "
               "`harness gate scenarios/pr.yaml --base HEAD` on the GPU host (results/h200/); "
-              "older hand-run A/A files (ci/gpu/gate_aa.py) are judged with `python -m "
-              "harness.gate.evaluate aa FILE`.", ""]
+              "older hand-run A/A files (results/h200/final/gate_aa.json) are judged with "
+              "`python -m harness.gate.evaluate aa FILE`.", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -311,15 +311,17 @@ def run_benchmark(trials: int, seed: int, max_rounds: int = DEFAULT_MAX_ROUNDS, 
 
 
 def judge_aa(path: str | Path) -> str:
-    """Judge ci/gpu/gate_aa.py output as the A/B gate would: a round (the median of its repeats)
-    is a sample, looks after every round from the design's first look, each metric final once
-    decided; every regression is a false alarm. Too few rounds for any design: said so."""
+    """Judge a hand-run A/A file (as results/h200/final/gate_aa.json: {"gpu", "rounds", "cells":
+    {id: {"label", "cell", "A": [worker results], "B": [...]}}}) as the A/B gate would: a round
+    (the median of its repeats) is a sample, looks after every round from the design's first
+    look, each metric final once decided; every regression is a false alarm. Too few rounds
+    for any design: said so."""
     from harness.gate.baselines import RUN, samples_of
     from harness.protocol.errors import InputError
 
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     lines = [f"## Real A/A on {data.get('gpu', '?')}: the same code on both sides, interleaved",
-             "", f"From `{path}` (ci/gpu/gate_aa.py, {data.get('rounds', '?')} rounds per side); "
+             "", f"From `{path}` (a hand-run A/A, {data.get('rounds', '?')} rounds per side); "
              f"judged with `python -m harness.gate.evaluate aa {path}`.", "",
              "| cell | metric | n | HL ratio | interval | p | verdict |",
              "|---|---|---:|---:|---|---:|---|"]

@@ -17,7 +17,7 @@ import json
 
 from harness.protocol.workloads import (SEED_MAX, SPECS, Param, choice, flag, non_negative_int,
                                        positive_int)
-# Re-exported for the code that reads them from here (harness.decode.kernel_choice, ci/gpu).
+# Re-exported for the code that reads them from here (harness.decode.kernel_choice, the tests).
 from harness.protocol.workloads.calibrate import REPLAYS  # noqa: F401
 from harness.protocol.workloads.decode import (ACCEPTANCES, ACCEPTS, GRAPH_CAPTURES,  # noqa: F401
                                                PRESETS, SPECULATIONS, TOPK_IMPLS,

@@ -53,7 +53,7 @@
 //   walks (D + 1 dependent loads ~500 cycles) and the output stores ~1 us. Total ~11-12 us for
 //   b = 2 (vs 217 us for the Triton kernel), inside the ~15 us budget. S2 is the largest part; it
 //   grows as M^2: N = 256 (M ~ 400, ~9k cycles per depth) ~ 70 us. Not measured yet:
-//   ci/gpu/tree_build_cuda.py times it (and 128 / 256 / 512 threads).
+//   the op workload times it (op: tree_build, scenarios/ops.yaml).
 //
 // No torch headers: plain CUDA C++ with an extern "C" launcher (kernels/tree/cuda_tree_build.py calls
 // it through ctypes; kernels/build.py compiles it on the GPU host). The launcher never

@@ -32,7 +32,7 @@ torch's own float32 path, whose logsumexp is rounded at |lse| (half an ulp: 7.6e
 |lse| ~ 150), so the two differ by up to about that. NaN logits are not supported. Any k works;
 the ranking is quadratic in the candidates, so k' in the thousands gets slow.
 Dtype-generic kernels: the tests run them under TRITON_INTERPRET=1 on CPU (fp32, fp16); bf16
-is checked on the GPU (ci/gpu/topk.py).
+is checked on the GPU (tests/kernels/test_triton_topk_gpu.py, `pytest -m gpu`).
 """
 
 from __future__ import annotations

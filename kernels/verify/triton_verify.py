@@ -19,7 +19,8 @@ Shapes are small in the query dimension (T = 1 + N, N <= 256) and long in the ke
 No host syncs and no allocations other than the output and the workspace (both can be passed
 in), so a call can be captured in a CUDA graph. Kernels are dtype-generic (fp16 / bf16 / fp32 via
 tl.dot with fp32 accumulation), which lets the tests run them under TRITON_INTERPRET=1 on CPU in
-fp32 and fp16 (the interpreter mishandles bf16; bf16 is checked on the GPU, ci/gpu/verify_kernels.py).
+fp32 and fp16 (the interpreter mishandles bf16; bf16 is checked on the GPU,
+tests/kernels/test_triton_verify_gpu.py).
 Style follows the Triton fused-attention tutorial.
 """
 

@@ -280,23 +280,3 @@ def test_screenshot_script_writes_the_top_of_the_report(runs, tmp_path):
     with Image.open(shot) as image:
         assert image.size == (1400, 1800)
     assert distinct_colors(shot.read_bytes()) > 500
-
-
-def test_worker_results_from_a_gpu_host_become_a_journal_and_a_report(tmp_path):
-    """ci/journal_from_results.py: results copied back from ci/gpu_cells.sh, then reported."""
-    out = tmp_path / "gpu-out"
-    out.mkdir()
-    for i, r in enumerate(gpu_sweep()[:4], start=1):
-        (out / f"{i}.json").write_text(json.dumps(r))
-    (out / "env.json").write_text(json.dumps({"gpu": "NVIDIA H200"}))  # not a result: skipped
-    made = subprocess.run([sys.executable, str(REPO / "ci" / "journal_from_results.py"),
-                           "--scenario", "nightly", "--root", str(tmp_path / "results" / "runs"),
-                           *map(str, sorted(out.glob("*.json")))],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert made.returncode == 0, made.stderr
-    assert "env.json: skipped" in made.stderr
-    run_id = made.stdout.strip()
-    report = run_cli("report", run_id, "--no-mlflow", cwd=tmp_path)
-    assert report.returncode == 0, report.stderr + report.stdout
-    page = (tmp_path / "results" / "runs" / run_id / "report" / "index.html").read_text()
-    assert "NVIDIA H200" in page and page.count("badge ok") == 4

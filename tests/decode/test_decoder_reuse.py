@@ -4,7 +4,7 @@ same cell round after round without reallocating its KV cache or recapturing its
 
 Every decoder is first stepped on other prompts with another seed and left with a record
 unread, so any state a reset missed would show. CUDA graphs need a GPU: the graph tests at the
-end are skipped elsewhere."""
+end are marked `gpu` (`pytest -m gpu`) and skipped elsewhere."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from test_decode import OracleDrafter, ar_reference, make_models, prompts_for
 from test_fast_loop import MODES
 
 LENS = [14, 33]
-CUDA = torch.cuda.is_available()
 
 
 def state(dec) -> dict:
@@ -282,7 +281,7 @@ def test_a_failed_cell_frees_its_decoder(clean_process, monkeypatch):
 GRAPH_MODES = [("gpu", "gpu", "full"), ("gpu", "gpu", "verify"), ("cpu", "cpu", "verify")]
 
 
-@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("acceptance", ["greedy", "synthetic"])
 @pytest.mark.parametrize("tree_build,accept,graph", GRAPH_MODES)
 def test_a_reset_keeps_its_graphs_and_decodes_what_a_new_one_does(tree_build, accept, graph,
@@ -311,7 +310,7 @@ def test_a_reset_keeps_its_graphs_and_decodes_what_a_new_one_does(tree_build, ac
     assert used.graphs == graphs                                  # replayed, not recaptured
 
 
-@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 def test_a_reset_ar_decoder_keeps_its_graph():
     target, _ = make_models(27, dtype=torch.float32)
     target = target.cuda()
@@ -330,7 +329,7 @@ def test_a_reset_ar_decoder_keeps_its_graph():
     assert used.graphs == {"ar": graph}
 
 
-@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("graph", ["full", "verify"])
 def test_a_kept_graph_decoder_measures_what_a_new_one_does(graph, clean_process):
     cell = cell_of(device="cuda", dtype="float32", tree_build="gpu", accept="gpu",

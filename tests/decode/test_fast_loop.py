@@ -1,6 +1,7 @@
 """The fast loop (device-resident state, GPU tree build and accept) on CPU tensors: token for
 token the same output as plain greedy decoding and as the baseline loop, in every mode that
-runs without CUDA graphs. (Graph capture itself needs a GPU: ci/gpu/decode_modes.py.)"""
+runs without CUDA graphs. (Graph capture itself needs a GPU: test_fast_loop_gpu.py, run by
+`pytest -m gpu`.)"""
 
 from __future__ import annotations
 

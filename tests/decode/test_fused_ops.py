@@ -4,7 +4,7 @@ Each kernel against the torch ops it replaces, on fresh random fp32 inputs with 
 then the whole forward: a tiny target and drafter on the fused path equal the unfused path
 (logits, captured hidden states, every KV-cache entry), so the wiring in model.py (split
 residual stream, cache writes at the slots, the attention writing o_proj's layout) is checked,
-not only the kernels. bf16 runs on the GPU (ci/gpu/fused_ops.py).
+not only the kernels. bf16 runs on the GPU (test_fused_ops_gpu.py, `pytest -m gpu`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ The reference is the CPU heap of harness/decode/tree.py (itself checked against 
 enumeration in test_tree.py). The GPU build must give the same tree: the same set of root-to-node
 token paths on tie-free inputs (the issue's criterion) and, by construction, the same nodes in the
 same pop order, ties included. The Triton kernel is checked against the torch path under the
-Triton interpreter; CUDA-graph capture and timing need a GPU (ci/gpu/tree_build.py).
+Triton interpreter; on a GPU, tests/kernels/test_tree_build_gpu.py checks both kernel builds
+and CUDA-graph capture (`pytest -m gpu`), and the op workload times them (scenarios/ops.yaml).
 """
 
 from __future__ import annotations

@@ -220,7 +220,7 @@ def _h200_splits(lib, b, hq, hkv, T, d, max_keys, mla=False, wgmma=False):
                                  cv._overhead_keys(16 * warps, d, 4 * d))
 
 
-# The H200 benchmark's points in the order ci/gpu/kernels.py runs them, in one process: the
+# The H200 benchmark's points in the order its first run took them, in one process: the
 # first launch of one kernel instance must not hide another's missing shared-memory opt-in
 # (the H200's "invalid argument" for every configuration but the first one launched).
 H200_POINTS = [  # (name, b, hq, hkv, T, d, context, layout, page size, wgmma)

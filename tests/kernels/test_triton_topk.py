@@ -7,7 +7,7 @@ values that matter the ids also equal torch.topk's. Log-probs are compared with
 float64 topk - logsumexp. Every call writes into NaN / -1 filled outputs and a workspace
 filled with garbage (except the arrival counters, which alloc_workspace zeroes and every call
 leaves at zero), so a kernel that skips an output slot or reads a stale value fails. bf16 is
-checked on the GPU (ci/gpu/topk.py): the interpreter mishandles it.
+checked on the GPU (test_triton_topk_gpu.py, `pytest -m gpu`): the interpreter mishandles it.
 """
 
 from __future__ import annotations

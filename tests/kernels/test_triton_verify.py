@@ -5,7 +5,7 @@ Every case draws fresh random inputs (seeded from the case, so runs repeat), poi
 and the split workspace with NaN before the call, and fills the KV cache past each sequence's
 lengths[b] + T with NaN, so a kernel that skips a row, reads a stale split or reads keys it must
 not read fails. The interpreter mishandles bf16 (docs/ARCHITECTURE.md): bf16 is checked on the GPU by
-ci/gpu/verify_kernels.py.
+test_triton_verify_gpu.py (`pytest -m gpu`).
 """
 
 from __future__ import annotations

@@ -268,8 +268,9 @@ def test_meter_outputs_without_a_gpu():
     assert samples == {} and extra == {}
 
 
-# A real trace from an H200 (ci/gpu/idle_meter.py writes it as $OUT/fixture_trace.json.gz): 3
-# steps of phases draft / tree / verify, 3 small kernels each, and one .item() in tree. Taken
+# A real trace from an H200, kept by idle.profile_window(step, 3) with HARNESS_TRACE_DIR set: 3
+# steps of phases draft / tree / verify (record_function("phase.<name>") ranges), 3 small
+# kernels each (x.mul_(1.0001) on 65536 floats), and one x[0].item() in tree. Taken
 # with the profiler's settings of its day: a trace of `idle.lean_profile` (user-scope ranges
 # only, no cpu_op events) must pass the same checks.
 RECORDED = Path(__file__).parent / "data" / "idle_trace.json.gz"

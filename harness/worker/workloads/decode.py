@@ -70,7 +70,7 @@ def _model_key(cell: dict, device: torch.device, dtype: torch.dtype) -> tuple:
 
 def build_models(cell: dict, device: torch.device, dtype: torch.dtype) -> tuple[Target, Drafter]:
     """The target and drafter of a cell: the last pair when it matches (a persistent worker,
-    or a script that runs many cells in one process like ci/gpu/decode_modes.py)."""
+    or a batch that runs many cells in one process: python -m harness.worker --cells)."""
     key = _model_key(cell, device, dtype)
     if key not in _MODELS:
         release()                            # the old decoder and models before the new ones

@@ -167,7 +167,7 @@ def prepare(mode: str, pt: Point, inp: dict, out: torch.Tensor | None = None, *,
             custom_impl: str = "mma"):
     """A callable running `mode` on input set `inp`; `out` (if the mode takes one) is written.
     `custom_impl`: the custom kernel's S = QK^T (custom_verify's `impl`; no cell knob picks
-    it, ci/gpu/kernels.py times "wgmma")."""
+    it; tests/worker/test_kernel_workload_gpu.py checks "wgmma")."""
     scale = 1.0 / math.sqrt(pt.dk)
     q, k, v, lengths, bits = inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"]
     table = inp.get("page_table")

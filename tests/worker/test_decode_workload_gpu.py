@@ -1,0 +1,53 @@
+"""The decode workload (harness/worker/workloads/decode.py) on a GPU: a cell of every loop mode
+runs through the worker (harness.worker.main.run_cell, what a worker process runs) on the tiny
+model with the default kernels, and the host loop and the full-step graph also with every
+kernel switch on. What the modes commit is checked token for token in
+tests/decode/test_fast_loop_gpu.py; here the cell around them: it succeeds, its accepted
+lengths are possible ones (plain decoding: exactly 1), and on a GPU it reports the roofline
+and the sync audit. Tokens/s per mode is what scenarios/decode-modes.yaml times.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.protocol import params
+from harness.worker import main as worker
+
+pytestmark = pytest.mark.gpu
+
+MODES = {  # label: (speculation, tree_build, accept, graph_capture)
+    "ar/full": ("none", "cpu", "cpu", "full"),
+    "baseline": ("ddtree", "cpu", "cpu", "none"),
+    "cpu/verify-graph": ("ddtree", "cpu", "cpu", "verify"),
+    "gpu/verify-graph": ("ddtree", "gpu", "gpu", "verify"),
+    "gpu/full": ("ddtree", "gpu", "gpu", "full"),
+}
+SWITCHES = {"defaults": {}, "every-switch": {"verify_mode": "triton", "fused_ops": True,
+                                              "topk_impl": "triton"}}
+
+
+CASES = [(mode, "defaults") for mode in MODES] + [("baseline", "every-switch"),
+                                                  ("gpu/full", "every-switch")]
+
+
+@pytest.mark.parametrize("mode,switches", CASES, ids=[f"{m}-{s}" for m, s in CASES])
+def test_a_cell_of_every_mode_runs_on_the_gpu(cuda, mode, switches):
+    speculation, tree_build, accept, graph = MODES[mode]
+    knobs = dict(SWITCHES[switches])
+    if knobs and tree_build == "gpu":           # the knob of the device tree build only
+        knobs["tree_build_impl"] = "cuda"
+    cell = params.canonical(dict(
+        model="tiny", device="cuda", dtype="float32", context_length=512, batch_size=2,
+        speculation=speculation, tree_build=tree_build, accept=accept, graph_capture=graph,
+        acceptance="synthetic", tau=3.0, tree_budget=16, block_size=8, warmup_steps=2, steps=6,
+        repeats=1, profile_steps=0, **knobs))
+    out = worker.run_cell(cell)
+    assert out["status"] == "ok", out["error"]
+    m = out["metrics"]
+    assert m["tokens_per_s"] > 0 and m["bw_pct_roofline"] > 0
+    if speculation == "none":
+        assert m["accept_len_mean"] == 1
+    else:
+        assert 1 <= m["accept_len_mean"] <= 8
+    assert m["syncs_per_step"] >= 0 and out["sync_sites"] is not None
