@@ -24,8 +24,8 @@ Targets (issue 11): at CV 3 %, a 5 % regression regressed >= 95 % of the time, f
 must say so: undecided, never a pass).
 
 The `aa` subcommand judges real A/A measurements (the same code on both sides, interleaved on
-an H200, as in results/h200/final/gate_aa.json) with the gate's default configuration: any
-regression there is a false alarm.
+a GPU, as the hand-run A/A file results/h200/final/gate_aa.json of commit 33621cf) with the
+gate's default configuration: any regression there is a false alarm.
 """
 
 from __future__ import annotations
@@ -302,7 +302,7 @@ def run_benchmark(trials: int, seed: int, max_rounds: int = DEFAULT_MAX_ROUNDS, 
     lines += ["## Real A/A measurements on a GPU", "",
               "The same gate on real decode cells with no code change is measured by "
               "`harness gate scenarios/pr.yaml --base HEAD` on the GPU host (results/h200/); "
-              "older hand-run A/A files (results/h200/final/gate_aa.json) are judged with "
+              "hand-run A/A files ({gpu, rounds, cells: {id: {A, B}}}) are judged with "
               "`python -m harness.gate.evaluate aa FILE`.", ""]
     return "\n".join(lines) + "\n"
 
@@ -311,7 +311,7 @@ def run_benchmark(trials: int, seed: int, max_rounds: int = DEFAULT_MAX_ROUNDS, 
 
 
 def judge_aa(path: str | Path) -> str:
-    """Judge a hand-run A/A file (as results/h200/final/gate_aa.json: {"gpu", "rounds", "cells":
+    """Judge a hand-run A/A file ({"gpu", "rounds", "cells":
     {id: {"label", "cell", "A": [worker results], "B": [...]}}}) as the A/B gate would: a round
     (the median of its repeats) is a sample, looks after every round from the design's first
     look, each metric final once decided; every regression is a false alarm. Too few rounds

@@ -34,7 +34,8 @@ The profiler runs at the lowest overhead that still gives what the analysis read
     ends (pytorch/pytorch#144455) and later launches pay for it: -39 % steps/s on a
     launch-bound loop on the H200 *after* a profiled window, for the rest of the process (a
     script running many cells in one process measured every cell after the first profile
-    that way; the "legacy" run of results/h200/final/calibration.md reproduced it). Teardown
+    that way; a calibration run with the default, results/h200/final/calibration.md of commit
+    33621cf, reproduced it). Teardown
     with CUDA graphs crashed before CUDA 12.6 (torch's own comment in
     torch/profiler/profiler.py), so older CUDA keeps the default.
 """
