@@ -38,6 +38,8 @@ from pathlib import Path
 
 from matplotlib.patches import Patch
 
+from harness.protocol.params import times_a_kernel
+
 from . import style
 
 def _num(v) -> float | None:
@@ -47,7 +49,7 @@ def _num(v) -> float | None:
 
 
 def _decode(results: list[dict]) -> list[dict]:
-    return [r for r in results if (r.get("cell") or {}).get("workload", "decode") != "kernel"]
+    return [r for r in results if not times_a_kernel(r.get("cell") or {})]
 
 
 def _has_gpu(result: dict) -> bool:

@@ -21,6 +21,7 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.protocol.params import times_a_kernel
 from harness.protocol.redact import redact_uri
 from harness.sweep.journal import RunJournal, atomic_write_text
 
@@ -67,7 +68,7 @@ def _figures(results: list[dict], out_dir: Path, commit: str | None, reference: 
     # decode: cells with a tokens/s; decode-like: every non-kernel cell (idle, timelines).
     decode = [r for r in results if figures.is_decode(r)]
     kernel = [r for r in results if (r.get("cell") or {}).get("workload") == "kernel"]
-    decode_like = [r for r in results if (r.get("cell") or {}).get("workload") != "kernel"]
+    decode_like = [r for r in results if not times_a_kernel(r.get("cell") or {})]
     out = []
     if decode or not results:
         out.append(_render(out_dir, "tokens_vs_context.png",
@@ -245,10 +246,6 @@ KERNEL_COLUMNS = [
 ]
 
 
-def _is_kernel(cell: dict) -> bool:
-    return cell.get("workload") == "kernel"
-
-
 def _cells_table(journal: RunJournal, results: dict[str, dict],
                  verdicts: dict | None, kernel: bool) -> str:
     """One table of the run's decode cells (kernel=False) or kernel cells, in matrix order;
@@ -259,7 +256,7 @@ def _cells_table(journal: RunJournal, results: dict[str, dict],
     for cid in order:
         r = results.get(cid)
         cell = (r or {}).get("cell") or planned.get(cid, {}).get("cell") or {}
-        if _is_kernel(cell) == kernel:
+        if times_a_kernel(cell) == kernel:
             entries.append((cid, r, cell, (r or {}).get("label") or planned.get(cid, {}).get("label") or cid))
     if not entries:
         return ""

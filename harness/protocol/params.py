@@ -86,6 +86,14 @@ ALL_PARAMS: dict[str, object] = {name: p.default for name, p in PARAMS.items()}
 # excluded from the cell id.
 MEASUREMENT_KNOBS = tuple(name for name, p in PARAMS.items() if p.measurement)
 
+# Workloads whose cells time one kernel (their gated metric is kernel_us, with achieved_tbps and
+# pct_roofline beside it): reports give them the kernel table rather than the decode one.
+KERNEL_WORKLOADS = tuple(name for name, s in SPECS.items() if "kernel_us" in s.policies)
+
+
+def times_a_kernel(cell: dict) -> bool:
+    return cell.get("workload", DEFAULT_WORKLOAD) in KERNEL_WORKLOADS
+
 
 def canonical(cell: dict) -> dict:
     """The cell with every default filled in (its workload's own ones too), keys sorted."""

@@ -35,11 +35,24 @@ def idle_text(result: dict) -> str:
     return "n/a"
 
 
+# (header, metric, format) of the numbers of decode cells and of kernel-timing cells
+DECODE_COLUMNS = (("tok/s", "tokens_per_s", ".1f"), ("±", "tokens_per_s_spread", ".1f"),
+                  ("accept", "accept_len_mean", ".2f"), ("p50 ms", "step_ms_p50", ".2f"))
+KERNEL_COLUMNS = (("kernel µs", "kernel_us", ".1f"), ("±", "kernel_us_spread", ".2f"),
+                  ("TB/s", "achieved_tbps", ".2f"), ("% roofline", "pct_roofline", ".1f"))
+
+
 def summary_table(results: list[dict], title: str) -> Table:
+    """Decode cells get tokens/s, acceptance, step time and idle; cells that time one kernel
+    (the kernel and op workloads) its time, bandwidth and share of the roofline. A run of
+    kernel cells only names each by its label: their parameters differ by workload."""
     # Titles and cells are rich markup: every user-supplied string (the scenario name, labels,
     # an error) is escaped, so `bench[/red]mark` prints as itself.
     table = Table(title=escape(title), title_justify="left", header_style="bold")
-    shown = varying_params(results) if len(results) > 1 else []
+    kernel = [params.times_a_kernel(r["cell"]) for r in results]
+    decode_columns = DECODE_COLUMNS if not all(kernel) else ()
+    kernel_columns = KERNEL_COLUMNS if all(kernel) else KERNEL_COLUMNS[:1] if any(kernel) else ()
+    shown = varying_params(results) if len(results) > 1 and decode_columns else []
     for k in shown:
         table.add_column(SHORT.get(k, k), justify="right" if k in ("context_length", "tree_budget") else "left")
     if not shown:
@@ -47,15 +60,18 @@ def summary_table(results: list[dict], title: str) -> Table:
     hosts = {r.get("host") for r in results}
     if len(hosts) > 1:
         table.add_column("host")
-    for name in ("tok/s", "±", "accept", "p50 ms", "idle"):
+    columns = decode_columns + kernel_columns
+    for name, _, _ in columns:
         table.add_column(name, justify="right", no_wrap=True)
+    if decode_columns:
+        table.add_column("idle", justify="right", no_wrap=True)
     table.add_column("status")
 
     def order(r):
         c = params.canonical(r["cell"])
         return tuple(repr(c[k]) if not isinstance(c[k], (int, float)) else f"{c[k]:020.6f}" for k in shown)
 
-    for r in sorted(results, key=order):
+    for r in sorted(results, key=order) if shown else results:
         c = params.canonical(r["cell"])
         m = r.get("metrics") or {}
         row = [escape(str(c[k])) for k in shown] or [escape(str(r.get("label", r.get("cell_id", "?"))))]
@@ -64,8 +80,8 @@ def summary_table(results: list[dict], title: str) -> Table:
         status = "[green]ok[/]" if r["status"] == "ok" else "[red]failed[/]"
         if r["status"] != "ok" and r.get("error"):
             status += " " + escape(r["error"].strip().splitlines()[0][:50])
-        row += [_fmt(m.get("tokens_per_s"), ".1f"), _fmt(m.get("tokens_per_s_spread"), ".1f"),
-                _fmt(m.get("accept_len_mean"), ".2f"), _fmt(m.get("step_ms_p50"), ".2f"),
-                idle_text(r), status]
-        table.add_row(*row)
+        row += [_fmt(m.get(metric), spec) for _, metric, spec in columns]
+        if decode_columns:
+            row.append(idle_text(r))
+        table.add_row(*row, status)
     return table
