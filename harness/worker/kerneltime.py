@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import functools
 import math
+import statistics
 import time
 
 import torch
+
+from harness.worker.measure import spread
 
 MIN_LAUNCHES = 8            # launches per captured graph at least
 L2_MULTIPLE = 3             # input sets together at least this many times the L2 cache
@@ -55,6 +58,25 @@ def _best_of(fn, reps: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def roofline_metrics(samples: list[float], bytes_: int, flops: int, copy_bw: float,
+                     mm_rate: float) -> dict:
+    """The metrics of a timed kernel: kernel_us (median of the per-call samples) and its spread,
+    the bandwidth and FLOP rate it achieved, roofline_us = max(bytes / copy bandwidth, FLOPs /
+    matmul rate), pct_roofline, and the two ceilings it was held against."""
+    us = statistics.median(samples)
+    roofline_us = max(bytes_ / copy_bw, flops / mm_rate) * 1e6
+    return {
+        "kernel_us": us,
+        "kernel_us_spread": spread(samples),
+        "achieved_tbps": bytes_ / (us * 1e-6) / 1e12,
+        "achieved_tflops": flops / (us * 1e-6) / 1e12,
+        "roofline_us": roofline_us,
+        "pct_roofline": 100.0 * roofline_us / us,
+        "copy_tbps": copy_bw / 1e12,
+        "matmul_tflops": mm_rate / 1e12,
+    }
 
 
 def set_count(bytes_per_set: int, device: torch.device) -> int:

@@ -44,8 +44,7 @@ import torch
 from torch.nn import functional as F
 
 from harness.kernels.verify import verify_reference as ref
-from harness.worker import measure
-from harness.worker.kerneltime import ceilings, set_count, time_calls
+from harness.worker.kerneltime import ceilings, roofline_metrics, set_count, time_calls
 from harness.worker.workloads.decode import resolve_device, resolve_dtype
 
 TOLERANCE = 1e-2
@@ -294,23 +293,12 @@ def run(cell: dict, progress) -> dict:
     progress(stage="ceilings", device=str(device))
     copy_bw, mm_rate = ceilings(device, dtype)
     bytes_, flops = pt.bytes(elem), pt.flops()
-    roofline_us = max(bytes_ / copy_bw, flops / mm_rate) * 1e6
 
     sets = input_sets(pt, device, dtype, seed * 1000)
     progress(stage="time", mode=mode, input_sets=len(sets))
     samples, graph = measure_mode(mode, pt, sets, cell, device)
-    us = statistics.median(samples)
-    metrics = {
-        "kernel_us": us,
-        "kernel_us_spread": measure.spread(samples),
-        "achieved_tbps": bytes_ / (us * 1e-6) / 1e12,
-        "achieved_tflops": flops / (us * 1e-6) / 1e12,
-        "roofline_us": roofline_us,
-        "pct_roofline": 100.0 * roofline_us / us,
-        "rel_error": err,
-        "copy_tbps": copy_bw / 1e12,
-        "matmul_tflops": mm_rate / 1e12,
-    }
+    metrics = {**roofline_metrics(samples, bytes_, flops, copy_bw, mm_rate), "rel_error": err}
+    us, roofline_us = metrics["kernel_us"], metrics["roofline_us"]
     info = {"bytes": bytes_, "flops": flops, "input_sets": len(sets), "graph": graph,
             "bound": "memory" if bytes_ / copy_bw >= flops / mm_rate else "compute"}
     if mode == "custom":

@@ -33,7 +33,6 @@ ceiling, and its pct_roofline says how far from a bandwidth bound it is, nothing
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from dataclasses import dataclass
 
 import torch
@@ -45,8 +44,7 @@ from harness.decode.tree import build_tree_cpu
 from harness.kernels.verify import verify_reference as ref
 from harness.protocol import presets
 from harness.protocol.workloads.op import KNOBS
-from harness.worker import measure
-from harness.worker.kerneltime import ceilings, set_count, time_calls
+from harness.worker.kerneltime import MIN_LAUNCHES, ceilings, roofline_metrics, set_count, time_calls
 from harness.worker.workloads.decode import build_models, resolve_device, resolve_dtype
 
 TOPK_TOLERANCE = 1e-3          # log-probs, absolute, against float64
@@ -286,27 +284,13 @@ def run(cell: dict, progress) -> dict:
     progress(stage="ceilings", device=str(device))
     copy_bw, mm_rate = ceilings(device, dtype)
     bytes_, flops = fam.traffic()
-    roofline_us = max(bytes_ / copy_bw, flops / mm_rate) * 1e6
 
-    first = fam.inputs(seed * 1000)
-    sets = [first] + [fam.inputs(seed * 1000 + 1 + i)
-                      for i in range(set_count(fam.set_bytes(), device) - 1)]
+    sets = [fam.inputs(seed * 1000 + i) for i in range(set_count(fam.set_bytes(), device))]
     progress(stage="time", op=cell["op"], input_sets=len(sets))
-    launches = FORWARD_LAUNCHES if cell["op"] == "fused_forward" else None
+    launches = FORWARD_LAUNCHES if cell["op"] == "fused_forward" else MIN_LAUNCHES
     samples, graph = time_calls([fam.call(s) for s in sets], cell["repeats"], cell["warmup_steps"],
-                                device, **({"min_launches": launches} if launches else {}))
-    us = statistics.median(samples)
-    metrics = {
-        "kernel_us": us,
-        "kernel_us_spread": measure.spread(samples),
-        "achieved_tbps": bytes_ / (us * 1e-6) / 1e12,
-        "achieved_tflops": flops / (us * 1e-6) / 1e12,
-        "roofline_us": roofline_us,
-        "pct_roofline": 100.0 * roofline_us / us,
-        "check_error": err,
-        "copy_tbps": copy_bw / 1e12,
-        "matmul_tflops": mm_rate / 1e12,
-    }
+                                device, min_launches=launches)
+    metrics = {**roofline_metrics(samples, bytes_, flops, copy_bw, mm_rate), "check_error": err}
     bound = "latency" if cell["op"] == "tree_build" else (
         "memory" if bytes_ / copy_bw >= flops / mm_rate else "compute")
     info = {"op": cell["op"], "bytes": bytes_, "flops": flops, "input_sets": len(sets),
