@@ -69,7 +69,9 @@ def _logits(b: int, depth: int, vocab: int, gen: torch.Generator, device) -> tor
 # --------------------------------------------------------------------------------------------
 
 @dataclass
-class TopK:
+class _OverDraftedLogits:
+    """A family whose inputs come from the drafter's logits [batch, depth, vocab], with the
+    tree's top-k / node budget `k`; an input set is only what one call reads (set_bytes)."""
     impl: str
     batch: int
     depth: int
@@ -77,9 +79,17 @@ class TopK:
     k: int
     device: torch.device
 
-    def inputs(self, seed: int) -> dict:
+    def logits(self, seed: int) -> torch.Tensor:
         gen = torch.Generator(device=self.device).manual_seed(seed)
-        return {"logits": _logits(self.batch, self.depth, self.vocab, gen, self.device)}
+        return _logits(self.batch, self.depth, self.vocab, gen, self.device)
+
+    def set_bytes(self) -> int:
+        return self.traffic()[0]
+
+
+class TopK(_OverDraftedLogits):
+    def inputs(self, seed: int) -> dict:
+        return {"logits": self.logits(seed)}
 
     def call(self, inp: dict):
         logits, k, impl = inp["logits"], self.k, self.impl
@@ -106,27 +116,14 @@ class TopK:
         rows = self.batch * self.depth
         return rows * self.vocab * 4 + rows * self.k * (4 + 8), 0
 
-    def set_bytes(self) -> int:
-        return self.traffic()[0]
 
-
-@dataclass
-class TreeBuild:
-    impl: str
-    batch: int
-    depth: int
-    vocab: int
-    budget: int
-    device: torch.device
-
+class TreeBuild(_OverDraftedLogits):
     def inputs(self, seed: int) -> dict:
-        gen = torch.Generator(device=self.device).manual_seed(seed)
-        logits = _logits(self.batch, self.depth, self.vocab, gen, self.device)
-        lp, ids = tree_gpu.topk_logprobs_batched(logits, self.budget, impl="torch")
-        return {"lp": lp, "ids": ids, "out": tree_gpu.GpuTree.empty(self.batch, self.budget, self.device)}
+        lp, ids = tree_gpu.topk_logprobs_batched(self.logits(seed), self.k, impl="torch")
+        return {"lp": lp, "ids": ids, "out": tree_gpu.GpuTree.empty(self.batch, self.k, self.device)}
 
     def call(self, inp: dict):
-        lp, ids, out, n, impl = inp["lp"], inp["ids"], inp["out"], self.budget, self.impl
+        lp, ids, out, n, impl = inp["lp"], inp["ids"], inp["out"], self.k, self.impl
         return lambda: tree_gpu.build_tree_gpu(lp, ids, n, out=out, impl=impl)
 
     def check(self, seed: int) -> float:
@@ -136,7 +133,7 @@ class TreeBuild:
         tokens, depths, parents = got.tokens.cpu(), got.depths.cpu(), got.parents.cpu()
         wrong = 0
         for i in range(self.batch):
-            heap = build_tree_cpu(lp[i], ids[i], self.budget)
+            heap = build_tree_cpu(lp[i], ids[i], self.k)
             n = heap.num_nodes
             wrong += (tokens[i, :n].tolist() != heap.tokens or depths[i, :n].tolist() != heap.depths
                       or parents[i, :n + 1].tolist() != heap.parents)
@@ -146,13 +143,10 @@ class TreeBuild:
         return 0.0
 
     def traffic(self) -> tuple[int, int]:
-        read = self.batch * self.depth * self.budget * (4 + 8)
-        tree = tree_gpu.GpuTree.empty(1, self.budget, "meta")
+        read = self.batch * self.depth * self.k * (4 + 8)
+        tree = tree_gpu.GpuTree.empty(1, self.k, "meta")
         written = self.batch * sum(getattr(tree, f.name).nbytes for f in dataclasses.fields(tree))
         return read + written, 0
-
-    def set_bytes(self) -> int:
-        return self.traffic()[0]
 
 
 @dataclass
