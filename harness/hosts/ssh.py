@@ -520,8 +520,12 @@ class SSHHost:
                          error=str(exc))
             return facts
         facts.update(reachable=True, host_key=self.host_key)
-        done = await self._run(conn, f"{shell_path(self.python)} -",
-                               input=Path(probe.__file__).read_bytes(), timeout=60)
+        try:
+            done = await self._run(conn, f"{shell_path(self.python)} -",
+                                   input=Path(probe.__file__).read_bytes(), timeout=60)
+        except HostUnavailable as exc:      # connected, then lost or no answer: one line too
+            facts["error"] = str(exc)
+            return facts
         if done.exit_status != 0:
             err = one_line((done.stderr or b"").decode(errors="replace"))
             facts["error"] = (f"host {self.name}: python {self.python!r} not found on the host"

@@ -165,3 +165,29 @@ def test_scenario_hosts_take_names_and_label_filters_and_a_gpu_busy_policy():
         parse_scenario("name: x\nmatrix: {seed: [1]}\nhosts: [{}]\n", "s.yaml")
     with pytest.raises(InputError, match=r"^s.yaml:3:11: gpu_busy must be wait or noisy"):
         parse_scenario("name: x\nmatrix: {seed: [1]}\ngpu_busy: maybe\n", "s.yaml")
+
+
+def test_a_connection_lost_during_the_check_probe_is_one_line_not_a_traceback(monkeypatch):
+    """`harness hosts check`: connected, then the probe's channel fails (a dropped link, a
+    loaded host past the probe's timeout): that host's line says so; nothing escapes."""
+    import asyncio
+
+    from harness.hosts import check as hostcheck
+    from harness.hosts.interface import HostUnavailable
+    from harness.hosts.ssh import SSHHost
+
+    host = SSHHost(name="h", ssh="u@h", user="u", address="h", port=None, python="python3",
+                   workdir="~/w", gpus=[0], labels={}, env={})
+
+    async def connected():
+        host.host_key = "known"
+        return object()
+
+    async def lost(*a, **k):
+        raise HostUnavailable("host h: timed out")
+
+    monkeypatch.setattr(host, "connect", connected)
+    monkeypatch.setattr(host, "_run", lost)
+    facts = asyncio.run(hostcheck.check_host(host))
+    assert facts["reachable"] and facts["error"] == "host h: timed out"
+    assert hostcheck.describe(facts) == (False, "h: [red][/]timed out")   # reachable, then lost

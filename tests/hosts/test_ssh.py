@@ -414,8 +414,9 @@ def test_remote_python_missing_is_one_clear_line(world, tmp_path):
     assert "Traceback" not in text
 
     check = harness("hosts", "check", "nopy", home=home, cwd=tmp_path)
-    assert check.returncode == 1
-    assert check.stdout.strip() == "nopy: python '/nonexistent/python3' not found on the host"
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert check.stdout.strip() == "nopy: python '/nonexistent/python3' not found on the host", \
+        check.stderr
 
     # Fixed: --resume runs what is missing, on the same run.
     run_id = next(line.split()[1].rstrip(":") for line in out.stdout.splitlines()
