@@ -164,7 +164,7 @@ def run_fast_loop_switched_on():
     ref = ar_reference(target, prompts, 40)
     oracle = OracleDrafter(drafter, ref, [14, 33], wrong_at={(6, 2), (13, 0)},
                            second_at={(0, 1), (6, 0), (19, 3)})
-    dec = FastSpecDecoder(target, oracle, batch=2, max_len=256, tree_budget=16, kernels=every,
+    dec = FastSpecDecoder(target, oracle, batch=2, max_len=128, tree_budget=8, kernels=every,
                           tree_build="gpu", accept="gpu")
     dec.prefill(prompts)
     for _ in range(6):

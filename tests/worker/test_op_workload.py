@@ -136,8 +136,9 @@ def _run_in_interpreter(cell: dict) -> dict:
                                   {"op": "fused_forward", "fused_ops": True}],
                          ids=["topk", "tree_build", "fused_forward"])
 def test_the_triton_kernels_pass_their_checks_under_the_interpreter(interp, over):
+    # Small: the interpreter runs every program instance in Python.
     cell = {**op_cell(op=over["op"]), **over, "repeats": 1, "warmup_steps": 0,
-            "context_length": 8}
+            "context_length": 8, "batch_size": 1, "block_size": 4, "tree_budget": 6}
     metrics = interp.apply(_run_in_interpreter, (cell,))
     assert metrics["check_error"] < 1e-4 and metrics["kernel_us"] > 0
 
