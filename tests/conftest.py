@@ -77,3 +77,30 @@ def interp():
     finally:
         pool.terminate()
         pool.join()
+
+
+@pytest.fixture(scope="session")
+def _migrated_store(tmp_path_factory):
+    """An empty MLflow sqlite store with its schema made, once per test process: creating one
+    runs every migration of MLflow's schema (seconds), and most tests only need a store."""
+    pytest.importorskip("mlflow", reason="MLflow is needed")
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def fresh_store(_migrated_store):
+    """fresh_store(folder, name="mlflow.db") -> the sqlite URI of a new, empty store there (a
+    copy of a migrated one). Tests of creating a store itself use a path that does not exist."""
+    import shutil
+
+    def make(folder, name: str = "mlflow.db") -> str:
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_migrated_store, path)
+        return f"sqlite:///{path}"
+
+    return make

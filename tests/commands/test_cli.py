@@ -67,9 +67,9 @@ def run_id_from(stdout: str) -> str:
     raise AssertionError(f"no run id in output:\n{stdout}")
 
 
-def test_run_journals_and_logs_every_cell(tmp_path):
+def test_run_journals_and_logs_every_cell(fresh_store, tmp_path):
     sc = write(tmp_path / "small.yaml", SMALL)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = fresh_store(tmp_path)
     out = harness("run", str(sc), "--tracking-uri", uri, cwd=tmp_path)
     assert out.returncode == 0, out.stderr + out.stdout
     assert "tok/s" in out.stdout and "n/a (no GPU)" in out.stdout
@@ -97,14 +97,14 @@ def test_run_journals_and_logs_every_cell(tmp_path):
         assert child.data.tags["trigger"] == "manual" and child.data.tags["host"] == "local"
 
 
-def test_failed_cell_does_not_stop_the_sweep_and_resume_finishes_it(tmp_path):
+def test_failed_cell_does_not_stop_the_sweep_and_resume_finishes_it(fresh_store, tmp_path):
     # One extra cell points at a checkpoint whose config is not a Qwen3 model: its worker
     # fails; the two good cells still run and everything is journaled and logged.
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "config.json").write_text("{}")
     sc = write(tmp_path / "mixed.yaml", SMALL.replace("name: small", "name: mixed")
                + "include:\n  - {context_length: 64, checkpoint: ckpt}\n")
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = fresh_store(tmp_path)
     out = harness("run", str(sc), "--tracking-uri", uri, cwd=tmp_path)
     assert out.returncode == 1, out.stderr + out.stdout
     run_id = run_id_from(out.stdout)
@@ -136,7 +136,7 @@ def test_failed_cell_does_not_stop_the_sweep_and_resume_finishes_it(tmp_path):
     assert sorted(c.data.tags["status"] for c in children).count("ok") == 3
 
 
-def test_unreachable_tracking_server_then_resume_logs_everything(tmp_path):
+def test_unreachable_tracking_server_then_resume_logs_everything(fresh_store, tmp_path):
     sc = write(tmp_path / "small.yaml", SMALL)
     dead = f"http://127.0.0.1:{free_port()}"
     out = harness("run", str(sc), "--tracking-uri", dead, cwd=tmp_path)
@@ -145,7 +145,7 @@ def test_unreachable_tracking_server_then_resume_logs_everything(tmp_path):
     run_id = run_id_from(out.stdout)
     assert len(list((tmp_path / "results" / "runs" / run_id / "cells").glob("*.json"))) == 2
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = fresh_store(tmp_path)
     again = harness("run", str(sc), "--tracking-uri", uri, "--resume", run_id, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert "0 of 2 cell(s) to run" in again.stdout
@@ -207,13 +207,13 @@ def test_shipped_scenarios_validate(tmp_path):
         assert out.returncode == 0, out.stderr
 
 
-def test_user_text_is_printed_as_plain_text_not_markup(tmp_path):
+def test_user_text_is_printed_as_plain_text_not_markup(fresh_store, tmp_path):
     # A scenario name that is valid rich markup's closing tag: it must come out as written,
     # in validate, in the run's lines and in the summary table -- never a MarkupError.
     write(tmp_path / "m.yaml", SMALL.replace("name: small", 'name: "bench[/red]mark"'))
     out = harness("validate", "m.yaml", cwd=tmp_path)
     assert out.returncode == 0 and "scenario bench[/red]mark" in out.stdout, out.stderr
-    out = harness("run", "m.yaml", "--tracking-uri", f"sqlite:///{tmp_path}/m.db", cwd=tmp_path)
+    out = harness("run", "m.yaml", "--tracking-uri", fresh_store(tmp_path, "m.db"), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr and "MarkupError" not in out.stderr
     assert "scenario bench[/red]mark" in out.stdout and "bench[/red]mark — run" in out.stdout

@@ -24,7 +24,7 @@ def sh(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=240)
 
 
-def test_export_run_a_batch_and_import_it(tmp_path):
+def test_export_run_a_batch_and_import_it(fresh_store, tmp_path):
     (tmp_path / "s.yaml").write_text(SCENARIO)
     export = sh("-m", "harness.cli", "run", "s.yaml", "--export-cells", "cells.jsonl", cwd=tmp_path)
     assert export.returncode == 0, export.stderr
@@ -47,7 +47,7 @@ def test_export_run_a_batch_and_import_it(tmp_path):
     foreign = json.loads(made[1].read_text())
     foreign["cell_id"] = made[2].stem
     made[1].write_text(json.dumps(foreign))
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = fresh_store(tmp_path)
     imported = sh("-m", "harness.cli", "import", str(host / "out"), "--tracking-uri", uri,
                   cwd=tmp_path)
     assert imported.returncode == 1, imported.stdout + imported.stderr   # two cells missing

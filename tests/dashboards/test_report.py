@@ -194,7 +194,7 @@ def test_report_is_attached_to_the_parent_mlflow_run(runs, tmp_path):
     from harness.sweep.tracking import TrackingUnavailable, log_report, log_run
 
     head, _ = runs
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = f"sqlite:///{tmp_path}/mlflow.db"      # no store yet: the report says so
     report = build_report(head)
     with pytest.raises(TrackingUnavailable, match="no MLflow store"):
         log_report(head, report.path.parent, uri)
@@ -205,7 +205,7 @@ def test_report_is_attached_to_the_parent_mlflow_run(runs, tmp_path):
 
 
 @pytest.mark.slow
-def test_harness_run_makes_the_report_at_the_end(tmp_path):
+def test_harness_run_makes_the_report_at_the_end(fresh_store, tmp_path):
     scenario = tmp_path / "one.yaml"
     scenario.write_text(textwrap.dedent("""\
         name: one
@@ -214,7 +214,7 @@ def test_harness_run_makes_the_report_at_the_end(tmp_path):
         matrix:
           context_length: [32]
         """))
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = fresh_store(tmp_path)
     out = run_cli("run", str(scenario), "--tracking-uri", uri, cwd=tmp_path)
     assert out.returncode == 0, out.stderr + out.stdout
     index = next((tmp_path / "results" / "runs").glob("*/report/index.html"))

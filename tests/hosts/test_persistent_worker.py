@@ -366,7 +366,7 @@ def test_the_local_host_serves_unless_the_hosts_file_says_not(tmp_path):
         load_hosts(missing)
 
 
-def test_fresh_workers_flag_makes_the_local_host_start_a_process_per_cell(tmp_path, monkeypatch):
+def test_fresh_workers_flag_makes_the_local_host_start_a_process_per_cell(fresh_store, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from harness import cli
@@ -383,7 +383,7 @@ def test_fresh_workers_flag_makes_the_local_host_start_a_process_per_cell(tmp_pa
     monkeypatch.setattr(runner, "run_cells", fake_run_cells)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sc.yaml").write_text("name: t\nmatrix:\n  workload: [noop]\n")
-    base = ["run", "sc.yaml", "--tracking-uri", f"sqlite:///{tmp_path}/m.db",
+    base = ["run", "sc.yaml", "--tracking-uri", fresh_store(tmp_path, "m.db"),
             "--results", str(tmp_path / "results")]
     for extra, expected in (([], [True]), (["--fresh-workers"], [False])):
         out = CliRunner().invoke(cli.app, base + extra)

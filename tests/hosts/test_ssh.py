@@ -147,7 +147,7 @@ def harness(*args, home: Path, cwd: Path, env: dict | None = None, timeout: int 
 
 # -- a sweep over two hosts ----------------------------------------------------------------------
 
-def test_quickstart_sweep_runs_the_shipped_bundle_on_two_ssh_hosts(world, tmp_path):
+def test_quickstart_sweep_runs_the_shipped_bundle_on_two_ssh_hosts(fresh_store, world, tmp_path):
     a, b = world.start_sshd(), world.start_sshd()
     home = world.home(known=[a, b])
     secret = "s3cr3t-$(touch /tmp/never) ; 'q\"-" + os.urandom(6).hex()
@@ -169,7 +169,7 @@ def test_quickstart_sweep_runs_the_shipped_bundle_on_two_ssh_hosts(world, tmp_pa
     env = dict(os.environ, HOME=str(home), COLUMNS="200", SPECDEC_TEST_SECRET=secret)
     env.pop("MLFLOW_TRACKING_URI", None)
     proc = subprocess.Popen([*HARNESS, "run", "sweep.yaml", "--tracking-uri",
-                             f"sqlite:///{tmp_path}/mlflow.db"], cwd=tmp_path, env=env,
+                             fresh_store(tmp_path)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # While it runs: the secret reaches the workers' environment, and no command line.
     environs, cmdlines = [], []
@@ -334,7 +334,7 @@ def test_timeout_kills_the_remote_process_group(world, tmp_path, public, monkeyp
         ours("")
 
 
-def test_ctrl_c_on_the_controller_kills_the_remote_cell(world, tmp_path, public):
+def test_ctrl_c_on_the_controller_kills_the_remote_cell(fresh_store, world, tmp_path, public):
     server = world.start_sshd()
     home = world.home(known=[server])
     python = shim(public, 'case "$*" in *harness.remote*) sleep 299.5 & ;; esac')
@@ -344,7 +344,7 @@ def test_ctrl_c_on_the_controller_kills_the_remote_cell(world, tmp_path, public)
     env = dict(os.environ, HOME=str(home))
     env.pop("MLFLOW_TRACKING_URI", None)
     proc = subprocess.Popen([*HARNESS, "run", "long.yaml", "--tracking-uri",
-                             f"sqlite:///{tmp_path}/mlflow.db"], cwd=tmp_path, env=env,
+                             fresh_store(tmp_path)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert wait_until(lambda: ours("harness.worker")
                       and ours("sleep 299.5"), 60)
@@ -399,13 +399,13 @@ def test_cancel_before_the_launcher_reported_its_group_leaves_nothing(world, tmp
     assert cancelled and gone, leftovers
 
 
-def test_remote_python_missing_is_one_clear_line(world, tmp_path):
+def test_remote_python_missing_is_one_clear_line(fresh_store, world, tmp_path):
     server = world.start_sshd()
     home = world.home(known=[server])
     (tmp_path / "hosts.yaml").write_text("hosts:\n" + user_host("nopy", server, python="/nonexistent/python3"))
     (tmp_path / "one.yaml").write_text("name: one\nmatrix:\n  workload: [noop]\nhosts: [nopy]\n")
-    out = harness("run", "one.yaml", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
-                  home=home, cwd=tmp_path)
+    uri = fresh_store(tmp_path)
+    out = harness("run", "one.yaml", "--tracking-uri", uri, home=home, cwd=tmp_path)
     assert out.returncode == 1, out.stdout + out.stderr
     text = out.stdout + out.stderr
     want = "python '/nonexistent/python3' not found on the host (set `python:` for this host in hosts.yaml)"
@@ -422,8 +422,8 @@ def test_remote_python_missing_is_one_clear_line(world, tmp_path):
     run_id = next(line.split()[1].rstrip(":") for line in out.stdout.splitlines()
                   if line.startswith("Run "))
     (tmp_path / "hosts.yaml").write_text("hosts:\n" + user_host("nopy", server))
-    again = harness("run", "one.yaml", "--resume", run_id, "--tracking-uri",
-                    f"sqlite:///{tmp_path}/mlflow.db", home=home, cwd=tmp_path)
+    again = harness("run", "one.yaml", "--resume", run_id, "--tracking-uri", uri,
+                    home=home, cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     [cell] = (tmp_path / "results" / "runs" / run_id / "cells").glob("*.json")
     assert json.loads(cell.read_text())["status"] == "ok"

@@ -82,9 +82,9 @@ def mlflow_runs(uri: str, experiment: str):
 
 
 @pytest.fixture
-def finished_run(tmp_path):
+def finished_run(fresh_store, tmp_path):
     """A real 5-cell run, journaled and logged to a sqlite store: (run dir, run id, uri)."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = fresh_store(tmp_path)
     out = harness("run", str(nap(tmp_path, 5)), "--tracking-uri", uri, cwd=tmp_path)
     assert out.returncode == 0, out.stderr + out.stdout
     run_id = run_id_from(out.stdout)
@@ -305,7 +305,7 @@ journal.atomic_write_json = refusing
 @pytest.mark.parametrize("code", ["ENOSPC"])   # EROFS and EDQUOT: the unit above
 def test_cli_refused_result_is_one_line_exit_1_and_resume_finishes(tmp_path, code):
     sc = nap(tmp_path, 6)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = f"sqlite:///{tmp_path}/mlflow.db"      # not made before the run has logged
     out = harness("run", str(sc), "--tracking-uri", uri, cwd=tmp_path,
                   prelude=REFUSE_THIRD_CELL.format(code=code))
     assert out.returncode == 1, out.stderr + out.stdout
@@ -358,9 +358,9 @@ def fill(disk: Path) -> Path:
     return filler
 
 
-def test_disk_full_mid_run_stops_cleanly_and_resume_finishes(tmp_path, small_disk):
+def test_disk_full_mid_run_stops_cleanly_and_resume_finishes(fresh_store, tmp_path, small_disk):
     sc = nap(tmp_path, 6, sleep=0.5)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"          # not on the small disk
+    uri = fresh_store(tmp_path)          # not on the small disk
     results = small_disk / "results"
     cells_dir = None
     env = dict(os.environ, COLUMNS="160")
