@@ -24,8 +24,9 @@ import threading
 import time
 from pathlib import Path
 
-import asyncssh
 import pytest
+
+asyncssh = pytest.importorskip("asyncssh", reason="asyncssh (a controller dependency) is not installed")
 from rich.console import Console
 
 import sshd_server
