@@ -186,3 +186,11 @@ def test_bad_op_cells_are_input_errors(defaults, matrix, message):
     with pytest.raises(InputError, match=message) as err:
         parse_scenario(text, "o.yaml")
     assert str(err.value).startswith("o.yaml:")
+
+
+def test_the_op_spec_restates_the_decode_knobs_as_they_are():
+    """protocol/workloads/op.py may not import decode's spec, so it restates the kernel knobs
+    and their defaults: they must stay the ones every cell has."""
+    from harness.protocol.workloads import op as op_spec
+    assert op_spec.KNOB_DEFAULTS == params.IMPL_DEFAULTS
+    assert set(op_spec.KNOBS.values()) == set(params.IMPL_DEFAULTS) == set(op_spec.ON_CPU)

@@ -38,12 +38,13 @@ from dataclasses import dataclass
 import torch
 
 from harness.decode import attention, tree_gpu
+from harness.decode.drafter import DrafterConfig
 from harness.decode.kernel_choice import Kernels
 from harness.decode.model import Target, TargetConfig, init_random_
 from harness.decode.tree import build_tree_cpu
 from harness.kernels.verify import verify_reference as ref
 from harness.protocol import presets
-from harness.protocol.workloads.op import KNOBS
+from harness.protocol.workloads.op import KNOBS, ON_CPU
 from harness.worker.kerneltime import MIN_LAUNCHES, ceilings, roofline_metrics, set_count, time_calls
 from harness.worker.workloads.decode import build_models, resolve_device, resolve_dtype
 
@@ -57,9 +58,7 @@ FORWARD_LAUNCHES = 2           # a forward is milliseconds: two per replay amort
 def _logits(b: int, depth: int, vocab: int, gen: torch.Generator, device) -> torch.Tensor:
     """Random drafter logits, float32 [b, depth, vocab], standardised and scaled as the random
     drafter's (harness/decode/drafter.py): tie-free, with a realistic top-k spread."""
-    from harness.decode.drafter import DrafterConfig
-    scale = DrafterConfig.__dataclass_fields__["logit_scale"].default
-    return torch.randn(b, depth, vocab, generator=gen, device=device) * scale
+    return torch.randn(b, depth, vocab, generator=gen, device=device) * DrafterConfig.logit_scale
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,7 +257,7 @@ def _needs_cuda(cell: dict, device: torch.device) -> None:
     """Triton and CUDA C++ kernels run on a CUDA device (Triton also under TRITON_INTERPRET=1,
     as the tests run them); the loop would quietly fall back to torch anywhere else."""
     knob = KNOBS[cell["op"]]
-    if device.type == "cuda" or cell[knob] in ("torch", False):
+    if device.type == "cuda" or cell[knob] == ON_CPU[knob]:
         return
     from harness.kernels.tree import triton_topk
     if not (triton_topk._interpreting() and cell[knob] != "cuda"):
