@@ -8,8 +8,9 @@ for token under greedy acceptance), rearranged so the host never has to wait for
   * accept=gpu finds the accepted path with tensor ops: node i is accepted iff every node on
     its root path matches the target's argmax at that node's parent (siblings carry distinct
     tokens, so the accepted nodes form one path); KV compaction and bookkeeping stay on device;
-  * the host learns what was committed one step behind, from pinned buffers guarded by events
-    (two of each, alternating), so reading it never stalls the GPU;
+  * the host learns what was committed IN_FLIGHT (2) steps behind, from a ring of pinned
+    buffers guarded by events, so reading it never stalls the GPU, which has the next two steps
+    queued while the host reads;
   * graph_capture=verify replays the target's verify forward as one CUDA graph; full replays
     the whole step (draft, tree build, verify, accept, commit) as one graph (needs gpu/gpu);
   * `reset(seed)` makes a used decoder equal to a new one without reallocating a buffer or
@@ -32,21 +33,31 @@ from harness.decode.loop import (PhaseFn, SyntheticAcceptance, host_tree_tensors
 from harness.decode.model import Target
 
 
-class _OneStepBehind:
-    """What the host learns from the device, one step late and without stalling it: each step
-    copies its record [accepted length, committed tokens...] to one of two pinned host buffers
-    and records an event; the host reads the previous step's buffer after its event, which in
-    steady state completed while the current step was already queued."""
+# Steps the GPU may have queued beyond the one whose record the host reads: with two, the host
+# reads step k-2's record after queueing step k, so the GPU has step k-1 and step k ahead of it
+# while the host reads, and a late host (a page fault, a context switch) costs no idle.
+IN_FLIGHT = 2
 
-    def _init_behind(self, batch: int, width: int, device: torch.device, phase: PhaseFn) -> None:
+
+class _StepsBehind:
+    """What the host learns from the device, IN_FLIGHT steps late and without stalling it: each
+    step copies its record [accepted length, committed tokens...] to one of IN_FLIGHT + 1
+    pinned host buffers (a ring) and records an event; the host reads the oldest unread record
+    after its event, which in steady state completed while later steps were already queued."""
+
+    def _init_behind(self, batch: int, width: int, device: torch.device, phase: PhaseFn,
+                     in_flight: int) -> None:
+        if in_flight < 1:
+            raise ValueError(f"in_flight must be >= 1 (got {in_flight})")
         self.cuda = device.type == "cuda"
         self.phase = phase
+        self.in_flight = in_flight
         self.record = torch.zeros(batch, width, dtype=torch.long, device=device)
         self.host_record = [torch.zeros(batch, width, dtype=torch.long, pin_memory=self.cuda)
-                            for _ in range(2)]
-        self.events = [torch.cuda.Event() if self.cuda else None for _ in range(2)]
-        self.pending: list[int] = []                 # parities of records not read yet
-        self.parity = 0
+                            for _ in range(in_flight + 1)]
+        self.events = [torch.cuda.Event() if self.cuda else None for _ in self.host_record]
+        self.pending: list[int] = []                 # ring slots of records not read yet
+        self.slot = 0
         self.output: list[list[int]] = [[] for _ in range(batch)]
         self.lengths_host = [0] * batch              # as of the last record read
         self.graphs: dict = {}
@@ -62,7 +73,7 @@ class _OneStepBehind:
         for host in self.host_record:
             host.zero_()
         self.pending.clear()
-        self.parity = 0
+        self.slot = 0
         self.output = [[] for _ in range(self.b)]
         self.lengths_host = [0] * self.b
         self.steps_launched = 0
@@ -70,12 +81,12 @@ class _OneStepBehind:
             self.phase = phase
 
     def finish(self) -> list[int]:
-        """Read the record still outstanding (call at the end of a window, before timing)."""
+        """Read the records still outstanding (call at the end of a window, before timing)."""
         return self._read_behind(drain=True)
 
     def _publish(self) -> None:
         """Queue a copy of this step's record to pinned host memory, marked by an event."""
-        p = self.parity
+        p = self.slot
         if self.cuda:
             with self.phase("record"):
                 self.host_record[p].copy_(self.record, non_blocking=True)
@@ -83,13 +94,15 @@ class _OneStepBehind:
         else:
             self.host_record[p].copy_(self.record)
         self.pending.append(p)
-        self.parity ^= 1
+        self.slot = (p + 1) % len(self.host_record)
 
     def _read_behind(self, drain: bool = False) -> list[int]:
-        """Read the previous step's record. Its event completed long ago in steady state (the
-        GPU is already on the next step), so the wait costs nothing."""
+        """Read the records older than the last `in_flight` steps. Their events completed long
+        ago in steady state (the GPU is already on a later step), so the wait costs nothing.
+        A slot is written again only after it was read: the ring has one slot more than
+        there are unread records when a step publishes."""
         committed = [0] * self.b
-        while len(self.pending) > (0 if drain else 1):
+        while len(self.pending) > (0 if drain else self.in_flight):
             p = self.pending.pop(0)
             if self.cuda:
                 self.events[p].synchronize()
@@ -138,7 +151,7 @@ class _OneStepBehind:
         return graph
 
 
-class FastSpecDecoder(_OneStepBehind):
+class FastSpecDecoder(_StepsBehind):
     """`kernels` picks every kernel a step runs (kernel_choice.py); the decoder passes it to
     each forward (on the mask), top-k and tree build, so it is fixed for the decoder's life,
     captured graphs included."""
@@ -147,7 +160,7 @@ class FastSpecDecoder(_OneStepBehind):
                  tree_budget: int, kernels: Kernels = Kernels(), tree_build: str = "gpu",
                  accept: str = "gpu", graph_capture: str = "none", acceptance: str = "greedy",
                  tau: float = 6.5, seed: int = 0, max_steps: int = 4096,
-                 phase: PhaseFn = no_phase):
+                 phase: PhaseFn = no_phase, in_flight: int = IN_FLIGHT):
         if graph_capture == "full" and (tree_build, accept) != ("gpu", "gpu"):
             raise ValueError("graph_capture 'full' needs tree_build gpu and accept gpu")
         self.target, self.drafter = target, drafter
@@ -183,7 +196,7 @@ class FastSpecDecoder(_OneStepBehind):
             self.draws = torch.tensor(self.draws_host, device=dev)
         self.steps_launched = 0
 
-        self._init_behind(batch, 1 + self.B, dev, phase)
+        self._init_behind(batch, 1 + self.B, dev, phase, in_flight)
 
     def _draw(self) -> list[list[int]]:
         """The next synthetic accepted lengths [max_steps][batch], in the baseline loop's
@@ -253,7 +266,7 @@ class FastSpecDecoder(_OneStepBehind):
     @torch.no_grad()
     def step(self) -> list[int]:
         """One speculative step. Returns the tokens committed per sequence by the step whose
-        record has been read (one step behind; the first call returns zeros)."""
+        record has been read (IN_FLIGHT steps behind; the first calls return zeros)."""
         if self.graph_capture == "full":
             self._graph_step("full", self._device_step)
         else:
@@ -412,13 +425,14 @@ class FastSpecDecoder(_OneStepBehind):
         self.step_index.add_(1)
 
 
-class FastARDecoder(_OneStepBehind):
+class FastARDecoder(_StepsBehind):
     """Plain greedy decoding of the target, one token a step, graph-captured when asked: the
     reference speculative speedups are quoted against (`speedup_vs_ar`). `kernels`: its
     attention (`verify`) and the fused forward; top-k and tree build do not arise."""
 
     def __init__(self, target: Target, *, batch: int, max_len: int, kernels: Kernels = Kernels(),
-                 graph_capture: str = "full", phase: PhaseFn = no_phase):
+                 graph_capture: str = "full", phase: PhaseFn = no_phase,
+                 in_flight: int = IN_FLIGHT):
         self.target = target
         self.device = dev = target.lm_head.weight.device
         self.b, self.max_len, self.kernels = batch, max_len, kernels
@@ -428,7 +442,7 @@ class FastARDecoder(_OneStepBehind):
         self.bonus = torch.zeros(batch, dtype=torch.long, device=dev)
         self.one = torch.ones(batch, 1, 1, dtype=torch.bool, device=dev)
         self.steps_launched = 0
-        self._init_behind(batch, 2, dev, phase)
+        self._init_behind(batch, 2, dev, phase, in_flight)
 
     @torch.no_grad()
     def reset(self, seed: int = 0, phase: PhaseFn | None = None) -> None:

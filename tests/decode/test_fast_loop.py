@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 import torch
 
-from harness.decode.fast import FastARDecoder, FastSpecDecoder
+from harness.decode.fast import IN_FLIGHT, FastARDecoder, FastSpecDecoder
 from harness.decode.loop import SpecDecoder
 from test_decode import OracleDrafter, ar_reference, make_models, prompts_for
 
@@ -64,8 +64,11 @@ def test_synthetic_acceptance_matches_the_baseline_draws(tree_build, accept):
     fast = FastSpecDecoder(target, drafter, batch=1, max_len=1024, tree_build=tree_build,
                            accept=accept, **kw)
     fast.prefill_random([200], seed=0)
-    got = [fast.step()[0] for _ in range(12)][1:] + fast.finish()
-    assert got == lens and fast.lengths_host[0] == 200 + sum(lens)
+    got = [fast.step()[0] for _ in range(12)]
+    # Each step's record is read IN_FLIGHT steps later; finish reads the last ones at once.
+    assert got[:IN_FLIGHT] == [0] * IN_FLIGHT and got[IN_FLIGHT:] == lens[:-IN_FLIGHT]
+    assert fast.finish() == [sum(lens[-IN_FLIGHT:])]
+    assert fast.lengths_host[0] == 200 + sum(lens)
 
 
 def test_fast_ar_matches_plain_greedy():
@@ -85,3 +88,23 @@ def test_full_graph_needs_gpu_tree_and_accept():
     with pytest.raises(ValueError, match="needs tree_build gpu"):
         FastSpecDecoder(target, drafter, batch=1, max_len=64, tree_budget=8,
                         tree_build="cpu", accept="gpu", graph_capture="full")
+
+
+@pytest.mark.parametrize("in_flight", [1, 2, 3])
+def test_reads_any_steps_behind_give_the_same_tokens(in_flight):
+    """How many steps the host lets the GPU run ahead changes when it learns the tokens, never
+    which tokens: every depth of the ring decodes what plain greedy decoding does."""
+    target, drafter = make_models(15, block=6, dtype=torch.float32)
+    prompts = prompts_for(15, [11, 26])
+    ref = ar_reference(target, prompts, 30)
+    dec = FastSpecDecoder(target, drafter, batch=2, max_len=256, tree_budget=8,
+                          tree_build="gpu", accept="gpu", in_flight=in_flight)
+    assert dec.in_flight == in_flight and len(dec.host_record) == in_flight + 1
+    dec.prefill(prompts)
+    reported = [0, 0]
+    for _ in range(12):
+        reported = [a + b for a, b in zip(reported, dec.step())]
+    reported = [a + b for a, b in zip(reported, dec.finish())]
+    assert reported == [len(o) for o in dec.output] and min(reported) >= 12
+    for out, want in zip(dec.output, ref):
+        assert out == want[:len(out)]
