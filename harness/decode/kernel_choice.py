@@ -23,8 +23,8 @@ class Kernels:
                   device the tree is built with torch, the only implementation there
       fused_ops   the target and drafter forward on the fused Triton kernels (triton_fused.py)
 
-    The defaults are what has been timed on an H200; the other choices are checked on CPU
-    (Triton interpreter, emulator, sm_90/sm_120 compiles) and not yet timed.
+    The defaults are the plain torch code (what a library caller gets); a cell's knobs default
+    to `auto`, the kernels measured fastest on its device (`from_cell`).
 
     It is a value, not module switches, because one worker process runs many cells one after
     another (a persistent worker, a test session): a switch one cell sets stays set for the
@@ -48,12 +48,16 @@ class Kernels:
 
     @classmethod
     def from_cell(cls, cell: dict, device: torch.device | str) -> "Kernels":
-        """The kernels a decode cell's knobs pick (verify_mode and harness/protocol/params.py's
-        IMPL_DEFAULTS). The implementation knobs name CUDA (Triton or CUDA C++) kernels, so a
-        cell that sets one away from its default must run on a CUDA device."""
+        """The kernels a decode cell's knobs pick on `device` (verify_mode, and each
+        implementation knob, `auto` resolved for the device: params.resolve_kernels). The
+        Triton and CUDA C++ kernels run on a CUDA device only: naming one elsewhere is an
+        error, never a quiet fallback to torch."""
         device = torch.device(device)
-        picked = {k: cell[k] for k, v in params.IMPL_DEFAULTS.items() if cell[k] != v}
-        if picked and device.type != "cuda":
-            raise ValueError(f"{picked} pick CUDA kernels; this cell runs on {device}")
-        return cls(verify=cell["verify_mode"], topk=cell["topk_impl"],
-                   tree_build=cell["tree_build_impl"], fused_ops=cell["fused_ops"])
+        cuda = device.type == "cuda"
+        k = params.resolve_kernels(cell, cuda)
+        if not cuda:
+            named = {n: v for n, v in k.items() if v != params.AUTO_KERNELS["cpu"][n]}
+            if named:
+                raise ValueError(f"{named} pick CUDA kernels; this cell runs on {device}")
+        return cls(verify=cell["verify_mode"], topk=k["topk_impl"],
+                   tree_build=k["tree_build_impl"], fused_ops=k["fused_ops"])

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Iterator
 
 from harness.protocol.errors import InputError
+from harness.protocol.params import kernels_ran
 from harness.sweep.journal import (
     JournalError,
     RunJournal,
@@ -79,6 +80,7 @@ class Side:
     git_sha: str | None = None
     error: str | None = None     # set when there is no ok measurement
     n_runs: int = 0              # worker runs pooled into these samples
+    kernels: dict | None = None  # what the measurements ran, by knob (params.kernels_ran)
 
 
 def _is_number(v) -> bool:
@@ -121,13 +123,49 @@ def side_from_results(cell_id: str, label: str, results: list[dict], source: str
     classes = sorted({result_gpu_class(r) for r in ok})
     side = Side(cell_id, label, classes[0] if len(classes) == 1 else None,
                 samples_of(ok, unit), source, git_sha, n_runs=len(ok))
+    ran = [kernels_ran(r) for r in ok]
+    side.kernels = ran[0] if ran and all(k == ran[0] for k in ran) else None
     if len(classes) > 1:  # pooled over two GPU classes: a measurement of neither
         side.error = f"measured on more than one GPU class ({', '.join(classes)})"
+    elif any(k != ran[0] for k in ran):   # likewise over two sets of kernels
+        side.error = "measured with different kernels: " + "; ".join(
+            sorted({kernels_text(k) for k in ran}))
     elif not ok:
         errors = [(r.get("error") or "no result").strip().splitlines() for r in results]
         first = next((e[0] for e in errors if e), "not measured")
         side.error = first[:300] if results else "not measured"
     return side
+
+
+def _knob_value(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def kernels_text(kernels: dict | None) -> str:
+    """e.g. `fused_ops true, topk_impl triton` (`unknown` when they cannot be told)."""
+    if kernels is None:
+        return "unknown"
+    return ", ".join(f"{k} {_knob_value(v)}" for k, v in sorted(kernels.items())) or "none"
+
+
+def other_kernels(head: Side, base: Side) -> str | None:
+    """Why a baseline is not this cell's configuration although its id is the same: it ran
+    other kernels (a cell that leaves a knob `auto` runs what is fastest at the time, and an
+    older baseline ran what was the default then). None when they ran the same, or when
+    either side cannot tell."""
+    if head.kernels is None or base.kernels is None:
+        return None
+    differ = sorted(k for k in set(head.kernels) | set(base.kernels)
+                    if head.kernels.get(k) != base.kernels.get(k))
+    if not differ:
+        return None
+
+    def ran(kernels: dict) -> str:
+        return ", ".join(f"{k} {_knob_value(kernels[k])}" if k in kernels else f"{k} not run"
+                         for k in differ)
+
+    return (f"baseline ran other kernels ({ran(base.kernels)}; this run: {ran(head.kernels)}): "
+            f"a different configuration, not compared; mark a baseline made with these kernels")
 
 
 def check_same_class(head: Side, base: Side) -> None:
@@ -191,7 +229,7 @@ def write_file(root: str | Path, journal: RunJournal, replace: bool = False) -> 
             "label": r.get("label"), "cell": r.get("cell"), "run_id": journal.run_id,
             "git_sha": journal.meta.get("git_sha"), "started_at": r.get("started_at"),
             "gpu": (r.get("env") or {}).get("gpu"), "host": r.get("host"),
-            "metrics": metrics, "samples": samples}
+            "kernels": kernels_ran(r), "metrics": metrics, "samples": samples}
     written = []
     for cls, cells in sorted(by_class.items()):
         path = baseline_path(root, journal.scenario_name, cls)

@@ -6,7 +6,7 @@ spent its share of alpha there). A cell's verdict is its worst gated metric's; m
 `gate: false` are shown beside them and never decide. The gate's exit code (docs/ARCHITECTURE.md):
 
     2  something is wrong or missing: a head or baseline cell failed, a cell has no baseline
-       (unless allow_missing), the head lost a metric the baseline has, or no gated metric was
+       or only one that ran other kernels (unless allow_missing), the head lost a metric the baseline has, or no gated metric was
        compared at all. A gate never passes on nothing.
     1  a regression
     3  undecided: a gated metric is still inconclusive (the budget or the rounds ran out first);
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.gate.baselines import Side, check_same_class
+from harness.gate.baselines import Side, check_same_class, other_kernels
 from harness.gate.noise import Noise
 from harness.gate.policy import Policy
 from harness.gate.sequential import Design, look
@@ -151,6 +151,9 @@ def judge_cell(head: Side | None, base: Side | None, policies: dict[str, Policy]
         cv.status, cv.message = MISSING, f"baseline: {base.error}"
         return cv
     check_same_class(head, base)
+    if (why := other_kernels(head, base)) is not None:
+        cv.status, cv.message = MISSING, why
+        return cv
     decided = decided or {}
     for name, policy in policies.items():
         h, b = head.samples.get(name), base.samples.get(name)

@@ -19,9 +19,12 @@ from harness.protocol.workloads import (SEED_MAX, SPECS, Param, choice, flag, no
                                        positive_int)
 # Re-exported for the code that reads them from here (harness.decode.kernel_choice, the tests).
 from harness.protocol.workloads.calibrate import REPLAYS  # noqa: F401
-from harness.protocol.workloads.decode import (ACCEPTANCES, ACCEPTS, GRAPH_CAPTURES,  # noqa: F401
-                                               PRESETS, SPECULATIONS, TOPK_IMPLS,
-                                               TREE_BUILD_IMPLS, TREE_BUILDS, VERIFY_MODES)
+from harness.protocol.workloads.decode import (ACCEPTANCES, ACCEPTS, AUTO,  # noqa: F401
+                                               AUTO_KERNELS, BEFORE_AUTO, GRAPH_CAPTURES, PRESETS,
+                                               SPECULATIONS, TOPK_IMPLS, TREE_BUILD_IMPLS,
+                                               TREE_BUILDS, VERIFY_MODES, kernel_knobs,
+                                               resolve_kernels)
+from harness.protocol.workloads.op import KNOBS as OP_KNOBS
 from harness.protocol.workloads.kernel import ATTENTIONS, LAYOUTS  # noqa: F401
 
 # The workloads, each declared by its module in harness/protocol/workloads/ (parameters, checks,
@@ -61,9 +64,10 @@ _EVERY_CELL: tuple[Param, ...] = (
     + tuple(p for s in SPECS.values() for p in s.impl_params))
 DEFAULTS: dict[str, object] = {p.name: p.default for p in _EVERY_CELL}
 
-# Implementation knobs: which kernels a step runs, not what it computes. Each joins a cell's id
-# only when set away from its default, so cells (and their baselines) from before a knob existed
-# keep their ids, and a cell that switches a kernel on is a different cell.
+# Implementation knobs: which kernels a step runs, not what it computes (default `auto`: the
+# worker picks and records what ran, harness/protocol/workloads/decode.py). Each joins a cell's
+# id only when set, so cells (and their baselines) from before a knob existed keep their ids,
+# and a cell that names a kernel is a different cell.
 IMPL_DEFAULTS: dict[str, object] = {p.name: p.default for s in SPECS.values() for p in s.impl_params}
 
 # Parameters that only one workload has, with their defaults. They join a cell's canonical form
@@ -113,6 +117,34 @@ def cell_id(cell: dict) -> str:
              and not (k in IMPL_DEFAULTS and v == IMPL_DEFAULTS[k])}
     blob = json.dumps(ident, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def cell_kernels(cell: dict) -> tuple[str, ...]:
+    """The implementation knobs whose kernel `cell` runs: an op cell's own one, a decode cell's
+    by mode (decode.kernel_knobs), none for the other workloads."""
+    c = canonical(cell)
+    if c["workload"] == "op":
+        return (OP_KNOBS[c["op"]],)
+    return kernel_knobs(c) if c["workload"] == "decode" else ()
+
+
+def kernels_ran(result: dict) -> dict | None:
+    """The kernels a result's cell ran, by knob ({} for a workload without any; None when it
+    cannot be told): as the worker recorded them (`kernels`), else, for a result from before
+    workers recorded them, its cell's knobs, and BEFORE_AUTO for a knob its cell predates."""
+    recorded = result.get("kernels")
+    if isinstance(recorded, dict):
+        return dict(recorded)
+    cell = result.get("cell")
+    if not isinstance(cell, dict) or not cell:
+        return None
+    ran = {k: cell.get(k, BEFORE_AUTO[k]) for k in cell_kernels(cell)}
+    if any(v == AUTO for v in ran.values()):
+        return None
+    gpu = (result.get("env") or {}).get("gpu") or result.get("gpu")  # a result, a baseline entry
+    if not gpu and "tree_build_impl" in ran:
+        ran["tree_build_impl"] = "torch"      # off CUDA the torch build was the only one
+    return ran
 
 
 def cell_label(cell: dict) -> str:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError, create_model
 
 from harness.protocol import params, workloads
 from harness.protocol.errors import InputError
@@ -61,11 +61,21 @@ SEED_MAX = workloads.SEED_MAX
 NAME_MAX_CHARS = 200      # an MLflow experiment name, shown in tables and titles
 
 
+def _number_is_not_a_bool(value: Any) -> Any:
+    """A Literal of True and False also matches 1 and 0: refuse them, as StrictBool does (the
+    string is what the error then shows)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
 def _param_type(name: str) -> Any:
     """The pydantic type of a cell parameter, from its declaration (harness.protocol.params
     for the general ones, harness/protocol/workloads/ for each workload's)."""
     p = params.PARAMS[name]
     if p.choices:
+        if any(isinstance(c, bool) for c in p.choices):   # e.g. fused_ops: auto | true | false
+            return Annotated[Literal[p.choices], BeforeValidator(_number_is_not_a_bool)]
         return Literal[p.choices]
     if p.type is bool:
         return StrictBool
@@ -188,6 +198,11 @@ def _allowed_keys(parent: DataPath) -> list[str]:
     return list(params.ALL_PARAMS)
 
 
+def _yaml_word(value: Any) -> str:
+    """A choice as a scenario writes it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _did_you_mean(word: Any, candidates) -> str:
     close = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1)
     return f"did you mean '{close[0]}'?" if close else ""
@@ -214,7 +229,8 @@ def _pydantic_error(err: dict, source: Source) -> InputError:
                                  "breaks, escapes)")
     if kind == "literal_error" and described.choices:
         hint = _did_you_mean(err["input"], described.choices)
-        allowed = "allowed: " + ", ".join(described.choices) + (f"; {hint}" if hint else "")
+        allowed = "allowed: " + ", ".join(_yaml_word(c) for c in described.choices) + (
+            f"; {hint}" if hint else "")
         return source.error(loc, f"unknown {described.label} {show(err['input'])} ({allowed})")
     if described.what:
         return source.error(loc, f"{described.label} must be {described.what}, "

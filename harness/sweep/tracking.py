@@ -482,6 +482,9 @@ class _Uploader:
         rid = run.info.run_id
 
         params = [Param(k, _param_value(v)) for k, v in (result.get("cell") or {}).items()]
+        # The kernels an `auto` knob ran, beside the knob: a column to filter runs by.
+        params += [Param(f"ran.{k}", _param_value(v))
+                   for k, v in (result.get("kernels") or {}).items()]
         metrics: list = []
         if ok:  # a failed cell has no measurements, whatever partial numbers it carries
             metrics = [Metric(k, v, start, 0) for k, v in _finite_metrics(result.get("metrics"))]

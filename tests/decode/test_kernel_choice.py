@@ -27,7 +27,8 @@ from test_decode import make_models, prompts_for
 
 def test_defaults_are_the_cell_defaults():
     assert Kernels() == Kernels(verify="sdpa", topk="torch", tree_build="triton", fused_ops=False)
-    assert Kernels.from_cell(params.canonical({}), "cpu") == Kernels()
+    # A cell's knobs default to auto: on a CPU the torch code, the tree build's included.
+    assert Kernels.from_cell(params.canonical({}), "cpu") == Kernels(tree_build="torch")
 
 
 @pytest.mark.parametrize("field,value", [("verify", "fast"), ("verify", "SDPA"), ("topk", "cuda"),
@@ -173,6 +174,6 @@ def test_the_workload_builds_its_decoder_with_the_cells_kernels():
                                      tree_budget=4, block_size=4))
         decode.run(cell, lambda **_: None)
         (dec,) = decode._DECODERS.values()
-        assert dec.kernels == Kernels.from_cell(cell, "cpu") == Kernels()
+        assert dec.kernels == Kernels.from_cell(cell, "cpu") == Kernels(tree_build="torch")
     finally:
         decode.release()

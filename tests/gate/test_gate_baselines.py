@@ -29,13 +29,17 @@ TEXT = textwrap.dedent(f"""\
 
 
 def journal(root: Path, run_id: str, tps: float, gpu: str | None = "NVIDIA H200",
-            failed: set[int] = frozenset(), sha: str = "abc1234") -> RunJournal:
+            failed: set[int] = frozenset(), sha: str = "abc1234", kernels: dict | None = None,
+            ran_before_auto: dict | None = None) -> RunJournal:
+    """A run of TEXT's two cells. `kernels`: what each result records it ran; `ran_before_auto`:
+    a result from before knobs had `auto`, whose cell holds the kernels it ran (its id did not)."""
     sc = parse_scenario(TEXT, "s.yaml")
     j = RunJournal.create(root / "runs", run_id, NAME, "s.yaml", TEXT, sc.cells(),
                           {"git_sha": sha, "trigger": "nightly"})
     for k, cell in enumerate(sc.cells()):
         ok = k not in failed
-        j.write_cell({"cell": cell, "cell_id": cell_id(cell), "label": cell_label(cell),
+        j.write_cell({"cell": {**cell, **(ran_before_auto or {})}, "cell_id": cell_id(cell),
+                      "label": cell_label(cell), **({"kernels": kernels} if kernels else {}),
                       "status": "ok" if ok else "failed", "error": None if ok else "boom",
                       "metrics": {"tokens_per_s": tps, "accept_len_mean": 6.5, "idle_fraction": None}
                       if ok else {},
@@ -131,6 +135,38 @@ def test_gate_against_file_and_run_baselines(tmp_path):
     broken = journal(results, "20260102-000000-000008", 100.0, failed={0, 1})
     code, out = harness("gate", scenario, "--baseline", "file", "--run", broken.run_id, "--results", results)
     assert code == 2 and "boom" in out
+
+
+def test_a_baseline_that_ran_other_kernels_is_not_compared(tmp_path):
+    """A cell that leaves its kernels `auto` keeps its id when auto starts picking faster
+    kernels: the gate tells the two configurations apart by what each result ran, and refuses
+    to compare them (exit 2) rather than call the new kernels' speed a change of the code."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(TEXT)
+    results = tmp_path / "results"
+    legacy = {"fused_ops": False, "topk_impl": "torch"}
+    old = journal(results, "20260103-000000-000009", 100.0, ran_before_auto=legacy)
+    new = journal(results, "20260103-000000-000010", 150.0,
+                  kernels={"fused_ops": True, "topk_impl": "triton"})
+    code, out = harness("gate", scenario, "--baseline", f"run:{old.run_id}", "--run", new.run_id,
+                        "--results", results)
+    assert code == 2 and "nothing was compared" in out, out
+    gate = json.loads(max((results / "gates").glob("*/gate.json")).read_text())
+    assert {c["verdict"] for c in gate["cells"]} == {"missing"}
+    assert gate["cells"][0]["message"].startswith(
+        "baseline ran other kernels (fused_ops false, topk_impl torch; this run: fused_ops true, "
+        "topk_impl triton): a different configuration, not compared")
+    # The same kernels, recorded by a worker that resolves auto: compared, unchanged.
+    same = journal(results, "20260103-000000-000011", 100.0, kernels=legacy)
+    code, out = harness("gate", scenario, "--baseline", f"run:{old.run_id}", "--run", same.run_id,
+                        "--results", results)
+    assert code == 0, out
+    # And in a baseline file, which keeps what its run ran.
+    code, out = harness("baseline", "mark", new.run_id, "--no-mlflow", "--file", "--results", results)
+    assert code == 0, out
+    code, out = harness("gate", scenario, "--baseline", "file", "--run", same.run_id,
+                        "--results", results)
+    assert code == 2 and "baseline ran other kernels" in " ".join(out.split()), out
 
 
 @pytest.mark.parametrize("args, message", [

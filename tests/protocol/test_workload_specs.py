@@ -102,7 +102,7 @@ def test_labels_come_from_the_specs():
                 "calibrate": "calibrate work_us=500 idle_target=0.5 replay=eager",
                 "noop": "noop sleep_s=0",
                 "kernel": "kernel sdpa ctx=256 T=16 gqa 32/8 d128 contiguous",
-                "op": "op topk torch tiny D=7 k=16"}
+                "op": "op topk auto tiny D=7 k=16"}
     for name, spec in SPECS.items():
         cell = params.canonical({"workload": name})
         assert params.cell_label(cell) == spec.cell_label(cell) == expected[name]

@@ -455,17 +455,30 @@ def test_impl_knobs_leave_default_ids_alone_and_make_new_cells(tmp_path):
         name: x
         defaults: {model: qwen3-8b, device: cuda, tree_build: gpu, accept: gpu}
         matrix:
-          fused_ops: [false, true]
-          tree_build_impl: [triton, cuda]
+          fused_ops: [auto, false, true]
+          tree_build_impl: [auto, cuda]
         """).cells()
-    assert len(cells) == 4 and len({params.cell_id(c) for c in cells}) == 4
-    plain = next(c for c in cells if not c["fused_ops"] and c["tree_build_impl"] == "triton")
-    # The default cell's id is the id it had before the knobs existed.
-    before = {k: v for k, v in plain.items() if k not in params.IMPL_DEFAULTS}
-    assert params.cell_id(plain) == params.cell_id(before)
-    assert "fused_ops" not in params.cell_label(plain)
-    both = next(c for c in cells if c["fused_ops"] and c["tree_build_impl"] == "cuda")
+    assert len(cells) == 6 and len({params.cell_id(c) for c in cells}) == 6
+    auto = next(c for c in cells if c["fused_ops"] == "auto" and c["tree_build_impl"] == "auto")
+    # The cell that leaves the kernels to the harness has the id it had before the knobs
+    # existed (the gate tells it from an older baseline by the kernels each recorded) ...
+    before = {k: v for k, v in auto.items() if k not in params.IMPL_DEFAULTS}
+    assert params.cell_id(auto) == params.cell_id(before)
+    assert "fused_ops" not in params.cell_label(auto)
+    # ... and a cell that names a kernel is another cell, even the kernel auto picks.
+    off = next(c for c in cells if c["fused_ops"] is False and c["tree_build_impl"] == "auto")
+    assert params.cell_label(off).endswith("fused_ops=false")
+    both = next(c for c in cells if c["fused_ops"] is True and c["tree_build_impl"] == "cuda")
     assert params.cell_label(both).endswith("fused_ops tree_build_impl=cuda")
+
+
+def test_a_number_is_not_a_flag_value(tmp_path):
+    message = error(tmp_path, """
+        name: x
+        matrix:
+          fused_ops: [1]
+        """)
+    assert "unknown fused_ops '1' (allowed: auto, true, false)" in message
 
 
 def test_impl_knob_on_a_cpu_cell(tmp_path):
@@ -474,8 +487,8 @@ def test_impl_knob_on_a_cpu_cell(tmp_path):
         defaults: {device: cpu}
         matrix:
           topk_impl: [torch, triton]
-        """) == ("s.yaml:4:22: topk_impl picks CUDA kernels of the decode workload; this cell "
-                 "runs workload 'decode' on device 'cpu'")
+        """) == ("s.yaml:4:22: topk_impl triton picks CUDA kernels; this cell runs on device "
+                 "'cpu' (leave it auto)")
 
 
 def test_tree_build_impl_needs_the_gpu_tree_build(tmp_path):
@@ -494,4 +507,4 @@ def test_unknown_impl_value(tmp_path):
         matrix:
           fused_ops: [maybe]
         """)
-    assert message.startswith("s.yaml:3:15:") and "true or false" in message
+    assert message.startswith("s.yaml:3:15:") and "(allowed: auto, true, false)" in message

@@ -22,7 +22,7 @@ def result(cell: dict, **metrics) -> dict:
 
 
 def test_a_kernel_run_shows_kernel_time_bandwidth_and_roofline_by_label():
-    out = render([result({"workload": "op", "op": "topk"}, kernel_us=25.74, kernel_us_spread=0.18,
+    out = render([result({"workload": "op", "op": "topk", "topk_impl": "torch"}, kernel_us=25.74, kernel_us_spread=0.18,
                          achieved_tbps=0.35, pct_roofline=8.4),
                   result({"workload": "kernel", "verify_mode": "sdpa"}, kernel_us=113.5,
                          kernel_us_spread=0.2, achieved_tbps=0.16, pct_roofline=5.0)])

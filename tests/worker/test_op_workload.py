@@ -122,6 +122,11 @@ def test_worker_runs_an_op_cell_with_its_label():
     assert result["status"] == "ok", result["error"]
     assert result["label"] == "op tree_build torch tiny D=5 k=12 bs=2"
     assert {"kernel_us", "achieved_tbps", "pct_roofline", "check_error"} <= set(result["metrics"])
+    assert result["kernels"] == {"tree_build_impl": "torch"}
+    # Left auto, the knob runs this device's kernel and the result says which.
+    auto = worker.run_cell({**op_cell(op="tree_build"), "tree_build_impl": "auto"})
+    assert auto["status"] == "ok" and auto["kernels"] == {"tree_build_impl": "torch"}
+    assert auto["label"] == "op tree_build auto tiny D=5 k=12 bs=2"
 
 
 # -- the Triton kernels, under the interpreter --------------------------------------------------
@@ -173,7 +178,7 @@ def test_op_ids_and_labels():
     ("  op: tree_build\n  device: cuda\n", "  fused_ops: [true]\n", "fused_ops picks the kernels of other ops"),
     ("  op: topk\n  device: cpu\n", "  topk_impl: [triton]\n",
      "topk_impl triton is a CUDA kernel; on device cpu op topk runs topk_impl: torch"),
-    ("  op: tree_build\n  device: cpu\n", "  batch_size: [1]\n",
+    ("  op: tree_build\n  device: cpu\n", "  tree_build_impl: [triton]\n",
      "tree_build_impl triton is a CUDA kernel; on device cpu op tree_build runs tree_build_impl: torch"),
     ("  op: tree_build\n  device: cuda\n  tree_build_impl: cuda\n", "  tree_budget: [512]\n",
      "tree_build_impl cuda builds up to 256 nodes"),

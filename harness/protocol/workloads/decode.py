@@ -8,7 +8,7 @@ verify_mode, context_length and batch_size from them), and moving them would cha
 from __future__ import annotations
 
 from harness.protocol import presets
-from harness.protocol.workloads import Param, WorkloadSpec, choice, flag, positive_int
+from harness.protocol.workloads import Param, WorkloadSpec, choice, positive_int
 
 VERIFY_MODES = ("custom", "triton", "sdpa", "flex")
 GRAPH_CAPTURES = ("none", "verify", "full")
@@ -39,16 +39,53 @@ SHARED_PARAMS = (
     Param("block_size", 8, int, "an integer >= 2", ge=2),
 )
 
-# Implementation knobs: which kernels a CUDA decode step runs, not what it computes. Each joins
-# a cell's id only when set away from its default, so cells (and their baselines) from before
-# a knob existed keep their ids, and a cell that switches a kernel on is a different cell.
+# Implementation knobs: which kernels a decode step runs, not what it computes (every choice
+# gives the same tokens). Each defaults to `auto`: the kernel measured fastest where the cell
+# runs (AUTO_KERNELS), resolved by the worker, which records in the result what ran (its
+# `kernels`); the gate compares a cell only with a baseline that ran the same kernels. A knob
+# joins a cell's id only when set (not auto), so a cell that names a kernel is another cell
+# than one that leaves the choice to the harness.
+AUTO = "auto"
 IMPL_PARAMS = (
-    flag("fused_ops", False),              # residual+RMSNorm, q/k norm+RoPE+KV write, SiLU*up fused
-    choice("topk_impl", "torch", TOPK_IMPLS),   # triton: the three-launch top-k + logsumexp kernel
+    # residual+RMSNorm, q/k norm+RoPE+KV write, SiLU*up fused (kernels/fused/triton_fused.py)
+    choice("fused_ops", AUTO, (AUTO, True, False)),
+    choice("topk_impl", AUTO, (AUTO,) + TOPK_IMPLS),   # triton: the three-launch top-k kernel
     # cuda: the shared-memory CUDA C++ tree build (tree_build: gpu)
-    choice("tree_build_impl", "triton", TREE_BUILD_IMPLS),
+    choice("tree_build_impl", AUTO, (AUTO,) + TREE_BUILD_IMPLS),
 )
 IMPL_DEFAULTS = {p.name: p.default for p in IMPL_PARAMS}
+# What `auto` runs, by device. CUDA: the winners of the op and decode timings on an H200
+# (results/h200/README.md: the fused forward 5.8 vs 8.0 ms at 4096, Triton top-k 26 vs 114 us,
+# the CUDA tree build 65 vs 83 us for Triton). A CPU host runs the torch code, the only one there.
+AUTO_KERNELS = {
+    "cuda": {"fused_ops": True, "topk_impl": "triton", "tree_build_impl": "cuda"},
+    "cpu": {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "torch"},
+}
+# What a cell ran before the knobs had `auto`: a result that does not record its kernels ran
+# its cell's knobs, and these where its cell predates a knob.
+BEFORE_AUTO = {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "triton"}
+
+
+# The CUDA tree build keeps a tree in shared memory: up to this many nodes over this many
+# drafted positions (kernels/tree/cuda_tree_build.py); `auto` takes Triton's beyond.
+CUDA_TREE_MAX_NODES, CUDA_TREE_MAX_DEPTH = 256, 16
+
+
+def resolve_kernels(cell: dict, cuda: bool) -> dict:
+    """Every knob of `cell` with `auto` replaced by what it runs on this device and shape."""
+    auto = dict(AUTO_KERNELS["cuda" if cuda else "cpu"])
+    if auto["tree_build_impl"] == "cuda" and (cell["tree_budget"] > CUDA_TREE_MAX_NODES
+                                              or cell["block_size"] - 1 > CUDA_TREE_MAX_DEPTH):
+        auto["tree_build_impl"] = "triton"
+    return {k: auto[k] if cell[k] == AUTO else cell[k] for k in IMPL_DEFAULTS}
+
+
+def kernel_knobs(cell: dict) -> tuple[str, ...]:
+    """The knobs that pick a kernel this decode cell runs: the fused forward always, the
+    top-k where there is a tree, the tree build's kernel where the tree is built on the GPU."""
+    if cell["speculation"] == "none":
+        return ("fused_ops",)
+    return ("fused_ops", "topk_impl") + (("tree_build_impl",) if cell["tree_build"] == "gpu" else ())
 
 
 def decoded_tokens_bound(cell: dict) -> int:
@@ -97,22 +134,32 @@ def check_graph_capture(cell: dict):
 
 
 def check_impl(cell: dict):
-    """Implementation knobs pick CUDA kernels of the decode loop: nothing else runs them."""
+    """Implementation knobs pick kernels of the decode loop: nothing else runs them, and a CPU
+    runs only the torch code."""
     if cell["workload"] == "op":     # one knob picks the kernel an op cell times: its own check
         return None
-    changed = [k for k, v in IMPL_DEFAULTS.items() if cell[k] != v]
-    if not changed:
+    named = [k for k in IMPL_DEFAULTS if cell[k] != AUTO]
+    if not named:
         return None
-    if cell["workload"] != "decode" or cell["device"] == "cpu":
-        return tuple(changed), (f"{', '.join(changed)} pick{'s' if len(changed) == 1 else ''} CUDA "
-                                f"kernels of the decode workload; "
-                                f"this cell runs workload '{cell['workload']}' on device "
-                                f"'{cell['device']}'")
-    if cell["tree_build_impl"] != IMPL_DEFAULTS["tree_build_impl"] and cell["tree_build"] != "gpu":
+    if cell["workload"] != "decode":
+        return tuple(named), (f"{', '.join(named)} pick{'s' if len(named) == 1 else ''} kernels "
+                              f"of the decode workload; this cell runs workload "
+                              f"'{cell['workload']}'")
+    cuda = [k for k in named if cell["device"] == "cpu" and cell[k] != AUTO_KERNELS["cpu"][k]]
+    if cuda:
+        return tuple(cuda), (f"{', '.join(f'{k} {_shown(cell[k])}' for k in cuda)} "
+                             f"pick{'s' if len(cuda) == 1 else ''} CUDA kernels; this cell runs "
+                             f"on device 'cpu' (leave {'it' if len(cuda) == 1 else 'them'} auto)")
+    if cell["tree_build_impl"] != AUTO and cell["tree_build"] != "gpu":
         return ("tree_build_impl", "tree_build"), (
             "tree_build_impl picks the kernel of tree_build: gpu; this cell builds "
             "its trees on the host (tree_build: cpu)")
     return None
+
+
+def _shown(value) -> str:
+    """A knob's value as a scenario writes it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def label(c: dict) -> str:
@@ -130,7 +177,7 @@ def label(c: dict) -> str:
             parts.append(f"tau={c['tau']:g}")
     if c["batch_size"] != 1:
         parts.append(f"bs={c['batch_size']}")
-    parts += [k if c[k] is True else f"{k}={c[k]}"
+    parts += [k if c[k] is True else f"{k}={_shown(c[k])}"
               for k, v in IMPL_DEFAULTS.items() if c.get(k, v) != v]
     return " ".join(parts)
 

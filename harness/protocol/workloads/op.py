@@ -23,8 +23,9 @@ OPS = ("topk", "tree_build", "fused_forward")
 # The knob of each family, and the values that run on a CPU host (torch, or no fusion).
 KNOBS = {"topk": "topk_impl", "tree_build": "tree_build_impl", "fused_forward": "fused_ops"}
 ON_CPU = {"topk_impl": "torch", "tree_build_impl": "torch", "fused_ops": False}
-# The knobs' defaults (decode's IMPL_PARAMS), restated: a spec imports no other spec's module.
-KNOB_DEFAULTS = {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "triton"}
+# The knobs' defaults (decode's IMPL_PARAMS: `auto`, the kernel measured fastest on the cell's
+# device), restated: a spec imports no other spec's module.
+KNOB_DEFAULTS = {"fused_ops": "auto", "topk_impl": "auto", "tree_build_impl": "auto"}
 
 PARAMS = (choice("op", "topk", OPS),)
 
@@ -38,7 +39,7 @@ def check_knobs(cell: dict):
         return tuple(others), (f"op {cell['op']} times the kernel {own} picks; "
                                f"{', '.join(others)} pick{'s' if len(others) == 1 else ''} "
                                f"the kernels of other ops: leave them at their defaults")
-    if cell["device"] == "cpu" and cell[own] != ON_CPU[own]:
+    if cell["device"] == "cpu" and cell[own] not in (ON_CPU[own], "auto"):
         return (own, "device"), (f"{own} {str(cell[own]).lower()} is a CUDA kernel; on device "
                                  f"cpu op {cell['op']} runs {own}: {str(ON_CPU[own]).lower()}")
     return None

@@ -35,7 +35,7 @@ from harness.decode.fast import FastARDecoder, FastSpecDecoder
 from harness.decode.kernel_choice import Kernels
 from harness.decode.loop import SpecDecoder
 from harness.decode.model import Target, TargetConfig, init_random_
-from harness.protocol import presets
+from harness.protocol import params, presets
 from harness.worker import idle, measure, syncaudit
 
 PHASES = ("draft", "tree", "verify", "accept", "commit")
@@ -261,7 +261,11 @@ def _run(cell: dict, progress) -> dict:
         metrics.update(roofline(cell, target, drafter, lengths, metrics))
     # reuse.decoder: this run built no decoder (its first repeat reset the kept one; later
     # repeats always reset).
+    # What ran, `auto` resolved: the gate compares a cell only with a baseline that ran these.
+    ran = {"fused_ops": kernels.fused_ops, "topk_impl": kernels.topk,
+           "tree_build_impl": kernels.tree_build}
     return {"metrics": metrics, "samples": samples, **extra,
+            "kernels": {k: ran[k] for k in params.cell_kernels(cell)},
             "reuse": {"model": model_kept, "decoder": decoder_kept}, "timing": timing}
 
 

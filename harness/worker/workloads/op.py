@@ -43,7 +43,7 @@ from harness.decode.kernel_choice import Kernels
 from harness.decode.model import Target, TargetConfig, init_random_
 from harness.decode.tree import build_tree_cpu
 from harness.kernels.verify import verify_reference as ref
-from harness.protocol import presets
+from harness.protocol import params, presets
 from harness.protocol.workloads.op import KNOBS, ON_CPU
 from harness.worker.kerneltime import MIN_LAUNCHES, ceilings, roofline_metrics, set_count, time_calls
 from harness.worker.workloads.decode import build_models, resolve_device, resolve_dtype
@@ -268,6 +268,7 @@ def _needs_cuda(cell: dict, device: torch.device) -> None:
 def run(cell: dict, progress) -> dict:
     device = resolve_device(cell)
     dtype = resolve_dtype(cell, device)
+    cell = {**cell, **params.resolve_kernels(cell, device.type == "cuda")}   # auto: this device's
     _needs_cuda(cell, device)
     fam = family(cell, device, dtype)
     seed = cell["seed"]
@@ -288,5 +289,7 @@ def run(cell: dict, progress) -> dict:
         "memory" if bytes_ / copy_bw >= flops / mm_rate else "compute")
     info = {"op": cell["op"], "bytes": bytes_, "flops": flops, "input_sets": len(sets),
             "graph": graph, "bound": bound}
-    return {"metrics": metrics, "samples": {"kernel_us": samples}, "kernel": info}
+    knob = KNOBS[cell["op"]]
+    return {"metrics": metrics, "samples": {"kernel_us": samples}, "kernel": info,
+            "kernels": {knob: cell[knob]}}
 
