@@ -12,9 +12,7 @@ for token under greedy acceptance), rearranged so the host never has to wait for
     buffers guarded by events, so reading it never stalls the GPU, which has the next two steps
     queued while the host reads;
   * graph_capture=verify replays the target's verify forward as one CUDA graph; full replays
-    the whole step (draft, tree build, verify, accept, commit) and the copy of its record as
-    one graph (needs gpu/gpu), one graph per ring slot, so consecutive steps replay different
-    executables with nothing launched between them;
+    the whole step (draft, tree build, verify, accept, commit) as one graph (needs gpu/gpu);
   * `reset(seed)` makes a used decoder equal to a new one without reallocating a buffer or
     recapturing a graph, so a process that measures the same cell many times pays for the KV
     cache and the capture once.
@@ -86,21 +84,15 @@ class _StepsBehind:
         """Read the records still outstanding (call at the end of a window, before timing)."""
         return self._read_behind(drain=True)
 
-    def _copy_record(self, p: int) -> None:
-        """Queue the copy of this step's record to ring slot `p` of pinned host memory."""
-        self.host_record[p].copy_(self.record, non_blocking=self.cuda)
-
-    def _publish(self, copied: bool = False) -> None:
-        """Mark this step's record as on its way to its ring slot: queue the copy (unless the
-        step's graph holds it, `copied`) and an event after it."""
+    def _publish(self) -> None:
+        """Queue a copy of this step's record to pinned host memory, marked by an event."""
         p = self.slot
         if self.cuda:
             with self.phase("record"):
-                if not copied:
-                    self._copy_record(p)
+                self.host_record[p].copy_(self.record, non_blocking=True)
                 self.events[p].record()
         else:
-            self._copy_record(p)
+            self.host_record[p].copy_(self.record)
         self.pending.append(p)
         self.slot = (p + 1) % len(self.host_record)
 
@@ -134,35 +126,15 @@ class _StepsBehind:
         return self.graphs[name]
 
     def _graph_step(self, name: str, fn) -> None:
-        """One whole step `fn`, with the copy of its record to this step's ring slot, through
-        a graph: one graph per slot (a copy's destination is part of its graph), so consecutive
-        steps replay different executables and nothing is launched between them.
-
-        The call that captures does not replay: it runs the step and its copy for real (the
-        warm-up torch wants before a capture; a step is not safe to run twice), then captures
-        every slot's graph without running any. So every call is exactly one step, whether the
-        graphs were captured in this call, earlier, or before a `reset`: a reset decoder steps
-        exactly like a new one. The graphs share one memory pool: they replay one at a time
-        on one stream, in the order they were captured."""
-        p = self.slot
-        if (name, p) in self.graphs:
+        """One whole step `fn` through its graph. The call that captures it does not replay
+        it: the warm-up run before the capture was this call's step (a step is not safe to run
+        twice). So every call is exactly one step, whether the graph was captured in this call,
+        earlier, or before a `reset`: a reset decoder steps exactly like a new one."""
+        if name in self.graphs:
             with self.phase("graph"):
-                self.graphs[(name, p)].replay()
-            return
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-            self._copy_record(p)
-        torch.cuda.current_stream().wait_stream(side)
-        pool = None
-        for q in range(len(self.host_record)):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                fn()
-                self._copy_record(q)
-            pool = graph.pool()
-            self.graphs[(name, q)] = graph
+                self.graphs[name].replay()
+        else:
+            self.graphs[name] = self._capture(fn)
 
     @staticmethod
     def _capture(fn) -> torch.cuda.CUDAGraph:
@@ -295,13 +267,12 @@ class FastSpecDecoder(_StepsBehind):
     def step(self) -> list[int]:
         """One speculative step. Returns the tokens committed per sequence by the step whose
         record has been read (IN_FLIGHT steps behind; the first calls return zeros)."""
-        full = self.graph_capture == "full"
-        if full:
+        if self.graph_capture == "full":
             self._graph_step("full", self._device_step)
         else:
             self._eager_step()
         self.steps_launched += 1
-        self._publish(copied=full)
+        self._publish()
         return self._read_behind()
 
     def _eager_step(self) -> None:
@@ -513,12 +484,11 @@ class FastARDecoder(_StepsBehind):
 
     @torch.no_grad()
     def step(self) -> list[int]:
-        graphed = self.graph_capture != "none"
-        if graphed:
+        if self.graph_capture != "none":
             self._graph_step("ar", self._device_step)
         else:
             with self.phase("verify"):
                 self._device_step()
         self.steps_launched += 1
-        self._publish(copied=graphed)
+        self._publish()
         return self._read_behind()
