@@ -8,7 +8,8 @@ verify_mode, context_length and batch_size from them), and moving them would cha
 from __future__ import annotations
 
 from harness.protocol import presets
-from harness.protocol.workloads import Param, WorkloadSpec, choice, positive_int
+from harness.protocol.workloads import (Param, WorkloadSpec, choice, non_negative_int,
+                                       positive_int)
 
 VERIFY_MODES = ("custom", "triton", "sdpa", "flex")
 GRAPH_CAPTURES = ("none", "verify", "full")
@@ -88,6 +89,22 @@ def kernel_knobs(cell: dict) -> tuple[str, ...]:
     return ("fused_ops", "topk_impl") + (("tree_build_impl",) if cell["tree_build"] == "gpu" else ())
 
 
+# decode's own parameters (its cells only). check_tokens: after the timed windows, decode this
+# many tokens per sequence under greedy acceptance with the cell's loop and compare every one
+# with plain greedy decoding of the target (harness/worker/lossless.py); 0 = no check. How a
+# cell is checked, not what it measures: not part of its id.
+PARAMS = (non_negative_int("check_tokens", 0, measurement=True),)
+
+
+def check_lossless(cell: dict):
+    """Plain decoding is the reference the check compares with: nothing to check there."""
+    if cell["check_tokens"] and cell["speculation"] == "none":
+        return ("check_tokens", "speculation"), (
+            "check_tokens compares speculative decoding with plain greedy decoding; this cell "
+            "decodes plainly (speculation: none)")
+    return None
+
+
 def decoded_tokens_bound(cell: dict) -> int:
     """The most positions a cell's decoding can add to the KV cache after the prompt.
 
@@ -98,7 +115,9 @@ def decoded_tokens_bound(cell: dict) -> int:
     step_count = cell["warmup_steps"] + cell["repeats"] * cell["steps"] + cell["profile_steps"]
     if cell["speculation"] == "none":
         return step_count
-    return step_count * cell["block_size"] + 1 + cell["tree_budget"]
+    # The lossless check decodes from a fresh prompt of the same length: its steps, not added.
+    steps = max(step_count, cell.get("check_tokens", 0) + 2)
+    return steps * cell["block_size"] + 1 + cell["tree_budget"]
 
 
 def check_context(cell: dict):
@@ -190,7 +209,8 @@ SPEC = WorkloadSpec(
     impl_params=IMPL_PARAMS,
     # tau, graph_capture and the kernel knobs are in every cell, so every cell is checked
     shared_checks=(check_tau, check_graph_capture, check_impl),
-    checks=(check_context,),
+    params=PARAMS,
+    checks=(check_context, check_lossless),
     label=label,
     policies={
         "tokens_per_s": {"direction": "higher", "threshold_rel": 0.03},

@@ -243,6 +243,11 @@ def _run(cell: dict, progress) -> dict:
             audit = syncaudit.audit_window(dec.step, AUDIT_STEPS, device)
             timing["profile_s"] = time.perf_counter() - t0
 
+    checked = {}
+    if cell["check_tokens"]:
+        progress(stage="lossless check", tokens=cell["check_tokens"])
+        checked = _lossless_check(cell, kernels, target, drafter, lengths, device, dtype)
+
     metrics = {
         "tokens_per_s": statistics.median(tps),
         "tokens_per_s_spread": measure.spread(tps),
@@ -250,6 +255,7 @@ def _run(cell: dict, progress) -> dict:
         "step_ms_p50": measure.percentile(step_ms, 50),
         "step_ms_p90": measure.percentile(step_ms, 90),
     }
+    metrics.update(checked)
     for name, values in phase_ms.items():
         metrics[f"phase.{name}.host_ms"] = statistics.median(values)
     # idle_fraction (profiled window), idle_fraction_est (every repeat, from CUDA events),
@@ -283,6 +289,26 @@ def drain(dec) -> list[int]:
     """Tokens the decoder has committed but not yet reported (the fast loops report one step
     behind); nothing for the baseline loop, which reports each step as it ends."""
     return dec.finish() if hasattr(dec, "finish") else [0]
+
+
+def _lossless_check(cell, kernels, target, drafter, lengths, device, dtype) -> dict:
+    """harness/worker/lossless.py on a decoder like the timed one but accepting greedily, from
+    prompts of the cell's lengths drawn for the check alone; the decoder goes afterwards."""
+    from harness.worker import lossless
+    n, B = cell["check_tokens"], cell["block_size"]
+    max_len = max(lengths) + (n + 2) * B + cell["tree_budget"] + B + 8
+    greedy = {**cell, "acceptance": "greedy", "warmup_steps": 0, "steps": n, "profile_steps": 0}
+    gen = torch.Generator().manual_seed(cell["seed"] * 1000 + 997)
+    vocab = target.cfg.vocab_size - 1
+    prompts = [torch.randint(0, vocab, (m,), generator=gen).tolist() for m in lengths]
+    dec = _decoder(greedy, kernels, target, drafter, len(lengths), max_len, PhaseClock(),
+                   cell["seed"])
+    try:
+        return lossless.check(dec, target, prompts, n, dtype)
+    finally:
+        del dec
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def _decoder(cell, kernels, target, drafter, batch, max_len, clock, seed):
