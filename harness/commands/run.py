@@ -109,11 +109,11 @@ def finish(journal, uri: str, outcome, resume: str) -> None:
     """The end of a run (or an import): derived metrics into the journal, the summary table, the
     MLflow upload, the report, and the exit code. `resume` is the command that finishes it."""
     from harness.sweep import journal as jr, tracking
-    from harness.sweep.derived import add_speedup_vs_ar
+    from harness.sweep.derived import add_speedups
     from harness.sweep.summary import summary_table
 
     try:
-        for r in add_speedup_vs_ar(list(journal.results().values())):
+        for r in add_speedups(list(journal.results().values())):
             journal.write_cell(r)              # derived metrics join the journal record
     except jr.JournalFull as e:
         outcome.journal_full = outcome.journal_full or str(e)
