@@ -11,7 +11,7 @@ from harness.protocol import params  # noqa: E402
 from harness.sweep.scenario import parse_scenario  # noqa: E402
 from harness.worker import main as worker  # noqa: E402
 
-CELL = {"workload": "peer", "model": "tiny", "context_length": 24, "steps": 6, "repeats": 2,
+CELL = {"workload": "peer", "model": "tiny", "context_length": 24, "steps": 32, "repeats": 2,
         "warmup_steps": 1, "device": "cpu"}
 
 

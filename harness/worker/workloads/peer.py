@@ -104,6 +104,10 @@ def run(cell: dict, progress) -> dict:
     for r in range(cell["repeats"]):
         progress(stage="measure", repeat=r + 1, repeats=cell["repeats"])
         long, short = generate(SHORT + steps), generate(SHORT)
+        if long <= short:    # noise larger than the decoding itself: no number, not a wrong one
+            raise RuntimeError(f"generate of {SHORT + steps} new tokens took {long * 1e3:.1f} ms, "
+                               f"of {SHORT} {short * 1e3:.1f} ms: decoding {steps} tokens is "
+                               f"below this host's noise (raise steps)")
         tps.append(b * steps / (long - short))
         step_ms.append((long - short) * 1e3 / steps)
     metrics = {"tokens_per_s": statistics.median(tps), "tokens_per_s_spread": measure.spread(tps),
