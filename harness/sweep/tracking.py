@@ -51,10 +51,13 @@ FIGURE_NAME = "tokens_vs_context.png"
 ERROR_TAG_MAX = 5000
 PROBE_TIMEOUT_S = 3.0
 # Set while logging (unless the user set them): over HTTP, fail in seconds rather than after
-# MLflow's default ~4 min of retries; and stop MlflowClient.set_terminated from writing
-# "View run ... at: URL" to stdout for every run (it does so for any REST store in 3.x).
+# MLflow's default ~4 min of retries (a server that is down is found by the /health probe
+# before any logging; the two quick retries ride out a connection the server drops, as a
+# loaded one does); and stop MlflowClient.set_terminated from writing "View run ... at: URL"
+# to stdout for every run (it does so for any REST store in 3.x).
 MLFLOW_ENV = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15",
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
