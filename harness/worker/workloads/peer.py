@@ -113,8 +113,10 @@ def run(cell: dict, progress) -> dict:
     metrics = {"tokens_per_s": statistics.median(tps), "tokens_per_s_spread": measure.spread(tps),
                "step_ms_p50": measure.percentile(step_ms, 50)}
     return {"metrics": metrics, "samples": {"tokens_per_s": tps, "step_ms_p50": step_ms},
-            # compiled: whether generate compiled the forward (it does so itself, for a static
-            # cache on a GPU), read off the model rather than assumed
+            # compiled: whether generate compiled the forward (it does so itself for a static
+            # cache on a GPU, never for the dynamic one), read off the model rather than
+            # assumed; the model is kept between cells, so only a static cell's counts
             "peer": {"library": "transformers", "version": transformers.__version__,
-                     "cache": cell["peer_cache"], "compiled": hasattr(model, "_compiled_call")},
+                     "cache": cell["peer_cache"],
+                     "compiled": cache is not None and hasattr(model, "_compiled_call")},
             "timing": {"warmup_s": warmup_s}}
