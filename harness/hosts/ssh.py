@@ -520,9 +520,15 @@ class SSHHost:
                          error=str(exc))
             return facts
         facts.update(reachable=True, host_key=self.host_key)
+        python = shell_path(self.python)
         try:
-            done = await self._run(conn, f"{shell_path(self.python)} -",
-                                   input=Path(probe.__file__).read_bytes(), timeout=60)
+            # The interpreter first, on its own: a missing one ends the remote command at once,
+            # and a probe sent to its stdin would then race the channel's close ("Channel not
+            # open for sending") instead of reporting exit 127.
+            done = await self._run(conn, f"command -v {python} >/dev/null || exit 127", timeout=60)
+            if done.exit_status == 0:
+                done = await self._run(conn, f"{python} -", input=Path(probe.__file__).read_bytes(),
+                                       timeout=60)
         except HostUnavailable as exc:      # connected, then lost or no answer: one line too
             facts["error"] = str(exc)
             return facts
