@@ -148,13 +148,20 @@ def _absolute(uri: str) -> str:
     return f"sqlite:///{path.expanduser().resolve()}" + (f"?{query}" if query else "")
 
 
+# Database stores MLflow reaches over the network, by SQLAlchemy dialect, and their ports.
+DATABASE_PORTS = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}
+
+
 def check_reachable(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
-    """Probe an http(s) tracking server's /health; TrackingUnavailable if it does not answer.
+    """Probe a tracking server's /health, or open a TCP connection to a database store's
+    host; TrackingUnavailable if neither answers (MLflow itself retries a database for ~12 s
+    and a server for minutes before it gives up).
 
     Any HTTP answer below 500 counts as reachable (an auth error is reported by the logging
-    calls themselves, with MLflow's own message). Non-HTTP URIs are not probed.
+    calls themselves, with MLflow's own message). File and sqlite stores are not probed.
     """
     if not uri.startswith(("http://", "https://")):
+        _check_database(uri, timeout)
         return
     import requests
 
@@ -166,6 +173,23 @@ def check_reachable(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     if resp.status_code >= 500:
         raise TrackingUnavailable(f"MLflow server {redact_uri(uri)} unhealthy: "
                                   f"HTTP {resp.status_code}")
+
+
+def _check_database(uri: str, timeout: float) -> None:
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    dialect = parts.scheme.split("+", 1)[0]
+    if dialect not in DATABASE_PORTS or not parts.hostname:
+        return                   # sqlite, file stores, a socket path: nothing to connect to
+    try:
+        port = parts.port or DATABASE_PORTS[dialect]
+        with socket.create_connection((parts.hostname, port), timeout=timeout):
+            pass
+    except (OSError, ValueError) as e:
+        raise TrackingUnavailable(f"MLflow store {redact_uri(uri)} unreachable: "
+                                  f"{_one_line(e)}") from e
 
 
 @contextmanager

@@ -258,3 +258,22 @@ def test_figure_renders_ok_and_failed_cells(tmp_path):
         empty = tokens_vs_context([make_result(CELLS[0], "failed")], tmp_path / "empty.png")
     for path in (out, empty):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_database_store_is_probed_by_connecting_to_it():
+    """A network database store is found down in one connect, not after MLflow's ~12 s of
+    engine retries; sqlite and file stores have nothing to connect to."""
+    import socket
+
+    from harness.sweep.tracking import TrackingUnavailable, check_reachable
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        check_reachable(f"postgresql://u:secret@127.0.0.1:{port}/mlflow")     # answers: fine
+    with pytest.raises(TrackingUnavailable) as info:                         # closed now
+        check_reachable(f"mysql+pymysql://u:secret@127.0.0.1:{port}/mlflow", timeout=1)
+    assert f"MLflow store mysql+pymysql://u:***@127.0.0.1:{port}/mlflow unreachable" in str(info.value)
+    assert "secret" not in str(info.value)
+    check_reachable("sqlite:////nonexistent/dir/mlflow.db")
+    check_reachable("file:///nonexistent/mlruns")
