@@ -18,12 +18,13 @@ PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 run: $(VENV)/.installed
 	$(VENV)/bin/harness run scenarios/quickstart.yaml
 
-# Most of the suite waits on real processes (workers, sshd, MLflow, Chromium), so it runs in
-# more processes than there are cores; a file's tests stay in one process (module fixtures).
+# One test process per core, a file's tests in one process (module fixtures). The suite is
+# CPU-bound (real workers, sshd, MLflow, Chromium, the Triton interpreter): on two cores, two
+# processes ran it in 423 s, three in 437 s, four in 465 s (2026-12-01, the same clone).
 # One OpenMP thread per process: with more processes than cores, torch's spinning intra-op
 # threads slow every CPU worker the tests start several times over (a real-worker A/B gate
 # test: 21 s with one thread, 91 s with the default, on two loaded cores).
-TEST_JOBS ?= 4
+TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 test: $(VENV)/.installed-dev
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_JOBS) --dist loadfile
