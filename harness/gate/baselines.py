@@ -33,6 +33,7 @@ from typing import Iterator
 
 from harness.protocol.errors import InputError
 from harness.protocol.params import kernels_ran
+from harness.protocol.workloads import yaml_word
 from harness.sweep.journal import (
     JournalError,
     RunJournal,
@@ -123,13 +124,16 @@ def side_from_results(cell_id: str, label: str, results: list[dict], source: str
     classes = sorted({result_gpu_class(r) for r in ok})
     side = Side(cell_id, label, classes[0] if len(classes) == 1 else None,
                 samples_of(ok, unit), source, git_sha, n_runs=len(ok))
-    ran = [kernels_ran(r) for r in ok]
-    side.kernels = ran[0] if ran and all(k == ran[0] for k in ran) else None
+    ran = []                                    # the distinct kernel sets (dicts: no set())
+    for k in (kernels_ran(r) for r in ok):
+        if k not in ran:
+            ran.append(k)
+    side.kernels = ran[0] if len(ran) == 1 else None
     if len(classes) > 1:  # pooled over two GPU classes: a measurement of neither
         side.error = f"measured on more than one GPU class ({', '.join(classes)})"
-    elif any(k != ran[0] for k in ran):   # likewise over two sets of kernels
+    elif len(ran) > 1:    # likewise over two sets of kernels
         side.error = "measured with different kernels: " + "; ".join(
-            sorted({kernels_text(k) for k in ran}))
+            sorted(kernels_text(k) for k in ran))
     elif not ok:
         errors = [(r.get("error") or "no result").strip().splitlines() for r in results]
         first = next((e[0] for e in errors if e), "not measured")
@@ -137,15 +141,11 @@ def side_from_results(cell_id: str, label: str, results: list[dict], source: str
     return side
 
 
-def _knob_value(value) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def kernels_text(kernels: dict | None) -> str:
     """e.g. `fused_ops true, topk_impl triton` (`unknown` when they cannot be told)."""
     if kernels is None:
         return "unknown"
-    return ", ".join(f"{k} {_knob_value(v)}" for k, v in sorted(kernels.items())) or "none"
+    return ", ".join(f"{k} {yaml_word(v)}" for k, v in sorted(kernels.items())) or "none"
 
 
 def other_kernels(head: Side, base: Side) -> str | None:
@@ -161,7 +161,7 @@ def other_kernels(head: Side, base: Side) -> str | None:
         return None
 
     def ran(kernels: dict) -> str:
-        return ", ".join(f"{k} {_knob_value(kernels[k])}" if k in kernels else f"{k} not run"
+        return ", ".join(f"{k} {yaml_word(kernels[k])}" if k in kernels else f"{k} not run"
                          for k in differ)
 
     return (f"baseline ran other kernels ({ran(base.kernels)}; this run: {ran(head.kernels)}): "
@@ -208,8 +208,10 @@ def from_file(root: str | Path, scenario: str, cls: str) -> dict[str, Side]:
     for cid, entry in data["cells"].items():
         sha = entry.get("git_sha")
         source = f"{path} (run {entry.get('run_id', '?')}, sha {str(sha)[:8]})"
-        out[cid] = side_from_results(cid, entry.get("label", cid), [{**entry, "status": "ok"}],
-                                     source, sha)
+        # As a result: its GPU under env (where kernels_ran looks, for entries from before
+        # baseline files kept the kernels they ran).
+        result = {**entry, "status": "ok", "env": {"gpu": entry.get("gpu")}}
+        out[cid] = side_from_results(cid, entry.get("label", cid), [result], source, sha)
         out[cid].gpu_class = cls
     return out
 

@@ -6,8 +6,8 @@ spent its share of alpha there). A cell's verdict is its worst gated metric's; m
 `gate: false` are shown beside them and never decide. The gate's exit code (docs/ARCHITECTURE.md):
 
     2  something is wrong or missing: a head or baseline cell failed, a cell has no baseline
-       or only one that ran other kernels (unless allow_missing), the head lost a metric the baseline has, or no gated metric was
-       compared at all. A gate never passes on nothing.
+       or only one that ran other kernels (unless allow_missing), the head lost a metric the
+       baseline has, or no gated metric was compared at all. A gate never passes on nothing.
     1  a regression
     3  undecided: a gated metric is still inconclusive (the budget or the rounds ran out first);
        0 with allow_undecided, which the headline says

@@ -141,8 +141,7 @@ def kernels_ran(result: dict) -> dict | None:
     ran = {k: cell.get(k, BEFORE_AUTO[k]) for k in cell_kernels(cell)}
     if any(v == AUTO for v in ran.values()):
         return None
-    gpu = (result.get("env") or {}).get("gpu") or result.get("gpu")  # a result, a baseline entry
-    if not gpu and "tree_build_impl" in ran:
+    if not (result.get("env") or {}).get("gpu") and "tree_build_impl" in ran:
         ran["tree_build_impl"] = "torch"      # off CUDA the torch build was the only one
     return ran
 

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError, create_model
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError,
+                      create_model)
 
 from harness.protocol import params, workloads
 from harness.protocol.errors import InputError
@@ -198,11 +199,6 @@ def _allowed_keys(parent: DataPath) -> list[str]:
     return list(params.ALL_PARAMS)
 
 
-def _yaml_word(value: Any) -> str:
-    """A choice as a scenario writes it (true, not True)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def _did_you_mean(word: Any, candidates) -> str:
     close = difflib.get_close_matches(str(word), [str(c) for c in candidates], n=1)
     return f"did you mean '{close[0]}'?" if close else ""
@@ -229,7 +225,7 @@ def _pydantic_error(err: dict, source: Source) -> InputError:
                                  "breaks, escapes)")
     if kind == "literal_error" and described.choices:
         hint = _did_you_mean(err["input"], described.choices)
-        allowed = "allowed: " + ", ".join(_yaml_word(c) for c in described.choices) + (
+        allowed = "allowed: " + ", ".join(workloads.yaml_word(c) for c in described.choices) + (
             f"; {hint}" if hint else "")
         return source.error(loc, f"unknown {described.label} {show(err['input'])} ({allowed})")
     if described.what:

@@ -67,6 +67,12 @@ class Param:
             raise ValueError(f"parameter {self.name}: say what a value must be (what=...)")
 
 
+def yaml_word(value: object) -> str:
+    """A parameter's value as a scenario writes it (`true`, not `True`): for messages, labels
+    and the gate's tables."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def choice(name: str, default: object, choices: tuple, **kw) -> Param:
     return Param(name, default, choices=tuple(choices), **kw)
 

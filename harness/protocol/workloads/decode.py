@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from harness.protocol import presets
 from harness.protocol.workloads import (Param, WorkloadSpec, choice, non_negative_int,
-                                       positive_int)
+                                       positive_int, yaml_word)
 
 VERIFY_MODES = ("custom", "triton", "sdpa", "flex")
 GRAPH_CAPTURES = ("none", "verify", "full")
@@ -166,7 +166,7 @@ def check_impl(cell: dict):
                               f"'{cell['workload']}'")
     cuda = [k for k in named if cell["device"] == "cpu" and cell[k] != AUTO_KERNELS["cpu"][k]]
     if cuda:
-        return tuple(cuda), (f"{', '.join(f'{k} {_shown(cell[k])}' for k in cuda)} "
+        return tuple(cuda), (f"{', '.join(f'{k} {yaml_word(cell[k])}' for k in cuda)} "
                              f"pick{'s' if len(cuda) == 1 else ''} CUDA kernels; this cell runs "
                              f"on device 'cpu' (leave {'it' if len(cuda) == 1 else 'them'} auto)")
     if cell["tree_build_impl"] != AUTO and cell["tree_build"] != "gpu":
@@ -174,11 +174,6 @@ def check_impl(cell: dict):
             "tree_build_impl picks the kernel of tree_build: gpu; this cell builds "
             "its trees on the host (tree_build: cpu)")
     return None
-
-
-def _shown(value) -> str:
-    """A knob's value as a scenario writes it (true, not True)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def label(c: dict) -> str:
@@ -196,7 +191,7 @@ def label(c: dict) -> str:
             parts.append(f"tau={c['tau']:g}")
     if c["batch_size"] != 1:
         parts.append(f"bs={c['batch_size']}")
-    parts += [k if c[k] is True else f"{k}={_shown(c[k])}"
+    parts += [k if c[k] is True else f"{k}={yaml_word(c[k])}"
               for k, v in IMPL_DEFAULTS.items() if c.get(k, v) != v]
     return " ".join(parts)
 

@@ -17,7 +17,7 @@ contiguous and paged, GQA and MLA); scenarios/ops.yaml times every family, that 
 from __future__ import annotations
 
 from harness.protocol import presets
-from harness.protocol.workloads import WorkloadSpec, choice
+from harness.protocol.workloads import WorkloadSpec, choice, yaml_word
 
 OPS = ("topk", "tree_build", "fused_forward")
 # The knob of each family, and the values that run on a CPU host (torch, or no fusion).
@@ -40,8 +40,8 @@ def check_knobs(cell: dict):
                                f"{', '.join(others)} pick{'s' if len(others) == 1 else ''} "
                                f"the kernels of other ops: leave them at their defaults")
     if cell["device"] == "cpu" and cell[own] not in (ON_CPU[own], "auto"):
-        return (own, "device"), (f"{own} {str(cell[own]).lower()} is a CUDA kernel; on device "
-                                 f"cpu op {cell['op']} runs {own}: {str(ON_CPU[own]).lower()}")
+        return (own, "device"), (f"{own} {yaml_word(cell[own])} is a CUDA kernel; on device "
+                                 f"cpu op {cell['op']} runs {own}: {yaml_word(ON_CPU[own])}")
     return None
 
 
