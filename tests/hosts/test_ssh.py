@@ -48,6 +48,19 @@ NOOP = {"workload": "noop", "timeout_s": 120}
 # In the names of this run's work dirs: tells its processes and folders from those of another
 # run of these tests (or of tests/bench_ssh.py) on the same machine.
 TOKEN = os.urandom(4).hex()
+# The controller with a SIGUSR1 handler that prints every thread's and asyncio task's stack:
+# what a test that finds it hung reports.
+DUMPS_TASKS_ON_SIGUSR1 = """
+import asyncio, faulthandler, signal, sys
+def dump(*_):
+    faulthandler.dump_traceback(all_threads=True)
+    for task in asyncio.all_tasks():
+        task.print_stack(file=sys.stderr)
+signal.signal(signal.SIGUSR1, dump)
+sys.argv[0] = "harness"
+from harness.cli import main
+main()
+"""
 TINY = {"model": "tiny", "device": "cpu", "warmup_steps": 0, "steps": 2, "repeats": 1,
         "profile_steps": 0, "context_length": 32, "timeout_s": 300}
 
@@ -344,13 +357,20 @@ def test_ctrl_c_on_the_controller_kills_the_remote_cell(fresh_store, world, tmp_
         "name: long\nmatrix:\n  workload: [noop]\n  sleep_s: [300, 301]\nhosts: [t]\n")
     env = dict(os.environ, HOME=str(home))
     env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.Popen([*HARNESS, "run", "long.yaml", "--tracking-uri",
-                             fresh_store(tmp_path)], cwd=tmp_path, env=env,
+    proc = subprocess.Popen([sys.executable, "-c", DUMPS_TASKS_ON_SIGUSR1, "run", "long.yaml",
+                             "--tracking-uri", fresh_store(tmp_path)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert wait_until(lambda: ours("harness.worker")
                       and ours("sleep 299.5"), 60)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:        # a hang: say where the controller is stuck
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(3)
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the controller did not stop within 120 s of Ctrl-C:\n{err[-6000:]}")
     assert proc.returncode == 130, out + err
     assert "--resume" in err and "Traceback" not in out + err
     # Neither the killed cell nor the one still queued is recorded as a result: both are
