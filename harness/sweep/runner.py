@@ -22,6 +22,7 @@ results are lost.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -63,12 +64,44 @@ def run_cells(cells: list[dict], hosts: list[Host], journal: RunJournal, console
                _CellsOnly(TimeRemainingColumn()), TextColumn("{task.fields[status]}")]
     with Progress(*columns, console=console, transient=False) as bar:
         try:
-            asyncio.run(_Sweep(cells, hosts, journal, bar, outcome).run())
-        except KeyboardInterrupt:
+            outcome.interrupted = asyncio.run(
+                _until_ctrl_c(_Sweep(cells, hosts, journal, bar, outcome).run()))
+        except KeyboardInterrupt:  # Ctrl-C outside the loop's own handler (not the main thread)
             outcome.interrupted = True
         except JournalFull:
             pass                  # outcome.journal_full says what; the caller says what next
     return outcome
+
+
+async def _until_ctrl_c(sweep) -> bool:
+    """Run `sweep` until it ends (False) or Ctrl-C cancels it (True).
+
+    The SIGINT handler is the loop's own (`add_signal_handler`): the signal is written to the
+    loop's self-pipe and wakes it, whichever thread the kernel hands it to. asyncio.run's
+    default handler is a Python-level one, run when the main thread next executes Python code;
+    on a loaded machine a Ctrl-C sent while the loop waited on a 300 s SSH cell went unanswered
+    for minutes with it (the sweep task was never cancelled)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(sweep)
+    interrupted = False
+
+    def on_ctrl_c() -> None:
+        nonlocal interrupted
+        interrupted = True       # a second Ctrl-C changes nothing: the kills are under way
+        task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_ctrl_c)
+    except (NotImplementedError, RuntimeError, ValueError):
+        pass                     # no loop handler here (not the main thread): KeyboardInterrupt
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not interrupted:
+            raise
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    return interrupted
 
 
 class _CellsOnly(ProgressColumn):
