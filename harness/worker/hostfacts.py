@@ -332,6 +332,26 @@ def visible_gpu_index() -> int | None:
     return index if index >= 0 else None
 
 
+def gpu_identity() -> dict:
+    """The GPU this process computes on, named as the environment fingerprint names it (gpu,
+    gpu_count, sm, driver), from NVML: for a worker that has not imported torch. {} without
+    NVML or a visible GPU. The memory size is left to torch, whose figure differs from NVML's."""
+    index = visible_gpu_index()
+    nv, _ = _nvml()
+    if nv is None or index is None:
+        return {}
+    try:
+        handle = nv.nvmlDeviceGetHandleByIndex(index)
+        major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        count = (nv.nvmlDeviceGetCount() if visible is None
+                 else sum(1 for entry in visible.split(",") if entry.strip()))
+        return {"gpu": _text(nv.nvmlDeviceGetName(handle)), "gpu_count": count,
+                "sm": f"{major}.{minor}", "driver": _text(nv.nvmlSystemGetDriverVersion())}
+    except Exception:   # a query this board or driver refuses: no half-named GPU
+        return {}
+
+
 def _index_of_uuid(uuid: str) -> int | None:
     nv, _ = _nvml()
     if nv is None:

@@ -54,16 +54,22 @@ def progress(**fields) -> None:
 
 
 def environment() -> dict:
-    """Fingerprint of where the cell ran: what a reader needs to trust or compare a number."""
+    """Fingerprint of where the cell ran: what a reader needs to trust or compare a number.
+
+    torch's own facts where the workload has imported it (called after the workload runs); a
+    cell that needs no torch (noop) is not made to import it, ~2 s of CPU, for its fingerprint:
+    then the torch version comes from the installed package's version file and the GPU from
+    NVML (hostfacts.gpu_identity), and what neither can say is absent."""
     from harness.worker import hostfacts
 
     env = {"hostname": socket.gethostname(), "platform": platform.platform(),
            "python": platform.python_version(), "cpu_count": os.cpu_count(),
            "cpu_model": hostfacts.cpu_model(),   # a CPU cell's baseline class
            "torch": None, "cuda": None, "gpu": None, "gpu_count": 0, "driver": None}
-    try:
-        import torch
-    except ImportError:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        env.update(_torch_version_file())
+        env.update(hostfacts.gpu_identity())
         return env
     env["torch"] = torch.__version__
     env["cuda"] = torch.version.cuda
@@ -74,6 +80,22 @@ def environment() -> dict:
                    gpu_memory_gib=round(props.total_memory / 2**30, 1),
                    sm=f"{props.major}.{props.minor}", driver=_driver_version())
     return env
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_version_file() -> dict:
+    """{"torch": version, "cuda": the CUDA it was built for} from the installed torch's
+    version.py, run on its own (it assigns a few constants), or {} without torch."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")     # finds the package without importing it
+        path = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+        names: dict = {}
+        exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), names)
+        return {"torch": str(names["__version__"]), "cuda": names.get("cuda")}
+    except Exception:   # no torch, or a layout this does not know: absent, not guessed
+        return {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,7 +119,7 @@ def run_cell(cell: dict) -> dict:
     cell = params.canonical(cell)
     result = {"cell": cell, "cell_id": params.cell_id(cell), "label": params.cell_label(cell),
               "status": "failed", "error": None, "metrics": {}, "samples": {},
-              "env": environment(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+              "env": None, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     t0 = time.perf_counter()
     # The facts that explain noise (load, clocks, throttling, foreign GPU processes), sampled
     # at the start and the end of the cell; absent where they cannot be read.
@@ -112,6 +134,7 @@ def run_cell(cell: dict) -> dict:
     except Exception as exc:  # a failing cell is a result, not a crash
         tb = traceback.format_exc(limit=6)
         result["error"] = f"{type(exc).__name__}: {exc}\n{tb[-4000:]}"
+    result["env"] = environment()      # after the workload: it knows whether torch was needed
     result["host_facts"] = facts.summary()
     result["wall_s"] = round(time.perf_counter() - t0, 3)
     return result

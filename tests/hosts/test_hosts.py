@@ -38,6 +38,21 @@ def test_real_worker_streams_progress_and_returns_a_result():
     assert result["metrics"]["tokens_per_s"] > 0
 
 
+def test_a_cell_without_torch_is_fingerprinted_without_importing_it():
+    import torch
+
+    probe = ("import json, sys\nfrom harness.worker.main import run_cell\n"
+             "r = run_cell({'workload': 'noop'})\n"
+             "print(json.dumps([r['status'], r['env'], 'torch' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    status, env, imported = __import__("json").loads(out.stdout.splitlines()[-1])
+    assert status == "ok" and not imported
+    assert (env["torch"], env["cuda"]) == (torch.__version__, torch.version.cuda)
+    assert "threads" not in env                    # torch's own figure: absent, not guessed
+    decoded, _ = run(LocalHost())                  # a decode cell: torch's facts, from torch
+    assert decoded["env"]["torch"] == torch.__version__ and decoded["env"]["threads"] >= 1
+
+
 def test_failure_inside_the_workload_is_reported_with_its_error(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen3", "vocab_size": 64}')
     result, _ = run(LocalHost(), dict(CELL, checkpoint=str(tmp_path)))

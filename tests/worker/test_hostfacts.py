@@ -81,6 +81,8 @@ def fake_nvml(devices, *, fail=(), reasons="new", procs=None, init=None):
             "utilization", lambda h: SimpleNamespace(gpu=devices[h]["util"], memory=3)),
         "nvmlDeviceGetMemoryInfo": call(
             "memory", lambda h: SimpleNamespace(used=devices[h]["used_bytes"], total=1 << 40)),
+        "nvmlDeviceGetCudaComputeCapability": call("capability", lambda h: devices[h]["cc"]),
+        "nvmlSystemGetDriverVersion": lambda: "580.159.04",
         "nvmlDeviceGetComputeRunningProcesses": call(
             "processes", lambda h: [SimpleNamespace(pid=p, usedGpuMemory=u)
                                     for p, u in procs.get(h, [])]),
@@ -99,7 +101,7 @@ def fake_nvml(devices, *, fail=(), reasons="new", procs=None, init=None):
 def device(**over):
     d = {"name": "NVIDIA H200", "uuid": "GPU-0000aaaa-1111", "clocks": {1: 1980, 2: 3201},
          "max_sm": 1980, "temp": 41, "power_mw": 123456, "limit_mw": 700000, "util": 97,
-         "used_bytes": 1536 * MIB, "reasons": 0x4 | 0x1}
+         "used_bytes": 1536 * MIB, "reasons": 0x4 | 0x1, "cc": (9, 0)}
     d.update(over)
     return d
 
@@ -204,6 +206,27 @@ def test_gpu_fields_and_units(monkeypatch):
                    # our own pid is left out; an unknown size stays unknown
                    "foreign_processes": [{"pid": 4242, "used_mib": 900},
                                          {"pid": 77, "used_mib": None}]}
+
+
+def test_gpu_identity_names_the_visible_gpu_as_the_fingerprint_does(monkeypatch):
+    use(monkeypatch, fake_nvml([device(), device(name=b"NVIDIA RTX PRO 6000", cc=(12, 0))]))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert hostfacts.gpu_identity() == {"gpu": "NVIDIA H200", "gpu_count": 2, "sm": "9.0",
+                                        "driver": "580.159.04"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")          # what CUDA calls 0 is NVML's 1
+    assert hostfacts.gpu_identity() == {"gpu": "NVIDIA RTX PRO 6000", "gpu_count": 1,
+                                        "sm": "12.0", "driver": "580.159.04"}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")           # no GPU for this process
+    assert hostfacts.gpu_identity() == {}
+
+
+def test_gpu_identity_is_absent_rather_than_half_read(monkeypatch, fresh_nvml):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    use(monkeypatch, fake_nvml([device()], fail={"capability"}))
+    assert hostfacts.gpu_identity() == {}
+    monkeypatch.setattr(hostfacts, "_NVML", hostfacts._NvmlState())
+    monkeypatch.setitem(sys.modules, "pynvml", None)         # no pynvml: nothing to say
+    assert hostfacts.gpu_identity() == {}
 
 
 def test_one_failing_query_leaves_only_its_field_absent(monkeypatch):
