@@ -23,7 +23,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from harness.gate.judge import (ERROR, EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, EXIT_UNDECIDED,
-                                MISSING, SEVERITY, CellVerdict, GateResult)
+                                MISSING, SEVERITY, GateResult)
 from harness.gate.noise import fmt_spread
 from harness.gate.stats import IMPROVED, INCONCLUSIVE, REGRESSED, UNCHANGED, Comparison
 from harness.sweep.journal import atomic_write_text

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from cli_process import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = [sys.executable, "-m", "harness.cli"]
@@ -35,8 +36,7 @@ def harness(*args: str, cwd: Path, env: dict | None = None, timeout: int = 240):
     full_env = dict(os.environ, **(env or {}))
     full_env.pop("MLFLOW_TRACKING_URI", None)
     full_env["COLUMNS"] = "160"
-    return subprocess.run([*HARNESS, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=full_env)
+    return run_cli(args, cwd=cwd, env=full_env, timeout=timeout)
 
 
 def write(path: Path, text: str) -> Path:

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cli_process import run_cli
+
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = "name: batch\nmatrix:\n  workload: [noop]\n  seed: [1, 2, 3]\ndefaults: {sleep_s: 0}\n"
 
@@ -20,6 +22,8 @@ SCENARIO = "name: batch\nmatrix:\n  workload: [noop]\n  seed: [1, 2, 3]\ndefault
 def sh(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="160")
     env.pop("MLFLOW_TRACKING_URI", None)
+    if args[:2] == ("-m", "harness.cli"):        # the controller: tests/cli_process.py
+        return run_cli(args[2:], cwd=cwd, env=env, timeout=240)
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=240)
 

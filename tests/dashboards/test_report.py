@@ -15,6 +15,8 @@ import warnings
 from pathlib import Path
 
 import pytest
+
+import cli_process
 from PIL import Image
 
 from dashboard_fixtures import (
@@ -168,8 +170,7 @@ def test_run_verdicts_read_the_metric_of_each_workload():
 def run_cli(*args, cwd):
     env = dict(os.environ, COLUMNS="160")
     env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=240, env=env)
+    return cli_process.run_cli(args, cwd=cwd, env=env, timeout=240)
 
 
 def test_report_command_writes_and_prints_the_path(runs, tmp_path):

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_process import run_cli
+
 asyncssh = pytest.importorskip("asyncssh", reason="asyncssh (a controller dependency) is not installed")
 from rich.console import Console
 
@@ -158,8 +160,7 @@ def sweep(cells, hosts, tmp_path, background: bool = False):
 def harness(*args, home: Path, cwd: Path, env: dict | None = None, timeout: int = 240):
     full = dict(os.environ, HOME=str(home), COLUMNS="200", **(env or {}))
     full.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.run([*HARNESS, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=full)
+    return run_cli(args, cwd=cwd, env=full, timeout=timeout)
 
 
 # -- a sweep over two hosts ----------------------------------------------------------------------

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from cli_process import run_cli
 import requests
 
 from harness.protocol.errors import InputError
@@ -34,8 +36,7 @@ def harness(*args: str, cwd: Path, env: dict | None = None, timeout: int = 240):
     full = dict(os.environ, COLUMNS="160")
     full.pop("MLFLOW_TRACKING_URI", None)
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, env=full)
+    return run_cli(args, cwd=cwd, env=full, timeout=timeout)
 
 
 def free_port() -> int:

@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from cli_process import run_cli
+
 from harness.protocol.params import canonical, cell_id, cell_label
 from harness.sweep import journal as journal_mod
 from harness.sweep import runner
@@ -48,13 +50,11 @@ def nap(tmp_path: Path, n: int, sleep: float = 0.01) -> Path:
 
 
 def harness(*args: str, cwd: Path, prelude: str | None = None, timeout: int = 240):
-    """The real CLI in a subprocess; `prelude` is Python run before it (fault injection)."""
+    """The real CLI in a child process (tests/cli_process.py); `prelude` is Python run before
+    it (fault injection)."""
     env = dict(os.environ, COLUMNS="160")
     env.pop("MLFLOW_TRACKING_URI", None)
-    command = HARNESS if prelude is None else [
-        sys.executable, "-c", prelude + "\nfrom harness.cli import main\nmain()\n"]
-    return subprocess.run([*command, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return run_cli(args, cwd=cwd, env=env, timeout=timeout, prelude=prelude)
 
 
 def run_id_from(stdout: str) -> str:
