@@ -63,54 +63,17 @@ def _split_kernel(
     stride_vb, stride_vh, stride_vs, stride_vd,
     stride_bb, stride_bt, stride_bw,
     T, HKV, D, M_PAD, num_splits, min_chunk_tiles, qk_scale,
-    G: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_M: tl.constexpr, MAIN_TILES: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    # M tiles 0 .. MAIN_TILES-1 have BLOCK_M rows; with TAIL_M > 0 one more tile has the last
-    # TAIL_M (a multiple of 16 below BLOCK_M). 65 tree tokens x 4 query heads are 260 rows: two
-    # tiles of 128 and one of 16 compute 272 rows, where tiles of one size would compute 320
-    # (64s) or 384 (128s), and at long context the verify is bound by that compute.
-    pid_m = tl.program_id(0)
-    if TAIL_M > 0:
-        if pid_m < MAIN_TILES:
-            _split_tile(Q, K, V, Lengths, Bits, Acc, ML, stride_qb, stride_qh, stride_qt,
-                        stride_qd, stride_kb, stride_kh, stride_ks, stride_kd, stride_vb,
-                        stride_vh, stride_vs, stride_vd, stride_bb, stride_bt, stride_bw, T, HKV,
-                        D, M_PAD, num_splits, min_chunk_tiles, qk_scale, pid_m * BLOCK_M,
-                        G, BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION)
-        else:
-            _split_tile(Q, K, V, Lengths, Bits, Acc, ML, stride_qb, stride_qh, stride_qt,
-                        stride_qd, stride_kb, stride_kh, stride_ks, stride_kd, stride_vb,
-                        stride_vh, stride_vs, stride_vd, stride_bb, stride_bt, stride_bw, T, HKV,
-                        D, M_PAD, num_splits, min_chunk_tiles, qk_scale, MAIN_TILES * BLOCK_M,
-                        G, TAIL_M, BLOCK_N, BLOCK_D, DOT_PRECISION)
-    else:
-        _split_tile(Q, K, V, Lengths, Bits, Acc, ML, stride_qb, stride_qh, stride_qt, stride_qd,
-                    stride_kb, stride_kh, stride_ks, stride_kd, stride_vb, stride_vh, stride_vs,
-                    stride_vd, stride_bb, stride_bt, stride_bw, T, HKV, D, M_PAD, num_splits,
-                    min_chunk_tiles, qk_scale, pid_m * BLOCK_M, G, BLOCK_M, BLOCK_N, BLOCK_D,
-                    DOT_PRECISION)
-
-
-@triton.jit
-def _split_tile(
-    Q, K, V, Lengths, Bits, Acc, ML,
-    stride_qb, stride_qh, stride_qt, stride_qd,
-    stride_kb, stride_kh, stride_ks, stride_kd,
-    stride_vb, stride_vh, stride_vs, stride_vd,
-    stride_bb, stride_bt, stride_bw,
-    T, HKV, D, M_PAD, num_splits, min_chunk_tiles, qk_scale, row0,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Rows row0 .. row0 + BLOCK_M - 1 of one (split, sequence x KV head)."""
+    pid_m = tl.program_id(0)
     split = tl.program_id(1)            # 0: the tree chunk; s >= 1: prefix chunk s - 1
     bh = tl.program_id(2)
     bi = (bh // HKV).to(tl.int64)       # int64: cache strides times batch can pass 2**31
     kvh = (bh % HKV).to(tl.int64)
     L = tl.load(Lengths + bi).to(tl.int32)
 
-    rows = row0 + tl.arange(0, BLOCK_M)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     t = rows // G
     g = rows % G
     row_ok = t < T
@@ -252,11 +215,14 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
     hkv, S = k.shape[1], k.shape[2]
     G = hq // hkv
     M = T * G
+    if M <= 64:
+        block_m = max(16, triton.next_power_of_2(M))
+    else:   # 64 or 128 rows, whichever pads M less (ties: 128, fewer re-reads of each KV tile)
+        block_m = 128 if triton.cdiv(M, 128) * 128 <= triton.cdiv(M, 64) * 64 else 64
     fp32 = q.element_size() >= 4
     wide = fp32 or d > 128              # keep fp32 / wide heads inside shared memory
-    block_m = 64 if wide else 128
-    if M <= block_m:
-        block_m = max(16, triton.next_power_of_2(M))
+    if wide:
+        block_m = min(block_m, 64)
     # fp32 (tests, lossless checks) takes IEEE dots on CUDA cores: register-hungry, so no
     # pipelining and 8 warps (the least spilling of the configs compiled for sm_90).
     p = dict(BLOCK_M=block_m, BLOCK_N=32 if wide else 64,
@@ -265,13 +231,7 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
              # The interpreter pays per program: give it a few big combine programs.
              COMBINE_ROWS=16 if _interpreting() else 1)
     p.update(config or {})
-    # Full tiles of BLOCK_M rows, then the rest in one tile of the next multiple of 16 up
-    # (a power of two for tl.dot), unless that is a full tile anyway.
-    main_tiles, rest = divmod(M, p["BLOCK_M"])
-    tail_m = max(16, triton.next_power_of_2(rest)) if rest else 0
-    if tail_m >= p["BLOCK_M"]:
-        main_tiles, tail_m = main_tiles + 1, 0
-    m_tiles = main_tiles + (tail_m > 0)
+    m_tiles = triton.cdiv(M, p["BLOCK_M"])
     if num_splits is None:
         # One wave of about two programs per SM, the tree chunk's included (a second, partial
         # wave would double the time), and no split shorter than MIN_CHUNK keys.
@@ -282,8 +242,7 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
     else:
         min_chunk_tiles = 1      # the caller asked for exactly this many
     p.update(G=G, BLOCK_D=max(16, triton.next_power_of_2(d)), m_tiles=m_tiles,
-             MAIN_TILES=main_tiles, TAIL_M=tail_m, M_PAD=main_tiles * p["BLOCK_M"] + tail_m,
-             num_splits=num_splits, min_chunk_tiles=min_chunk_tiles)
+             M_PAD=m_tiles * p["BLOCK_M"], num_splits=num_splits, min_chunk_tiles=min_chunk_tiles)
     return p
 
 
@@ -336,8 +295,7 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
     if acc.numel() < parts * p["M_PAD"] * d or ml.numel() < parts * 2 * p["M_PAD"]:
         raise ValueError("workspace too small for these inputs (alloc_workspace with the same num_splits)")
     scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * LOG2E
-    tiles = dict(G=p["G"], BLOCK_M=p["BLOCK_M"], TAIL_M=p["TAIL_M"], MAIN_TILES=p["MAIN_TILES"],
-                 BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"])
+    tiles = dict(G=p["G"], BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"])
 
     _split_kernel[(p["m_tiles"], p["num_splits"] + 1, b * hkv)](
         q, k, v, lengths, tree_bits, acc, ml,

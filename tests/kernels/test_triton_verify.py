@@ -145,23 +145,6 @@ def test_default_splits_on_long_prefix(interp):
     assert rel_err(out, reference(q, k, v, L, vis)) <= 1e-2
 
 
-@pytest.mark.parametrize("T,G,wide,tiles", [
-    (65, 4, False, (2, 128, 16, 272)),   # the loop's verify: 260 rows, two full tiles + 16
-    (64, 4, False, (2, 128, 0, 256)),    # 256 rows: no tail
-    (33, 8, True, (4, 64, 16, 272)),     # fp32 keeps 64-row tiles; the tail follows them
-    (17, 8, False, (1, 128, 16, 144)),
-    (16, 4, False, (1, 64, 0, 64)),      # fits one tile of the next power of two
-    (40, 4, False, (1, 128, 32, 160)),
-])
-def test_rows_are_cut_into_full_tiles_and_one_tail(T, G, wide, tiles):
-    dtype = torch.float32 if wide else torch.float16
-    q = torch.empty(1, 8 * G, T, 128, dtype=dtype)
-    k = torch.empty(1, 8, 4096, 128, dtype=dtype)
-    p = triton_verify.plan(q, k)
-    assert (p["MAIN_TILES"], p["BLOCK_M"], p["TAIL_M"], p["M_PAD"]) == tiles
-    assert p["m_tiles"] == p["MAIN_TILES"] + (p["TAIL_M"] > 0)
-
-
 @pytest.mark.parametrize("shape", ["chain", "star"])
 def test_tree_shapes(interp, shape):
     # chain: token i sees tree keys 0..i; star: only the root and itself.
