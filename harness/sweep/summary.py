@@ -52,11 +52,14 @@ def summary_table(results: list[dict], title: str) -> Table:
     kernel = [params.times_a_kernel(r["cell"]) for r in results]
     decode_columns = DECODE_COLUMNS if not all(kernel) else ()
     kernel_columns = KERNEL_COLUMNS if all(kernel) else KERNEL_COLUMNS[:1] if any(kernel) else ()
-    shown = varying_params(results) if len(results) > 1 and decode_columns else []
+    # A decode run names its cells by the parameters that vary; a run that mixes decode cells
+    # with cells timing one kernel names every cell by its label, since a kernel cell's decode
+    # parameters (graph, tree, acceptance ...) are defaults it never used.
+    shown = varying_params(results) if len(results) > 1 and not any(kernel) else []
     for k in shown:
         table.add_column(SHORT.get(k, k), justify="right" if k in ("context_length", "tree_budget") else "left")
     if not shown:
-        table.add_column("cell")
+        table.add_column("cell", min_width=24, overflow="fold")   # never squeezed to nothing
     hosts = {r.get("host") for r in results}
     if len(hosts) > 1:
         table.add_column("host")

@@ -38,3 +38,17 @@ def test_a_decode_run_keeps_its_columns_and_a_mixed_one_adds_kernel_time():
     assert "tok/s" in out and "idle" in out and "kernel µs" not in out and "ctx" in out
     mixed = render(decode + [result({"workload": "op", "op": "topk"}, kernel_us=25.74)])
     assert "tok/s" in mixed and "kernel µs" in mixed and "25.7" in mixed and "TB/s" not in mixed
+
+
+def test_a_mixed_run_names_every_cell_by_its_label_even_on_a_narrow_terminal():
+    decode = [result({"context_length": 256}, tokens_per_s=300.0, accept_len_mean=3.5),
+              result({"context_length": 1024}, tokens_per_s=200.0, accept_len_mean=3.5)]
+    kernel = result({"workload": "kernel", "verify_mode": "triton", "tree_tokens": 65},
+                    kernel_us=34.7)
+    console = Console(width=80, record=True, color_system=None)
+    console.print(summary_table(decode + [kernel], "t"))
+    out = console.export_text()
+    # No decode parameter columns that a kernel cell would fill with defaults it never used.
+    assert "greedy" not in out and "acceptance" not in out
+    for start in ("tiny ctx=256 N=16", "tiny ctx=1024 N=16", "kernel triton ctx=256"):
+        assert start in out, out
