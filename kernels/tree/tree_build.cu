@@ -52,8 +52,11 @@
 //   loads (L2 hits: the top-k was just written) + init ~1 us; epilogue: 4 barriers, the parent
 //   walks (D + 1 dependent loads ~500 cycles) and the output stores ~1 us. Total ~11-12 us for
 //   b = 2 (vs 217 us for the Triton kernel), inside the ~15 us budget. S2 is the largest part; it
-//   grows as M^2: N = 256 (M ~ 400, ~9k cycles per depth) ~ 70 us. Not measured yet:
-//   the op workload times it (op: tree_build, scenarios/ops.yaml).
+//   grows as M^2: N = 256 (M ~ 400, ~9k cycles per depth) ~ 70 us.
+//   Measured on the H200 (2026-12-01, kernels/NOTES.md): 59-63 us, 5x the estimate. ncu: the
+//   kernel issues 183k warp instructions at IPC 1.5 on its SM, and 38 % of them were setup that
+//   every warp ran at every depth (integer divisions by the group sizes, small loops), which
+//   the estimate above did not count; those are now hoisted and shifts.
 //
 // No torch headers: plain CUDA C++ with an extern "C" launcher (kernels/tree/cuda_tree_build.py calls
 // it through ctypes; kernels/build.py compiles it on the GPU host). The launcher never
@@ -208,11 +211,11 @@ __device__ __forceinline__ void corner_bound(int d, int N, int KP, int T, int ti
 // Merge beam `m` (sorted) into the running list (sorted, depths < m); keep the N first.
 // Beam entry t precedes list entry i iff its score is higher, or equal with its ancestor at i's
 // depth lex-smaller than i (equal: i is that ancestor and goes first); -inf precedes nothing.
-__device__ __forceinline__ void merge(int m, int N, int T, int tid, const double* beam,
+// `step`: the coarse probe stride of prefix_length, the least power of two with step^2 >= N
+// (computed once by the caller: every warp ran its loop at every depth).
+__device__ __forceinline__ void merge(int m, int N, int T, int tid, int step, const double* beam,
                                       const uint8_t* lexrow, const Entry* old_list, Entry* new_list) {
     const double NEG = -__builtin_inf();
-    int step = 1;
-    while (step * step < N) step <<= 1;
     // The last 2N threads when there are that many: S1's pair chunks sit on the first warps.
     const int first = T >= 2 * N ? tid - (T - 2 * N) : tid;
     for (int e = first; e < 2 * N; e += T) {
@@ -324,8 +327,15 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) tree_build_kernel(const Params
 
     const int tau_warps = (N + 31) / 32 < warps ? (N + 31) / 32 : warps;   // warps that saw corners
     const int chunk = (P + 32 * warps - 1) / (32 * warps) * 32;           // pairs per warp in S1
-    int lex_group = 1;                                                    // threads per slot in S3
-    while (lex_group < 8 && 2 * lex_group * N <= T) lex_group <<= 1;
+    // Per-kernel constants, hoisted out of the depth loop and kept as shifts: ncu counted 314
+    // instructions that every warp ran at every depth (38 % of the kernel's), mostly the integer
+    // divisions by the group sizes and these loops.
+    int merge_step = 1;
+    while (merge_step * merge_step < N) merge_step <<= 1;
+    int lex_shift = 0;                                                    // 2^lex_shift threads per slot in S3
+    while (lex_shift < 3 && (2 << lex_shift) * N <= T) ++lex_shift;
+    const int lex_group = 1 << lex_shift, lex_sub = tid & (lex_group - 1), lex_grp = tid >> lex_shift;
+    const int lex_per_pass = T >> lex_shift, lex_iters = (N - lex_sub + lex_group - 1) >> lex_shift;
 
     for (int d = 1; d < D; ++d) {
         const int cur = d & 1, prv = cur ^ 1;
@@ -380,15 +390,16 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) tree_build_kernel(const Params
                 }
             }
         }
-        if (d >= 2) merge(d - 1, N, T, tid, beam_prev, lex_prev, list + (d & 1) * N, list + prv * N);
+        if (d >= 2) merge(d - 1, N, T, tid, merge_step, beam_prev, lex_prev, list + (d & 1) * N, list + prv * N);
         __syncthreads();
 
         // ---- S2: rank every survivor in pop order; the N first form the beam of depth d.
         {
             const int M = counters[cur];
-            int G = 1;
-            while (G < 8 && 2 * G * M <= T) G <<= 1;
-            const int per_pass = T / G, sub = tid & (G - 1), grp = tid / G;
+            int shift = 0;                                     // G = 2^shift threads per survivor
+            while (shift < 3 && (2 << shift) * M <= T) ++shift;
+            const int G = 1 << shift, per_pass = T >> shift, sub = tid & (G - 1), grp = tid >> shift;
+            const int iters = (M - sub + G - 1) >> shift;      // q = sub, sub + G, ... < M
             for (int start = 0; start < M; start += per_pass) {
                 const int s = start + grp;
                 int before = 0;
@@ -400,8 +411,8 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) tree_build_kernel(const Params
                     me = cand[s];
                     // One 16-byte load per survivor (score, key): ~7 instructions per compare.
 #pragma unroll 4
-                    for (int q = sub; q < M; q += G) {
-                        const uint4 o = reinterpret_cast<const uint4*>(cand)[q];
+                    for (int i = 0; i < iters; ++i) {
+                        const uint4 o = reinterpret_cast<const uint4*>(cand)[sub + (i << shift)];
                         const uint64_t o_bits = (static_cast<uint64_t>(o.y) << 32) | o.x;
                         double o_score;
                         memcpy(&o_score, &o_bits, 8);
@@ -426,17 +437,16 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) tree_build_kernel(const Params
 
         // ---- S3: lex ranks, ancestor rows, next siblings, the next depth's bound.
         {
-            const int per_pass = T / lex_group, sub = tid & (lex_group - 1), grp = tid / lex_group;
-            for (int start = 0; start < N; start += per_pass) {
-                const int s = start + grp;
+            for (int start = 0; start < N; start += lex_per_pass) {
+                const int s = start + lex_grp;
                 int smaller = 0;
                 if (s < N) {
                     const uint32_t k = beam_key[s];
 #pragma unroll 4
-                    for (int t = sub; t < N; t += lex_group) smaller += beam_key[t] < k;
+                    for (int i = 0; i < lex_iters; ++i) smaller += beam_key[lex_sub + (i << lex_shift)] < k;
                 }
                 for (int off = 1; off < lex_group; off <<= 1) smaller += __shfl_xor_sync(FULL, smaller, off);
-                if (s < N && sub == 0) {
+                if (s < N && lex_sub == 0) {
                     const int js = slot_info[d * N + s] & 0xFF;
                     reinterpret_cast<uint4*>(lex_cur)[s] = reinterpret_cast<const uint4*>(lex_prev)[js];
                     lex_cur[s * 16 + d] = static_cast<uint8_t>(smaller);
@@ -453,7 +463,7 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) tree_build_kernel(const Params
     }
     if (D > 1) {
         const int m = D - 1;
-        merge(m, N, T, tid, beam_score + (m & 1) * N, lexrow + (m & 1) * N * 16, list + ((m - 1) & 1) * N,
+        merge(m, N, T, tid, merge_step, beam_score + (m & 1) * N, lexrow + (m & 1) * N * 16, list + ((m - 1) & 1) * N,
               list + (m & 1) * N);
         __syncthreads();
     }
