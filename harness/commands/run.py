@@ -102,7 +102,23 @@ def run(
                       f"{len(cells)} cell(s) on {escape(', '.join(wanted))}")
 
     outcome = runner.run_cells(cells, chosen, journal, console)
-    finish(journal, uri, outcome, f"harness run {scenario} --resume {journal.run_id}")
+    finish(journal, uri, outcome, resume_command(scenario, journal.run_id, tracking_uri))
+
+
+def resume_command(scenario: Path, run_id: str, tracking_uri: str | None) -> str:
+    """The command that finishes a run, as printed: with the --tracking-uri it was given (a
+    resume goes to the journal's store anyway; spelled out, a reader knows where), its
+    credentials left for the reader to fill in since the journal never keeps them."""
+    import shlex
+
+    from harness.protocol.redact import redact_uri
+
+    command = f"harness run {shlex.quote(str(scenario))} --resume {run_id}"
+    if tracking_uri:
+        shown = redact_uri(tracking_uri)
+        command += " --tracking-uri " + (shlex.quote(shown) if shown == tracking_uri else
+                                         "URI-WITH-ITS-CREDENTIALS")
+    return command
 
 
 def finish(journal, uri: str, outcome, resume: str) -> None:

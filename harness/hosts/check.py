@@ -56,7 +56,7 @@ async def check_all(hosts: list[Host]) -> list[dict]:
 
 
 def describe(facts: dict) -> tuple[bool, str]:
-    """(usable, one line) for a host's facts."""
+    """(usable, one line) for a host's facts. Usable: reachable, its Python runs and has torch."""
     name = facts["name"]
     if facts.get("error"):
         where = "" if facts.get("reachable") else "unreachable — "
@@ -72,7 +72,11 @@ def describe(facts: dict) -> tuple[bool, str]:
     if facts.get("host_key"):
         parts.append(f"host key {facts['host_key']}")
     parts.append(escape(f"python {facts.get('python')}"))
-    parts.append(escape(f"torch {facts['torch']}") if facts.get("torch") else "[yellow]no torch[/]")
+    # Every workload but noop imports torch: without it each cell would fail on its own.
+    has_torch = bool(facts.get("torch"))
+    parts.append(escape(f"torch {facts['torch']}") if has_torch else
+                 "[red]no torch[/] (decode, op, kernel and peer cells need it: install it for "
+                 "that python, or point `python:` at one that has it)")
     gpus = facts.get("gpus")
     if gpus:
         names = sorted({g["name"] for g in gpus})
@@ -87,4 +91,4 @@ def describe(facts: dict) -> tuple[bool, str]:
             parts.append("no busy GPUs")
     else:
         parts.append("no GPUs (no nvidia-smi)")
-    return True, f"{name}: " + ", ".join(parts)
+    return has_torch, f"{name}: " + ", ".join(parts)

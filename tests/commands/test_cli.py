@@ -143,6 +143,8 @@ def test_unreachable_tracking_server_then_resume_logs_everything(fresh_store, tm
     assert out.returncode == 1, out.stderr      # every cell ran, but the run is not logged
     assert "MLflow logging failed" in out.stderr and "--resume" in out.stderr
     run_id = run_id_from(out.stdout)
+    # The command it prints names the store it was given, not just the run.
+    assert f"harness run {sc} --resume {run_id} --tracking-uri {dead}" in out.stderr
     assert len(list((tmp_path / "results" / "runs" / run_id / "cells").glob("*.json"))) == 2
 
     uri = fresh_store(tmp_path)
@@ -217,3 +219,17 @@ def test_user_text_is_printed_as_plain_text_not_markup(fresh_store, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr and "MarkupError" not in out.stderr
     assert "scenario bench[/red]mark" in out.stdout and "bench[/red]mark — run" in out.stdout
+
+
+def test_ui_on_a_taken_port_is_one_line_and_exit_2(tmp_path):
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        out = harness("ui", "--port", str(port), "--tracking-uri",
+                      f"sqlite:///{tmp_path}/m.db", cwd=tmp_path, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    (line,) = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert f"127.0.0.1:{port}" in line and "--port" in line and "Traceback" not in out.stderr

@@ -366,6 +366,16 @@ def test_impossible_graph_capture_full(tmp_path):
                  "replay: it needs tree_build: gpu and accept: gpu")
 
 
+def test_graph_capture_on_a_cpu_cell_is_refused_where_it_is_written(tmp_path):
+    assert error(tmp_path, """
+        name: x
+        defaults: {device: cpu}
+        matrix:
+          graph_capture: [none, verify]
+        """) == ("s.yaml:4:25: graph_capture 'verify' records CUDA graphs; this cell runs on "
+                 "device 'cpu' (graph_capture: none, or device: cuda / auto)")
+
+
 def test_impossible_cell_removed_by_exclude_is_fine(tmp_path):
     cells = load(tmp_path, """
         name: x

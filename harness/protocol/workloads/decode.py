@@ -144,6 +144,10 @@ def check_tau(cell: dict):
 
 
 def check_graph_capture(cell: dict):
+    if cell["graph_capture"] != "none" and cell["device"] == "cpu":
+        return ("graph_capture", "device"), (
+            f"graph_capture '{cell['graph_capture']}' records CUDA graphs; this cell runs on "
+            f"device 'cpu' (graph_capture: none, or device: cuda / auto)")
     # Plain decoding (speculation: none) has no tree and no accept walk: any capture works.
     if (cell["graph_capture"] == "full" and cell["speculation"] != "none"
             and (cell["tree_build"], cell["accept"]) != ("gpu", "gpu")):
