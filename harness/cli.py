@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import typer
 
-from harness.commands import (baseline, bisect, gate, history, hosts, import_, report, run, ui,
-                              validate)
+from harness.commands import (baseline, bisect, compare, gate, history, hosts, import_, report,
+                              run, ui, validate)
 
 app = typer.Typer(help="Benchmark and regression harness for speculative decoding with draft trees.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -17,6 +17,7 @@ app.command()(validate.validate)
 app.command()(run.run)
 app.command(name="import")(import_.import_)
 app.command()(report.report)
+app.command()(compare.compare)
 app.command()(ui.ui)
 app.command()(gate.gate)
 app.command()(history.history)

@@ -29,10 +29,11 @@ class Verdict:
 
 
 def compared_metric(result: dict) -> str:
-    """The metric a cell is compared on: decode tokens/s, kernel time."""
-    if (result.get("cell") or {}).get("workload") == "kernel":
-        return "kernel_us"
-    return "tokens_per_s"
+    """The metric a cell is compared on: decode tokens/s; kernel time for the cells that time
+    one kernel (the kernel and op workloads)."""
+    from harness.protocol.params import times_a_kernel
+
+    return "kernel_us" if times_a_kernel(result.get("cell") or {}) else "tokens_per_s"
 
 
 def compare(head: dict[str, dict], base: dict[str, dict]) -> dict[str, Verdict]:

@@ -161,6 +161,8 @@ def test_run_verdicts_read_the_metric_of_each_workload():
         return compare_runs({key: head}, {key: base} if base else {})[key]
 
     assert verdict(k_head, k_base, kid).metric == "kernel_us"
+    op = dict(k_base, cell={"workload": "op", "op": "topk"})      # an op cell times a kernel too
+    assert verdict(op, op, kid).metric == "kernel_us" and verdict(op, op, kid).verdict != "base failed"
     assert verdict(fast, fast, cid).metric == "tokens_per_s"
     assert verdict(failed, fast, cid).verdict == "head failed"
     assert verdict(fast, failed, cid).verdict == "base failed"

@@ -1,0 +1,87 @@
+"""`harness compare BASE HEAD`: two journaled runs side by side in the terminal, cell by cell.
+
+Per cell of HEAD: the headline metric of both runs (decode tokens/s, kernel µs: the median of
+the repeats), head/base, "1.06× faster" or "slower" in the metric's own sense, the statistical
+gate's verdict with its p-value and interval (harness.gate.runs.compare, the verdict `harness
+report --compare` shows), and a noise flag when either side's host facts say the host was
+loaded, throttled or shared. Cells of BASE that HEAD does not have are listed after.
+
+Exit codes: 0 (a comparison, whatever it found; `harness gate` is the command that fails CI),
+2 bad input (a run that is not in the journal).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from harness.commands.options import console, fail_input, results_option
+
+LOWER_IS_BETTER = {"kernel_us"}
+VERDICT_STYLE = {"regressed": "red", "improved": "green", "unchanged": "", "inconclusive": "yellow"}
+
+
+def compare(
+    base_id: str = typer.Argument(..., metavar="BASE", help="the run compared against"),
+    head_id: str = typer.Argument(..., metavar="HEAD", help="the run whose change is shown"),
+    results_dir: Path = results_option("journal root is RESULTS/runs"),
+):
+    """Compare two runs cell by cell: both medians, the ratio, the gate's verdict, noise."""
+    from harness.gate import runs
+    from harness.sweep import journal as jr
+
+    try:
+        base = jr.RunJournal.open(results_dir / "runs", base_id)
+        head = jr.RunJournal.open(results_dir / "runs", head_id)
+    except jr.JournalError as e:
+        raise fail_input(e)
+    head_results, base_results = head.results(), base.results()
+    verdicts = runs.compare(head_results, base_results)
+    console.print(comparison_table(head_results, base_results, verdicts,
+                                   f"{head.run_id} ({head.scenario_name}) against "
+                                   f"{base.run_id} ({base.scenario_name})"))
+    gone = [r for cid, r in base_results.items() if cid not in head_results]
+    if gone:
+        console.print(f"{len(gone)} cell(s) of {escape(base.run_id)} not in {escape(head.run_id)}: "
+                      + "; ".join(escape(r.get("label", "?")) for r in gone), highlight=False)
+    console.print(runs.VERDICT_NOTE, style="dim", highlight=False)
+
+
+def comparison_table(head: dict[str, dict], base: dict[str, dict], verdicts: dict,
+                     title: str) -> Table:
+    from harness.gate.noise import host_notes
+
+    table = Table(title=escape(title), title_justify="left", header_style="bold")
+    table.add_column("cell", min_width=24, overflow="fold")
+    for name in ("metric", "base", "head", "head/base", "change", "verdict", "detail", "noise"):
+        table.add_column(name, justify="right" if name in ("base", "head", "head/base") else "left")
+    for cid, h in sorted(head.items(), key=lambda kv: kv[1].get("label", kv[0])):
+        v = verdicts[cid]
+        head_value = v.base * v.ratio if v.base is not None and v.ratio is not None else None
+        notes = host_notes([r for r in (h, base.get(cid)) if r])
+        noisy = any(r.get("noisy") for r in (h, base.get(cid)) if r)
+        style = VERDICT_STYLE.get(v.verdict, "")
+        table.add_row(escape(h.get("label", cid)), v.metric, _num(v.base), _num(head_value),
+                      f"{v.ratio:.3f}" if v.ratio is not None else "–", change(v.metric, v.ratio),
+                      f"[{style}]{v.verdict}[/]" if style else v.verdict, escape(v.detail),
+                      "[yellow]noisy[/] " + escape("; ".join(notes)) if notes or noisy else "")
+    return table
+
+
+def change(metric: str, ratio: float | None) -> str:
+    """'1.06× faster' / '1.10× slower' / 'same', in the metric's own sense of better."""
+    if ratio is None or ratio <= 0:
+        return "–"
+    better = ratio < 1 if metric in LOWER_IS_BETTER else ratio > 1
+    factor = max(ratio, 1 / ratio)
+    if factor < 1.0005:
+        return "same"
+    return f"{factor:.3f}× {'faster' if better else 'slower'}" if factor < 1.1 else \
+        f"{factor:.2f}× {'faster' if better else 'slower'}"
+
+
+def _num(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4g}"

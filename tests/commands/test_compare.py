@@ -1,0 +1,64 @@
+"""`harness compare BASE HEAD` on two real H200 runs committed under results/h200 (the CUDA tree
+build before and after a change that made it ~5 % faster, with the top-k and two decode cells
+that did not change), and its input errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.commands.compare import change
+
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "h200"
+BASE, HEAD = "20261201-205334-dfe5a3", "20261201-205343-755b9a"
+
+
+def harness(*args: str):
+    r = CliRunner().invoke(app, list(args), env={"COLUMNS": "220"})
+    return r.exit_code, r.output
+
+
+def rows(output: str) -> dict[str, str]:
+    """The table's first line of each cell, by the start of its label."""
+    return {line.split("│")[1].strip(): line for line in output.splitlines()
+            if line.startswith("│") and line.split("│")[1].strip()}
+
+
+def test_two_h200_runs_cell_by_cell():
+    code, out = harness("compare", BASE, HEAD, "--results", str(RESULTS))
+    assert code == 0, out
+    assert f"{HEAD} (tree-build) against {BASE} (tree-build)" in out
+    by_cell = rows(out)
+    tree = next(v for k, v in by_cell.items() if k.startswith("op tree_build cuda") and "bs=4" not in k)
+    assert "kernel_us" in tree and "63.99" in tree and "60.84" in tree
+    assert "faster" in tree and "improved" in tree and "p=0.0001" in tree
+    decode = next(v for k, v in by_cell.items() if k.startswith("qwen3-8b ctx=4096"))
+    assert "tokens_per_s" in decode and "inconclusive" in decode     # 5 repeats, 0.2 % apart
+    assert "Mann–Whitney" in out
+
+
+def test_the_other_way_round_the_same_cells_are_slower():
+    code, out = harness("compare", HEAD, BASE, "--results", str(RESULTS))
+    assert code == 0
+    tree = next(v for k, v in rows(out).items() if k.startswith("op tree_build cuda"))
+    assert "slower" in tree and "regressed" in tree
+
+
+def test_an_unknown_run_is_one_line_and_exit_2(tmp_path):
+    code, out = harness("compare", "20990101-000000-abcdef", HEAD, "--results", str(RESULTS))
+    assert code == 2
+    assert "no run '20990101-000000-abcdef'" in out and "Traceback" not in out
+    code, out = harness("compare", BASE, HEAD, "--results", str(tmp_path))
+    assert code == 2 and "Traceback" not in out
+
+
+@pytest.mark.parametrize("metric,ratio,said", [
+    ("tokens_per_s", 1.06, "1.060× faster"), ("tokens_per_s", 0.5, "2.00× slower"),
+    ("kernel_us", 0.5, "2.00× faster"), ("kernel_us", 1.2, "1.20× slower"),
+    ("kernel_us", 1.0, "same"), ("tokens_per_s", None, "–"),
+])
+def test_change_reads_each_metric_in_its_own_sense(metric, ratio, said):
+    assert change(metric, ratio) == said
