@@ -8,13 +8,29 @@ from __future__ import annotations
 import typer
 
 from harness.commands import (baseline, bisect, compare, gate, history, hosts, import_, report,
-                              run, ui, validate)
+                              run, runs, ui, validate)
 
 app = typer.Typer(help="Benchmark and regression harness for speculative decoding with draft trees.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
+
+
+def _version(value: bool) -> None:
+    if value:
+        import harness
+        typer.echo(f"specdec-harness {harness.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                          help="print the version and exit")) -> None:
+    """Benchmark and regression harness for speculative decoding with draft trees."""
+
+
 app.command()(validate.validate)
 app.command()(run.run)
+app.command()(runs.runs)
 app.command(name="import")(import_.import_)
 app.command()(report.report)
 app.command()(compare.compare)

@@ -1,0 +1,67 @@
+"""`harness runs`: the journal's runs, newest first, read without touching them; the committed
+H200 runs and a journal made here with a failed, a missing and a damaged cell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.protocol import params
+from harness.sweep.journal import RunJournal
+
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "h200"
+
+
+def harness_cli(*args: str):
+    r = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    return r.exit_code, r.output
+
+
+def result(cell: dict, status: str, gpu: str | None = None) -> dict:
+    cell = params.canonical(cell)
+    return {"cell": cell, "cell_id": params.cell_id(cell), "label": params.cell_label(cell),
+            "status": status, "metrics": {}, "host": "gpu-a", "env": {"gpu": gpu}}
+
+
+def test_the_h200_runs_newest_first_with_their_gpu_and_commit():
+    code, out = harness_cli("runs", "--results", str(RESULTS), "--last", "3")
+    assert code == 0, out
+    lines = [ln for ln in out.splitlines() if ln.startswith("│")]
+    assert len(lines) == 3 and lines[0] > lines[1] > lines[2]          # run ids sort by time
+    assert "20261201-205343-755b9a" in lines[0] and "tree-build" in lines[0]
+    assert "5 ok" in lines[0] and "NVIDIA H200" in lines[0] and "c9b208863e" in lines[0]
+    assert "older run(s) not shown" in out
+    code, only = harness_cli("runs", "--results", str(RESULTS), "--scenario", "verify65")
+    assert code == 0 and only.count("verify65") == 2 and "tree-build" not in only
+
+
+def test_failed_missing_and_damaged_cells_are_counted_and_left_alone(tmp_path):
+    cells = [{"workload": "noop", "seed": i} for i in range(4)]
+    j = RunJournal.create(tmp_path / "runs", "20260101-000000-aaaaaa", "nap", None, "name: nap\n",
+                          cells, {"git_sha": "1234567890abcdef", "git_dirty": True, "trigger": "pr"})
+    j.write_cell(result(cells[0], "ok"))
+    j.write_cell(result(cells[1], "failed"))
+    damaged = j.cells_dir / "deadbeef0000.json"
+    damaged.write_text("{not json")
+    (tmp_path / "runs" / "20260102-000000-bbbbbb").mkdir()
+    (tmp_path / "runs" / "20260102-000000-bbbbbb" / "run.json").write_text("[1, 2")
+    code, out = harness_cli("runs", "--results", str(tmp_path))
+    assert code == 0, out
+    assert "1 ok, 1 failed, 1 not run, 1 damaged" in out
+    assert "1234567890 (dirty)" in out and "pr" in out and "gpu-a" in out and "cpu" in out
+    assert "run.json damaged" in out and "Traceback" not in out
+    assert damaged.read_text() == "{not json"                 # listed, never set aside
+
+
+def test_no_runs_yet_says_how_to_make_one(tmp_path):
+    code, out = harness_cli("runs", "--results", str(tmp_path))
+    assert code == 0 and "No runs" in out and "harness run SCENARIO" in out
+
+
+def test_version():
+    import harness
+
+    code, out = harness_cli("--version")
+    assert code == 0 and out.strip() == f"specdec-harness {harness.__version__}"
