@@ -14,8 +14,9 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from harness.commands.options import (baselines_option, console, err, fail_input, hosts_file_option,
-                                      max_cells_option, results_option, tracking_uri_option)
+from harness.commands.options import (baselines_option, cell_filter_option, console, err,
+                                      fail_input, hosts_file_option, max_cells_option,
+                                      results_option, tracking_uri_option)
 from harness.protocol.errors import InputError
 
 
@@ -69,6 +70,7 @@ def gate(
     log_mlflow: bool = typer.Option(False, "--log-mlflow", help="log what the gate measured to MLflow"),
     trigger: str = typer.Option("pr", "--trigger", help="trigger tag of the runs the gate journals"),
     max_cells: Optional[int] = max_cells_option("allow a scenario of up to N cells (default 10000)"),
+    cell_filter: Optional[str] = cell_filter_option(),
 ):
     """Judge a head against a baseline: exit 0 no regression (every gated metric decided),
     1 regression, 2 error or a design that cannot decide, 3 undecided."""
@@ -77,6 +79,7 @@ def gate(
     from harness.gate.run import GateOptions, gate_ab, gate_against, parse_baseline
     from harness.hosts.interface import HostUnavailable
     from harness.sweep.journal import JournalError
+    from harness.sweep.cellfilter import select
     from harness.sweep.scenario import TRIGGERS, load_scenario
 
     try:
@@ -98,13 +101,14 @@ def gate(
         if budget_s < 0:
             raise InputError(None, None, None, f"--budget-s must be >= 0, got {budget_s:g}")
         sc = load_scenario(scenario, max_cells=max_cells)
+        cells = select(sc.cells(), cell_filter)
         policies = resolve_policies(sc.metrics, alpha=alpha, alpha_eq=alpha_eq, where=sc.path)
         opts = GateOptions(
             scenario=sc, policies=policies, host=_host(host, hosts_file),
             base_ref=base, head_ref=head, baseline=baseline, head_run=run_id, rounds=rounds,
             max_rounds=max_rounds, budget_s=budget_s or None, results_dir=results_dir,
             baselines_dir=baselines_dir, tracking_uri=tracking_uri, allow_missing=allow_missing,
-            allow_undecided=allow_undecided, trigger=trigger,
+            allow_undecided=allow_undecided, trigger=trigger, cells=cells,
             log=lambda line: console.print(line, highlight=False, markup=False))
         result = gate_ab(opts) if base else gate_against(opts)
     except (InputError, JournalError) as e:

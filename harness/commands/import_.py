@@ -47,6 +47,9 @@ def import_(
     except InputError as e:
         raise fail_input(e)
     cells = sc.cells()
+    ran = batch.get("cell_ids")
+    if isinstance(ran, list) and ran:    # the batch of a selection (harness run -k ... --export-cells)
+        cells = [c for c in cells if params.cell_id(c) in set(ran)]
     wanted = {params.cell_id(c): c for c in cells}
 
     results = []

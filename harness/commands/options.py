@@ -39,6 +39,13 @@ def tracking_uri_option(help: Optional[str] = None):
     return typer.Option(None, "--tracking-uri", help=help)
 
 
+def cell_filter_option():
+    """`-k EXPR`: only the cells it selects (harness/sweep/cellfilter.py)."""
+    return typer.Option(None, "-k", metavar="EXPR",
+                        help="only the cells this selects: words in the label or key=value, "
+                             "with and / or / not, e.g. -k 'triton and not context_length=65536'")
+
+
 def results_option(help: Optional[str] = None):
     """`--results DIR`: the root of the journal (RESULTS/runs) and what is written beside it."""
     return typer.Option(RESULTS_DIR, "--results", help=help)

@@ -16,8 +16,9 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from harness.commands.options import (console, err, fail_input, hosts_file_option,
-                                      max_cells_option, results_option, tracking_uri_option)
+from harness.commands.options import (cell_filter_option, console, err, fail_input,
+                                      hosts_file_option, max_cells_option, results_option,
+                                      tracking_uri_option)
 from harness.commands.report import write_report
 from harness.protocol.errors import InputError
 
@@ -41,14 +42,19 @@ def run(
         None, "--export-cells", metavar="FILE",
         help="write the cells to FILE (JSON lines) for `python -m harness.worker --cells FILE "
              "--out DIR` on a host with nothing but torch, then `harness import DIR`; runs nothing"),
+    cell_filter: Optional[str] = cell_filter_option(),
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="say which cells would run on which hosts; run nothing"),
 ):
     """Run a scenario's cells, journal every result, log the run to MLflow."""
     from harness.sweep import gitinfo, journal as jr, runner, tracking
     from harness.hosts.inventory import load_hosts, select_hosts
+    from harness.sweep.cellfilter import select
     from harness.sweep.scenario import TRIGGERS, load_scenario, validate_tracking_uri
 
     try:
         sc = load_scenario(scenario, max_cells=max_cells)
+        selected = select(sc.cells(), cell_filter)
         uri = validate_tracking_uri(tracking_uri or tracking.default_tracking_uri())
         if trigger is not None and trigger not in TRIGGERS:
             raise InputError(None, None, None, f"--trigger must be one of {', '.join(TRIGGERS)}, not '{trigger}'")
@@ -68,8 +74,11 @@ def run(
         wanted = [h.name for h in chosen]
     except InputError as e:
         raise fail_input(e)
+    if dry_run:
+        print_plan(sc, selected, wanted, resume)
+        return
     if export_cells is not None:
-        write_cells_file(export_cells, sc, trigger or sc.trigger)
+        write_cells_file(export_cells, sc, selected, trigger or sc.trigger)
         return
 
     root = results_dir / "runs"
@@ -86,6 +95,11 @@ def run(
         except InputError as e:
             raise fail_input(e)
         cells = journal.missing()
+        if cell_filter:
+            try:
+                cells = select(cells, cell_filter)
+            except InputError as e:
+                raise fail_input(e)
         console.print(f"Resuming run [bold]{resume}[/]: {len(cells)} of {len(journal.cells)} cell(s) to run")
     else:
         git = gitinfo.git_info()
@@ -94,7 +108,7 @@ def run(
                 "argv": sys.argv, "controller": {"python": platform.python_version(),
                                                  "platform": platform.platform()}}
         try:   # a full disk here leaves no run folder behind
-            journal = jr.RunJournal.create(root, jr.new_run_id(), sc.name, scenario, sc.text, sc.cells(), meta)
+            journal = jr.RunJournal.create(root, jr.new_run_id(), sc.name, scenario, sc.text, selected, meta)
         except jr.JournalError as e:
             raise fail_input(e)
         cells = [c["cell"] for c in journal.cells]
@@ -164,14 +178,24 @@ def finish(journal, uri: str, outcome, resume: str) -> None:
         raise typer.Exit(1)
 
 
-def write_cells_file(path: Path, sc, trigger: str) -> None:
-    """The scenario's cells as a batch file: a header (what import needs to make a run of it),
-    then one canonical cell per line."""
+def print_plan(sc, cells: list[dict], hosts: list[str], resume: str | None) -> None:
+    """--dry-run: the cells a run would start with and where, and nothing else done."""
+    from harness.protocol import params
+
+    what = f"resume {resume}: the missing cells among" if resume else "would run"
+    console.print(f"Dry run: scenario [bold]{escape(sc.name)}[/] {what} {len(cells)} cell(s) on "
+                  f"{escape(', '.join(hosts))}; nothing was run or written")
+    for c in cells:
+        console.print(f"  {params.cell_id(c)}  {escape(params.cell_label(c))}", highlight=False)
+
+
+def write_cells_file(path: Path, sc, cells: list[dict], trigger: str) -> None:
+    """The cells as a batch file: a header (what import needs to make a run of it), then one
+    canonical cell per line."""
     import json
 
     from harness.sweep import gitinfo
     git = gitinfo.git_info()
-    cells = sc.cells()
     header = {"harness_batch": {"scenario": sc.name, "scenario_text": sc.text,
                                 "git_sha": git["sha"], "git_branch": git["branch"],
                                 "git_dirty": git["dirty"], "trigger": trigger,

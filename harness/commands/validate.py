@@ -8,21 +8,25 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from harness.commands.options import console, fail_input, max_cells_option
+from harness.commands.options import cell_filter_option, console, fail_input, max_cells_option
 from harness.protocol.errors import InputError
 
 
 def validate(scenario: Path = typer.Argument(..., help="scenario YAML file"),
-             max_cells: Optional[int] = max_cells_option()):
+             max_cells: Optional[int] = max_cells_option(),
+             cell_filter: Optional[str] = cell_filter_option()):
     """Check a scenario and list the cells it expands to (exit 0 valid, 2 invalid)."""
+    from harness.sweep.cellfilter import select
     from harness.sweep.scenario import load_scenario
     try:
         sc = load_scenario(scenario, max_cells=max_cells)
+        every = sc.cells()
+        cells = select(every, cell_filter)
     except InputError as e:
         raise fail_input(e)
-    cells = sc.cells()
+    picked = f" ({len(cells)} of {len(every)} selected by -k)" if cell_filter else ""
     console.print(f"{escape(str(scenario))}: valid — scenario [bold]{escape(sc.name)}[/], "
-                  f"{len(cells)} cell(s)")
+                  f"{len(cells) if not cell_filter else len(every)} cell(s){escape(picked)}")
     from harness.protocol import params
     for c in cells:
         console.print(f"  {params.cell_id(c)}  {escape(params.cell_label(c))}", highlight=False)

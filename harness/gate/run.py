@@ -68,6 +68,10 @@ class GateOptions:
     trigger: str = "pr"
     log: Callable[[str], None] = print     # progress lines
     gate_id: str = field(default_factory=new_run_id)
+    cells: list[dict] | None = None        # the scenario's cells to gate (None: all; -k picks)
+
+    def gated_cells(self) -> list[dict]:
+        return self.cells if self.cells is not None else self.scenario.cells()
 
     @property
     def gate_dir(self) -> Path:
@@ -164,7 +168,7 @@ def gate_ab(opts: GateOptions) -> GateResult:
     repo = abtest.repo_root(Path.cwd())
     base_sha = abtest.resolve_commit(repo, opts.base_ref)
     head_sha = abtest.resolve_commit(repo, opts.head_ref) if opts.head_ref else None
-    cells = opts.scenario.cells()
+    cells = opts.gated_cells()
     labels = {params.cell_id(c): params.cell_label(c) for c in cells}
     # The unit of an A/B sample is a round (one worker run, the median of its repeats): runs
     # differ by more than repeats do (baselines.samples_of), so one sample a round per metric.
@@ -346,7 +350,7 @@ def _demote_single_samples(policies: dict[str, Policy], base_sides: dict[str, Si
 def gate_against(opts: GateOptions) -> GateResult:
     mode, base_run = parse_baseline(opts.baseline)
     sc = opts.scenario
-    cells = sc.cells()
+    cells = opts.gated_cells()
     labels = {params.cell_id(c): params.cell_label(c) for c in cells}
     repeats = {params.cell_id(c): params.canonical(c)["repeats"] for c in cells}
     baselines_dir = opts.baselines_dir or opts.results_dir / "baselines"

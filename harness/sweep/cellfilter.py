@@ -1,0 +1,116 @@
+"""`-k EXPR`: pick some of a scenario's cells, as pytest's -k picks tests.
+
+    -k 4096                      cells whose label contains "4096" (case-insensitive)
+    -k "triton and not ctx=65536"
+    -k "verify_mode=custom or (workload=kernel and tree_tokens=65)"
+
+A word `key=value` whose key is a cell parameter is true when the cell's canonical `key` is
+`value` (as a scenario writes it: `fused_ops=true`, `context_length=4096`); any other word
+(`ctx=4096`, `triton`) is true when the cell's label contains it, case-insensitively. `and`,
+`or`, `not` and parentheses combine words, with the usual precedence (not, then and, then or).
+A malformed expression, or one that selects no cell (a misspelt key does that), is an InputError
+naming the expression: a run of nothing is never started.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from harness.protocol import params
+from harness.protocol.errors import InputError
+from harness.protocol.workloads import yaml_word
+
+_TOKEN = re.compile(r"\s*(\(|\)|[^\s()]+)")
+Matcher = Callable[[dict, str], bool]          # (canonical cell, label) -> selected
+
+
+@dataclass
+class _Parser:
+    expr: str
+    tokens: list[tuple[str, int]]
+    at: int = 0
+
+    def fail(self, why: str) -> InputError:
+        return InputError(None, None, None, f"-k {self.expr!r}: {why}")
+
+    def peek(self) -> str | None:
+        return self.tokens[self.at][0] if self.at < len(self.tokens) else None
+
+    def take(self) -> tuple[str, int]:
+        token = self.tokens[self.at]
+        self.at += 1
+        return token
+
+    def parse_or(self) -> Matcher:
+        left = self.parse_and()
+        while self.peek() == "or":
+            self.take()
+            right, first = self.parse_and(), left
+            left = lambda c, lab, a=first, b=right: a(c, lab) or b(c, lab)
+        return left
+
+    def parse_and(self) -> Matcher:
+        left = self.parse_not()
+        while self.peek() == "and":
+            self.take()
+            right, first = self.parse_not(), left
+            left = lambda c, lab, a=first, b=right: a(c, lab) and b(c, lab)
+        return left
+
+    def parse_not(self) -> Matcher:
+        token = self.peek()
+        if token is None:
+            raise self.fail("ends where a word, 'not' or '(' was expected")
+        if token == "not":
+            self.take()
+            inner = self.parse_not()
+            return lambda c, lab: not inner(c, lab)
+        if token == "(":
+            _, column = self.take()
+            inner = self.parse_or()
+            if self.peek() != ")":
+                raise self.fail(f"the '(' at column {column + 1} is never closed")
+            self.take()
+            return inner
+        if token in ("and", "or", ")"):
+            raise self.fail(f"'{token}' at column {self.tokens[self.at][1] + 1} where a word "
+                            f"was expected")
+        word, _ = self.take()
+        return self.word(word)
+
+    def word(self, word: str) -> Matcher:
+        key, sep, value = word.partition("=")
+        if sep and key in params.PARAMS:
+            return lambda c, lab: key in c and yaml_word(c[key]) == value
+        needle = word.lower()
+        return lambda c, lab: needle in lab.lower()
+
+
+def compile_filter(expr: str) -> Matcher:
+    tokens = [(m.group(1), m.start(1)) for m in _TOKEN.finditer(expr)]
+    parser = _Parser(expr, tokens)
+    if not tokens:
+        raise parser.fail("is empty")
+    matcher = parser.parse_or()
+    if parser.peek() is not None:
+        token, column = parser.tokens[parser.at]
+        raise parser.fail(f"unexpected '{token}' at column {column + 1}")
+    return matcher
+
+
+def select(cells: list[dict], expr: str | None) -> list[dict]:
+    """The cells `expr` selects (all of them without one), in their order."""
+    if expr is None:
+        return cells
+    matcher = compile_filter(expr)
+    chosen = [c for c in cells if matcher(params.canonical(c), params.cell_label(c))]
+    if not chosen:
+        words = [m.group(1) for m in _TOKEN.finditer(expr)]
+        unknown = [w.partition("=")[0] for w in words
+                   if "=" in w and w.partition("=")[0] not in params.PARAMS]
+        hint = f" ({', '.join(unknown)}: not a cell parameter, read as label text)" if unknown else ""
+        raise InputError(None, None, None,
+                         f"-k {expr!r} selects none of the {len(cells)} cell(s){hint}")
+    return chosen

@@ -1,0 +1,101 @@
+"""`-k EXPR` (harness/sweep/cellfilter.py): words in labels, key=value on canonical parameters,
+and / or / not / parentheses, and one line for every way an expression can be wrong; then the
+CLI: validate, run --dry-run and run -k --export-cells."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.protocol import params
+from harness.protocol.errors import InputError
+from harness.sweep.cellfilter import select
+
+CELLS = [{"context_length": c, "verify_mode": v} for c in (4096, 65536) for v in ("sdpa", "triton")] + \
+    [{"workload": "kernel", "verify_mode": "custom", "tree_tokens": 65}]
+
+
+def picked(expr: str) -> list[str]:
+    return [params.cell_label(c) for c in select(CELLS, expr)]
+
+
+@pytest.mark.parametrize("expr,count", [
+    ("triton", 2), ("TRITON", 2), ("ctx=4096", 2),          # a word: in the label
+    ("context_length=4096", 2), ("context_length=256", 1),  # the kernel cell's default context ("verify_mode=triton", 2), ("workload=kernel", 1),
+    ("triton and not context_length=65536", 1), ("sdpa or custom", 3),
+    ("not (workload=kernel or verify_mode=sdpa)", 2), ("tree_tokens=65", 1),
+])
+def test_expressions_select(expr, count):
+    assert len(picked(expr)) == count, picked(expr)
+
+
+def test_no_expression_is_every_cell_in_order():
+    assert select(CELLS, None) == CELLS
+
+
+@pytest.mark.parametrize("expr,why", [
+    ("", "is empty"), ("triton and", "ends where a word"), ("(triton", "never closed"),
+    ("triton )", "unexpected ')' at column 8"), ("or triton", "'or' at column 1"),
+    ("contxt_length=4096", "selects none of the 5 cell(s) (contxt_length: not a cell parameter"),
+    ("flashinfer", "selects none of the 5 cell(s)"),
+])
+def test_a_bad_expression_is_one_line_naming_it(expr, why):
+    with pytest.raises(InputError) as info:
+        select(CELLS, expr)
+    assert why in str(info.value) and f"-k {expr!r}" in str(info.value)
+
+
+SCENARIO = "name: k\nmatrix:\n  workload: [noop]\n  seed: [1, 2, 3]\n  sleep_s: [0, 0.5]\n"
+
+
+def cli(*args: str):
+    r = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    return r.exit_code, r.output
+
+
+def test_validate_and_dry_run_show_the_selection_and_write_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "k.yaml").write_text(SCENARIO)
+    code, out = cli("validate", "k.yaml", "-k", "seed=2")
+    assert code == 0 and "6 cell(s) (2 of 6 selected by -k)" in out
+    assert len([ln for ln in out.splitlines() if ln.startswith("  ")]) == 2      # the two listed
+    code, out = cli("run", "k.yaml", "-k", "seed=2 and sleep_s=0.5", "--dry-run")
+    assert code == 0, out
+    assert "would run 1 cell(s) on local" in out and "nothing was run" in out
+    assert not (tmp_path / "results").exists()
+    code, out = cli("run", "k.yaml", "-k", "seed=9")
+    assert code == 2 and "selects none of the 6 cell(s)" in out
+    assert not (tmp_path / "results").exists()
+
+
+def test_an_exported_selection_is_the_batch(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "k.yaml").write_text(SCENARIO)
+    code, out = cli("run", "k.yaml", "-k", "not seed=3", "--export-cells", "cells.jsonl")
+    assert code == 0, out
+    header, *cells = [json.loads(line) for line in (tmp_path / "cells.jsonl").read_text().splitlines()]
+    assert header["harness_batch"]["cells"] == 4 == len(cells)
+    assert {c["seed"] for c in cells} == {1, 2}
+
+
+def test_a_gate_judges_only_the_selected_cells(tmp_path, monkeypatch):
+    # Two real H200 runs (the CUDA tree build before and after a 5 % speed-up, and three cells
+    # that did not change): -k keeps the gate to the tree build.
+    import shutil
+    from pathlib import Path
+
+    h200 = Path(__file__).resolve().parents[2] / "results" / "h200" / "runs"
+    base, head = "20261201-205334-dfe5a3", "20261201-205343-755b9a"
+    for run in (base, head):
+        shutil.copytree(h200 / run, tmp_path / "runs" / run)
+    monkeypatch.chdir(tmp_path)
+    args = ["gate", f"runs/{head}/scenario.yaml", "--baseline", f"run:{base}", "--run", head,
+            "--results", str(tmp_path)]
+    code, out = cli(*args, "-k", "tree_build")
+    assert code == 0, out
+    assert "2 improved (2 cell(s))" in out and "topk" not in out.split("passed")[-1]
+    code, out = cli(*args, "-k", "flashinfer")
+    assert code == 2 and "selects none of the 5 cell(s)" in out
