@@ -11,7 +11,7 @@ from harness.commands import (baseline, bisect, compare, gate, history, hosts, i
                               run, runs, ui, validate)
 
 app = typer.Typer(help="Benchmark and regression harness for speculative decoding with draft trees.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False)
 
 
 

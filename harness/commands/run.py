@@ -45,6 +45,9 @@ def run(
     cell_filter: Optional[str] = cell_filter_option(),
     dry_run: bool = typer.Option(False, "--dry-run",
                                  help="say which cells would run on which hosts; run nothing"),
+    json_out: Optional[Path] = typer.Option(None, "--json", metavar="FILE",
+                                            help="also write the run's outcome as JSON (run id, "
+                                                 "journal, logged, each cell's status and metrics)"),
 ):
     """Run a scenario's cells, journal every result, log the run to MLflow."""
     from harness.sweep import gitinfo, journal as jr, runner, tracking
@@ -116,7 +119,7 @@ def run(
                       f"{len(cells)} cell(s) on {escape(', '.join(wanted))}")
 
     outcome = runner.run_cells(cells, chosen, journal, console)
-    finish(journal, uri, outcome, resume_command(scenario, journal.run_id, tracking_uri))
+    finish(journal, uri, outcome, resume_command(scenario, journal.run_id, tracking_uri), json_out)
 
 
 def resume_command(scenario: Path, run_id: str, tracking_uri: str | None) -> str:
@@ -135,9 +138,10 @@ def resume_command(scenario: Path, run_id: str, tracking_uri: str | None) -> str
     return command
 
 
-def finish(journal, uri: str, outcome, resume: str) -> None:
+def finish(journal, uri: str, outcome, resume: str, json_out: Path | None = None) -> None:
     """The end of a run (or an import): derived metrics into the journal, the summary table, the
-    MLflow upload, the report, and the exit code. `resume` is the command that finishes it."""
+    MLflow upload, the report, the --json outcome and the exit code. `resume` is the command
+    that finishes it."""
     from harness.sweep import journal as jr, tracking
     from harness.sweep.derived import add_speedups
     from harness.sweep.summary import summary_table
@@ -167,6 +171,8 @@ def finish(journal, uri: str, outcome, resume: str) -> None:
     write_report(journal, uri if logged else None)
 
     console.print(f"Journal: {escape(str(journal.path))}", highlight=False)
+    if json_out is not None:
+        write_outcome(json_out, journal, results, logged, outcome.interrupted, resume)
     if outcome.interrupted:
         err.print(f"Interrupted. Finish with: {escape(resume)}")
         raise typer.Exit(130)
@@ -176,6 +182,29 @@ def finish(journal, uri: str, outcome, resume: str) -> None:
         err.print(f"{len(missing)} cell(s) failed or missing; rerun them with: {escape(resume)}")
     if failed or missing or not logged:        # an upload that failed is unfinished work too
         raise typer.Exit(1)
+
+
+def write_outcome(path: Path, journal, results: list[dict], logged: bool, interrupted: bool,
+                  resume: str) -> None:
+    """--json FILE: what a script needs after a run, without parsing the console."""
+    from harness.sweep.journal import atomic_write_json
+
+    ran = {r.get("cell_id") for r in results}
+    outcome = {"run_id": journal.run_id, "scenario": journal.scenario_name,
+               "journal": str(journal.path), "logged": logged, "interrupted": interrupted,
+               "resume": resume,
+               "not_run": [c["cell_id"] for c in journal.cells if c["cell_id"] not in ran],
+               "cells": [
+                   {"cell_id": r.get("cell_id"), "label": r.get("label"), "status": r["status"],
+                    "error": ((r.get("error") or "").strip().splitlines() or [None])[0],
+                    "host": r.get("host"), "metrics": r.get("metrics") or {}}
+                   for r in results]}
+    try:
+        atomic_write_json(path, outcome)
+    except OSError as e:
+        err.print(f"[red]error:[/] {escape(str(path))}: {escape(e.strerror or str(e))}",
+                  highlight=False)
+        raise typer.Exit(2)
 
 
 def print_plan(sc, cells: list[dict], hosts: list[str], resume: str | None) -> None:

@@ -83,9 +83,20 @@ class _Parser:
     def word(self, word: str) -> Matcher:
         key, sep, value = word.partition("=")
         if sep and key in params.PARAMS:
-            return lambda c, lab: key in c and yaml_word(c[key]) == value
+            return lambda c, lab: key in c and _equals(c[key], value)
         needle = word.lower()
         return lambda c, lab: needle in lab.lower()
+
+
+def _equals(have, text: str) -> bool:
+    """A parameter's value against the text of `key=value`: numbers as numbers (sleep_s=0 is
+    0.0), booleans and words as a scenario writes them (true, triton)."""
+    if isinstance(have, (int, float)) and not isinstance(have, bool):
+        try:
+            return float(text) == float(have)
+        except ValueError:
+            return False
+    return yaml_word(have) == text
 
 
 def compile_filter(expr: str) -> Matcher:

@@ -65,3 +65,19 @@ def test_version():
 
     code, out = harness_cli("--version")
     assert code == 0 and out.strip() == f"specdec-harness {harness.__version__}"
+
+
+def test_shell_completion_completes_the_commands():
+    import os
+    import subprocess
+    import sys
+
+    harness = Path(sys.executable).parent / "harness"             # the installed console script
+    script = subprocess.run([str(harness), "--show-completion", "bash"], capture_output=True,
+                            text=True, timeout=60)
+    assert script.returncode == 0 and "_HARNESS_COMPLETE=complete_bash" in script.stdout
+    # What the bash function runs on TAB after `harness ru`:
+    done = subprocess.run([str(harness)], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, COMP_WORDS="harness ru", COMP_CWORD="1",
+                                   _HARNESS_COMPLETE="complete_bash"))
+    assert done.stdout.split() == ["run", "runs"]

@@ -99,3 +99,17 @@ def test_a_gate_judges_only_the_selected_cells(tmp_path, monkeypatch):
     assert "2 improved (2 cell(s))" in out and "topk" not in out.split("passed")[-1]
     code, out = cli(*args, "-k", "flashinfer")
     assert code == 2 and "selects none of the 5 cell(s)" in out
+
+
+def test_run_json_says_what_a_script_needs(tmp_path, monkeypatch, fresh_store):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "k.yaml").write_text(SCENARIO)
+    code, out = cli("run", "k.yaml", "-k", "sleep_s=0 and not seed=3", "--json", "out.json",
+                    "--tracking-uri", fresh_store(tmp_path))
+    assert code == 0, out
+    outcome = json.loads((tmp_path / "out.json").read_text())
+    assert outcome["logged"] is True and outcome["interrupted"] is False
+    assert outcome["not_run"] == [] and len(outcome["cells"]) == 2
+    assert {c["status"] for c in outcome["cells"]} == {"ok"}
+    assert (tmp_path / outcome["journal"] / "run.json").is_file()
+    assert outcome["resume"].startswith("harness run k.yaml --resume " + outcome["run_id"])
