@@ -4,21 +4,22 @@ that did not change), and its input errors."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_process import run_cli
 
-from harness.cli import app
 from harness.commands.compare import change
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "h200"
 BASE, HEAD = "20261201-205334-dfe5a3", "20261201-205343-755b9a"
 
 
-def harness(*args: str):
-    r = CliRunner().invoke(app, list(args), env={"COLUMNS": "220"})
-    return r.exit_code, r.output
+def harness(*args: str, cwd: Path | None = None):
+    """The CLI in a child process of its own (tests/cli_process.py): a terminal 200 wide."""
+    out = run_cli(list(args), cwd=cwd or Path.cwd(), env=dict(os.environ, COLUMNS="200"))
+    return out.returncode, out.stdout + out.stderr
 
 
 def rows(output: str) -> dict[str, str]:

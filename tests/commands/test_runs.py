@@ -3,20 +3,21 @@ H200 runs and a journal made here with a failed, a missing and a damaged cell.""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from typer.testing import CliRunner
+from cli_process import run_cli
 
-from harness.cli import app
 from harness.protocol import params
 from harness.sweep.journal import RunJournal
 
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "h200"
 
 
-def harness_cli(*args: str):
-    r = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
-    return r.exit_code, r.output
+def harness_cli(*args: str, cwd: Path | None = None):
+    """The CLI in a child process of its own (tests/cli_process.py): a terminal 200 wide."""
+    out = run_cli(list(args), cwd=cwd or Path.cwd(), env=dict(os.environ, COLUMNS="200"))
+    return out.returncode, out.stdout + out.stderr
 
 
 def result(cell: dict, status: str, gpu: str | None = None) -> dict:

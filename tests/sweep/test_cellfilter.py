@@ -5,11 +5,12 @@ CLI: validate, run --dry-run and run -k --export-cells."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_process import run_cli
 
-from harness.cli import app
 from harness.protocol import params
 from harness.protocol.errors import InputError
 from harness.sweep.cellfilter import select
@@ -51,9 +52,10 @@ def test_a_bad_expression_is_one_line_naming_it(expr, why):
 SCENARIO = "name: k\nmatrix:\n  workload: [noop]\n  seed: [1, 2, 3]\n  sleep_s: [0, 0.5]\n"
 
 
-def cli(*args: str):
-    r = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
-    return r.exit_code, r.output
+def cli(*args: str, cwd: Path | None = None):
+    """The CLI in a child process of its own (tests/cli_process.py): a terminal 200 wide."""
+    out = run_cli(list(args), cwd=cwd or Path.cwd(), env=dict(os.environ, COLUMNS="200"))
+    return out.returncode, out.stdout + out.stderr
 
 
 def test_validate_and_dry_run_show_the_selection_and_write_nothing(tmp_path, monkeypatch):

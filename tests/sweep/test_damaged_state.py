@@ -313,7 +313,7 @@ def test_cli_refused_result_is_one_line_exit_1_and_resume_finishes(tmp_path, cod
     run_id = run_id_from(out.stdout)
     (line,) = lines(out.stderr)
     assert f"runs/{run_id}/cells/" in line and os.strerror(getattr(errno, code)) in line
-    assert line.endswith(f"--resume {run_id}")
+    assert line.endswith(f"--resume {run_id} --tracking-uri {uri}")
     run_dir = tmp_path / "results" / "runs" / run_id
     assert len(cell_files(run_dir)) == 2
     assert "MLflow:" not in out.stdout and not (tmp_path / "mlflow.db").exists()
@@ -388,7 +388,7 @@ def test_disk_full_mid_run_stops_cleanly_and_resume_finishes(fresh_store, tmp_pa
     run_id = cells_dir.parent.name
     (line,) = lines(stderr)
     assert f"cannot write {cells_dir}/" in line and "No space left on device" in line, line
-    assert line.endswith(f"--resume {run_id}")
+    assert line.endswith(f"--resume {run_id} --tracking-uri {uri}")
     written = cell_files(cells_dir.parent)
     assert 1 <= len(written) < 6
     assert all(r["status"] == "ok" for r in written.values())
