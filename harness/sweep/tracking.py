@@ -68,6 +68,12 @@ TAG_CELL_ID = "harness.cell_id"
 TAG_ATTEMPT = "harness.attempt"        # which execution of a cell a child holds
 TAG_SUPERSEDED = "harness.superseded_by"
 TAG_PARENT = "mlflow.parentRunId"
+# MLflow 3's own tags: the experiment's kind (without it the UI opens a benchmark's experiment
+# on its GenAI overview of traces) and the description shown on an experiment's or run's page.
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+TAG_NOTE = "mlflow.note.content"
+NOTE_LIMIT = 7800       # MLflow keeps tag values up to 8000 characters
 
 
 class TrackingUnavailable(Exception):
@@ -387,8 +393,10 @@ class _Uploader:
         exp = self.client.get_experiment_by_name(name)
         if exp is None:
             try:
-                return self.client.create_experiment(name,
-                                                     artifact_location=_artifact_root(self.uri))
+                created = self.client.create_experiment(
+                    name, artifact_location=_artifact_root(self.uri))
+                self._describe_experiment(created, {})
+                return created
             except MlflowException as e:
                 # Another sweep of the same scenario created it since the lookup: use theirs.
                 if e.error_code != "RESOURCE_ALREADY_EXISTS":
@@ -398,7 +406,28 @@ class _Uploader:
             raise TrackingUnavailable(
                 f"experiment {name!r} is deleted in {self.shown_uri}; restore it in the MLflow "
                 f"UI (or `mlflow gc` it) and retry")
+        self._describe_experiment(exp.experiment_id, exp.tags)
         return exp.experiment_id
+
+    def _describe_experiment(self, experiment_id: str, tags: dict | None = None) -> None:
+        """The experiment's kind and the scenario's description, unless someone set them."""
+        tags = tags if tags is not None else self.client.get_experiment(experiment_id).tags
+        if TAG_EXPERIMENT_KIND not in tags:
+            self.client.set_experiment_tag(experiment_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND)
+        if TAG_NOTE not in tags:
+            description = self._scenario_description()
+            if description:
+                self.client.set_experiment_tag(experiment_id, TAG_NOTE, description[:NOTE_LIMIT])
+
+    def _scenario_description(self) -> str | None:
+        from harness.protocol.errors import InputError
+        from harness.sweep.scenario import parse_scenario
+
+        try:
+            text = self.journal.scenario_file.read_text(encoding="utf-8")
+            return parse_scenario(text, str(self.journal.scenario_file)).description
+        except (OSError, InputError):     # an old or damaged copy: no description, no failure
+            return None
 
     def _parent(self, experiment_id: str, known_id: str | None):
         """(parent run, created now?): the recorded one, else found by tag, else a new one."""
@@ -431,7 +460,8 @@ class _Uploader:
         from mlflow.entities import Metric, Param, RunTag
 
         now = int(time.time() * 1000)
-        tags = {**self.common_tags, "host": ",".join(hosts) or "unknown", "gpu": ",".join(gpus)}
+        tags = {**self.common_tags, "host": ",".join(hosts) or "unknown", "gpu": ",".join(gpus),
+                TAG_NOTE: run_description(self.journal, results)}
         # Identical values may be re-logged; only a changed value is refused (immutable params).
         params = {"scenario": self.journal.scenario_name, "trigger": self.common_tags["trigger"],
                   "n_cells": str(len(self.journal.cells))}
@@ -565,6 +595,38 @@ def _attempt_key(result: dict) -> str:
 def _terminated(run) -> bool:
     """Whether an upload of this run went through to its last call (set_terminated)."""
     return run.info.status != "RUNNING"
+
+
+def run_description(journal: RunJournal, results: list[dict]) -> str:
+    """The parent run's description in MLflow (markdown): what ran where and each cell's
+    headline number, the summary table of the end of `harness run`."""
+    from harness.protocol.params import times_a_kernel
+
+    ok = sum(r.get("status") == "ok" for r in results)
+    failed = len(results) - ok
+    not_run = len(journal.cells) - len(results)
+    meta = journal.meta
+    lines = [f"**{journal.scenario_name}**, run `{journal.run_id}`: {ok} ok"
+             + (f", {failed} failed" if failed else "") + (f", {not_run} not run" if not_run else "")
+             + f" · commit `{str(meta.get('git_sha') or 'unknown')[:10]}`"
+             + f" · trigger {meta.get('trigger') or 'manual'}", "",
+             "| cell | status | tokens/s | idle | kernel µs |", "| --- | --- | ---: | ---: | ---: |"]
+    rows = []
+    for r in results:
+        m = r.get("metrics") or {}
+        kernel = times_a_kernel(r.get("cell") or {})
+        idle = m.get("idle_fraction")
+        cells = [str(r.get("label") or r.get("cell_id")).replace("|", "\\|"), r.get("status", "?"),
+                 "" if kernel or m.get("tokens_per_s") is None else f"{m['tokens_per_s']:.1f}",
+                 "" if kernel or idle is None else f"{100 * idle:.1f} %",
+                 f"{m['kernel_us']:.1f}" if kernel and m.get("kernel_us") is not None else ""]
+        rows.append("| " + " | ".join(cells) + " |")
+    text = "\n".join(lines)
+    for i, row in enumerate(rows):
+        if len(text) + len(row) + 80 > NOTE_LIMIT:
+            return text + f"\n\n… and {len(rows) - i} more cell(s): the run's report has them all."
+        text += "\n" + row
+    return text
 
 
 def _gpu(result: dict) -> str:

@@ -85,6 +85,8 @@ def test_log_run_creates_parent_and_children(tmp_path, store, client):
 
     exp = client.get_experiment(report.experiment_id)
     assert exp.name == "layout"
+    # A benchmark's experiment, not MLflow 3's GenAI default (which opens on traces).
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     # Artifacts go next to the database, not into ./mlruns of the CWD.
     assert exp.artifact_location == (Path(store[len("sqlite:///"):]).parent / "mlartifacts").as_uri()
 
@@ -97,6 +99,10 @@ def test_log_run_creates_parent_and_children(tmp_path, store, client):
         assert parent.data.tags[k] == v
     assert parent.data.params == {"scenario": "layout", "trigger": "nightly", "n_cells": "3"}
     assert parent.data.metrics == {"n_ok": 2.0, "n_failed": 1.0}
+    # Its description (the run page's "Description"): the summary table, a row per cell.
+    note = parent.data.tags["mlflow.note.content"]
+    assert note.startswith(f"**layout**, run `{j.run_id}`: 2 ok, 1 failed · commit `abc123`")
+    assert all(f"| {cell_label(c)} |" in note for c in CELLS)
     assert parent.info.status == "FAILED"  # one cell failed
     artifacts = {a.path for a in client.list_artifacts(report.parent_run_id)}
     assert {"scenario.yaml", "env.json", "tokens_vs_context.png"} <= artifacts
@@ -277,3 +283,22 @@ def test_a_database_store_is_probed_by_connecting_to_it():
     assert "secret" not in str(info.value)
     check_reachable("sqlite:////nonexistent/dir/mlflow.db")
     check_reachable("file:///nonexistent/mlruns")
+
+
+def test_the_experiment_says_what_the_scenario_is_and_keeps_what_a_person_wrote(
+        tmp_path, store, client):
+    j = RunJournal.create(tmp_path / "runs", new_run_id(), "described", None,
+                          "name: described\ndescription: Verify kernels at 4k-64k.\n"
+                          "matrix:\n  workload: [noop]\n", [{"workload": "noop"}], {})
+    report = log_run(j, store)
+    exp = client.get_experiment(report.experiment_id)
+    assert exp.tags["mlflow.note.content"] == "Verify kernels at 4k-64k."
+    client.set_experiment_tag(report.experiment_id, "mlflow.note.content", "edited by a person")
+    client.set_experiment_tag(report.experiment_id, "mlflow.experimentKind", "finetuning")
+    again = RunJournal.create(tmp_path / "runs", new_run_id(), "described", None,
+                              "name: described\ndescription: changed\nmatrix:\n  workload: [noop]\n",
+                              [{"workload": "noop"}], {})
+    log_run(again, store)
+    tags = client.get_experiment(report.experiment_id).tags
+    assert tags["mlflow.note.content"] == "edited by a person"
+    assert tags["mlflow.experimentKind"] == "finetuning"
