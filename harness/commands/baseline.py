@@ -71,7 +71,9 @@ def mark(
 @app.command("show")
 def show(
     scenario: str = typer.Argument(..., help="scenario YAML file, or its name"),
-    gpu: str = typer.Option(..., "--gpu", metavar="CLASS", help="GPU class, e.g. h200 (cpu without a GPU)"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", metavar="CLASS",
+                                      help="GPU class, e.g. h200 (default: the only class that "
+                                           "has baselines of this scenario)"),
     source: str = typer.Option("mlflow", "--source", help="mlflow | file"),
     results_dir: Path = results_option(),
     baselines_dir: Optional[Path] = baselines_option(),
@@ -95,7 +97,20 @@ def show(
             raise InputError(None, None, None, f"--source must be mlflow or file, not '{source}'")
     except InputError as e:
         raise fail_input(e)
+    from rich.markup import escape
+
+    classes = sorted({side.gpu_class for side in sides.values() if side.gpu_class})
+    console.print(f"Baselines of {escape(name)} on GPU class {', '.join(classes) or '?'}:",
+                  highlight=False)
+    rows = []
     for cid, side in sides.items():
-        tps = side.samples.get("tokens_per_s")
-        what = f"{median(tps):.1f} tok/s (n={len(tps)})" if tps else "no tokens_per_s"
-        console.print(f"{cid}  {side.label}  {what}  from {side.source}", highlight=False)
+        metric = "kernel_us" if "kernel_us" in side.samples else "tokens_per_s"
+        values = side.samples.get(metric)
+        what = (f"{median(values):.2f} µs" if metric == "kernel_us" else
+                f"{median(values):.1f} tok/s") + f" (n={len(values)})" if values else f"no {metric}"
+        rows.append((cid, side.label, what, f"from {side.source}"))
+    # Columns padded to their widest entry; plain lines, so a narrow terminal never folds them.
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for row in rows:
+        console.print("  " + "  ".join(escape(v.ljust(w)) for v, w in zip(row, widths))
+                      + "  " + escape(row[3]), highlight=False)

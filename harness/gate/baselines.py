@@ -184,8 +184,24 @@ def baseline_path(root: str | Path, scenario: str, cls: str) -> Path:
     return Path(root) / cls / f"{scenario}.json"
 
 
-def from_file(root: str | Path, scenario: str, cls: str) -> dict[str, Side]:
-    """The cells of `<root>/<cls>/<scenario>.json` (InputError if there is none)."""
+def only_class(classes: set[str], scenario: str, where: str) -> str:
+    """The one GPU class baselines of `scenario` exist for (what `--gpu` defaults to), or an
+    InputError saying which to choose from."""
+    if len(classes) == 1:
+        return next(iter(classes))
+    if not classes:
+        raise InputError(None, None, None, f"no baseline for scenario '{scenario}' in {where}; "
+                                           f"make one with: harness baseline mark RUN")
+    raise InputError(None, None, None, f"baselines of scenario '{scenario}' exist for GPU classes "
+                                       f"{', '.join(sorted(classes))} in {where}: pick one with --gpu")
+
+
+def from_file(root: str | Path, scenario: str, cls: str | None) -> dict[str, Side]:
+    """The cells of `<root>/<cls>/<scenario>.json` (InputError if there is none); cls None:
+    the only class that has one."""
+    if cls is None:
+        cls = only_class({p.parent.name for p in Path(root).glob(f"*/{scenario}.json")},
+                         scenario, str(root))
     path = baseline_path(root, scenario, cls)
     if not path.is_file():
         others = sorted(p.parent.name for p in Path(root).glob(f"*/{scenario}.json"))
@@ -320,10 +336,11 @@ def run_result(client, run) -> dict:
             "env": {"gpu": run.data.tags.get("gpu"), "cpu_model": run.data.tags.get("cpu_model")}}
 
 
-def from_mlflow(uri: str | None, scenario: str, cls: str,
+def from_mlflow(uri: str | None, scenario: str, cls: str | None,
                 cell_ids: list[str] | None = None) -> dict[str, Side]:
     """Per cell, the latest ok child run tagged baseline=true of experiment `scenario` whose
-    GPU class is `cls` (InputError when the experiment or every baseline is missing)."""
+    GPU class is `cls` (InputError when the experiment or every baseline is missing); cls None:
+    the only class that has baselines."""
     with mlflow_client(uri) as client:
         exp = client.get_experiment_by_name(scenario)
         if exp is None:
@@ -336,6 +353,10 @@ def from_mlflow(uri: str | None, scenario: str, cls: str,
         runs = search_all(client, [exp.experiment_id],
                           "tags.baseline = 'true' and tags.status = 'ok'",
                           order_by=["attributes.start_time DESC"])
+        if cls is None:
+            cls = only_class({gpu_class(r.data.tags.get("gpu"), r.data.tags.get("cpu_model"))
+                              for r in runs if TAG_SUPERSEDED not in r.data.tags},
+                             scenario, f"experiment '{scenario}' of {client.tracking_uri}")
         for run in runs:
             tags = run.data.tags
             cid = tags.get(TAG_CELL_ID)

@@ -90,6 +90,8 @@ def test_file_roundtrip_merge_and_class_layout(tmp_path):
     shas = sorted(s.git_sha for s in sides.values())
     assert shas == ["abc1234", "def5678"]
     assert sides[first.cells[0]["cell_id"]].samples["tokens_per_s"][1] == 120.0
+    # One class has a file: it is what an unnamed class means.
+    assert baselines.from_file(root, NAME, None).keys() == sides.keys()
 
 
 def test_file_source_refuses_other_gpu_classes(tmp_path):

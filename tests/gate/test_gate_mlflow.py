@@ -105,6 +105,11 @@ def test_mark_then_latest_baseline_of_the_same_gpu_class(tmp_path, store):
 
     code, out = harness("baseline", "show", name, "--gpu", "h200", "--tracking-uri", store)
     assert code == 0 and "110.0 tok/s (n=5)" in out and "sha 2222222" in out
+    rows = [ln for ln in out.splitlines() if ln.startswith("  ")]
+    assert len(rows) == 2 and len({ln.index("110.0 tok/s") for ln in rows}) == 1   # aligned
+    # Two classes have baselines: say which, rather than guess.
+    code, out = harness("baseline", "show", name, "--tracking-uri", store)
+    assert code == 2 and "h100-80gb-hbm3, h200" in out and "--gpu" in out
 
 
 def test_gate_against_the_mlflow_baseline(tmp_path, store):
