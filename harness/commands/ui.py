@@ -28,7 +28,9 @@ def ui(port: int = typer.Option(5000, help="port of the MLflow UI"),
         err.print(f"[red]error:[/] cannot serve the UI on {escape(host)}:{port}: {escape(taken)} "
                   f"(another `harness ui` or MLflow?); pick another with --port", highlight=False)
         raise typer.Exit(2)
-    console.print(f"MLflow UI on http://{host}:{port} (store {shown}); Ctrl-C to stop")
+    from harness.sweep.tracking import UI_WORKFLOW
+    console.print(f"MLflow UI on http://{host}:{port}/#/experiments?{UI_WORKFLOW} (store "
+                  f"{shown}); Ctrl-C to stop")
     os.execv(sys.executable, [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
                               "--host", host, "--port", str(port)])
 

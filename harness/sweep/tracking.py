@@ -74,6 +74,7 @@ TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 TAG_NOTE = "mlflow.note.content"
 NOTE_LIMIT = 7800       # MLflow keeps tag values up to 8000 characters
+UI_WORKFLOW = "workflowType=machine_learning"   # the UI's "Model training" side: runs, metrics
 
 
 class TrackingUnavailable(Exception):
@@ -670,7 +671,9 @@ def _artifact_root(uri: str) -> str | None:
 
 def _ui_hint(uri: str, experiment_id: str, parent_id: str) -> str:
     """Where to look at the run; printed, so with the URI's secret redacted."""
-    fragment = f"#/experiments/{experiment_id}/runs/{parent_id}"
+    # MLflow 3's UI keeps one workflow for every experiment, GenAI unless the link says
+    # otherwise: without the parameter a benchmark's run opens among traces and judges.
+    fragment = f"#/experiments/{experiment_id}/runs/{parent_id}?{UI_WORKFLOW}"
     if uri.startswith(("http://", "https://")):
         return f"{redact_uri(uri).rstrip('/')}/{fragment}"
     # An embedded store has no server: `harness ui` serves it (on port 5000 by default).
