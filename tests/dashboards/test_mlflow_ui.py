@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
-import sys
-import time
 
 import pytest
-import requests
 from cli_process import run_cli
+from mlflow_server import mlflow_server
 
 from harness.dashboards import headless
 
@@ -24,12 +21,6 @@ pytestmark = [
 
 SCENARIO = ("name: ui-check\ndescription: Two no-op cells, to look at in the UI.\n"
             "matrix: {workload: [noop], seed: [1, 2]}\n")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def dom(url: str) -> str:
@@ -49,28 +40,10 @@ def test_the_printed_link_and_the_experiment_open_on_runs(tmp_path, fresh_store)
     link = re.search(r"http://127\.0\.0\.1:5000/(#/experiments/(\d+)/runs/\w+\?\S+)", run.stdout)
     assert link, run.stdout
 
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host",
-         "127.0.0.1", "--port", str(port), "--workers", "1"],
-        env=dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).ok:
-                    break
-            except requests.RequestException:
-                pass
-            assert server.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
-            time.sleep(0.25)
+    with mlflow_server(uri, tmp_path / "server") as port:
         base = f"http://127.0.0.1:{port}/"
         page = dom(base + link.group(1))
         assert "ui-check" in page and "2 ok" in page          # the run's description
         assert page.count("noop") >= 2                         # a row per cell in it
         experiment = dom(f"{base}#/experiments/{link.group(2)}?workflowType=machine_learning")
         assert ">Runs<" in experiment and "Detect Issues" not in experiment
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=30)

@@ -10,17 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from cli_process import run_cli
-import requests
+from mlflow_server import free_port, mlflow_server
 
 from harness.protocol.errors import InputError
 from harness.protocol.redact import redact_uri, was_redacted
@@ -37,12 +32,6 @@ def harness(*args: str, cwd: Path, env: dict | None = None, timeout: int = 240):
     full.pop("MLFLOW_TRACKING_URI", None)
     full.update(env or {})
     return run_cli(args, cwd=cwd, env=full, timeout=timeout)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_id_from(stdout: str) -> str:
@@ -150,33 +139,8 @@ def server(tmp_path_factory):
     """`mlflow server` on a free port: (its port, its folder: database and artifacts).
     It takes no password; the client sends the URI's as basic auth, which it ignores."""
     where = tmp_path_factory.mktemp("server")
-    port = free_port()
-    log = open(where / "server.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-         f"sqlite:///{where}/store.db", "--artifacts-destination", str(where / "artifacts"),
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).ok:
-                    break
-            except requests.RequestException:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"mlflow server did not start:\n{(where / 'server.log').read_text()[-3000:]}")
-            time.sleep(0.25)
+    with mlflow_server(f"sqlite:///{where}/store.db", where, artifacts=where / "artifacts") as port:
         yield port, where
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)      # its own session: the server and its worker
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 @pytest.mark.slow
