@@ -14,7 +14,6 @@ app = typer.Typer(help="Benchmark and regression harness for speculative decodin
                   no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False)
 
 
-
 def _version(value: bool) -> None:
     if value:
         import harness

@@ -1,7 +1,8 @@
 """`harness compare BASE HEAD`: two journaled runs side by side in the terminal, cell by cell.
 
 Per cell of HEAD: the headline metric of both runs (decode tokens/s, kernel µs: the median of
-the repeats), head/base, "1.06× faster" or "slower" in the metric's own sense, the statistical
+the repeats), head/base (the gate's Hodges–Lehmann estimate over the repeats), "1.06× faster"
+or "slower" in the metric's own sense, the statistical
 gate's verdict with its p-value and interval (harness.gate.runs.compare, the verdict `harness
 report --compare` shows), and a noise flag when either side's host facts say the host was
 loaded, throttled or shared. Cells of BASE that HEAD does not have are listed after.
@@ -20,7 +21,6 @@ from rich.table import Table
 
 from harness.commands.options import console, fail_input, results_option
 
-LOWER_IS_BETTER = {"kernel_us"}
 VERDICT_STYLE = {"regressed": "red", "improved": "green", "unchanged": "", "inconclusive": "yellow"}
 
 
@@ -60,11 +60,10 @@ def comparison_table(head: dict[str, dict], base: dict[str, dict], verdicts: dic
         table.add_column(name, justify="right" if name in ("base", "head", "head/base") else "left")
     for cid, h in sorted(head.items(), key=lambda kv: kv[1].get("label", kv[0])):
         v = verdicts[cid]
-        head_value = v.base * v.ratio if v.base is not None and v.ratio is not None else None
         notes = host_notes([r for r in (h, base.get(cid)) if r])
         noisy = any(r.get("noisy") for r in (h, base.get(cid)) if r)
         style = VERDICT_STYLE.get(v.verdict, "")
-        table.add_row(escape(h.get("label", cid)), v.metric, _num(v.base), _num(head_value),
+        table.add_row(escape(h.get("label", cid)), v.metric, _num(v.base), _num(v.head),
                       f"{v.ratio:.3f}" if v.ratio is not None else "–", change(v.metric, v.ratio),
                       f"[{style}]{v.verdict}[/]" if style else v.verdict, escape(v.detail),
                       "[yellow]noisy[/] " + escape("; ".join(notes)) if notes or noisy else "")
@@ -75,7 +74,9 @@ def change(metric: str, ratio: float | None) -> str:
     """'1.06× faster' / '1.10× slower' / 'same', in the metric's own sense of better."""
     if ratio is None or ratio <= 0:
         return "–"
-    better = ratio < 1 if metric in LOWER_IS_BETTER else ratio > 1
+    from harness.gate.policy import DEFAULT_POLICIES
+
+    better = ratio < 1 if DEFAULT_POLICIES[metric].direction == "lower" else ratio > 1
     factor = max(ratio, 1 / ratio)
     if factor < 1.0005:
         return "same"

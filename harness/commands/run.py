@@ -98,7 +98,7 @@ def run(
         except InputError as e:
             raise fail_input(e)
         cells = journal.missing()
-        if cell_filter:
+        if cell_filter and cells:        # nothing missing: a resume that only logs, as without -k
             try:
                 cells = select(cells, cell_filter)
             except InputError as e:

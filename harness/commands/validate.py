@@ -26,7 +26,7 @@ def validate(scenario: Path = typer.Argument(..., help="scenario YAML file"),
         raise fail_input(e)
     picked = f" ({len(cells)} of {len(every)} selected by -k)" if cell_filter else ""
     console.print(f"{escape(str(scenario))}: valid — scenario [bold]{escape(sc.name)}[/], "
-                  f"{len(cells) if not cell_filter else len(every)} cell(s){escape(picked)}")
+                  f"{len(every)} cell(s){escape(picked)}")
     from harness.protocol import params
     for c in cells:
         console.print(f"  {params.cell_id(c)}  {escape(params.cell_label(c))}", highlight=False)

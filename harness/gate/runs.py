@@ -23,9 +23,10 @@ VERDICT_NOTE = ("Verdicts: the regression gate (one-sided Mann–Whitney on the 
 class Verdict:
     metric: str                  # what was compared: tokens_per_s (decode) or kernel_us (kernel)
     base: float | None           # the base run's value of `metric`
-    ratio: float | None          # head / base of `metric`
+    ratio: float | None          # head / base of `metric` (the gate's Hodges–Lehmann estimate)
     verdict: str                 # regressed | improved | unchanged | inconclusive | no base | ...
     detail: str = ""             # p-value and CI from the gate, or why there is no verdict
+    head: float | None = None    # the head run's value of `metric` (the median of its repeats)
 
 
 def compared_metric(result: dict) -> str:
@@ -54,7 +55,7 @@ def compare(head: dict[str, dict], base: dict[str, dict]) -> dict[str, Verdict]:
             bits = [f"p={c.p:.2g}", f"n={c.n_base}/{c.n_head}"]
             if c.ci_ratio:
                 bits.insert(1, f"{c.confidence:.0%} CI {c.ci_ratio[0]:.3f}–{c.ci_ratio[1]:.3f}")
-            out[cid] = Verdict(metric, c.base, c.ratio, c.verdict, ", ".join(bits))
+            out[cid] = Verdict(metric, c.base, c.ratio, c.verdict, ", ".join(bits), c.head)
     return out
 
 

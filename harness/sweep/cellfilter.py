@@ -44,19 +44,19 @@ class _Parser:
         return token
 
     def parse_or(self) -> Matcher:
-        left = self.parse_and()
-        while self.peek() == "or":
-            self.take()
-            right, first = self.parse_and(), left
-            left = lambda c, lab, a=first, b=right: a(c, lab) or b(c, lab)
-        return left
+        return self.binary("or", self.parse_and, lambda a, b: lambda c, lab: a(c, lab) or b(c, lab))
 
     def parse_and(self) -> Matcher:
-        left = self.parse_not()
-        while self.peek() == "and":
+        return self.binary("and", self.parse_not,
+                           lambda a, b: lambda c, lab: a(c, lab) and b(c, lab))
+
+    def binary(self, op: str, operand: Callable[[], Matcher],
+               join: Callable[[Matcher, Matcher], Matcher]) -> Matcher:
+        """operand (op operand)*, joined left to right."""
+        left = operand()
+        while self.peek() == op:
             self.take()
-            right, first = self.parse_not(), left
-            left = lambda c, lab, a=first, b=right: a(c, lab) and b(c, lab)
+            left = join(left, operand())
         return left
 
     def parse_not(self) -> Matcher:
@@ -118,9 +118,8 @@ def select(cells: list[dict], expr: str | None) -> list[dict]:
     matcher = compile_filter(expr)
     chosen = [c for c in cells if matcher(params.canonical(c), params.cell_label(c))]
     if not chosen:
-        words = [m.group(1) for m in _TOKEN.finditer(expr)]
-        unknown = [w.partition("=")[0] for w in words
-                   if "=" in w and w.partition("=")[0] not in params.PARAMS]
+        keys = [m.group(1).partition("=")[0] for m in _TOKEN.finditer(expr) if "=" in m.group(1)]
+        unknown = [k for k in keys if k not in params.PARAMS]
         hint = f" ({', '.join(unknown)}: not a cell parameter, read as label text)" if unknown else ""
         raise InputError(None, None, None,
                          f"-k {expr!r} selects none of the {len(cells)} cell(s){hint}")

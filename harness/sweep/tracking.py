@@ -410,9 +410,8 @@ class _Uploader:
         self._describe_experiment(exp.experiment_id, exp.tags)
         return exp.experiment_id
 
-    def _describe_experiment(self, experiment_id: str, tags: dict | None = None) -> None:
+    def _describe_experiment(self, experiment_id: str, tags: dict) -> None:
         """The experiment's kind and the scenario's description, unless someone set them."""
-        tags = tags if tags is not None else self.client.get_experiment(experiment_id).tags
         if TAG_EXPERIMENT_KIND not in tags:
             self.client.set_experiment_tag(experiment_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND)
         if TAG_NOTE not in tags:

@@ -115,3 +115,15 @@ def test_run_json_says_what_a_script_needs(tmp_path, monkeypatch, fresh_store):
     assert {c["status"] for c in outcome["cells"]} == {"ok"}
     assert (tmp_path / outcome["journal"] / "run.json").is_file()
     assert outcome["resume"].startswith("harness run k.yaml --resume " + outcome["run_id"])
+
+
+def test_resuming_a_finished_run_with_k_only_logs(tmp_path, monkeypatch, fresh_store):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "k.yaml").write_text(SCENARIO)
+    uri = fresh_store(tmp_path)
+    code, out = cli("run", "k.yaml", "-k", "seed=1 and sleep_s=0", "--json", "out.json",
+                    "--tracking-uri", uri)
+    assert code == 0, out
+    run_id = json.loads((tmp_path / "out.json").read_text())["run_id"]
+    code, out = cli("run", "k.yaml", "--resume", run_id, "-k", "seed=1", "--tracking-uri", uri)
+    assert code == 0 and "0 of 1 cell(s) to run" in out, out
