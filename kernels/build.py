@@ -136,7 +136,7 @@ def _declare_tree_build(lib: ctypes.CDLL) -> None:
     c_int, c_void_p = ctypes.c_int, ctypes.c_void_p
     lib.ttb_build_tree.argtypes = [c_void_p, c_int, c_void_p]
     lib.ttb_build_tree.restype = c_int
-    lib.ttb_smem_bytes.argtypes = [c_int, c_int, c_int, c_int, c_int]
+    lib.ttb_smem_bytes.argtypes = [c_int, c_int, c_int]
     lib.ttb_smem_bytes.restype = c_int
     lib.ttb_error_string.argtypes = [c_int]
     lib.ttb_error_string.restype = ctypes.c_char_p

@@ -39,10 +39,11 @@ its Kernels.tree_build):
   * "torch", `_build_torch`: plain tensor ops, runs on any device (CPU tests, the reference);
   * "triton", harness.kernels.tree.triton_tree_build: one Triton program per sequence (one launch),
     the CUDA default, for the 30 µs budget of a decode step;
-  * "cuda", harness.kernels.tree.cuda_tree_build: the same as one CUDA C++ kernel with all of its
-    state in shared memory (N <= 256, D <= 16).
+  * "cuda", harness.kernels.tree.cuda_tree_build: one CUDA C++ kernel that pops the N nodes in
+    this order directly, by one warp with the heap's frontier in its registers (N <= 256, D <= 16).
 All need log-prob rows sorted descending (as `topk_logprobs_batched` returns them). The pair
-table is cached per (N, k', device): call once before CUDA-graph capture (any warm-up does).
+table (torch, Triton) is cached per (N, k', device): call once before CUDA-graph capture (any
+warm-up does).
 """
 
 from __future__ import annotations
@@ -159,16 +160,17 @@ def build_tree_gpu(log_probs: torch.Tensor, token_ids: torch.Tensor, budget: int
         impl = "triton" if log_probs.is_cuda else "torch"
     if impl in ("triton", "cuda"):
         if impl == "triton":
-            from harness.kernels.tree.triton_tree_build import build_tree
+            from harness.kernels.tree.triton_tree_build import build_tree as triton_build
+            J, R = candidate_pairs(budget, min(k, budget), log_probs.device)
+            build_tree = lambda lp, ids, n, o: triton_build(lp, ids, n, J, R, o)  # noqa: E731
         else:
             from harness.kernels.tree.cuda_tree_build import build_tree
-        J, R = candidate_pairs(budget, min(k, budget), log_probs.device)
         fields = [getattr(out, f.name) for f in dataclasses.fields(GpuTree)]
         if all(t.is_contiguous() for t in fields):
-            build_tree(log_probs, token_ids, budget, J, R, out)
+            build_tree(log_probs, token_ids, budget, out)
         else:  # the kernel writes rows densely: build, then copy into the caller's views
             tmp = GpuTree.empty(b, budget, log_probs.device)
-            build_tree(log_probs, token_ids, budget, J, R, tmp)
+            build_tree(log_probs, token_ids, budget, tmp)
             for f in dataclasses.fields(GpuTree):
                 getattr(out, f.name).copy_(getattr(tmp, f.name))
         return out

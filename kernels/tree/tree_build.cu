@@ -1,62 +1,37 @@
-// DDTree tree build (CUDA C++): one CTA per sequence, all state in shared memory, one launch.
+// DDTree tree build (CUDA C++): the reference heap's best-first pops, by one warp, one launch.
 //
-// The algorithm, its exactness argument and the output layout are those of
-// harness/decode/tree_gpu.py (read its docstring first); this is the same computation as
-// kernels/tree/triton_tree_build.py, with bit-identical outputs (tokens, depths, parents,
-// first_child, next_sibling, scores, bits, visibility), the same tie rule (pop order = score
-// descending, then lexicographic rank path ascending) and float64 score sums. The Triton kernel
-// passes every intermediate through a global workspace in [RBLK, QB] tiles; here everything lives
-// in shared memory and each step is a few shared-memory loops between __syncthreads.
+// The tree is the N first nodes of the total order the heap pops in (harness/decode/tree.py,
+// harness/decode/tree_gpu.py's docstring):
+//     score descending (float64 sums of the clamped log-probs), then rank path ascending.
+// This kernel pops them one by one exactly as the heap does, with the heap replaced by a frontier
+// spread over the 32 lanes of one warp: a popped node (depth d, rank r, parent p) puts back its
+// next sibling (p, d, r+1) and its first child (node, d+1, 0), so after t pops the frontier holds
+// at most t+1 candidates: S = ceil(N / 32) register slots per lane (N 64: 2). Each pop is
+//   1. the lane's own best slot (kept between pops), then the warp's best by __reduce_max_sync
+//      over the order-preserving key words (score high 32 bits, low 32 bits, then the rank path
+//      inverted), one word at a time while more than one lane is left (ties: bf16 log-probs);
+//   2. the winner's entry broadcast by shuffles; every lane computes the two new candidates
+//      (scores from the log-prob table in shared memory) and the winner's slot takes one, the
+//      next free slot the other;
+//   3. lane 0 records the node (parent, depth, rank, score, first child or next-sibling link),
+//      lanes < W its ancestor bitmask (the parent's | its own bit; lane w writes word w of every
+//      row, so no lane ever reads another lane's store).
+// Rank paths are compared as 16 8-bit digits, depth 1 most significant, zero padded: among
+// frontier entries (never an ancestor of one another) that is the heap's lexicographic order.
+// The sums are the torch path's, in its order (parent's score + log-prob), so scores are
+// bit-identical to tree_gpu's float64 ones, and so is every output: the tree is the heap's node
+// for node, ties included. The other warps only load the inputs and write the outputs.
 //
-// Per sequence, N = budget (<= 256), D drafted positions (<= 16), k' = min(k, N) ranks, P pairs
-// (j, r) with (j+1)(r+1) <= N from the pair table (tree_gpu.candidate_pairs, rows of j in order):
+// Why this shape: the per-depth beam formulation (tree_gpu._build_torch, the Triton kernel) needs
+// ~3 block-wide barriers per depth; as a CUDA kernel of 16 warps it took 59-63 us on the H200,
+// issue-latency bound on one SM with 38 % of its instructions per-depth bookkeeping
+// (kernels/NOTES.md). N pops of a few dependent warp collectives each are less work on the
+// critical path: ~150-200 cycles a pop, ~6 us for N = 64.
 //
-//   prologue  log-probs (clamped to -1e30 as the torch path does; NaN too), as float64, token
-//             ids and the pair table to shared memory; depth 1 = the k' ranks of position 1
-//             (slots >= k' are padding, -inf).
-//   depth d = 2..D, three phases separated by __syncthreads:
-//     S1  candidates: each warp takes a contiguous chunk of the pair table; c = beam[j] + lp[r],
-//         kept if c >= tau (the best corner bound of the previous phase: any a x b rectangle of
-//         extensions with ab >= N holds N values >= its corner). Survivors (typically 1.2-1.6 N)
-//         are appended with a ballot + one shared atomicAdd per warp: their order in the list
-//         does not matter, every later step counts. Meanwhile the last 2N threads merge the
-//         previous depth's beam into the running N-first list: both are sorted, so the number of
-//         entries of the other list that precede an entry is a prefix length, found with
-//         ~2 sqrt(N) probes (a coarse pass every sqrt(N) entries, then one segment).
-//     S2  rank: survivor s goes to beam slot #{q : q precedes s} (keys are unique, so slots
-//         are distinct); G = 1..8 threads per survivor each loop over 1/G of the list (16-byte
-//         records read by broadcast), then add up with shuffles. Slot < N: the new beam.
-//     S3  lexicographic rank of each beam slot among the beam (its key = parent's lex rank * k'
-//         + rank), its ancestors' lex ranks (the parent's row of 16 bytes, copied), the beam
-//         slot of its next sibling (pair p+1, if in the beam), and the corner bound of the next
-//         depth (warp max by shuffles, then the per-warp maxima in shared memory).
-//   epilogue  the last merge; nodes in pop order: tokens, depths, scores, a (depth, slot) -> node
-//             map, parents, first child (rank 0), next sibling (rank r+1 of the same parent if it
-//             is a node), ancestor bitmasks by walking parents (one thread per row word), and the
-//             bool visibility expanded from the bitmasks 16 bytes per store.
-//
-// Latency estimate (H200, ~1.98 GHz, N = 64, D = 15, k' = 64, 512 threads = 16 warps, b = 2 CTAs
-// on two SMs; shared-memory load ~30 cycles, __syncthreads ~40 cycles; instruction counts from
-// the sm_90 SASS):
-//   S1  tau (2 loads), pair -> beam score / lex byte -> add, compare (3 dependent loads ~100),
-//       ballot, atomicAdd, shuffle, store (~150); meanwhile the merge on warps 12-15: 8 + 7 probes
-//       of ~10 instructions in two rounds of independent loads (~250)                ~300 cycles
-//   S2  M ~ 1.3-1.6 N = 85-100 survivors, G = 4 threads each, ~25 iterations of (LDS.128,
-//       DSETP.NEU, ISETP, DSETP.LT, select, add, address) = 7 instructions: issue-bound at
-//       M^2 * 7 / (32 lanes * 4 schedulers) ~ 400-550 cycles, + 2 shuffles and the stores
-//                                                                                    ~600 cycles
-//   S3  lex rank (8 threads per slot: 8 iterations + 3 shuffles ~150), parent row copy (~60),
-//       corner bound (5 double shuffles ~150, overlapping)                          ~300 cycles
-//   + 3 barriers                                                                    ~120 cycles
-//   => ~1300 cycles ~ 0.65-0.7 us per depth, 14 depths ~ 9.5 us. Prologue: one round of global
-//   loads (L2 hits: the top-k was just written) + init ~1 us; epilogue: 4 barriers, the parent
-//   walks (D + 1 dependent loads ~500 cycles) and the output stores ~1 us. Total ~11-12 us for
-//   b = 2 (vs 217 us for the Triton kernel), inside the ~15 us budget. S2 is the largest part; it
-//   grows as M^2: N = 256 (M ~ 400, ~9k cycles per depth) ~ 70 us.
-//   Measured on the H200 (2026-12-01, kernels/NOTES.md): 59-63 us, 5x the estimate. ncu: the
-//   kernel issues 183k warp instructions at IPC 1.5 on its SM, and 38 % of them were setup that
-//   every warp ran at every depth (integer divisions by the group sizes, small loops), which
-//   the estimate above did not count; those are now hoisted and shifts.
+// Outputs (harness/decode/tree_gpu.GpuTree): tokens, depths, parents, first_child, next_sibling,
+// scores, bits, visibility. Fewer candidates than N (a tiny vocabulary): the frontier runs empty
+// and nodes n+1..N are padding (token 0, depth 0, parent -1, no links, score -inf, self-only
+// visibility), as in the torch path. Limits: N <= 256, D <= 16.
 //
 // No torch headers: plain CUDA C++ with an extern "C" launcher (kernels/tree/cuda_tree_build.py calls
 // it through ctypes; kernels/build.py compiles it on the GPU host). The launcher never
@@ -84,8 +59,6 @@ namespace ttb {
 struct Params {
     const void* log_probs;      // [b, D, k] float32 / float64 / bfloat16, last dim contiguous
     const int64_t* token_ids;   // [b, D, k] int64, last dim contiguous
-    const int64_t* pair_j;      // [P] int64 (tree_gpu.candidate_pairs: rows of j in order, r ascending)
-    const int64_t* pair_r;      // [P] int64
     int64_t* tokens;            // [b, N]
     int64_t* depths;            // [b, N]
     int64_t* parents;           // [b, N+1]
@@ -94,65 +67,73 @@ struct Params {
     float* scores;              // [b, N]
     int32_t* bits;              // [b, N+1, W]
     uint8_t* visibility;        // [b, N+1, N+1] bool
-    int64_t batch, budget, depth, kp, pairs, words;
+    int64_t batch, budget, depth, kp, words;
     int64_t lp_dtype;           // 0 float32, 1 float64, 2 bfloat16
     int64_t lp_sb, lp_sd, ids_sb, ids_sd;   // strides in elements
 };
 
-constexpr int MAX_BUDGET = 256;     // slots, ranks and lex ranks are stored in 8 bits
-constexpr int MAX_DEPTH = 16;       // a node's ancestors' lex ranks fill one 16-byte row
-constexpr int MAX_THREADS = 512;
-constexpr int MAX_PAIR_ITERS = 8;   // pairs per lane in S1: P <= 8 * threads
-constexpr uint16_t NONE = 0xFFFF;
+constexpr int MAX_BUDGET = 256;     // node indices fit 9 bits of Entry::meta, ranks 8
+constexpr int MAX_DEPTH = 16;       // a rank path of 16 8-bit digits fills Entry::path
+constexpr int MAX_THREADS = 256;   // (MAX_THREADS, 1): the popping warp may use 255 registers
 constexpr double FLOOR = -1e30;     // = tree_gpu.LOG_PROB_FLOOR
 constexpr unsigned FULL = 0xFFFFFFFFu;
+constexpr int KEY_WORDS = 6;        // score high, score low, ~path[0..3]
 
-struct alignas(16) Cand {   // a surviving extension
-    double score;
-    uint32_t key;           // lex rank of the parent * k' + rank: unique, orders like the rank path
-    uint32_t pair;          // index in the pair table
-};
-struct alignas(16) Entry {  // a member of the running N-first list
-    double score;
-    uint32_t info;          // beam slot | depth index << 8 | lex rank at that depth << 12
-    uint32_t pad;
-};
-
-// Byte offsets of the shared-memory arrays (host and device agree through this one function).
-struct Layout {
-    int lp, ids, pairs, pos_of, cand, beam_score, beam_key, beam_pair, slot_info, next_slot,
-        node_of, lexrow, list, tau, counters, par, fc, bits, total;
+// A frontier candidate: a node not popped yet whose parent has been.
+struct Entry {
+    double score;           // parent's score + own log-prob (float64, the torch path's order)
+    double parent_score;    // for the next sibling's score
+    uint32_t path[4];       // rank digits, depth 1 in the top byte of path[0], zero padded
+    uint32_t meta;          // parent | previous sibling << 9 | depth << 18 | rank << 23
+    uint32_t key[2];        // order-preserving bits of score (high, low); 0, 0: an empty slot
 };
 
-__host__ __device__ inline int take(int& at, int bytes) {
-    const int here = at;
-    at = (at + bytes + 15) & ~15;
-    return here;
+__device__ __forceinline__ Entry empty_entry() {
+    Entry e;
+    e.score = 0.0;
+    e.parent_score = 0.0;
+    for (int i = 0; i < 4; ++i) e.path[i] = FULL;   // inverted to 0: loses every tie
+    e.meta = 0;
+    e.key[0] = 0;
+    e.key[1] = 0;
+    return e;
 }
 
-__host__ __device__ inline Layout layout(int N, int D, int KP, int P, int W, int warps) {
-    Layout L;
-    int at = 0;
-    L.lp = take(at, D * KP * 8);          // double [D][k'] clamped log-probs
-    L.ids = take(at, D * KP * 8);         // int64 [D][k'] token ids
-    L.pairs = take(at, P * 2);            // u16 [P] j | r << 8
-    L.pos_of = take(at, P * 2);           // u16 [P] this depth's beam slot of pair p, or NONE
-    L.cand = take(at, P * 16);            // Cand [<= P] survivors
-    L.beam_score = take(at, 2 * N * 8);   // double [2][N] beam scores (by depth parity), pop order
-    L.beam_key = take(at, N * 4);         // u32 [N] keys of the current beam
-    L.beam_pair = take(at, N * 2);        // u16 [N] pair index of each current beam slot
-    L.slot_info = take(at, D * N * 2);    // u16 [D][N] parent slot | rank << 8
-    L.next_slot = take(at, D * N * 2);    // u16 [D][N] beam slot of the next sibling, or NONE
-    L.node_of = take(at, D * N * 2);      // u16 [D][N] node index (0: not a node)
-    L.lexrow = take(at, 2 * N * 16);      // u8 [2][N][16] lex rank of the ancestor at each depth
-    L.list = take(at, 2 * N * 16);        // Entry [2][N] running N-first list (double-buffered)
-    L.tau = take(at, warps * 8);          // double [warps] corner bound, per-warp maxima
-    L.counters = take(at, 2 * 4);         // int [2] survivor counts (by depth parity)
-    L.par = take(at, (N + 1) * 2);        // i16 [N+1] parent node
-    L.fc = take(at, (N + 1) * 2);         // i16 [N+1] first child
-    L.bits = take(at, (N + 1) * W * 4);   // u32 [N+1][W] ancestor bitmasks
-    L.total = at;
-    return L;
+// Unsigned keys ordered like the doubles (finite ones: the clamp keeps every score finite).
+// +0.0 for -0.0 first, since they compare equal as doubles. Every finite key has key[0] > 0.
+__device__ __forceinline__ void set_key(Entry& e) {
+    const double s = e.score + 0.0;
+    uint64_t u;
+    memcpy(&u, &s, 8);
+    u = (u >> 63) ? ~u : (u | 0x8000000000000000ull);
+    e.key[0] = static_cast<uint32_t>(u >> 32);
+    e.key[1] = static_cast<uint32_t>(u);
+}
+
+__device__ __forceinline__ uint32_t key_word(const Entry& e, int k) {
+    return k == 0 ? e.key[0] : k == 1 ? e.key[1] : ~e.path[k - 2];
+}
+
+// dst = c ? src : dst, field by field: `if (s == i) slot[s] = x` over an unrolled s is turned
+// back into slot[i] = x, a dynamic index that puts every slot in local memory.
+__device__ __forceinline__ void assign_if(Entry& dst, bool c, const Entry& src) {
+    dst.score = c ? src.score : dst.score;
+    dst.parent_score = c ? src.parent_score : dst.parent_score;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) dst.path[i] = c ? src.path[i] : dst.path[i];
+    dst.meta = c ? src.meta : dst.meta;
+    dst.key[0] = c ? src.key[0] : dst.key[0];
+    dst.key[1] = c ? src.key[1] : dst.key[1];
+}
+
+// Whether a pops before b (keys lexicographically greater).
+__device__ __forceinline__ bool pops_before(const Entry& a, const Entry& b) {
+#pragma unroll
+    for (int k = 0; k < KEY_WORDS; ++k) {
+        const uint32_t x = key_word(a, k), y = key_word(b, k);
+        if (x != y) return x > y;
+    }
+    return false;
 }
 
 __device__ __forceinline__ double load_lp(const void* base, int64_t i, int dtype) {
@@ -164,359 +145,209 @@ __device__ __forceinline__ double load_lp(const void* base, int64_t i, int dtype
     return static_cast<double>(f);
 }
 
-// max that keeps a NaN: shared memory read before it was written (the emulator poisons it with
-// NaN bytes) then spoils the bound visibly instead of being ignored. Inputs are NaN-free.
-__device__ __forceinline__ double nan_max(double a, double b) { return (a > b || a != a) ? a : b; }
+// Byte offsets of the shared-memory arrays (host and device agree through this one function).
+struct Layout {
+    int lp, par, dr, fc, ns, score, bits, count, total;
+};
 
-__device__ __forceinline__ int byte_of(const uint4& row, int i) {
-    const uint32_t w = i < 8 ? (i < 4 ? row.x : row.y) : (i < 12 ? row.z : row.w);
-    return static_cast<int>((w >> ((i & 3) * 8)) & 0xFFu);
+__host__ __device__ inline int take(int& at, int bytes) {
+    const int here = at;
+    at = (at + bytes + 15) & ~15;
+    return here;
 }
 
-// Length of the true prefix of a monotone predicate over [0, n) (true for t < answer, false
-// after): a coarse pass at every `step`-th index, then the one segment that holds the boundary.
-// Both passes are independent loads, so this costs two load latencies, not log2(n).
-template <typename Pred>
-__device__ __forceinline__ int prefix_length(int n, int step, Pred pred) {
-    const int coarse_n = n / step;
-    int coarse = 0;
-#pragma unroll 4
-    for (int k = 1; k <= coarse_n; ++k) coarse += pred(k * step - 1);
-    const int lo = coarse * step;
-    const int hi = lo + step - 1 < n ? lo + step - 1 : n;
-    int fine = 0;
-#pragma unroll 4
-    for (int t = lo; t < hi; ++t) fine += pred(t);
-    return lo + fine;
+__host__ __device__ inline Layout layout(int N, int D, int KP, int W) {
+    Layout L;
+    int at = 0;
+    L.lp = take(at, D * KP * 8);          // double [D][k'] clamped log-probs
+    L.par = take(at, (N + 1) * 2);        // i16 [N+1] parent node
+    L.dr = take(at, (N + 1) * 2);         // u16 [N+1] depth << 8 | rank
+    L.fc = take(at, (N + 1) * 2);         // i16 [N+1] first child
+    L.ns = take(at, (N + 1) * 2);         // i16 [N+1] next sibling
+    L.score = take(at, (N + 1) * 4);      // float [N+1]
+    L.bits = take(at, (N + 1) * W * 4);   // u32 [N+1][W] ancestor bitmasks
+    L.count = take(at, 4);                // int: real nodes
+    L.total = at;
+    return L;
 }
 
-// The corner bound of depth d (index): per-warp maxima over slots s of beam[s] + lp[d][ceil(N/(s+1)) - 1].
-__device__ __forceinline__ void corner_bound(int d, int N, int KP, int T, int tid, const double* beam,
-                                             const double* lp, double* tau_w) {
-    const double NEG = -__builtin_inf();
-    double best = NEG;
-    for (int s = tid; s < N; s += T) {
-        const int b = (N + s) / (s + 1);
-        if (b <= KP) {
-            best = nan_max(best, beam[s] + lp[d * KP + b - 1]);
-        }
-    }
+struct Nodes {      // the popped nodes, in shared memory
+    int16_t* par;
+    uint16_t* dr;
+    int16_t* fc;
+    int16_t* ns;
+    float* score;
+    uint32_t* bits;
+};
+
+// The pops, by the 32 lanes of one warp; S slots a lane (32 S >= N). Returns the real nodes.
+template <int S>
+__device__ int pop_nodes(int N, int D, int KP, int W, const double* lp, const Nodes nodes, int lane) {
+    Entry slot[S];
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        best = nan_max(best, __shfl_xor_sync(FULL, best, off));
+    for (int s = 0; s < S; ++s) slot[s] = empty_entry();
+    if (lane == 0) {                  // rank 0 of depth 1, under the root (score 0)
+        Entry& e = slot[0];
+        e.score = 0.0 + lp[0];
+        e.parent_score = 0.0;
+        for (int i = 0; i < 4; ++i) e.path[i] = 0;
+        e.meta = 1u << 18;
+        set_key(e);
     }
-    if ((tid & 31) == 0) tau_w[tid >> 5] = best;
-}
+    int size = 1;                     // frontier slots used so far, warp-wide (slot i: lane i % 32)
+    int best = 0;                     // this lane's best slot, and a copy of it: never slot[best],
+    Entry mine = slot[0];             // a dynamic index would put the slots in local memory
 
-// Merge beam `m` (sorted) into the running list (sorted, depths < m); keep the N first.
-// Beam entry t precedes list entry i iff its score is higher, or equal with its ancestor at i's
-// depth lex-smaller than i (equal: i is that ancestor and goes first); -inf precedes nothing.
-// `step`: the coarse probe stride of prefix_length, the least power of two with step^2 >= N
-// (computed once by the caller: every warp ran its loop at every depth).
-__device__ __forceinline__ void merge(int m, int N, int T, int tid, int step, const double* beam,
-                                      const uint8_t* lexrow, const Entry* old_list, Entry* new_list) {
-    const double NEG = -__builtin_inf();
-    // The last 2N threads when there are that many: S1's pair chunks sit on the first warps.
-    const int first = T >= 2 * N ? tid - (T - 2 * N) : tid;
-    for (int e = first; e < 2 * N; e += T) {
-        if (e < 0) continue;
-        if (e < N) {
-            const Entry me = old_list[e];
-            const double gs = me.score;
-            const int ge = (me.info >> 8) & 15, glex = me.info >> 12;
-            const int before = prefix_length(N, step, [&](int t) {
-                const double s = beam[t];
-                const int alex = lexrow[t * 16 + ge];
-                return static_cast<int>((s > NEG) & ((gs == NEG) | (s > gs) | ((s == gs) & (alex < glex))));
-            });
-            if (e + before < N) new_list[e + before] = me;
-        } else {
-            const int t = e - N;
-            const double s = beam[t];
-            const uint4 row = reinterpret_cast<const uint4*>(lexrow)[t];
-            const int before = prefix_length(N, step, [&](int i) {
-                const Entry o = old_list[i];
-                const int ge = (o.info >> 8) & 15, glex = o.info >> 12;
-                const int alex = byte_of(row, ge);
-                return static_cast<int>(!((s > NEG) & ((o.score == NEG) | (s > o.score) |
-                                                       ((s == o.score) & (alex < glex)))));
-            });
-            if (t + before < N) {
-                Entry out;
-                out.score = s;
-                out.info = static_cast<uint32_t>(t | (m << 8) | (byte_of(row, m) << 12));
-                out.pad = 0;
-                new_list[t + before] = out;
-            }
+    for (int t = 0; t < N; ++t) {
+
+        // 1. The warp's best: one key word at a time, while more than one lane is left.
+        const uint32_t top = __reduce_max_sync(FULL, mine.key[0]);
+        if (top == 0) return t;       // the frontier is empty (warp-uniform)
+        unsigned left = __ballot_sync(FULL, mine.key[0] == top);
+#pragma unroll
+        for (int k = 1; k < KEY_WORDS; ++k) {
+            if ((left & (left - 1)) == 0) break;
+            const bool in = (left >> lane) & 1u;
+            const uint32_t w = key_word(mine, k);
+            const uint32_t m = __reduce_max_sync(FULL, in ? w : 0u);
+            left &= __ballot_sync(FULL, in && w == m);
         }
+        const int winner = __ffs(static_cast<int>(left)) - 1;
+
+        // 2. The popped node and the candidates it puts back.
+        const double score = __shfl_sync(FULL, mine.score, winner);
+        const double parent_score = __shfl_sync(FULL, mine.parent_score, winner);
+        uint32_t path[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) path[i] = __shfl_sync(FULL, mine.path[i], winner);
+        const uint32_t meta = __shfl_sync(FULL, mine.meta, winner);
+        const int par = meta & 511, prev = (meta >> 9) & 511, d = (meta >> 18) & 31, r = meta >> 23;
+        const int node = t + 1;
+
+        if (t + 1 < N) {              // the last pop puts nothing back
+            const bool has_sibling = r + 1 < KP, has_child = d < D;
+            Entry sibling = empty_entry(), child = empty_entry();
+            if (has_sibling) {
+                sibling.score = parent_score + lp[(d - 1) * KP + r + 1];
+                sibling.parent_score = parent_score;
+                // Digit d one up. Added to every word (0 to all but one): path[(d - 1) >> 2] += ...
+                // is a dynamic index, and that puts the whole entry in local memory.
+                const int word = (d - 1) >> 2;
+                const uint32_t one = 1u << (24 - 8 * ((d - 1) & 3));
+#pragma unroll
+                for (int i = 0; i < 4; ++i) sibling.path[i] = path[i] + (i == word ? one : 0u);
+                sibling.meta = static_cast<uint32_t>(par | node << 9 | d << 18 | (r + 1) << 23);
+                set_key(sibling);
+            }
+            if (has_child) {
+                child.score = score + lp[d * KP];
+                child.parent_score = score;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) child.path[i] = path[i];   // rank 0: a zero digit
+                child.meta = static_cast<uint32_t>(node | (d + 1) << 18);
+                set_key(child);
+            }
+            // The popped slot takes the child (or the sibling); a second one goes to a new slot.
+            const Entry replace = has_child ? child : sibling;
+            const bool append = has_child && has_sibling;
+            const bool replacing = lane == winner, appending = append && lane == (size & 31);
+#pragma unroll
+            for (int s = 0; s < S; ++s) {
+                assign_if(slot[s], replacing && s == best, replace);
+                assign_if(slot[s], appending && s == (size >> 5), sibling);
+            }
+            size += append;
+            best = 0;
+            mine = slot[0];
+#pragma unroll
+            for (int s = 1; s < S; ++s)
+                if (pops_before(slot[s], mine)) {
+                    best = s;
+                    mine = slot[s];
+                }
+        }
+
+        // 3. The node's record.
+        if (lane == 0) {
+            nodes.par[node] = static_cast<int16_t>(par);
+            nodes.dr[node] = static_cast<uint16_t>(d << 8 | r);
+            nodes.score[node] = static_cast<float>(score);
+            if (r == 0) nodes.fc[par] = static_cast<int16_t>(node);
+            else nodes.ns[prev] = static_cast<int16_t>(node);
+        }
+        if (lane < W)
+            nodes.bits[node * W + lane] = nodes.bits[par * W + lane] | (lane == (node >> 5) ? 1u << (node & 31) : 0u);
     }
+    return N;
 }
 
-// (MAX_THREADS, 1): up to 128 registers a thread. With the minimum CTA count left out, nvcc 13
-// caps this kernel at 64 registers and spills (tests/kernels/test_kernels_compile.py checks for spills).
+// One kernel per frontier size S (slots a lane), so that each gets its own register allocation:
+// inlined into one kernel, the largest S set the register budget of all and spilled.
+template <int S>
 __global__ void __launch_bounds__(MAX_THREADS, 1) tree_build_kernel(const Params p) {
     TTB_DYNAMIC_SMEM(smem);
-    const double NEG = -__builtin_inf();
+    const float NEG = -__builtin_inff();
     const int N = static_cast<int>(p.budget), D = static_cast<int>(p.depth), KP = static_cast<int>(p.kp);
-    const int P = static_cast<int>(p.pairs), W = static_cast<int>(p.words);
+    const int W = static_cast<int>(p.words);
     const int T = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
-    const int lane = tid & 31, warp = tid >> 5, warps = T >> 5;
     const int64_t b = blockIdx.x;
-    const Layout L = layout(N, D, KP, P, W, warps);
+    const Layout L = layout(N, D, KP, W);
 #ifdef TVA_EMULATE
     if (static_cast<size_t>(L.total) > emu::current_block()->smem_size)
         emu::die("tree_build: the layout exceeds the launch's shared memory");
 #endif
     double* lp = reinterpret_cast<double*>(smem + L.lp);
-    int64_t* ids = reinterpret_cast<int64_t*>(smem + L.ids);
-    uint16_t* pairs = reinterpret_cast<uint16_t*>(smem + L.pairs);
-    uint16_t* pos_of = reinterpret_cast<uint16_t*>(smem + L.pos_of);
-    Cand* cand = reinterpret_cast<Cand*>(smem + L.cand);
-    double* beam_score = reinterpret_cast<double*>(smem + L.beam_score);
-    uint32_t* beam_key = reinterpret_cast<uint32_t*>(smem + L.beam_key);
-    uint16_t* beam_pair = reinterpret_cast<uint16_t*>(smem + L.beam_pair);
-    uint16_t* slot_info = reinterpret_cast<uint16_t*>(smem + L.slot_info);
-    uint16_t* next_slot = reinterpret_cast<uint16_t*>(smem + L.next_slot);
-    uint16_t* node_of = reinterpret_cast<uint16_t*>(smem + L.node_of);
-    uint8_t* lexrow = smem + L.lexrow;
-    Entry* list = reinterpret_cast<Entry*>(smem + L.list);
-    double* tau_w = reinterpret_cast<double*>(smem + L.tau);
-    int* counters = reinterpret_cast<int*>(smem + L.counters);
-    int16_t* par_s = reinterpret_cast<int16_t*>(smem + L.par);
-    int16_t* fc_s = reinterpret_cast<int16_t*>(smem + L.fc);
-    uint32_t* bits_s = reinterpret_cast<uint32_t*>(smem + L.bits);
+    const Nodes nodes{reinterpret_cast<int16_t*>(smem + L.par), reinterpret_cast<uint16_t*>(smem + L.dr),
+                      reinterpret_cast<int16_t*>(smem + L.fc), reinterpret_cast<int16_t*>(smem + L.ns),
+                      reinterpret_cast<float*>(smem + L.score), reinterpret_cast<uint32_t*>(smem + L.bits)};
+    int* count = reinterpret_cast<int*>(smem + L.count);
 
-    // ---- Prologue: inputs to shared memory (one round of independent global loads).
-    // One loop, so that the loads of all three arrays are in flight together.
+    // ---- Prologue (all warps): log-probs to shared memory, clamped to -1e30 as the torch path
+    // does (-inf from masked logits, and NaN); empty links; every row's own bit (padding rows keep
+    // just that, real rows get their ancestors' in the pops).
     const int lp_dtype = static_cast<int>(p.lp_dtype);
-    const int n_load = D * KP > P ? D * KP : P;
-    for (int i = tid; i < n_load; i += T) {
-        if (i < D * KP) {
-            const int d = i / KP, r = i - d * KP;
-            const double v = load_lp(p.log_probs, b * p.lp_sb + d * p.lp_sd + r, lp_dtype);
-            lp[i] = v >= FLOOR ? v : FLOOR;       // -inf (masked logits) and NaN -> -1e30
-            ids[i] = __ldg(p.token_ids + b * p.ids_sb + d * p.ids_sd + r);
-        }
-        if (i < P) pairs[i] = static_cast<uint16_t>(__ldg(p.pair_j + i) | (__ldg(p.pair_r + i) << 8));
+    for (int i = tid; i < D * KP; i += T) {
+        const int d = i / KP, r = i - d * KP;
+        const double v = load_lp(p.log_probs, b * p.lp_sb + d * p.lp_sd + r, lp_dtype);
+        lp[i] = v >= FLOOR ? v : FLOOR;
     }
-    for (int i = tid; i < D * N; i += T) node_of[i] = 0;
-    for (int i = tid; i <= N; i += T) fc_s[i] = -1;
-    if (tid == 0) {
-        counters[0] = 0;
-        counters[1] = 0;
-        par_s[0] = -1;
+    for (int i = tid; i <= N; i += T) {
+        nodes.fc[i] = -1;
+        nodes.ns[i] = -1;
     }
-    __syncthreads();
-
-    // Depth 1: the k' ranks of position 1, already in pop order; slots >= k' are padding.
-    for (int s = tid; s < N; s += T) {
-        const double sc = s < KP ? lp[s] : NEG;
-        beam_score[s] = sc;
-        slot_info[s] = static_cast<uint16_t>((s < KP ? s : KP - 1) << 8);
-        next_slot[s] = s + 1 < KP ? static_cast<uint16_t>(s + 1) : NONE;
-        lexrow[s * 16] = static_cast<uint8_t>(s);
-        Entry e;
-        e.score = sc;
-        e.info = static_cast<uint32_t>(s | (s << 12));
-        e.pad = 0;
-        list[s] = e;
-    }
-    // (corner_bound reads beam_score[s] for the slots s this same thread just wrote)
-    if (D > 1) corner_bound(1, N, KP, T, tid, beam_score, lp, tau_w);
-    __syncthreads();
-
-    const int tau_warps = (N + 31) / 32 < warps ? (N + 31) / 32 : warps;   // warps that saw corners
-    const int chunk = (P + 32 * warps - 1) / (32 * warps) * 32;           // pairs per warp in S1
-    // Per-kernel constants, hoisted out of the depth loop and kept as shifts: ncu counted 314
-    // instructions that every warp ran at every depth (38 % of the kernel's), mostly the integer
-    // divisions by the group sizes and these loops.
-    int merge_step = 1;
-    while (merge_step * merge_step < N) merge_step <<= 1;
-    int lex_shift = 0;                                                    // 2^lex_shift threads per slot in S3
-    while (lex_shift < 3 && (2 << lex_shift) * N <= T) ++lex_shift;
-    const int lex_group = 1 << lex_shift, lex_sub = tid & (lex_group - 1), lex_grp = tid >> lex_shift;
-    const int lex_per_pass = T >> lex_shift, lex_iters = (N - lex_sub + lex_group - 1) >> lex_shift;
-
-    for (int d = 1; d < D; ++d) {
-        const int cur = d & 1, prv = cur ^ 1;
-        const double* beam_prev = beam_score + prv * N;
-        double* beam_cur = beam_score + cur * N;
-        const uint8_t* lex_prev = lexrow + prv * N * 16;
-        uint8_t* lex_cur = lexrow + cur * N * 16;
-
-        // ---- S1: candidates of depth d (+ the merge of depth d-1 into the list).
-        {
-            double tau = NEG;
-            for (int w = 0; w < tau_warps; ++w) tau = nan_max(tau, tau_w[w]);
-            const int first = warp * chunk;
-            const unsigned lower = (1u << lane) - 1u;
-            double c[MAX_PAIR_ITERS];
-            uint32_t key[MAX_PAIR_ITERS];
-            unsigned live_mask[MAX_PAIR_ITERS];
-            int count = 0;
-#pragma unroll
-            for (int it = 0; it < MAX_PAIR_ITERS; ++it) {
-                live_mask[it] = 0;
-                if (it * 32 < chunk) {                        // uniform across the warp
-                    const int q = first + it * 32 + lane;
-                    bool live = false;
-                    c[it] = NEG;
-                    key[it] = 0;
-                    if (q < P) {
-                        const int jr = pairs[q], j = jr & 0xFF, r = jr >> 8;
-                        c[it] = beam_prev[j] + lp[d * KP + r];
-                        key[it] = static_cast<uint32_t>(lex_prev[j * 16 + d - 1] * KP + r);
-                        live = c[it] >= tau;
-                        if (!live) pos_of[q] = NONE;
-                    }
-                    live_mask[it] = __ballot_sync(FULL, live);
-                    count += __popc(live_mask[it]);
-                }
-            }
-            int base = 0;
-            if (lane == 0 && count > 0) base = atomicAdd(&counters[cur], count);
-            base = __shfl_sync(FULL, base, 0);
-#pragma unroll
-            for (int it = 0; it < MAX_PAIR_ITERS; ++it) {
-                if (it * 32 < chunk) {
-                    if ((live_mask[it] >> lane) & 1u) {
-                        Cand x;
-                        x.score = c[it];
-                        x.key = key[it];
-                        x.pair = static_cast<uint32_t>(first + it * 32 + lane);
-                        cand[base + __popc(live_mask[it] & lower)] = x;
-                    }
-                    base += __popc(live_mask[it]);
-                }
-            }
-        }
-        if (d >= 2) merge(d - 1, N, T, tid, merge_step, beam_prev, lex_prev, list + (d & 1) * N, list + prv * N);
-        __syncthreads();
-
-        // ---- S2: rank every survivor in pop order; the N first form the beam of depth d.
-        {
-            const int M = counters[cur];
-            int shift = 0;                                     // G = 2^shift threads per survivor
-            while (shift < 3 && (2 << shift) * M <= T) ++shift;
-            const int G = 1 << shift, per_pass = T >> shift, sub = tid & (G - 1), grp = tid >> shift;
-            const int iters = (M - sub + G - 1) >> shift;      // q = sub, sub + G, ... < M
-            for (int start = 0; start < M; start += per_pass) {
-                const int s = start + grp;
-                int before = 0;
-                Cand me;
-                me.score = 0;
-                me.key = 0;
-                me.pair = 0;
-                if (s < M) {
-                    me = cand[s];
-                    // One 16-byte load per survivor (score, key): ~7 instructions per compare.
-#pragma unroll 4
-                    for (int i = 0; i < iters; ++i) {
-                        const uint4 o = reinterpret_cast<const uint4*>(cand)[sub + (i << shift)];
-                        const uint64_t o_bits = (static_cast<uint64_t>(o.y) << 32) | o.x;
-                        double o_score;
-                        memcpy(&o_score, &o_bits, 8);
-                        before += (o_score > me.score) | ((o_score == me.score) & (o.z < me.key));
-                    }
-                }
-                for (int off = 1; off < G; off <<= 1) before += __shfl_xor_sync(FULL, before, off);
-                if (s < M && sub == 0) {
-                    if (before < N) {
-                        beam_cur[before] = me.score;
-                        beam_key[before] = me.key;
-                        beam_pair[before] = static_cast<uint16_t>(me.pair);
-                        slot_info[d * N + before] = pairs[me.pair];
-                        pos_of[me.pair] = static_cast<uint16_t>(before);
-                    } else {
-                        pos_of[me.pair] = NONE;
-                    }
-                }
-            }
-        }
-        __syncthreads();
-
-        // ---- S3: lex ranks, ancestor rows, next siblings, the next depth's bound.
-        {
-            for (int start = 0; start < N; start += lex_per_pass) {
-                const int s = start + lex_grp;
-                int smaller = 0;
-                if (s < N) {
-                    const uint32_t k = beam_key[s];
-#pragma unroll 4
-                    for (int i = 0; i < lex_iters; ++i) smaller += beam_key[lex_sub + (i << lex_shift)] < k;
-                }
-                for (int off = 1; off < lex_group; off <<= 1) smaller += __shfl_xor_sync(FULL, smaller, off);
-                if (s < N && lex_sub == 0) {
-                    const int js = slot_info[d * N + s] & 0xFF;
-                    reinterpret_cast<uint4*>(lex_cur)[s] = reinterpret_cast<const uint4*>(lex_prev)[js];
-                    lex_cur[s * 16 + d] = static_cast<uint8_t>(smaller);
-                }
-            }
-            for (int s = tid; s < N; s += T) {
-                const int q = beam_pair[s], nx = q + 1;
-                next_slot[d * N + s] = nx < P && (pairs[nx] & 0xFF) == (pairs[q] & 0xFF) ? pos_of[nx] : NONE;
-            }
-            if (d + 1 < D) corner_bound(d + 1, N, KP, T, tid, beam_cur, lp, tau_w);
-            if (tid == 0) counters[prv] = 0;                  // the survivor count of depth d+1
-        }
-        __syncthreads();
-    }
-    if (D > 1) {
-        const int m = D - 1;
-        merge(m, N, T, tid, merge_step, beam_score + (m & 1) * N, lexrow + (m & 1) * N * 16, list + ((m - 1) & 1) * N,
-              list + (m & 1) * N);
-        __syncthreads();
-    }
-
-    // ---- Epilogue: nodes 1..N in pop order.
-    const Entry* fin = list + ((D - 1) & 1) * N;
-    const int64_t row1 = b * (N + 1);
-    for (int s = tid; s < N; s += T) {
-        const Entry e = fin[s];
-        const bool real = e.score > NEG;
-        const int slot = e.info & 0xFF, d0 = (e.info >> 8) & 15;
-        const int r = slot_info[d0 * N + slot] >> 8;
-        p.tokens[b * N + s] = real ? ids[d0 * KP + r] : 0;
-        p.depths[b * N + s] = real ? d0 + 1 : 0;
-        p.scores[b * N + s] = static_cast<float>(e.score);
-        if (real) node_of[d0 * N + slot] = static_cast<uint16_t>(s + 1);
-    }
-    if (tid == 0) {
-        p.parents[row1] = -1;
-        p.next_sibling[row1] = -1;
-    }
-    __syncthreads();
-    for (int s = tid; s < N; s += T) {
-        const Entry e = fin[s];
-        const bool real = e.score > NEG;
-        const int slot = e.info & 0xFF, d0 = (e.info >> 8) & 15;
-        const int info = slot_info[d0 * N + slot], js = info & 0xFF, r = info >> 8;
-        const int par = real ? (d0 > 0 ? node_of[(d0 - 1) * N + js] : 0) : -1;
-        par_s[s + 1] = static_cast<int16_t>(par);
-        p.parents[row1 + s + 1] = par;
-        if (real && r == 0) fc_s[par] = static_cast<int16_t>(s + 1);
-        int next = -1;
-        if (real) {
-            const int ns = next_slot[d0 * N + slot];
-            if (ns != NONE && node_of[d0 * N + ns] != 0) next = node_of[d0 * N + ns];
-        }
-        p.next_sibling[row1 + s + 1] = next;
-    }
-    __syncthreads();
-    for (int i = tid; i <= N; i += T) p.first_child[row1 + i] = fc_s[i];
-    // Ancestor bitmasks: one thread per (row, word) walks the row's parents (depth <= D).
     for (int item = tid; item < (N + 1) * W; item += T) {
         const int row = item / W, w = item - row * W;
-        uint32_t word = 0;
-        int node = row;
-        for (int step = 0; step <= D && node >= 0; ++step) {
-            if ((node >> 5) == w) word |= 1u << (node & 31);
-            node = par_s[node];
-        }
-        bits_s[item] = word;
-        p.bits[row1 * W + item] = static_cast<int32_t>(word);
+        nodes.bits[item] = w == (row >> 5) ? 1u << (row & 31) : 0u;
     }
     __syncthreads();
+
+    // ---- The pops (warp 0).
+    if (tid < 32) {
+        const int n = pop_nodes<S>(N, D, KP, W, lp, nodes, tid);
+        if (tid == 0) *count = n;
+    }
+    __syncthreads();
+
+    // ---- Epilogue (all warps): nodes 1..N in pop order, then the links and the masks.
+    const int n_real = *count;
+    const int64_t row1 = b * (N + 1);
+    for (int s = tid; s < N; s += T) {
+        const int node = s + 1;
+        const bool real = node <= n_real;
+        const int dr = nodes.dr[node], d = dr >> 8, r = dr & 0xFF;
+        p.tokens[b * N + s] = real ? __ldg(p.token_ids + b * p.ids_sb + (d - 1) * p.ids_sd + r) : 0;
+        p.depths[b * N + s] = real ? d : 0;
+        p.scores[b * N + s] = real ? nodes.score[node] : NEG;
+        p.parents[row1 + node] = real ? nodes.par[node] : -1;
+    }
+    for (int i = tid; i <= N; i += T) {
+        p.first_child[row1 + i] = nodes.fc[i];
+        p.next_sibling[row1 + i] = nodes.ns[i];
+    }
+    if (tid == 0) p.parents[row1] = -1;
+    const uint32_t* bits_s = nodes.bits;
+    for (int item = tid; item < (N + 1) * W; item += T) p.bits[row1 * W + item] = static_cast<int32_t>(bits_s[item]);
+
 
     // Bool visibility from the bitmasks: 16-byte stores where the row-major bytes are aligned.
     const int Tn = N + 1, total = Tn * Tn;
@@ -567,25 +398,36 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) tree_build_kernel(const Params
 // Host side
 // ------------------------------------------------------------------------------------------
 
-// Raise the kernel's dynamic shared-memory limit once per device (a host-side attribute: no
-// stream work, so also fine during graph capture).
-static cudaError_t prepare(int smem) {
-    static int done[64] = {0};            // largest size set per device
+using Kernel = void (*)(Params);
+
+// The kernel of N's frontier size, and its index among the four.
+static Kernel kernel_for(int N, int& which) {
+    const int S = (N + 31) / 32;
+    which = S <= 1 ? 0 : S <= 2 ? 1 : S <= 4 ? 2 : 3;
+    static const Kernel kernels[4] = {tree_build_kernel<1>, tree_build_kernel<2>, tree_build_kernel<4>,
+                                      tree_build_kernel<8>};
+    return kernels[which];
+}
+
+// Raise a kernel's dynamic shared-memory limit once per (kernel, device) (a host-side attribute:
+// no stream work, so also fine during graph capture). Keyed by kernel too: every instance has the
+// same type, and a memo by type alone let the first kernel prepared mark all the others done.
+static cudaError_t prepare(Kernel kernel, int which, int smem) {
+    static int done[4][64] = {{0}};       // largest size set per kernel and device
     static std::mutex lock;               // ctypes drops the GIL
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
     std::lock_guard<std::mutex> guard(lock);
-    if (device >= 0 && device < 64 && done[device] >= smem) return cudaSuccess;
-    err = cudaFuncSetAttribute(tree_build_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err == cudaSuccess && device >= 0 && device < 64) done[device] = smem;
+    if (device >= 0 && device < 64 && done[which][device] >= smem) return cudaSuccess;
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err == cudaSuccess && device >= 0 && device < 64) done[which][device] = smem;
     return err;
 }
 
 static bool valid(const Params& p, int threads) {
     return p.budget >= 1 && p.budget <= MAX_BUDGET && p.depth >= 1 && p.depth <= MAX_DEPTH && p.kp >= 1 &&
-           p.kp <= p.budget && p.pairs >= p.budget && p.pairs <= static_cast<int64_t>(MAX_PAIR_ITERS) * threads &&
-           p.pairs < NONE && p.words == (p.budget + 32) / 32 && p.lp_dtype >= 0 && p.lp_dtype <= 2 &&
+           p.kp <= p.budget && p.words == (p.budget + 32) / 32 && p.lp_dtype >= 0 && p.lp_dtype <= 2 &&
            threads >= 32 && threads <= MAX_THREADS && threads % 32 == 0 && p.batch >= 0 && p.batch <= 0x7FFFFFFF;
 }
 
@@ -594,8 +436,8 @@ static bool valid(const Params& p, int threads) {
 extern "C" {
 
 // Dynamic shared memory of one launch (bytes).
-int ttb_smem_bytes(int budget, int depth, int kp, int pairs, int threads) {
-    return ttb::layout(budget, depth, kp, pairs, (budget + 32) / 32, threads / 32).total;
+int ttb_smem_bytes(int budget, int depth, int kp) {
+    return ttb::layout(budget, depth, kp, (budget + 32) / 32).total;
 }
 
 // Returns a cudaError_t (0 = success). Asynchronous on `stream`; one CTA of `threads` per sequence.
@@ -603,12 +445,13 @@ int ttb_build_tree(const ttb::Params* params, int threads, void* stream) {
     const ttb::Params& p = *params;
     if (!ttb::valid(p, threads)) return static_cast<int>(cudaErrorInvalidValue);
     if (p.batch == 0) return 0;
-    const int smem = ttb_smem_bytes(static_cast<int>(p.budget), static_cast<int>(p.depth), static_cast<int>(p.kp),
-                                    static_cast<int>(p.pairs), threads);
-    cudaError_t err = ttb::prepare(smem);
+    const int smem = ttb_smem_bytes(static_cast<int>(p.budget), static_cast<int>(p.depth), static_cast<int>(p.kp));
+    int which = 0;
+    const ttb::Kernel kernel = ttb::kernel_for(static_cast<int>(p.budget), which);
+    cudaError_t err = ttb::prepare(kernel, which, smem);
     if (err != cudaSuccess) return static_cast<int>(err);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    TTB_LAUNCH(ttb::tree_build_kernel, dim3(static_cast<unsigned>(p.batch)), dim3(threads), smem, s, p);
+    TTB_LAUNCH(kernel, dim3(static_cast<unsigned>(p.batch)), dim3(threads), smem, s, p);
     err = cudaGetLastError();
 #if defined(TVA_DEBUG) && !defined(TVA_EMULATE)
     if (err == cudaSuccess) err = cudaStreamSynchronize(s);

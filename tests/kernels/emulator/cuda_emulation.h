@@ -509,6 +509,15 @@ inline unsigned __ballot_sync(unsigned, int predicate) {
     return bits;
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline unsigned __reduce_max_sync(unsigned, unsigned value) {
+    emu::slot(emu::lane())[0] = value;
+    emu::warp_sync();
+    unsigned m = 0;
+    for (int l = 0; l < 32; ++l) m = emu::slot(l)[0] > m ? emu::slot(l)[0] : m;
+    emu::warp_sync();
+    return m;
+}
 inline int atomicAdd(int* address, int value) {
     const int old = *address;
     *address = old + value;
