@@ -77,63 +77,68 @@ constexpr int MAX_DEPTH = 16;       // a rank path of 16 8-bit digits fills Entr
 constexpr int MAX_THREADS = 256;   // (MAX_THREADS, 1): the popping warp may use 255 registers
 constexpr double FLOOR = -1e30;     // = tree_gpu.LOG_PROB_FLOOR
 constexpr unsigned FULL = 0xFFFFFFFFu;
-constexpr int KEY_WORDS = 6;        // score high, score low, ~path[0..3]
 
-// A frontier candidate: a node not popped yet whose parent has been.
-struct Entry {
-    double score;           // parent's score + own log-prob (float64, the torch path's order)
-    double parent_score;    // for the next sibling's score
-    uint32_t path[4];       // rank digits, depth 1 in the top byte of path[0], zero padded
-    uint32_t meta;          // parent | previous sibling << 9 | depth << 18 | rank << 23
-    uint32_t key[2];        // order-preserving bits of score (high, low); 0, 0: an empty slot
+// A frontier candidate (a node not popped yet whose parent has been), in three registers: the
+// order-preserving bits of its score (key[0] high, key[1] low; 0, 0: an empty slot) and
+// parent | previous sibling << 9 | depth << 18 | rank << 23. Its rank path, needed only when
+// two scores are equal, is its parent's row of the node paths in shared memory plus its rank.
+struct Cand {
+    uint32_t key[2];
+    uint32_t meta;
 };
 
-__device__ __forceinline__ Entry empty_entry() {
-    Entry e;
-    e.score = 0.0;
-    e.parent_score = 0.0;
-    for (int i = 0; i < 4; ++i) e.path[i] = FULL;   // inverted to 0: loses every tie
-    e.meta = 0;
-    e.key[0] = 0;
-    e.key[1] = 0;
-    return e;
-}
+__device__ __forceinline__ Cand no_cand() { return Cand{{0u, 0u}, 0u}; }
 
-// Unsigned keys ordered like the doubles (finite ones: the clamp keeps every score finite).
+// Unsigned keys ordered like the doubles (finite ones: the clamp keeps every score finite);
 // +0.0 for -0.0 first, since they compare equal as doubles. Every finite key has key[0] > 0.
-__device__ __forceinline__ void set_key(Entry& e) {
-    const double s = e.score + 0.0;
+__device__ __forceinline__ Cand make_cand(double score, uint32_t meta) {
+    const double s = score + 0.0;
     uint64_t u;
     memcpy(&u, &s, 8);
     u = (u >> 63) ? ~u : (u | 0x8000000000000000ull);
-    e.key[0] = static_cast<uint32_t>(u >> 32);
-    e.key[1] = static_cast<uint32_t>(u);
+    return Cand{{static_cast<uint32_t>(u >> 32), static_cast<uint32_t>(u)}, meta};
 }
 
-__device__ __forceinline__ uint32_t key_word(const Entry& e, int k) {
-    return k == 0 ? e.key[0] : k == 1 ? e.key[1] : ~e.path[k - 2];
+__device__ __forceinline__ double score_of(uint32_t k0, uint32_t k1) {
+    uint64_t u = (static_cast<uint64_t>(k0) << 32) | k1;
+    u = (u >> 63) ? (u & 0x7FFFFFFFFFFFFFFFull) : ~u;
+    double s;
+    memcpy(&s, &u, 8);
+    return s;
+}
+
+__device__ __forceinline__ uint64_t key64(const Cand& c) { return (static_cast<uint64_t>(c.key[0]) << 32) | c.key[1]; }
+
+// Word w of a candidate's rank path (8-bit digits, depth 1 in the top byte of word 0, zero
+// padded): its parent's path plus its own rank at its depth. Among frontier candidates (never
+// an ancestor of one another) this orders exactly like the heap's rank-path tuples.
+__device__ __forceinline__ uint32_t path_word(const Cand& c, int w, const uint32_t* paths) {
+    const int par = c.meta & 511, d = (c.meta >> 18) & 31, r = c.meta >> 23;
+    const uint32_t own = w == (d - 1) >> 2 ? static_cast<uint32_t>(r) << (24 - 8 * ((d - 1) & 3)) : 0u;
+    return paths[par * 4 + w] + own;
+}
+
+// Whether a pops before b: higher score, or equal score and smaller rank path. Equal scores
+// are rare except with bf16 log-probs; only then are the paths read.
+__device__ __forceinline__ bool pops_before(const Cand& a, const Cand& b, const uint32_t* paths) {
+    const uint64_t ka = key64(a), kb = key64(b);
+    if (ka != kb) return ka > kb;
+    if (ka == 0) return false;        // two empty slots
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        const uint32_t pa = path_word(a, w, paths), pb = path_word(b, w, paths);
+        if (pa != pb) return pa < pb;
+    }
+    return false;
 }
 
 // dst = c ? src : dst, field by field: `if (s == i) slot[s] = x` over an unrolled s is turned
-// back into slot[i] = x, a dynamic index that puts every slot in local memory.
-__device__ __forceinline__ void assign_if(Entry& dst, bool c, const Entry& src) {
-    dst.score = c ? src.score : dst.score;
-    dst.parent_score = c ? src.parent_score : dst.parent_score;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dst.path[i] = c ? src.path[i] : dst.path[i];
-    dst.meta = c ? src.meta : dst.meta;
+// back into slot[i] = x, and `c ? a : b` of two structs into a select of their addresses: both
+// put the candidates in local memory.
+__device__ __forceinline__ void assign_if(Cand& dst, bool c, const Cand& src) {
     dst.key[0] = c ? src.key[0] : dst.key[0];
     dst.key[1] = c ? src.key[1] : dst.key[1];
-}
-
-// Whether a pops before b (keys lexicographically greater).
-__device__ __forceinline__ bool pops_before(const Entry& a, const Entry& b) {
-#pragma unroll
-    for (int k = 0; k < KEY_WORDS; ++k) {
-        const uint32_t x = key_word(a, k), y = key_word(b, k);
-        if (x != y) return x > y;
-    }
-    return false;
+    dst.meta = c ? src.meta : dst.meta;
 }
 
 __device__ __forceinline__ double load_lp(const void* base, int64_t i, int dtype) {
@@ -147,7 +152,7 @@ __device__ __forceinline__ double load_lp(const void* base, int64_t i, int dtype
 
 // Byte offsets of the shared-memory arrays (host and device agree through this one function).
 struct Layout {
-    int lp, par, dr, fc, ns, score, bits, count, total;
+    int lp, node_score, path, par, dr, fc, ns, bits, count, total;
 };
 
 __host__ __device__ inline int take(int& at, int bytes) {
@@ -159,124 +164,116 @@ __host__ __device__ inline int take(int& at, int bytes) {
 __host__ __device__ inline Layout layout(int N, int D, int KP, int W) {
     Layout L;
     int at = 0;
-    L.lp = take(at, D * KP * 8);          // double [D][k'] clamped log-probs
-    L.par = take(at, (N + 1) * 2);        // i16 [N+1] parent node
-    L.dr = take(at, (N + 1) * 2);         // u16 [N+1] depth << 8 | rank
-    L.fc = take(at, (N + 1) * 2);         // i16 [N+1] first child
-    L.ns = take(at, (N + 1) * 2);         // i16 [N+1] next sibling
-    L.score = take(at, (N + 1) * 4);      // float [N+1]
-    L.bits = take(at, (N + 1) * W * 4);   // u32 [N+1][W] ancestor bitmasks
-    L.count = take(at, 4);                // int: real nodes
+    L.lp = take(at, D * KP * 8);              // double [D][k'] clamped log-probs
+    L.node_score = take(at, (N + 1) * 8);     // double [N+1] (the root: 0)
+    L.path = take(at, (N + 1) * 16);          // u32 [N+1][4] rank paths (the root: 0)
+    L.par = take(at, (N + 1) * 2);            // i16 [N+1] parent node
+    L.dr = take(at, (N + 1) * 2);             // u16 [N+1] depth << 8 | rank
+    L.fc = take(at, (N + 1) * 2);             // i16 [N+1] first child
+    L.ns = take(at, (N + 1) * 2);             // i16 [N+1] next sibling
+    L.bits = take(at, (N + 1) * W * 4);       // u32 [N+1][W] ancestor bitmasks
+    L.count = take(at, 4);                    // int: real nodes
     L.total = at;
     return L;
 }
 
 struct Nodes {      // the popped nodes, in shared memory
+    double* score;
+    uint32_t* path;
     int16_t* par;
     uint16_t* dr;
     int16_t* fc;
     int16_t* ns;
-    float* score;
-    uint32_t* bits;
 };
 
 // The pops, by the 32 lanes of one warp; S slots a lane (32 S >= N). Returns the real nodes.
 template <int S>
-__device__ int pop_nodes(int N, int D, int KP, int W, const double* lp, const Nodes nodes, int lane) {
-    Entry slot[S];
+__device__ int pop_nodes(int N, int D, int KP, const double* lp, const Nodes nodes, int lane) {
+    Cand slot[S];
 #pragma unroll
-    for (int s = 0; s < S; ++s) slot[s] = empty_entry();
-    if (lane == 0) {                  // rank 0 of depth 1, under the root (score 0)
-        Entry& e = slot[0];
-        e.score = 0.0 + lp[0];
-        e.parent_score = 0.0;
-        for (int i = 0; i < 4; ++i) e.path[i] = 0;
-        e.meta = 1u << 18;
-        set_key(e);
-    }
+    for (int s = 0; s < S; ++s) slot[s] = no_cand();
+    if (lane == 0) slot[0] = make_cand(0.0 + lp[0], 1u << 18);   // rank 0 of depth 1, under the root
     int size = 1;                     // frontier slots used so far, warp-wide (slot i: lane i % 32)
     int best = 0;                     // this lane's best slot, and a copy of it: never slot[best],
-    Entry mine = slot[0];             // a dynamic index would put the slots in local memory
+    Cand mine = slot[0];              // a dynamic index would put the slots in local memory
 
     for (int t = 0; t < N; ++t) {
-
-        // 1. The warp's best: one key word at a time, while more than one lane is left.
+        // 1. The warp's best: the high key word, then the low one and the rank path only while
+        // more than one lane is left.
         const uint32_t top = __reduce_max_sync(FULL, mine.key[0]);
         if (top == 0) return t;       // the frontier is empty (warp-uniform)
         unsigned left = __ballot_sync(FULL, mine.key[0] == top);
-#pragma unroll
-        for (int k = 1; k < KEY_WORDS; ++k) {
-            if ((left & (left - 1)) == 0) break;
+        if (left & (left - 1)) {
             const bool in = (left >> lane) & 1u;
-            const uint32_t w = key_word(mine, k);
-            const uint32_t m = __reduce_max_sync(FULL, in ? w : 0u);
-            left &= __ballot_sync(FULL, in && w == m);
+            const uint32_t m = __reduce_max_sync(FULL, in ? mine.key[1] : 0u);
+            left &= __ballot_sync(FULL, in && mine.key[1] == m);
+            if (left & (left - 1)) {  // equal scores: the smallest rank path
+                __syncwarp();         // the path rows lane 0..3 wrote, visible to every lane
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    if ((left & (left - 1)) == 0) break;
+                    const bool still = (left >> lane) & 1u;
+                    const uint32_t inv = still ? ~path_word(mine, w, nodes.path) : 0u;
+                    const uint32_t pm = __reduce_max_sync(FULL, inv);
+                    left &= __ballot_sync(FULL, still && inv == pm);
+                }
+            }
         }
         const int winner = __ffs(static_cast<int>(left)) - 1;
 
-        // 2. The popped node and the candidates it puts back.
-        const double score = __shfl_sync(FULL, mine.score, winner);
-        const double parent_score = __shfl_sync(FULL, mine.parent_score, winner);
-        uint32_t path[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) path[i] = __shfl_sync(FULL, mine.path[i], winner);
+        // 2. The popped node, and the two candidates it puts back: its next sibling and its
+        // first child, scored as the torch path sums (the parent's score + the log-prob).
+        const uint32_t k0 = __shfl_sync(FULL, mine.key[0], winner);
+        const uint32_t k1 = __shfl_sync(FULL, mine.key[1], winner);
         const uint32_t meta = __shfl_sync(FULL, mine.meta, winner);
         const int par = meta & 511, prev = (meta >> 9) & 511, d = (meta >> 18) & 31, r = meta >> 23;
         const int node = t + 1;
-
+        const double score = score_of(k0, k1);
+        __syncwarp();                 // node_score[par], written by lane 0 at an earlier pop
         if (t + 1 < N) {              // the last pop puts nothing back
             const bool has_sibling = r + 1 < KP, has_child = d < D;
-            Entry sibling = empty_entry(), child = empty_entry();
-            if (has_sibling) {
-                sibling.score = parent_score + lp[(d - 1) * KP + r + 1];
-                sibling.parent_score = parent_score;
-                // Digit d one up. Added to every word (0 to all but one): path[(d - 1) >> 2] += ...
-                // is a dynamic index, and that puts the whole entry in local memory.
-                const int word = (d - 1) >> 2;
-                const uint32_t one = 1u << (24 - 8 * ((d - 1) & 3));
-#pragma unroll
-                for (int i = 0; i < 4; ++i) sibling.path[i] = path[i] + (i == word ? one : 0u);
-                sibling.meta = static_cast<uint32_t>(par | node << 9 | d << 18 | (r + 1) << 23);
-                set_key(sibling);
-            }
-            if (has_child) {
-                child.score = score + lp[d * KP];
-                child.parent_score = score;
-#pragma unroll
-                for (int i = 0; i < 4; ++i) child.path[i] = path[i];   // rank 0: a zero digit
-                child.meta = static_cast<uint32_t>(node | (d + 1) << 18);
-                set_key(child);
-            }
+            const double lp_sibling = lp[has_sibling ? (d - 1) * KP + r + 1 : 0];
+            const double lp_child = lp[has_child ? d * KP : 0];
+            Cand sibling = make_cand(nodes.score[par] + lp_sibling,
+                                     static_cast<uint32_t>(par | node << 9 | d << 18 | (r + 1) << 23));
+            Cand child = make_cand(score + lp_child, static_cast<uint32_t>(node | (d + 1) << 18));
+            assign_if(sibling, !has_sibling, no_cand());
+            assign_if(child, !has_child, sibling);        // the popped slot's new candidate
             // The popped slot takes the child (or the sibling); a second one goes to a new slot.
-            const Entry replace = has_child ? child : sibling;
             const bool append = has_child && has_sibling;
             const bool replacing = lane == winner, appending = append && lane == (size & 31);
 #pragma unroll
             for (int s = 0; s < S; ++s) {
-                assign_if(slot[s], replacing && s == best, replace);
+                assign_if(slot[s], replacing && s == best, child);
                 assign_if(slot[s], appending && s == (size >> 5), sibling);
             }
             size += append;
+        }
+
+        // 3. The node's record: lane 0 its links and score, lanes 0..3 a word of its rank path
+        // each (lane w writes word w of every row: it reads only its own stores).
+        if (lane == 0) {
+            nodes.score[node] = score;
+            nodes.par[node] = static_cast<int16_t>(par);
+            nodes.dr[node] = static_cast<uint16_t>(d << 8 | r);
+            if (r == 0) nodes.fc[par] = static_cast<int16_t>(node);
+            else nodes.ns[prev] = static_cast<int16_t>(node);
+        }
+        if (lane < 4) {
+            const uint32_t own = lane == (d - 1) >> 2 ? static_cast<uint32_t>(r) << (24 - 8 * ((d - 1) & 3)) : 0u;
+            nodes.path[node * 4 + lane] = nodes.path[par * 4 + lane] + own;
+        }
+        if (t + 1 < N) {
+            if (S > 1) __syncwarp();  // the new path row, for a tie between this lane's slots
             best = 0;
             mine = slot[0];
 #pragma unroll
             for (int s = 1; s < S; ++s)
-                if (pops_before(slot[s], mine)) {
+                if (pops_before(slot[s], mine, nodes.path)) {
                     best = s;
                     mine = slot[s];
                 }
         }
-
-        // 3. The node's record.
-        if (lane == 0) {
-            nodes.par[node] = static_cast<int16_t>(par);
-            nodes.dr[node] = static_cast<uint16_t>(d << 8 | r);
-            nodes.score[node] = static_cast<float>(score);
-            if (r == 0) nodes.fc[par] = static_cast<int16_t>(node);
-            else nodes.ns[prev] = static_cast<int16_t>(node);
-        }
-        if (lane < W)
-            nodes.bits[node * W + lane] = nodes.bits[par * W + lane] | (lane == (node >> 5) ? 1u << (node & 31) : 0u);
     }
     return N;
 }
@@ -297,14 +294,14 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) tree_build_kernel(const Params
         emu::die("tree_build: the layout exceeds the launch's shared memory");
 #endif
     double* lp = reinterpret_cast<double*>(smem + L.lp);
-    const Nodes nodes{reinterpret_cast<int16_t*>(smem + L.par), reinterpret_cast<uint16_t*>(smem + L.dr),
-                      reinterpret_cast<int16_t*>(smem + L.fc), reinterpret_cast<int16_t*>(smem + L.ns),
-                      reinterpret_cast<float*>(smem + L.score), reinterpret_cast<uint32_t*>(smem + L.bits)};
+    const Nodes nodes{reinterpret_cast<double*>(smem + L.node_score), reinterpret_cast<uint32_t*>(smem + L.path),
+                      reinterpret_cast<int16_t*>(smem + L.par), reinterpret_cast<uint16_t*>(smem + L.dr),
+                      reinterpret_cast<int16_t*>(smem + L.fc), reinterpret_cast<int16_t*>(smem + L.ns)};
+    uint32_t* bits_s = reinterpret_cast<uint32_t*>(smem + L.bits);
     int* count = reinterpret_cast<int*>(smem + L.count);
 
     // ---- Prologue (all warps): log-probs to shared memory, clamped to -1e30 as the torch path
-    // does (-inf from masked logits, and NaN); empty links; every row's own bit (padding rows keep
-    // just that, real rows get their ancestors' in the pops).
+    // does (-inf from masked logits, and NaN); the root; empty links.
     const int lp_dtype = static_cast<int>(p.lp_dtype);
     for (int i = tid; i < D * KP; i += T) {
         const int d = i / KP, r = i - d * KP;
@@ -315,20 +312,22 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) tree_build_kernel(const Params
         nodes.fc[i] = -1;
         nodes.ns[i] = -1;
     }
-    for (int item = tid; item < (N + 1) * W; item += T) {
-        const int row = item / W, w = item - row * W;
-        nodes.bits[item] = w == (row >> 5) ? 1u << (row & 31) : 0u;
+    if (tid < 4) nodes.path[tid] = 0;
+    if (tid == 0) {
+        nodes.score[0] = 0.0;
+        nodes.par[0] = -1;
     }
     __syncthreads();
 
     // ---- The pops (warp 0).
     if (tid < 32) {
-        const int n = pop_nodes<S>(N, D, KP, W, lp, nodes, tid);
+        const int n = pop_nodes<S>(N, D, KP, lp, nodes, tid);
         if (tid == 0) *count = n;
     }
     __syncthreads();
 
-    // ---- Epilogue (all warps): nodes 1..N in pop order, then the links and the masks.
+    // ---- Epilogue (all warps): nodes 1..N in pop order, the links, the ancestor bitmasks
+    // (one thread per row word walks the row's parents, depth <= D; padding rows: their own bit).
     const int n_real = *count;
     const int64_t row1 = b * (N + 1);
     for (int s = tid; s < N; s += T) {
@@ -337,7 +336,7 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) tree_build_kernel(const Params
         const int dr = nodes.dr[node], d = dr >> 8, r = dr & 0xFF;
         p.tokens[b * N + s] = real ? __ldg(p.token_ids + b * p.ids_sb + (d - 1) * p.ids_sd + r) : 0;
         p.depths[b * N + s] = real ? d : 0;
-        p.scores[b * N + s] = real ? nodes.score[node] : NEG;
+        p.scores[b * N + s] = real ? static_cast<float>(nodes.score[node]) : NEG;
         p.parents[row1 + node] = real ? nodes.par[node] : -1;
     }
     for (int i = tid; i <= N; i += T) {
@@ -345,9 +344,19 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) tree_build_kernel(const Params
         p.next_sibling[row1 + i] = nodes.ns[i];
     }
     if (tid == 0) p.parents[row1] = -1;
-    const uint32_t* bits_s = nodes.bits;
-    for (int item = tid; item < (N + 1) * W; item += T) p.bits[row1 * W + item] = static_cast<int32_t>(bits_s[item]);
-
+    for (int item = tid; item < (N + 1) * W; item += T) {
+        const int row = item / W, w = item - row * W;
+        uint32_t word = 0;
+        int node = row <= n_real ? row : -1;
+        if (node < 0 && (row >> 5) == w) word = 1u << (row & 31);
+        for (int step = 0; step <= D && node >= 0; ++step) {
+            if ((node >> 5) == w) word |= 1u << (node & 31);
+            node = nodes.par[node];
+        }
+        bits_s[item] = word;
+        p.bits[row1 * W + item] = static_cast<int32_t>(word);
+    }
+    __syncthreads();
 
     // Bool visibility from the bitmasks: 16-byte stores where the row-major bytes are aligned.
     const int Tn = N + 1, total = Tn * Tn;

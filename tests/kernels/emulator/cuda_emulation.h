@@ -510,6 +510,7 @@ inline unsigned __ballot_sync(unsigned, int predicate) {
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
+inline void __syncwarp(unsigned = 0xFFFFFFFFu) { emu::warp_sync(); }
 inline unsigned __reduce_max_sync(unsigned, unsigned value) {
     emu::slot(emu::lane())[0] = value;
     emu::warp_sync();
