@@ -6,28 +6,33 @@
 // This kernel pops them one by one exactly as the heap does, with the heap replaced by a frontier
 // spread over the 32 lanes of one warp: a popped node (depth d, rank r, parent p) puts back its
 // next sibling (p, d, r+1) and its first child (node, d+1, 0), so after t pops the frontier holds
-// at most t+1 candidates: S = ceil(N / 32) register slots per lane (N 64: 2). Each pop is
+// at most t+1 candidates: S = ceil(N / 32) slots per lane (N 64: 2), three registers each (the
+// order-preserving bits of the score, and the links). Each pop is
 //   1. the lane's own best slot (kept between pops), then the warp's best by __reduce_max_sync
-//      over the order-preserving key words (score high 32 bits, low 32 bits, then the rank path
-//      inverted), one word at a time while more than one lane is left (ties: bf16 log-probs);
-//   2. the winner's entry broadcast by shuffles; every lane computes the two new candidates
-//      (scores from the log-prob table in shared memory) and the winner's slot takes one, the
-//      next free slot the other;
+//      over the key words (score high 32 bits, then the low 32 bits, then the rank path
+//      inverted) one at a time, only while more than one lane is left (ties: bf16 log-probs);
+//   2. the winner's candidate broadcast by shuffles; every lane computes the two it puts back
+//      (scores from the log-prob table and the node scores in shared memory) and the winner's
+//      slot takes one, the next free slot the other;
 //   3. lane 0 records the node (parent, depth, rank, score, first child or next-sibling link),
-//      lanes < W its ancestor bitmask (the parent's | its own bit; lane w writes word w of every
-//      row, so no lane ever reads another lane's store).
+//      lanes 0..3 a word each of its rank path (lane w writes word w of every row, so it reads
+//      only its own stores; the tie step reads all lanes' after a __syncwarp).
 // Rank paths are compared as 16 8-bit digits, depth 1 most significant, zero padded: among
 // frontier entries (never an ancestor of one another) that is the heap's lexicographic order.
 // The sums are the torch path's, in its order (parent's score + log-prob), so scores are
 // bit-identical to tree_gpu's float64 ones, and so is every output: the tree is the heap's node
-// for node, ties included. The other warps only load the inputs and write the outputs.
+// for node, ties included. The other warps load the inputs and, after the pops, write the
+// outputs (the ancestor bitmasks by walking each row's parents).
 //
 // Why this shape: the per-depth beam formulation (tree_gpu._build_torch, the Triton kernel) needs
 // ~3 block-wide barriers per depth; as a CUDA kernel of 16 warps it took 59-63 us on the H200,
 // issue-latency bound on one SM with 38 % of its instructions per-depth bookkeeping
-// (kernels/NOTES.md). N pops of a few dependent warp collectives each are less work on the
-// critical path: ~150-200 cycles a pop, ~6 us for N = 64.
-//
+// (kernels/NOTES.md). This one: 25.9 us at N 64, D 15 (graph replay, 256 threads), of which the
+// 64 pops are ~22 us: ~150 warp instructions a pop, issued by one warp one dependent step at a
+// time (~680 cycles a pop, ncu: 14 cycles between two issued instructions). Candidates carrying
+// their rank path and parent score in registers (no shared memory in the loop) measured slower
+// (28.0 us): more selects per slot update than the loads they save.
+
 // Outputs (harness/decode/tree_gpu.GpuTree): tokens, depths, parents, first_child, next_sibling,
 // scores, bits, visibility. Fewer candidates than N (a tiny vocabulary): the frontier runs empty
 // and nodes n+1..N are padding (token 0, depth 0, parent -1, no links, score -inf, self-only
