@@ -8,14 +8,14 @@ outputs and the workspace, so a CUDA graph can capture it.
   1. `_stats_kernel`, grid (P, rows): program p reads elements [p*BLOCK, (p+1)*BLOCK) of its row
      as SUB chunks of BLOCK/SUB and stores each chunk's max, plus the span's (max, sum exp(x -
      max)) for the logsumexp. The row's last program to finish (an arrival counter) selects the
-     k'-th largest of the row's C = P*SUB chunk maxima: a threshold t with at least k' elements
-     >= t (k' distinct chunks have a max >= t), so the top k' all lie at or above it. C is
-     chosen near 4k': then typically ~1.1-1.4 k' elements pass (one chunk rarely holds two of
-     the top k'). The last program also resets the arrival counter, and program 0 zeroes the
+     k'-th largest of the row's C = P*SUB chunk maxima (one sort): a threshold t with at least
+     k' elements >= t (k' distinct chunks have a max >= t), so the top k' all lie at or above
+     it. C is chosen near 2k': then typically ~1.1-1.4 k' elements pass (one chunk rarely
+     holds two of the top k'). The last program also resets the arrival counter, and program 0 zeroes the
      candidate counter, so every call (and graph replay) starts clean.
   2. `_gather_kernel`, same grid: each program reads its span again (from L2) and appends its
-     (value, id) pairs with value >= t to the row's candidate buffer of CAP slots, reserving a
-     range with one atomic add on the row's counter.
+     (value, id) pairs with value >= t to the row's candidate buffer of CAP slots, each taking
+     its slot with an atomic add on the row's counter.
   3. `_finish_kernel`, one program per row: logsumexp from the partials; then each candidate's
      rank = #candidates that precede it in (value desc, id asc), and those with rank < k' are
      written at their rank. Ties are thus broken by lower token id, deterministically.
@@ -106,17 +106,11 @@ def _stats_kernel(
         mx = tl.load(MAXIMA + r64 * (P * SUB) + c, mask=valid, other=float("-inf"),
                      cache_modifier=".cg")
         key = _key(mx)
-        # Largest key T with #(maxima >= T) >= k', by bisection over the key range; stays
-        # at key(-inf) (every element passes) when there are fewer than k' chunks.
-        lo = tl.full([], KEY_NEG_INF, tl.int64)
-        hi = tl.full([], KEY_POS_INF, tl.int64) + 1
-        for _ in range(32):
-            mid = lo + (hi - lo) // 2
-            cnt = tl.sum((valid & (key >= mid.to(tl.int32))).to(tl.int32), 0)
-            ok = cnt >= KP
-            lo = tl.where(ok, mid, lo)
-            hi = tl.where(ok, hi, mid)
-        tl.store(THRESH + row, _unkey(lo.to(tl.int32)))
+        # The k'-th largest of the maxima, off one sort (padding sorts last, as -inf): a 32-step
+        # bisection over the key range here was ~6 us of this kernel's 13 on the H200. Fewer
+        # than k' chunks: key(-inf), every element passes.
+        ordered = tl.sort(tl.where(valid, key, KEY_NEG_INF), descending=True)
+        tl.store(THRESH + row, _unkey(tl.max(tl.where(c == KP - 1, ordered, KEY_NEG_INF), 0)))
         tl.store(ARRIVE + row, 0)         # ready for the next call / graph replay
 
 
@@ -135,13 +129,13 @@ def _gather_kernel(
     x = tl.load(x_row + offs, mask=in_row, other=float("-inf")).to(tl.float32)
     t = tl.load(THRESH + row)
     hit = in_row & (x >= t)
-    n = tl.sum(hit.to(tl.int32), 0)
-    if n > 0:   # most programs hold none of the row's top: no atomic, no scan
-        base = tl.atomic_add(COUNT + row, n, sem="relaxed")
-        pos = base + tl.cumsum(hit.to(tl.int32), 0) - 1
-        keep = hit & (pos < CAP)        # past CAP: only counted (_finish_kernel's fallback)
-        tl.store(CAND_V + r64 * CAP + pos, x, mask=keep)
-        tl.store(CAND_I + r64 * CAP + pos, offs, mask=keep)
+    # One atomic per passing element for its slot, no block-wide count and scan: a span holds
+    # ~1 of the row's ~1.2 k' passing elements, so nearly every program had to run the scan
+    # (the order of the slots does not matter: _finish_kernel ranks them).
+    pos = tl.atomic_add(COUNT + row + tl.zeros([BLOCK], tl.int32), 1, mask=hit, sem="relaxed")
+    keep = hit & (pos < CAP)            # past CAP: only counted (_finish_kernel's fallback)
+    tl.store(CAND_V + r64 * CAP + pos, x, mask=keep)
+    tl.store(CAND_I + r64 * CAP + pos, offs, mask=keep)
 
 
 @triton.jit
@@ -280,8 +274,10 @@ def plan(V: int, k: int, config: dict | None = None) -> dict:
     P = triton.cdiv(V, block)
     sub = config.pop("SUB", None)
     if sub is None:
-        # ~4k' chunks: the threshold then passes ~1.1-1.4 k' elements of random rows.
-        want = min(4 * kp, MAX_CHUNKS)
+        # ~2k' chunks: the threshold then passes ~1.1-1.4 k' elements of random rows (1.27 k' on
+        # average at the loop's shape, 1.12 with 4k' chunks). Fewer maxima to sort won over a
+        # few more candidates to rank: 16.0 against 18.6 us on the H200 (kernels/NOTES.md).
+        want = min(2 * kp, MAX_CHUNKS)
         sub = min(block, triton.next_power_of_2(triton.cdiv(want, P)))
         while P * sub > MAX_CHUNKS and sub > 1:
             sub //= 2
