@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import typer
 
-from harness.commands import (baseline, bisect, compare, gate, history, hosts, import_, report,
-                              run, runs, ui, validate)
+from harness.commands import (baseline, bisect, compare, gate, history, hosts, import_, ingest,
+                              report, run, runs, ui, validate)
 
 app = typer.Typer(help="Benchmark and regression harness for speculative decoding with draft trees.",
                   no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False)
@@ -31,6 +31,7 @@ app.command()(validate.validate)
 app.command()(run.run)
 app.command()(runs.runs)
 app.command(name="import")(import_.import_)
+app.command()(ingest.ingest)
 app.command()(report.report)
 app.command()(compare.compare)
 app.command()(ui.ui)

@@ -1,7 +1,8 @@
 """Regression gating: is the head slower than its baseline, and where did a step come from?
 
     policy.py      which metrics are gated, direction, smallest change that matters
-    stats.py       one metric of one cell: Mann-Whitney + Hodges-Lehmann + bootstrap -> verdict
+    stats.py       one metric of one cell: Mann-Whitney + Hodges-Lehmann + its exact (Moses)
+                   interval -> verdict
     baselines.py   where baselines come from (A/B, MLflow, JSON file) and how a run becomes one
     judge.py       every cell and metric of a gate -> one exit code
     abtest.py      base and head measured on one host, interleaved, from git worktrees
@@ -12,5 +13,6 @@
     history.py     `harness history`: per-cell series from MLflow and their steps
     bisect.py      `harness bisect`: git bisect run on one cell
     evaluate.py    the simulation benchmark behind results/gate-evaluation.md
-    commands.py    the CLI commands
+    evaluate_changepoint.py  changepoint.py next to ruptures and Otava on simulated series
+                   (results/changepoint-evaluation.md)
 """

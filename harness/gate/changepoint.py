@@ -104,6 +104,16 @@ def find_steps(values, policy: Policy | None = None, *, min_size: int = DEFAULT_
     at least as large as its threshold (in either direction)."""
     x = np.asarray(values, dtype=float)
     points = change_points(x, min_size=min_size, alpha=alpha, n_perm=n_perm, seed=seed)
+    return steps_that_matter(x, points, policy)
+
+
+def steps_that_matter(values, points: list[tuple[int, float]],
+                      policy: Policy | None) -> list[Step]:
+    """The steps at `points` ((index, p) pairs sorted by index), each measured between its
+    neighbours; given a policy, those smaller than its threshold are merged away one at a time,
+    smallest first, re-measuring the rest."""
+    x = np.asarray(values, dtype=float)
+    points = list(points)
     while True:
         steps = _steps(x, points)
         if policy is None or not steps:

@@ -3,6 +3,7 @@ and asv's compare rules beside it.
 
     python -m harness.gate.evaluate [--trials 2000] [--seed 7] [--out FILE]
     python -m harness.gate.evaluate aa AA.json [--append FILE]
+    python -m harness.gate.evaluate interval [--trials 1000] [--seed 1]
 
 Series: tokens/s samples with normal noise of a given coefficient of variation (CV), the head
 slower than the base by a given shift, `repeats` samples per side and round. The gate runs as
@@ -26,6 +27,11 @@ must say so: undecided, never a pass).
 The `aa` subcommand judges real A/A measurements (the same code on both sides, interleaved on
 a GPU, as the hand-run A/A file results/h200/final/gate_aa.json of commit 33621cf) with the
 gate's default configuration: any regression there is a false alarm.
+
+The `interval` subcommand measures how often the interval behind "unchanged" (stats.shift_ci,
+Moses' distribution-free one) covers the true change, next to scipy.stats.bootstrap's
+percentile and BCa intervals of the same Hodges-Lehmann estimate, at the gate's sample sizes:
+why the gate computes that interval rather than resampling.
 """
 
 from __future__ import annotations
@@ -357,8 +363,54 @@ def judge_aa(path: str | Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- the interval's coverage -------------------------------------------------------------------
+
+
+def interval_coverage(trials: int, seed: int, sizes=(5, 10), cv: float = 0.03,
+                      confidence: float = 0.90) -> str:
+    """How often each interval of the head/base ratio holds the true ratio (1: normal noise of
+    `cv` on both sides), per sample size: Moses' (the gate's) and scipy.stats.bootstrap's
+    percentile and BCa intervals (999 resamples) of the same Hodges-Lehmann estimate."""
+    from scipy.stats import bootstrap
+
+    from harness.gate.stats import shift_ci
+
+    def hl_log(x, y, axis=-1):
+        d = np.log(y)[..., :, None] - np.log(x)[..., None, :]
+        return np.median(d.reshape(*d.shape[:-2], -1), axis=-1)
+
+    rng = np.random.default_rng(seed)
+    lines = [f"## Coverage of the {confidence:.0%} interval of head/base (no change, CV "
+             f"{cv:.0%}, {trials} trials)", "",
+             "| samples a side | interval | covers the true ratio | median width |",
+             "|---:|---|---:|---:|"]
+    for n in sizes:
+        hits = {"Moses (the gate's)": [], "bootstrap, percentile": [], "bootstrap, BCa": []}
+        for t in range(trials):
+            x, y = (100 * (1 + rng.normal(0.0, cv, n)) for _ in range(2))
+            intervals = {"Moses (the gate's)": shift_ci(x, y, confidence, log=True)}
+            for method in ("percentile", "BCa"):
+                ci = bootstrap((x, y), hl_log, n_resamples=999, confidence_level=confidence,
+                               method=method, vectorized=True, axis=-1,
+                               rng=np.random.default_rng(seed * 100003 + t)).confidence_interval
+                intervals[f"bootstrap, {method}"] = (math.exp(ci.low), math.exp(ci.high))
+            for name, (lo, hi) in intervals.items():
+                hits[name].append((lo <= 1.0 <= hi, hi - lo))
+        for name, seen in hits.items():
+            lines.append(f"| {n} | {name} | {100 * sum(c for c, _ in seen) / trials:.1f} % | "
+                         f"{100 * float(np.median([w for _, w in seen])):.2f} % |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "interval":
+        ap = argparse.ArgumentParser(prog="python -m harness.gate.evaluate interval")
+        ap.add_argument("--trials", type=int, default=1000)
+        ap.add_argument("--seed", type=int, default=1)
+        args = ap.parse_args(argv[1:])
+        print(interval_coverage(args.trials, args.seed))
+        return 0
     if argv and argv[0] == "aa":
         ap = argparse.ArgumentParser(prog="python -m harness.gate.evaluate aa")
         ap.add_argument("path")

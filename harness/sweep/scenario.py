@@ -2,8 +2,9 @@
 
 A scenario names an MLflow experiment and describes a set of cells (harness.protocol.params): shared
 `defaults`, a `matrix` whose cartesian product gives the cells, `exclude` entries that drop
-cells, and `include` entries that add cells. Every mistake becomes an `InputError` that points
-at the YAML node responsible (`file:line:column: message`), never a traceback.
+cells, and `include` entries that add cells (a scenario may list all of its cells there and
+have no matrix). Every mistake becomes an `InputError` that points at the YAML node
+responsible (`file:line:column: message`), never a traceback.
 
 How it works:
 1. `harness.sweep.yamldoc` reads the YAML under a budget (size, depth, alias expansions) into plain
@@ -125,7 +126,8 @@ class ScenarioSpec(BaseModel):
     description: str | None = None
     trigger: Literal[TRIGGERS] = "manual"
     defaults: CellParams = Field(default_factory=CellParams)
-    matrix: MatrixParams
+    # None: the scenario lists its cells under `include` alone (harness ingest writes such)
+    matrix: MatrixParams | None = None
     exclude: list[CellParams] = Field(default_factory=list)
     include: list[CellParams] = Field(default_factory=list)
     # Host names, or label filters ({gpu: h200}: every inventory host with those labels).
@@ -276,20 +278,23 @@ def _expand(spec: ScenarioSpec, source: Source, max_cells: int) -> list[_Draft]:
     defaults = spec.defaults.model_dump(exclude_unset=True)
     base = _Draft(defaults, {name: ("defaults", name) for name in defaults})
 
-    matrix = spec.matrix.model_dump(exclude_unset=True)
+    matrix = spec.matrix.model_dump(exclude_unset=True) if spec.matrix is not None else {}
     # Keys in the order the file gives them, so the first key varies slowest.
-    keys = [key for key in source.data["matrix"] if key in matrix]
+    keys = [key for key in source.data.get("matrix") or {} if key in matrix]
     excludes = [entry.model_dump(exclude_unset=True) for entry in spec.exclude]
 
     # Counted before anything is built: the product of a few long lists is astronomically large.
-    count = math.prod(len(matrix[key]) for key in keys) + len(spec.include)
+    product = math.prod(len(matrix[key]) for key in keys) if spec.matrix is not None else 0
+    count = product + len(spec.include)
     if count > max_cells:
         raise source.error(("matrix",), key=True, message=f"the matrix expands to {count:,} cells (before "
                                         f"exclude), more than the cap of {max_cells:,}; "
                                         f"pass --max-cells {count} to run that many on purpose")
 
     drafts = []
-    for combo in itertools.product(*(list(enumerate(matrix[key])) for key in keys)):
+    # (The product of no lists is one empty combination: without a matrix there is none.)
+    combos = itertools.product(*(list(enumerate(matrix[key])) for key in keys)) if product else ()
+    for combo in combos:
         draft = base.with_values(
             {key: value for key, (_, value) in zip(keys, combo)},
             {key: ("matrix", key, index) for key, (index, _) in zip(keys, combo)})
@@ -304,8 +309,12 @@ def _expand(spec: ScenarioSpec, source: Source, max_cells: int) -> list[_Draft]:
 
 
 def _check_structure(spec: ScenarioSpec, source: Source) -> None:
-    """Shape problems pydantic cannot express: an empty matrix, an exclude that drops all."""
-    if not spec.matrix.model_fields_set:
+    """Shape problems pydantic cannot express: no matrix and no listed cells, an empty
+    matrix, an exclude that drops all."""
+    if spec.matrix is None:
+        if not spec.include:
+            raise source.error((), "missing required key 'matrix'")
+    elif not spec.matrix.model_fields_set:
         raise source.error(("matrix",), "matrix is empty: give at least one cell parameter "
                                         "with a list of values")
     for j, entry in enumerate(spec.exclude):

@@ -25,7 +25,8 @@ SPECS = workloads.SPECS
 
 
 def test_the_registry_lists_the_modules_of_the_package():
-    assert list(SPECS) == ["decode", "calibrate", "noop", "kernel", "op", "peer"]
+    assert list(SPECS) == ["decode", "calibrate", "noop", "kernel", "op", "peer",
+                           "pytest_benchmark"]
     assert params.WORKLOADS == tuple(SPECS)
     modules = sorted(p.stem for p in (REPO / "harness/protocol/workloads").glob("*.py")
                      if not p.name.startswith("_"))
@@ -80,7 +81,8 @@ def test_every_check_runs_on_the_cells_it_declares(monkeypatch):
             checks=tuple(_recording(calls, f"{name}.{c.__name__}", c) for c in spec.checks),
             shared_checks=tuple(_recording(calls, f"{name}.{c.__name__}", c)
                                 for c in spec.shared_checks)))
-    scenario.parse_scenario("name: t\nmatrix:\n  workload: [decode, calibrate, noop, kernel, op, peer]\n")
+    scenario.parse_scenario("name: t\nmatrix:\n  workload: [decode, calibrate, noop, kernel, op, "
+                            "peer]\ninclude:\n  - {workload: pytest_benchmark, benchmark: t.py::test_a}\n")
     assert set(calls) == own | shared
     assert ("decode.check_context", "decode") in calls and ("kernel.check_shape", "kernel") in calls
     assert ("decode.check_tau", "kernel") in calls
@@ -103,7 +105,8 @@ def test_labels_come_from_the_specs():
                 "noop": "noop sleep_s=0",
                 "kernel": "kernel sdpa ctx=256 T=16 gqa 32/8 d128 contiguous",
                 "op": "op topk auto tiny D=7 k=16",
-                "peer": "peer transformers static tiny ctx=256"}
+                "peer": "peer transformers static tiny ctx=256",
+                "pytest_benchmark": "bench ?"}
     for name, spec in SPECS.items():
         cell = params.canonical({"workload": name})
         assert params.cell_label(cell) == spec.cell_label(cell) == expected[name]
@@ -275,7 +278,8 @@ def test_a_dropped_in_spec_module_is_a_workload_everywhere(tmp_path):
     out = _extended_run(tmp_path, _GEMM_SPEC)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
-    assert seen["workloads"] == ["decode", "calibrate", "noop", "kernel", "op", "peer", "gemm"]
+    assert seen["workloads"] == ["decode", "calibrate", "noop", "kernel", "op", "peer",
+                                 "pytest_benchmark", "gemm"]
     assert seen["gemm_params"] == {"rows": 4096, "block": 128, "alpha": 1.0}
     assert seen["labels"] == ["gemm rows=4096 block=128 alpha=1", "gemm rows=8192 block=128 alpha=1"]
     assert seen["check"] == "s.yaml:4:11: rows 4096 is not a multiple of block 100"
@@ -283,7 +287,8 @@ def test_a_dropped_in_spec_module_is_a_workload_everywhere(tmp_path):
     assert seen["foreign"] == ("s.yaml:4:10: rows is a parameter of workload 'gemm' only; "
                                "this cell runs workload 'noop'")
     assert seen["unknown"] == ("s.yaml:3:14: unknown workload 'gem' (allowed: decode, calibrate, "
-                               "noop, kernel, op, peer, gemm; did you mean 'gemm'?)")
+                               "noop, kernel, op, peer, pytest_benchmark, gemm; did you mean "
+                               "'gemm'?)")
     assert seen["policy"]["direction"] == "lower" and seen["policy"]["threshold_rel"] == 0.05
     assert seen["policies"] == [*policy.DEFAULT_POLICIES, "gemm_us"]
     assert seen["result"] == ["ok", None, {"gemm_us": 8.0}, "gemm rows=512 block=64 alpha=1"]
