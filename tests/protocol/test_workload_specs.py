@@ -26,7 +26,7 @@ SPECS = workloads.SPECS
 
 def test_the_registry_lists_the_modules_of_the_package():
     assert list(SPECS) == ["decode", "calibrate", "noop", "kernel", "op", "peer",
-                           "pytest_benchmark"]
+                           "pytest_benchmark", "service"]
     assert params.WORKLOADS == tuple(SPECS)
     modules = sorted(p.stem for p in (REPO / "harness/protocol/workloads").glob("*.py")
                      if not p.name.startswith("_"))
@@ -82,7 +82,8 @@ def test_every_check_runs_on_the_cells_it_declares(monkeypatch):
             shared_checks=tuple(_recording(calls, f"{name}.{c.__name__}", c)
                                 for c in spec.shared_checks)))
     scenario.parse_scenario("name: t\nmatrix:\n  workload: [decode, calibrate, noop, kernel, op, "
-                            "peer]\ninclude:\n  - {workload: pytest_benchmark, benchmark: t.py::test_a}\n")
+                            "peer]\ninclude:\n  - {workload: pytest_benchmark, benchmark: t.py::test_a}\n"
+                            "  - {workload: service, service_start: engine}\n")
     assert set(calls) == own | shared
     assert ("decode.check_context", "decode") in calls and ("kernel.check_shape", "kernel") in calls
     assert ("decode.check_tau", "kernel") in calls
@@ -106,7 +107,8 @@ def test_labels_come_from_the_specs():
                 "kernel": "kernel sdpa ctx=256 T=16 gqa 32/8 d128 contiguous",
                 "op": "op topk auto tiny D=7 k=16",
                 "peer": "peer transformers static tiny ctx=256",
-                "pytest_benchmark": "bench ?"}
+                "pytest_benchmark": "bench ?",
+                "service": "service engine ctx=256 out=64 c=1"}
     for name, spec in SPECS.items():
         cell = params.canonical({"workload": name})
         assert params.cell_label(cell) == spec.cell_label(cell) == expected[name]
@@ -279,7 +281,7 @@ def test_a_dropped_in_spec_module_is_a_workload_everywhere(tmp_path):
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
     assert seen["workloads"] == ["decode", "calibrate", "noop", "kernel", "op", "peer",
-                                 "pytest_benchmark", "gemm"]
+                                 "pytest_benchmark", "service", "gemm"]
     assert seen["gemm_params"] == {"rows": 4096, "block": 128, "alpha": 1.0}
     assert seen["labels"] == ["gemm rows=4096 block=128 alpha=1", "gemm rows=8192 block=128 alpha=1"]
     assert seen["check"] == "s.yaml:4:11: rows 4096 is not a multiple of block 100"
@@ -287,8 +289,8 @@ def test_a_dropped_in_spec_module_is_a_workload_everywhere(tmp_path):
     assert seen["foreign"] == ("s.yaml:4:10: rows is a parameter of workload 'gemm' only; "
                                "this cell runs workload 'noop'")
     assert seen["unknown"] == ("s.yaml:3:14: unknown workload 'gem' (allowed: decode, calibrate, "
-                               "noop, kernel, op, peer, pytest_benchmark, gemm; did you mean "
-                               "'gemm'?)")
+                               "noop, kernel, op, peer, pytest_benchmark, service, gemm; did you "
+                               "mean 'gemm'?)")
     assert seen["policy"]["direction"] == "lower" and seen["policy"]["threshold_rel"] == 0.05
     assert seen["policies"] == [*policy.DEFAULT_POLICIES, "gemm_us"]
     assert seen["result"] == ["ok", None, {"gemm_us": 8.0}, "gemm rows=512 block=64 alpha=1"]

@@ -1,0 +1,219 @@
+"""The service workload against a real engine: `transformers serve` (installed from the package
+index with transformers[serving]) serving a tiny random Qwen3 the module makes, started by the
+worker on a loopback sshd host, through `harness run`.
+
+`transformers serve` rather than vLLM's CPU build: it is a pip install of a few small packages
+on top of the transformers the dev extras already hold, starts in seconds on two cores, streams
+`/v1/completions`, and has real toggles (`--continuous-batching` switches it to another
+generation path, which its log names per request). It has no profiler route and no /metrics,
+which the cells report as absent (the idle meter on engine traces is tested on a real Kineto
+trace in test_engine_trace.py).
+
+One sweep (two contexts x two toggle values) starts the engine twice; the bad-input sweep after
+it reuses the second engine for its good cell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi", reason="transformers[serving] is not installed")
+pytest.importorskip("transformers", reason="transformers is not installed")
+
+import engine_model
+import sshd_server
+from cli_process import run_cli
+from sshd_server import LoopbackSSH
+
+from harness.protocol import params
+from harness.worker import service_load, service_proc
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(sshd_server.available() is not None,
+                                 reason=str(sshd_server.available()))]
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = REPO / ".venv" / "bin"
+CB = "--continuous-batching --cb-num-blocks 64 --cb-max-batch-tokens 512"
+SECRET = "sk-test-" + os.urandom(8).hex()
+
+
+class World:
+    def __init__(self, root: Path):
+        self.root = root
+        (root / "ssh").mkdir()
+        self.ssh = LoopbackSSH(root / "ssh")
+        self.server = self.ssh.start_sshd()
+        self.home = self.ssh.home(known=[self.server])
+        self.model = engine_model.make(root / "model")
+        self.port = sshd_server.free_port()
+        self.log = root / "engine.log"
+        (root / "hosts.yaml").write_text(
+            "hosts:\n  svc:\n"
+            f"    ssh: root@127.0.0.1:{self.server.port}\n"
+            f"    python: {VENV / 'python'}\n"
+            f"    workdir: {root}/work\n"
+            '    env: {OMP_NUM_THREADS: "1", SVC_KEY: "${SPECDEC_SVC_KEY}"}\n')
+
+    def defaults(self, **over) -> dict:
+        cell = {"workload": "service",
+                "service_start": f"{VENV / 'transformers'} serve {self.model} --host 127.0.0.1 "
+                                 f"--port {self.port} --device cpu",
+                "service_url": f"http://127.0.0.1:{self.port}", "service_log": str(self.log),
+                "service_api_key": "${SVC_KEY}", "service_ready_timeout_s": 120,
+                "service_trace_dir": str(self.root / "traces"),
+                "output_tokens": 8, "concurrency": 2, "warmup_steps": 1, "steps": 2,
+                "repeats": 2, "timeout_s": 300}
+        cell.update(over)
+        return cell
+
+    def harness(self, folder: Path, scenario: dict):
+        folder.mkdir()
+        (folder / "s.yaml").write_text(json.dumps(scenario))
+        env = dict(os.environ, HOME=str(self.home), COLUMNS="200", SPECDEC_SVC_KEY=SECRET)
+        env.pop("MLFLOW_TRACKING_URI", None)
+        proc = run_cli(["run", "s.yaml", "--hosts", str(self.root / "hosts.yaml"), "--host",
+                        "svc", "--tracking-uri", f"sqlite:///{folder}/mlflow.db"],
+                       cwd=folder, env=env, timeout=280)
+        [run] = (folder / "results" / "runs").iterdir()
+        cells = [json.loads(p.read_text()) for p in (run / "cells").glob("*.json")]
+        return proc, cells
+
+    def close(self):
+        for log in self.root.glob("*.log"):
+            service_proc.SetsidService({"service_name": "x", "service_log": str(log)}).stop()
+        self.ssh.close()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    w = World(tmp_path_factory.mktemp("service"))
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def sweep(world):
+    scenario = {"name": "service-test", "defaults": world.defaults(),
+                "matrix": {"service_flags": ["", CB], "context_length": [128, 512]}}
+    return world.harness(world.root / "sweep", scenario)
+
+
+def test_two_contexts_by_two_toggles_measure_a_real_engine(world, sweep):
+    proc, cells = sweep
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(cells) == 4 and all(c["status"] == "ok" for c in cells)
+    assert {(c["cell"]["service_flags"], c["cell"]["context_length"]) for c in cells} == \
+        {("", 128), ("", 512), (CB, 128), (CB, 512)}
+    for c in cells:
+        m = c["metrics"]
+        assert m["tokens_per_s"] > 0 and m["ttft_ms_p50"] > 0 and m["itl_ms_p50"] > 0
+        assert len(c["samples"]["tokens_per_s"]) == 2 and "tokens_per_s_spread" in m
+        # 2 repeats of max(steps, concurrency) = 2 requests each
+        assert len(c["samples"]["ttft_ms"]) == 4 and c["service"]["requests"] == 4
+        # transformers serve has no profiler route and no /metrics: absent, not made up, and
+        # the result says why
+        assert "idle_fraction" not in m and "accept_len_mean" not in m
+        assert c["idle"] == {"note": "no profiler: POST /start_profile gave HTTP 404 "
+                                     "(idle_fraction absent)"}
+    # The engine restarted only when the toggles changed: once per toggle value.
+    by_flags = {}
+    for c in cells:
+        by_flags.setdefault(c["cell"]["service_flags"], set()).add(c["service"]["pid"])
+    assert all(len(pids) == 1 for pids in by_flags.values())
+    assert len(set.union(*by_flags.values())) == 2
+    assert sum(c["service"]["restarted"] for c in cells) == 2
+    # The toggle changed the engine's behaviour: the running (second) engine served every
+    # request on its continuous-batching path, as its log says per request.
+    log = world.log.read_text()
+    assert "CB: True" in log and "CB: False" not in log
+    # Toggles are part of a cell's identity; the URL is not.
+    a, b = (params.cell_id(world.defaults(service_flags=f)) for f in ("", CB))
+    assert a != b
+    assert params.cell_id(world.defaults(service_url="http://10.0.0.1:1")) == a
+
+
+def test_the_api_key_is_never_recorded(world, sweep):
+    proc, _ = sweep
+    assert SECRET not in proc.stdout + proc.stderr
+    for path in (world.root / "sweep").rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_bad_services_fail_their_own_cell_in_one_line(world, sweep):
+    """Unreachable, never ready, a rejected toggle, a response that is not the API's, a prompt
+    the engine counts differently: each its own failed cell with one line; the good cell of
+    the same sweep (the running engine, reused) is measured."""
+    dead = sshd_server.free_port()
+    other = sshd_server.free_port()
+    bad = {
+        "unreachable": {"service_manager": "external", "service_url": f"http://127.0.0.1:{dead}"},
+        "never-ready": {"service_start": f"{sys.executable} -c 'import time; time.sleep(60)'",
+                        "service_ready_timeout_s": 3, "service_url": f"http://127.0.0.1:{dead}",
+                        "service_log": str(world.root / "never.log")},
+        "rejected": {"service_start": world.defaults()["service_start"].replace(
+                         str(world.port), str(other)),
+                     "service_url": f"http://127.0.0.1:{other}",
+                     "service_flags": "--no-such-toggle",
+                     "service_log": str(world.root / "rejected.log")},
+        # a real HTTP server that is not an engine: its root answers, POST is not implemented
+        "not-an-engine": {"service_start": f"{sys.executable} -m http.server {other} "
+                                           f"--bind 127.0.0.1",
+                          "service_ready": "/", "service_model": "m",
+                          "service_url": f"http://127.0.0.1:{other}",
+                          "service_log": str(world.root / "http.log")},
+        "two-token-word": {"service_flags": CB, "prompt_word": " hello world"},
+        "good": {"service_flags": CB},
+    }
+    include = [dict(world.defaults(context_length=64, repeats=1, warmup_steps=0, **over),
+                    service_name=name) for name, over in bad.items()]
+    proc, cells = world.harness(world.root / "bad", {"name": "service-bad", "include": include})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    by = {c["cell"]["service_name"]: c for c in cells}
+    assert set(by) == set(bad)
+    assert by["good"]["status"] == "ok" and by["good"]["service"]["restarted"] is False
+    errors = {name: c["error"] for name, c in by.items() if name != "good"}
+    assert all(c["status"] == "failed" for name, c in by.items() if name != "good")
+    assert all("\n" not in e and "Traceback" not in e for e in errors.values()), errors
+    assert "is not reachable" in errors["unreachable"]
+    assert "was not ready" in errors["never-ready"] and "after 3 s" in errors["never-ready"]
+    assert "exited with status 2 before it was ready" in errors["rejected"]
+    assert "no-such-toggle" in errors["rejected"]           # the engine's own complaint
+    assert "HTTP 501" in errors["not-an-engine"]
+    assert "counted 128 prompt tokens, not context_length 64" in errors["two-token-word"]
+    assert SECRET not in json.dumps(cells)
+
+
+def test_a_non_streamed_answer_is_refused(world, sweep):
+    """The real engine answers `stream: false` with one JSON body: not what a cell measures."""
+    cell = params.canonical(world.defaults(service_flags=CB, context_length=16))
+    load = service_load.Load(cell, str(world.model), None)
+    body = dict(load.body, stream=False)
+    import requests
+    with requests.Session() as s, pytest.raises(service_proc.ServiceError) as err:
+        service_load.one_request(s, load.url, body, {}, 60)
+    assert "not a streamed response (content-type 'application/json')" in str(err.value)
+
+
+def test_an_engine_killed_between_cells_is_started_again_and_env_toggles_reach_it(world, sweep):
+    """A stale state file (the engine died) is not mistaken for a running engine; a
+    `service_env` toggle restarts the engine with it in its environment."""
+    cell = params.canonical(world.defaults(service_flags=CB, context_length=16, repeats=1))
+    state = json.loads(world.log.with_name(world.log.name + ".state.json").read_text())
+    service_proc._stop_group(state["pid"])
+    got = service_proc.ensure(cell, lambda **_: None)
+    assert got["restarted"] is True and got["pid"] != state["pid"]
+    cell = dict(cell, service_env="SPECDEC_TOGGLE='on and off'")
+    toggled = service_proc.ensure(cell, lambda **_: None)
+    assert toggled["restarted"] is True and toggled["pid"] != got["pid"]
+    environ = Path(f"/proc/{toggled['pid']}/environ").read_bytes().split(b"\0")
+    assert b"SPECDEC_TOGGLE=on and off" in environ
+    assert not Path(f"/proc/{got['pid']}").exists()            # the old one stopped (reaped)
+    assert service_proc.ensure(cell, lambda **_: None) == {"restarted": False,
+                                                           "pid": toggled["pid"]}
