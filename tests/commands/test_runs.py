@@ -3,6 +3,7 @@ H200 runs and a journal made here with a failed, a missing and a damaged cell.""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -31,8 +32,12 @@ def test_the_h200_runs_newest_first_with_their_gpu_and_commit():
     assert code == 0, out
     lines = [ln for ln in out.splitlines() if ln.startswith("│")]
     assert len(lines) == 3 and lines[0] > lines[1] > lines[2]          # run ids sort by time
-    assert "20261201-205343-755b9a" in lines[0] and "tree-build" in lines[0]
-    assert "5 ok" in lines[0] and "NVIDIA H200" in lines[0] and "c9b208863e" in lines[0]
+    # The newest committed run, whichever it is: its id, scenario, cell count, GPU and commit.
+    newest = sorted(d for d in (RESULTS / "runs").iterdir() if (d / "run.json").is_file())[-1]
+    run = json.loads((newest / "run.json").read_text())
+    assert newest.name in lines[0] and run["scenario"] in lines[0]
+    assert f"{len(run['cells'])} ok" in lines[0] and "NVIDIA H200" in lines[0]
+    assert run["meta"]["git_sha"][:10] in lines[0]
     assert "older run(s) not shown" in out
     code, only = harness_cli("runs", "--results", str(RESULTS), "--scenario", "verify65")
     assert code == 0 and only.count("verify65") == 2 and "tree-build" not in only
