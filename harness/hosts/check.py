@@ -68,6 +68,8 @@ def describe(facts: dict) -> tuple[bool, str]:
         if message.startswith(prefix):
             message = message[len(prefix):]
         return False, f"{name}: [red]{where}[/]{escape(message)}"
+    if "slurm" in facts:
+        return _describe_slurm(facts)
     parts = ["reachable"]
     if facts.get("host_key"):
         parts.append(f"host key {facts['host_key']}")
@@ -92,3 +94,27 @@ def describe(facts: dict) -> tuple[bool, str]:
     else:
         parts.append("no GPUs (no nvidia-smi)")
     return has_torch, f"{name}: " + ", ".join(parts)
+
+
+def _describe_slurm(facts: dict) -> tuple[bool, str]:
+    """A slurm host's line: its partitions as sinfo sees them, Slurm's verdict on a test
+    submission of the host's job, and its Python where this machine can run it."""
+    parts = ["Slurm answers"]
+    for name, p in facts["slurm"]["partitions"].items():
+        nodes = sum(p["nodes"].values())
+        states = ", ".join(f"{n} {state}" for state, n in sorted(p["nodes"].items()))
+        gres = f"; gres {', '.join(p['gres'])}" if p["gres"] else ""
+        parts.append(escape(f"partition {name}{' (default)' if p['default'] else ''} "
+                            f"{p['avail']}: {nodes} node(s), {states}{gres}; time limit "
+                            f"{p['time_limit']}"))
+    parts.append("the host's job is accepted (sbatch --test-only)")
+    usable = True
+    if facts.get("python_unchecked"):
+        parts.append(escape(f"python {facts['python_unchecked']}: checked by the first cell"))
+    else:
+        parts.append(escape(f"python {facts.get('python')}"))
+        usable = bool(facts.get("torch"))
+        parts.append(escape(f"torch {facts['torch']}") if usable else
+                     "[red]no torch[/] (decode, op, kernel and peer cells need it: install it "
+                     "for that python, or point `python:` at one that has it)")
+    return usable, f"{facts['name']}: " + ", ".join(parts)

@@ -1,8 +1,10 @@
-"""The Host interface: what every kind of host (local, ssh, later slurm) gives the runner, and
+"""The Host interface: what every kind of host (local, ssh, slurm) gives the runner, and
 the rules every one of them applies to a worker's reply.
 
 A host takes one cell and returns its result dict (`run_cell`); failures of the host itself are
-HostUnavailable (retried elsewhere) or HostBroken (the host is given up); everything that goes
+HostUnavailable (retried elsewhere) or HostBroken (the host is given up), and an attempt the
+host's infrastructure lost under the cell, the host itself still working, is AttemptLost (the
+cell runs again; the host is not held responsible); everything that goes
 wrong with a cell is that cell's failed result, carrying the worker's stderr tail. A reply is
 never trusted: it must be one JSON object, for the cell sent (`bound_to`), under a size limit
 (`read_tail`), or it is that cell's failure.
@@ -37,6 +39,13 @@ class HostBroken(HostUnavailable):
     """The host cannot run anything until a person fixes it: its host key is unknown or
     changed, login is refused, its Python is missing. The runner stops using it for the rest of
     the sweep and says why in one line."""
+
+
+class AttemptLost(HostUnavailable):
+    """The cell's attempt was lost to the host's infrastructure while the host as a whole
+    works: a cluster node failed under it, a higher-priority job preempted it. The runner runs
+    the cell again (bounded, as for any HostUnavailable), without counting it as a failure of
+    the host: a 64-task array on a node that dies must not give up the whole cluster."""
 
 
 class Host(Protocol):

@@ -13,6 +13,18 @@
         gpu_busy: wait              # a GPU with a foreign process: wait for it, or run `noisy`
         busy_wait_s: 600
 
+      cluster:
+        slurm:                      # a Slurm cluster whose commands work on this machine
+          partition: gpu
+          account: my-project
+          gres: gpu:1               # per cell: each cell is one array task
+          time_limit: "02:00:00"    # per task (sbatch --time); default: from the cells' timeout_s
+          sbatch: [--qos=high, --constraint=h100]   # more sbatch options, one per item
+          max_tasks: 32             # cells queued or running at once
+          poll_s: 2                 # how often squeue is asked
+        python: /shared/venv/bin/python   # the Python on the nodes
+        workdir: /shared/scratch/me/specdec-harness   # a folder this machine and the nodes share
+
 `local` (this machine) always exists; an entry named `local` (without `ssh`) sets its python,
 gpus, labels, env and `persistent` (default true: one serving worker process per GPU for the
 whole sweep; false: a fresh process per cell, as `harness run --fresh-workers` does). Every
@@ -56,10 +68,45 @@ COMMAND_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]*")
 _STRICT = ConfigDict(extra="forbid", strict=True)
 _Scalar = str | int | float | bool
 
+# Slurm names as sbatch takes them: partitions (a comma-separated list is a choice of them),
+# accounts, and generic resources like gpu, gpu:2, gpu:h100:2, gpu:1,nvme:1.
+SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
+SLURM_PARTITIONS = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*(,[A-Za-z0-9_][A-Za-z0-9_.+-]*)*")
+SLURM_GRES = re.compile(r"[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+){0,2}(,[A-Za-z0-9_]+(:[A-Za-z0-9_.-]+){0,2})*")
+# sbatch options the harness sets itself, or that would break how it follows its jobs.
+SBATCH_OWN = {
+    "--array": "the harness makes the job arrays", "-a": "the harness makes the job arrays",
+    "--output": "the harness keeps each task's log", "-o": "the harness keeps each task's log",
+    "--error": "the harness keeps each task's log", "-e": "the harness keeps each task's log",
+    "--input": "a task reads its cell from the shared folder", "-i": "a task reads its cell "
+                                                                    "from the shared folder",
+    "--wrap": "the harness writes the job script", "--parsable": "the harness reads sbatch's answer",
+    "--chdir": "a task works in the shared folder", "-D": "a task works in the shared folder",
+    "--export": "the host's env: reaches the tasks through sbatch's environment",
+    "--test-only": "the harness checks the job with it itself", "--wait": "the harness follows "
+                                                                          "the job itself",
+    "-W": "the harness follows the job itself", "--hold": "a held job never runs its cells",
+    "-H": "a held job never runs its cells",
+    "--time": "use time_limit", "-t": "use time_limit", "--partition": "use partition",
+    "-p": "use partition", "--account": "use account", "-A": "use account", "--gres": "use gres",
+}
+
+
+class SlurmSpec(BaseModel):
+    model_config = _STRICT
+    partition: str | None = None
+    account: str | None = None
+    gres: str | None = None
+    time_limit: str | None = None
+    sbatch: list[str] = Field(default_factory=list)
+    max_tasks: Annotated[int, Field(ge=1, le=1000)] = 32
+    poll_s: Annotated[float, Field(ge=0.2, le=600)] = 2.0
+
 
 class HostSpec(BaseModel):
     model_config = _STRICT
     ssh: str | None = None
+    slurm: SlurmSpec | None = None
     python: str | None = None
     workdir: str = DEFAULT_WORKDIR
     gpus: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=16)] | None = None
@@ -89,7 +136,18 @@ _WHAT = {
     "gpu_busy": "wait or noisy",
     "busy_wait_s": "a number of seconds >= 0",
     "persistent": "true or false",
+    "slurm": "a mapping of Slurm settings (partition, account, gres, time_limit, sbatch, "
+             "max_tasks, poll_s)",
+    "partition": "a Slurm partition name (or a comma-separated list of them)",
+    "account": "a Slurm account name",
+    "gres": "a Slurm generic resource like gpu:1 or gpu:h100:2",
+    "time_limit": "a Slurm time in quotes: \"30\" (minutes), \"02:00:00\", \"1-12:00:00\" or "
+                  "\"UNLIMITED\" (unquoted, YAML reads 1:30 as the number 90)",
+    "sbatch": "a list of sbatch options, one per item (like --qos=high)",
+    "max_tasks": "an integer from 1 to 1000 (cells queued or running at once)",
+    "poll_s": "a number of seconds from 0.2 to 600 (how often squeue is asked)",
 }
+_SSH_ONLY_KEYS = ("known_hosts", "connect_timeout_s", "gpu_busy", "busy_wait_s")
 
 
 def _schema_error(exc: ValidationError, source: Source) -> InputError:
@@ -97,7 +155,9 @@ def _schema_error(exc: ValidationError, source: Source) -> InputError:
     for err in exc.errors():
         loc = tuple(err["loc"])
         if err["type"] == "extra_forbidden":
-            allowed = ", ".join(HostSpec.model_fields if len(loc) > 2 else HostsFile.model_fields)
+            fields = (SlurmSpec.model_fields if len(loc) > 3 and loc[2] == "slurm" else
+                      HostSpec.model_fields if len(loc) > 2 else HostsFile.model_fields)
+            allowed = ", ".join(fields)
             errors.append(source.error(loc, f"unknown key '{loc[-1]}' (expected one of: {allowed})",
                                        key=True))
             continue
@@ -167,6 +227,8 @@ def _build(name: str, spec: HostSpec, source: Source) -> Host:
         _check_path(source, at + ("python",), spec.python, "python", command_ok=True)
     _check_path(source, at + ("workdir",), spec.workdir, "workdir", command_ok=False)
 
+    if spec.slurm is not None:
+        return _build_slurm(name, spec, source, env)
     if name == "local":
         if spec.ssh is not None:
             raise source.error(at + ("ssh",), "'local' is this machine: it takes no ssh target "
@@ -194,6 +256,78 @@ def _build(name: str, spec: HostSpec, source: Source) -> Host:
                    gpus=spec.gpus or [0], labels=dict(spec.labels), env=env,
                    known_hosts=spec.known_hosts, connect_timeout_s=spec.connect_timeout_s,
                    gpu_busy=spec.gpu_busy, busy_wait_s=spec.busy_wait_s)
+
+
+def _build_slurm(name: str, spec: HostSpec, source: Source, env: dict) -> Host:
+    at = ("hosts", name)
+    slurm = spec.slurm
+    if name == "local":
+        raise source.error(at + ("slurm",), "'local' is this machine: it takes no slurm "
+                                            "settings (name the cluster differently)", key=True)
+    if spec.ssh is not None:
+        raise source.error(at + ("slurm",), "a host runs its cells over ssh or through slurm, "
+                                            "not both (give the cluster an entry of its own)",
+                           key=True)
+    if spec.gpus is not None:
+        raise source.error(at + ("gpus",), "a slurm host takes its GPUs from slurm.gres (per "
+                                           "cell), not gpus", key=True)
+    for key in ("persistent", *_SSH_ONLY_KEYS):
+        if key in spec.model_fields_set:
+            raise source.error(at + (key,), f"{key} is a setting of SSH hosts (a slurm host "
+                                             f"leaves its nodes to Slurm)", key=True)
+    where = at + ("slurm",)
+    if slurm.partition is not None and not SLURM_PARTITIONS.fullmatch(slurm.partition):
+        raise source.error(where + ("partition",), f"partition {show(slurm.partition)} is not "
+                                                   f"a Slurm partition name (or a comma-separated "
+                                                   f"list of them)")
+    if slurm.account is not None and not SLURM_NAME.fullmatch(slurm.account):
+        raise source.error(where + ("account",), f"account {show(slurm.account)} is not a "
+                                                 f"Slurm account name")
+    if slurm.gres is not None and not SLURM_GRES.fullmatch(slurm.gres):
+        raise source.error(where + ("gres",), f"gres {show(slurm.gres)} is not a Slurm generic "
+                                              f"resource like gpu:1 or gpu:h100:2")
+    from harness.hosts.slurm import SlurmHost
+    from harness.hosts.slurm_job import JobOptions, time_limit_seconds
+    if slurm.time_limit is not None:
+        try:
+            seconds = time_limit_seconds(slurm.time_limit)
+        except ValueError:
+            raise source.error(where + ("time_limit",), f"time_limit must be {_WHAT['time_limit']}"
+                                                        f", got {show(slurm.time_limit)}") from None
+        if seconds == 0:
+            raise source.error(where + ("time_limit",), "time_limit 0 would ask for no limit: "
+                                                        "write \"UNLIMITED\" if that is meant")
+    lines = []
+    for i, line in enumerate(slurm.sbatch):
+        lines.append(_check_sbatch_line(source, where + ("sbatch", i), line))
+    return SlurmHost(name=name, python=spec.python or "python3", workdir=spec.workdir,
+                     options=JobOptions(partition=slurm.partition, account=slurm.account,
+                                        gres=slurm.gres, time_limit=slurm.time_limit,
+                                        sbatch=tuple(lines)),
+                     max_tasks=slurm.max_tasks, poll_s=slurm.poll_s, labels=dict(spec.labels),
+                     env=env)
+
+
+def _check_sbatch_line(source: Source, at: tuple, line: str) -> str:
+    """One extra sbatch option (and its value), as an #SBATCH line would hold it."""
+    import shlex
+
+    if not line.strip() or any(ord(ch) < 32 or ord(ch) == 127 for ch in line):
+        raise source.error(at, f"an sbatch option must be one line of text, got {show(line)}")
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        raise source.error(at, f"sbatch option {show(line)}: {exc}") from None
+    if not words or not words[0].startswith("-"):
+        raise source.error(at, f"sbatch option {show(line)} must start with - (like --qos=high)")
+    for word in (w for w in words if w.startswith("-")):     # "--qos=a --array=1": both
+        option = word.split("=", 1)[0]
+        if len(option) > 2 and not option.startswith("--"):  # -pgpu: a short one with its value
+            option = option[:2]
+        if option in SBATCH_OWN:
+            raise source.error(at, f"sbatch option {option} is not allowed here: "
+                                   f"{SBATCH_OWN[option]}")
+    return line
 
 
 def parse_hosts(text: str, path: str | os.PathLike | None = None) -> dict[str, Host]:

@@ -8,8 +8,10 @@ tracking server never loses a measurement.
 Infrastructure failures are not cell failures. A host that cannot be reached is retried with
 backoff (1, 2, 4, ... s) and given up after MAX_HOST_FAILURES attempts in a row; a host that
 cannot work until a person fixes it (HostBroken: unknown host key, missing Python) is given up
-at once. A cell whose host failed under it (connection dropped mid-cell) goes back to the queue,
-for this or another host, at most MAX_CELL_ATTEMPTS times. A cell that fails in its worker (an
+at once; one failure that reaches several slots at once (a job array Slurm refused) counts once.
+A cell whose host failed under it (connection dropped mid-cell; a cluster node lost or a job
+preempted, AttemptLost: not held against the host) goes back to the queue, for this or another
+host, at most MAX_CELL_ATTEMPTS times. A cell that fails in its worker (an
 OOM at 65k, a kernel error) is a result like any other: journaled, never retried here.
 
 A result the journal cannot write because the disk refuses it (full, over quota, read-only)
@@ -33,12 +35,14 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColu
 from rich.text import Text
 
 from harness.protocol import params
-from harness.hosts.interface import Host, HostBroken, HostUnavailable, bound_to, failed_result
+from harness.hosts.interface import (AttemptLost, Host, HostBroken, HostUnavailable, bound_to,
+                                     failed_result)
 from harness.sweep.journal import JournalFull, RunJournal
 
 MAX_CELL_ATTEMPTS = 3          # infrastructure failures a cell may suffer before it is failed
 MAX_HOST_FAILURES = 4          # failed attempts in a row before a host is given up
 BACKOFF_S = (1, 2, 4, 8, 16, 30)
+SHOWN_PER_HOST = 3             # running cells named on a host's progress line
 
 
 @dataclass
@@ -125,6 +129,7 @@ class _HostState:
     failures: int = 0              # failed attempts in a row
     retry_at: float = 0.0          # loop time before which the host is left alone
     lost: str | None = None        # why it was given up
+    last_cell_failure: HostUnavailable | None = None   # counted already
     done: int = 0
     running: dict[int, str] = field(default_factory=dict)   # slot -> what it runs
     note: str = ""                 # why it is idle (down, retrying)
@@ -172,7 +177,10 @@ class _Sweep:
         if st.lost:
             status = f"{st.done} done · [red]given up[/] (the reason is printed above)"
         else:
-            running = escape(" | ".join(v for _, v in sorted(st.running.items())))
+            cells = [v for _, v in sorted(st.running.items())]
+            if len(cells) > SHOWN_PER_HOST:    # a cluster runs dozens: the line stays one line
+                cells = cells[:SHOWN_PER_HOST] + [f"+{len(cells) - SHOWN_PER_HOST} more"]
+            running = escape(" | ".join(cells))
             status = f"{st.done} done" + (f" · {running}" if running else "") + \
                 (f" · [yellow]{escape(st.note)}[/]" if st.note else "")
         self.bar.update(self.host_tasks[host.name], status=status)
@@ -302,6 +310,11 @@ class _Sweep:
                 i, cell, errors = await self._until_done(self.queue.get())
                 if self.stopping:
                     return
+                if st.lost is not None:
+                    # Given up while this slot waited for a cell (a host of many slots: one
+                    # slot's cell found it broken): the cell is for another host.
+                    self.queue.put_nowait((i, cell, errors))
+                    return
                 label = params.cell_label(cell)
                 st.running[slot] = f"cell {i}/{self.n} {label}"
                 self._show(host)
@@ -317,7 +330,11 @@ class _Sweep:
                     result = await host.run_cell(cell, slot, on_progress)
                 except HostUnavailable as err:
                     st.running.pop(slot, None)
-                    self._host_failed(host, err)
+                    # One failure reaching every slot it hit (the same exception: a job array
+                    # Slurm refused) counts once; an attempt lost under a cell, not at all.
+                    if not isinstance(err, AttemptLost) and err is not st.last_cell_failure:
+                        st.last_cell_failure = err
+                        self._host_failed(host, err)
                     self._requeue(i, cell, errors, host, err)
                     continue
                 except Exception as err:  # a controller bug: this cell fails, the sweep goes on
