@@ -18,10 +18,10 @@ import signal
 import stat
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+from polling import wait_until
 
 from harness.hosts import local as hosts
 from harness.hosts.local import BadReply, LocalHost, _group_alive, check_reply, serves
@@ -48,15 +48,6 @@ def run_all(host: LocalHost, cells: list[dict], slot: int = 0) -> list[dict]:
 
 def pid_of(result: dict) -> int:
     return result["metrics"]["worker_pid"]
-
-
-def wait_until(predicate, limit_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 # -- the stand-in worker ----------------------------------------------------------------------

@@ -24,6 +24,7 @@ import pytest
 
 import slurm_cluster
 from cli_process import run_cli
+from polling import wait_until
 from slurm_cluster import NODE, SlurmCluster
 
 pytestmark = pytest.mark.skipif(slurm_cluster.available() is not None,
@@ -66,15 +67,6 @@ def slurm_env(cluster, monkeypatch):
         cluster.run("scancel", "--full", "--user", str(os.getuid()))
     cluster.run("scontrol", "update", f"NodeName={NODE}", "State=RESUME")   # if a test downed it
     assert not left, left
-
-
-def wait_until(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return bool(condition())
 
 
 def slurm_host(name: str, workdir: Path, python: str = VENV_PYTHON, **slurm) -> str:

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from cli_process import run_cli
+from polling import wait_until
 
 asyncssh = pytest.importorskip("asyncssh", reason="asyncssh (a controller dependency) is not installed")
 from rich.console import Console
@@ -107,15 +108,6 @@ def no_stray_processes():
 def ours(needle: str) -> list[str]:
     """The test user's processes of this test run whose command line contains `needle`."""
     return user_processes(TEST_USER, needle, cwd_contains=TOKEN)
-
-
-def wait_until(condition, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return bool(condition())
 
 
 def user_host(name: str, server, python: str = "/usr/bin/python3", **extra) -> str:
