@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from matplotlib.colors import TwoSlopeNorm
+from matplotlib.lines import Line2D
 
 from harness.protocol.params import (
     DEFAULTS,
@@ -29,8 +30,6 @@ from . import style
 
 # What separates one line from another on the tokens/s-vs-context plot.
 GROUP_KEYS = ("verify_mode", "graph_capture", "tree_build")
-# Legend names, matching harness.protocol.params.cell_label.
-_SHORT = style.SHORT_NAMES
 _FILLS = ("full", "none", "left", "bottom", "right", "top")
 MAX_LINES = 12  # lines on one axes before tokens_vs_context splits into graph-capture panels
 # Preferred reference modes for the speedup heatmap: the motivating baseline first.
@@ -90,58 +89,133 @@ def _varying(cells: list[dict], exclude: tuple[str, ...]) -> list[str]:
                   key=lambda k: (order.index(k) if k in order else len(order), k))
 
 
-def _label(keys, values) -> str:
-    return " ".join(f"{_SHORT.get(k, k)}={v}" for k, v in zip(keys, values))
+@dataclass
+class _Line:
+    """One configuration across contexts: its points, head and base, and how it is drawn."""
+    cell: dict                                   # a representative cell (context aside)
+    head: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    base: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    name: str = ""
+    color: tuple = (0, 0, 0)
+    fill: str = "full"
+
+    @property
+    def graph(self) -> str:
+        return str(self.cell.get("graph_capture"))
+
+    def style(self) -> dict:
+        return dict(linestyle=style.GRAPH_LINESTYLES.get(self.graph, "-."),
+                    marker=style.TREE_MARKERS.get(str(self.cell.get("tree_build")), "^"),
+                    fillstyle=self.fill, markerfacecoloralt="white")
+
+
+def _lines(plotted, base_plotted) -> dict[tuple, _Line]:
+    """Head and base points grouped into lines: a line is everything that tells cells apart
+    but the context, so a base cell lands on the line of the head cell it is compared with."""
+    cells = [r["cell"] for r, _ in plotted + base_plotted]
+    keys = _varying(cells, ("context_length",))
+    lines: dict[tuple, _Line] = {}
+    for side, points in (("head", plotted), ("base", base_plotted)):
+        for r, point in points:
+            key = tuple(repr(r["cell"].get(k)) for k in keys)
+            line = lines.setdefault(key, _Line(r["cell"]))
+            getattr(line, side)[int(r["cell"]["context_length"])] = point
+    order = sorted(lines, key=lambda k: (_mode_rank(lines[k].cell.get("verify_mode")),
+                                         tuple(map(str, k))))
+    lines = {k: lines[k] for k in order}
+    for line, name in zip(lines.values(), style.names_of([ln.cell for ln in lines.values()],
+                                                         ("context_length",))):
+        line.name = name or "all cells"
+    # Colour = verify mode; lines that would look alike (mode, graph, tree) get its shades.
+    alike: dict[tuple, list[_Line]] = defaultdict(list)
+    for line in lines.values():
+        alike[tuple(str(line.cell.get(k)) for k in GROUP_KEYS)].append(line)
+    for group in alike.values():
+        for k, line in enumerate(group):
+            line.color = style.shade(style.mode_color(line.cell.get("verify_mode")), k, len(group))
+            line.fill = _FILLS[k % len(_FILLS)]
+    return lines
+
+
+def _mode_rank(mode) -> int:
+    return VERIFY_MODES.index(mode) if mode in VERIFY_MODES else len(VERIFY_MODES)
+
+
+def _y_top(lines: list[_Line]) -> float:
+    """The top of the y axis: room above every median, and for the error bars that stay
+    within 1.3x of the highest median. A longer bar is cut at the top and marked there with
+    its maximum, so one noisy repeat never squashes every line to the bottom of the plot."""
+    medians = [p[0] for ln in lines for pts in (ln.head, ln.base) for p in pts.values()]
+    highest = max(medians)
+    tops = [p[0] + p[2] for ln in lines for p in ln.head.values()]
+    kept = [t for t in tops if t <= 1.3 * highest]
+    return max([highest * 1.12] + [t * 1.03 for t in kept]) or 1.0
 
 
 def tokens_vs_context(results: list[dict], out_path, title: str | None = None, *,
-                      commit: str | None = None) -> Path:
-    """Decode tokens/s against context length (log2 axis), one line per verify mode × graph
-    capture × tree build (plus any other parameter that varies in the run).
+                      commit: str | None = None, base: list[dict] | None = None,
+                      base_name: str = "base run", card: bool = True) -> Path:
+    """Decode tokens/s against context length (log2 axis), one line per configuration:
+    verify mode x graph capture x tree build, plus anything else that varies in the run.
 
-    Colour = verify mode, line style = graph capture, marker = tree build (harness.dashboards
-    .style); error bars span the repeats (min..max). More than MAX_LINES lines (a nightly
-    sweep) are split into one panel per graph capture mode. Returns the written PNG's path.
+    Colour = verify mode (shades of it for lines that differ in something else: acceptance,
+    a kernel knob ...), line style = graph capture, marker = tree build (harness.dashboards
+    .style); error bars span the repeats (min..max), cut at the top where one would squash
+    the rest. `base`: the compared-with run's results, drawn faded on the same lines. The
+    legend sits below the axes, never over a line. More than MAX_LINES lines (a nightly sweep)
+    are split into one panel per graph capture mode. Returns the written PNG's path.
     """
     decode = [r for r in results if is_decode(r)]
     plotted = _measured(decode)
+    base_plotted = _measured([r for r in base or [] if is_decode(r)])
     what = "Decode throughput vs context length"
     if not plotted:
-        fig = style.empty_figure(_nothing_text(decode), title or style.title(what, results, commit))
-        return style.save(fig, out_path)
+        return style.nothing(_nothing_text(decode),
+                             title or style.title(what, results, commit), out_path, card=card)
 
-    # Two different cells never share a point: anything else that varies splits lines too.
-    extra = tuple(_varying([r["cell"] for r, _ in plotted], GROUP_KEYS + ("context_length",)))
-    keys = GROUP_KEYS + extra
-    lines: dict[tuple, dict[int, tuple[float, float, float]]] = defaultdict(dict)
-    for r, point in plotted:
-        lines[tuple(r["cell"].get(k) for k in keys)][int(r["cell"]["context_length"])] = point
-
-    # A nightly sweep has ~30 lines: past MAX_LINES, one panel per graph-capture mode.
-    graphs = sorted({str(g[1]) for g in lines},
+    lines = _lines(plotted, base_plotted)
+    graphs = sorted({ln.graph for ln in lines.values()},
                     key=lambda g: (GRAPH_CAPTURES.index(g) if g in GRAPH_CAPTURES else 99, g))
     facets = graphs if len(lines) > MAX_LINES and len(graphs) > 1 else [None]
-    fig = style.new_figure(9 if len(facets) == 1 else min(6.5 * len(facets), 20), 5.5)
+    per_facet = max(sum(1 for ln in lines.values() if f in (None, ln.graph)) for f in facets)
+    longest = max(len(ln.name) for ln in lines.values())
+    ncols = 1 if longest > 48 or facets != [None] else 2
+    legend_rows = math.ceil((per_facet + bool(base_plotted)) / ncols)
+    fig = style.new_figure(9 if len(facets) == 1 else min(6.5 * len(facets), 20),
+                           4.6 + 0.2 * legend_rows)
     axes = fig.subplots(1, len(facets), sharey=True, squeeze=False)[0]
-    all_x = sorted({x for pts in lines.values() for x in pts})
-    twins: dict[tuple, int] = defaultdict(int)  # lines that differ only in `extra` keys
-    for group in sorted(lines, key=lambda g: tuple(map(str, g))):
-        mode, graph, tree = group[:3]
-        ax = axes[facets.index(str(graph))] if facets != [None] else axes[0]
-        # Same colour, line and marker: tell them apart by how the marker is filled.
-        fill = _FILLS[twins[group[:3]] % len(_FILLS)]
-        twins[group[:3]] += 1
-        pts = lines[group]
-        xs = np.array(sorted(pts))
-        ys = np.array([pts[x][0] for x in xs])
-        err = np.array([[pts[x][1] for x in xs], [pts[x][2] for x in xs]])
-        label = _label([k for k in keys if facets == [None] or k != "graph_capture"],
-                       [v for k, v in zip(keys, group) if facets == [None] or k != "graph_capture"])
-        ax.errorbar(xs, ys, yerr=err, color=style.mode_color(mode),
-                    linestyle=style.GRAPH_LINESTYLES.get(str(graph), "-."),
-                    marker=style.TREE_MARKERS.get(str(tree), "^"), markersize=6,
-                    fillstyle=fill, markerfacecoloralt="white",
-                    capsize=3, linewidth=1.6, label=label)
+    names = {id(ln): ln.name for ln in lines.values()}
+    for facet in facets if facets != [None] else []:   # a panel's title says its graph mode
+        group = [ln for ln in lines.values() if ln.graph == facet]
+        for ln, name in zip(group, style.names_of([ln.cell for ln in group],
+                                                  ("context_length", "graph_capture"))):
+            names[id(ln)] = name or ln.name
+    top = _y_top(list(lines.values()))
+    modes = {str(ln.cell.get("verify_mode")) for ln in lines.values()}
+    legend_title = ((f"every line verify={modes.pop()}; " if len(modes) == 1 else "")
+                    + "bars: min–max over repeats (▲: goes on past the top, to the max written)")
+    all_x = sorted({x for ln in lines.values() for pts in (ln.head, ln.base) for x in pts})
+    for line in lines.values():
+        ax = axes[facets.index(line.graph)] if facets != [None] else axes[0]
+        if line.base:   # a shadow behind the head, no bars: where it was, not how noisy
+            xs = sorted(line.base)
+            ax.plot(xs, [line.base[x][0] for x in xs], color=line.color, alpha=style.BASE_ALPHA,
+                    linewidth=4, markersize=9, zorder=1, **{**line.style(), "fillstyle": "full"})
+        if not line.head:
+            continue
+        xs = np.array(sorted(line.head))
+        ys = np.array([line.head[x][0] for x in xs])
+        err = np.array([[line.head[x][1] for x in xs],
+                        [min(line.head[x][2], max(top - line.head[x][0], 0)) for x in xs]])
+        ax.errorbar(xs, ys, yerr=err, color=line.color, markersize=6, capsize=3,
+                    linewidth=1.6, label=names[id(line)], zorder=3, **line.style())
+        for x in xs:
+            if line.head[x][0] + line.head[x][2] > top:   # the bar goes on: up to its max
+                ax.plot([x], [top], marker="^", markersize=6, color=line.color, clip_on=False,
+                        zorder=4)
+                ax.annotate(f"{line.head[x][0] + line.head[x][2]:.0f}", (x, top),
+                            xytext=(5, -9), textcoords="offset points", ha="left",
+                            fontsize=7, color="0.25")
     for ax, facet in zip(axes, facets):
         ax.set_xscale("log", base=2)
         ax.set_xticks(all_x, [style.fmt_tokens(x) for x in all_x])
@@ -149,11 +223,16 @@ def tokens_vs_context(results: list[dict], out_path, title: str | None = None, *
         if len(all_x) == 1:  # one context: give the single point some room
             ax.set_xlim(all_x[0] / 1.5, all_x[0] * 1.5)
         ax.set_xlabel("context length (tokens, log2 scale)")
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, top)
         ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8 if facet is None else 7, loc="best",
-                      title="error bars: min–max over repeats", title_fontsize=7)
+        handles, labels = ax.get_legend_handles_labels()
+        if base_plotted:
+            handles.append(Line2D([], [], color="0.35", alpha=style.BASE_ALPHA, linewidth=4))
+            labels.append(f"faded: {base_name}")
+        if handles:
+            ax.legend(handles, labels, fontsize=8 if facet is None else 7, ncols=ncols,
+                      loc="upper center", bbox_to_anchor=(0.5, -0.13), frameon=False,
+                      title=legend_title, title_fontsize=7)
         if facet is not None:
             ax.set_title(f"graph={facet}", fontsize=10)
     axes[0].set_ylabel("decode throughput (tokens/s)")
@@ -194,15 +273,18 @@ class SpeedupTable:
     text: list[list[str]]            # "3.60×", "failed", "no ref" or "–"
 
 
-def speedup_table(results: list[dict], reference: str) -> SpeedupTable:
+def speedup_table(results: list[dict], reference: str,
+                  row_keys: tuple[str, ...] | None = None) -> SpeedupTable:
     """The numbers of the speedup heatmap: every non-reference configuration's tokens/s
-    divided by the reference mode's at the same context with every other parameter equal."""
+    divided by the reference mode's at the same context with every other parameter equal.
+    `row_keys`: what makes a row (default: verify_mode and whatever else varies), given to
+    key another run's table by the rows of this one."""
     decode = [r for r in results if is_decode(r)]
     measured = _measured(decode)
     # Rows: a configuration without its context; key the reference by the same identity.
-    cells = [r["cell"] for r, _ in measured] + [r.get("cell") or {} for r in decode]
-    extra = tuple(_varying(cells, ("verify_mode", "context_length")))
-    row_keys = ("verify_mode",) + extra
+    if row_keys is None:
+        cells = [r["cell"] for r, _ in measured] + [r.get("cell") or {} for r in decode]
+        row_keys = ("verify_mode",) + tuple(_varying(cells, ("verify_mode", "context_length")))
 
     def ident(cell: dict, mode=None) -> tuple:
         return tuple((mode if (k == "verify_mode" and mode) else cell.get(k)) for k in row_keys)
@@ -237,13 +319,17 @@ def speedup_table(results: list[dict], reference: str) -> SpeedupTable:
 
 
 def speedup_heatmap(results: list[dict], out_path, reference: str | None = None, *,
-                    title: str | None = None, commit: str | None = None) -> Path:
+                    title: str | None = None, commit: str | None = None,
+                    base: list[dict] | None = None, base_name: str = "base run",
+                    card: bool = True) -> Path:
     """Speedup of each verify mode over `reference`, per context length: a heatmap with rows
     = mode (× graph capture × tree build and anything else that varies), columns = context.
 
     Each cell divides the median tokens/s of a configuration by that of the reference mode's
     cell with every other parameter equal, so graph capture or tree placement never leak into
     a kernel comparison. Grey squares: the cell or its reference failed or is missing.
+    `base`: the compared-with run; its speedup for the same square is written faded under
+    the head's.
     """
     decode = [r for r in results if is_decode(r)]
     measured = _measured(decode)
@@ -252,18 +338,20 @@ def speedup_heatmap(results: list[dict], out_path, reference: str | None = None,
     heading = title or style.title(what, [r for r, _ in measured] or results, commit)
     modes = sorted({str(r["cell"].get("verify_mode")) for r, _ in measured})
     if not measured:
-        return style.save(style.empty_figure(_nothing_text(decode), heading), out_path)
+        return style.nothing(_nothing_text(decode), heading, out_path, card=card)
     if reference not in modes or len(modes) < 2:
         why = (f"only verify={modes[0]} was measured: nothing to compare" if len(modes) < 2
                else f"reference verify={reference} has no measured cell")
-        return style.save(style.empty_figure(why, heading), out_path)
+        return style.nothing(why, heading, out_path, card=card)
 
     table = speedup_table(decode, reference)
     if not table.rows:
-        return style.save(style.empty_figure("no cell besides the reference mode", heading),
-                          out_path)
+        return style.nothing("no cell besides the reference mode", heading, out_path, card=card)
     rows, contexts, grid, text, row_keys = (table.rows, table.contexts, table.grid, table.text,
                                             table.row_keys)
+    base_table = speedup_table(base, reference, row_keys) if base else None
+    base_at = ({(row, ctx): base_table.grid[i, j] for i, row in enumerate(base_table.rows)
+                for j, ctx in enumerate(base_table.contexts)} if base_table else {})
 
     finite = grid[np.isfinite(grid)]
     # Diverging around 1×: red slower, blue faster, symmetric in log terms.
@@ -273,18 +361,25 @@ def speedup_heatmap(results: list[dict], out_path, reference: str | None = None,
     import matplotlib as mpl
 
     cmap = mpl.colormaps["RdBu"].with_extremes(bad="#E6E6E6")
-    labels = [_label(row_keys, row) for row in rows]
+    names = style.names_of([dict(zip(row_keys, row)) for row in rows], ("verify_mode",))
+    labels = [f"verify={row[0]} {name}".strip() for row, name in zip(rows, names)]
     label_in = 0.075 * max(map(len, labels))  # ~ width of 8-pt text, so the grid never collapses
     fig = style.new_figure(max(6.0, 1.0 * len(contexts) + label_in + 2.5),
-                           max(2.8, 0.42 * len(rows) + 1.8))
+                           max(2.8, (0.55 if base else 0.42) * len(rows) + 1.8))
     ax = fig.add_subplot()
     image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, norm=norm, aspect="auto")
-    for i in range(len(rows)):
-        for j in range(len(contexts)):
+    for i, row in enumerate(rows):
+        for j, ctx in enumerate(contexts):
             value = grid[i, j]
             dark = np.isfinite(value) and abs(math.log2(value)) > 0.6 * span
-            ax.text(j, i, text[i][j], ha="center", va="center", fontsize=8,
-                    color="white" if dark else ("0.15" if np.isfinite(value) else style.MUTED))
+            color = "white" if dark else ("0.15" if np.isfinite(value) else style.MUTED)
+            before = base_at.get((row, ctx))
+            ax.text(j, i - (0.12 if base else 0), text[i][j], ha="center", va="center",
+                    fontsize=8, color=color)
+            if base:
+                ax.text(j, i + 0.22, f"base {before:.2f}×" if _finite(before) else "base –",
+                        ha="center", va="center", fontsize=6.5, color=color,
+                        alpha=0.75 if np.isfinite(value) else 0.6)
     ax.set_xticks(range(len(contexts)), [style.fmt_tokens(c) for c in contexts])
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     for tick, row in zip(ax.get_yticklabels(), rows):
@@ -293,5 +388,5 @@ def speedup_heatmap(results: list[dict], out_path, reference: str | None = None,
     ax.set_ylabel("configuration")
     bar = fig.colorbar(image, ax=ax, shrink=0.9)
     bar.set_label(f"speedup (× tokens/s of verify={reference})")
-    ax.set_title(heading, fontsize=11)
+    ax.set_title(heading + (f"\nsmall print: {base_name}" if base else ""), fontsize=11)
     return style.save(fig, out_path)

@@ -1,4 +1,4 @@
-"""Open an HTML file in headless Chromium: console errors, image status, network use, screenshot.
+"""Open an HTML file in headless Chromium: console errors, images, text, network use, screenshot.
 
 Used by the report tests and by ci/screenshot_report.sh. It drives Chromium through the
 DevTools protocol over a pipe (`--remote-debugging-pipe`: JSON messages separated by NUL on
@@ -56,6 +56,7 @@ class PageCheck:
     requests: list[str] = field(default_factory=list)         # every URL the page fetched
     images: list[dict] = field(default_factory=list)          # src, complete, width, height
     title: str = ""
+    text: str = ""                                            # the page as a reader sees it
     screenshot: bytes | None = None
 
     @property
@@ -174,6 +175,9 @@ def _drive(pipe: _Pipe, url: str, check: PageCheck, screenshot: bool, timeout: f
     title = pipe.call("Runtime.evaluate", {"expression": "document.title", "returnByValue": True},
                       session=session)
     check.title = title["result"].get("value", "")
+    text = pipe.call("Runtime.evaluate", {"expression": "document.body.innerText",
+                                          "returnByValue": True}, session=session)
+    check.text = text["result"].get("value", "")
     if screenshot:
         size = pipe.call("Page.getLayoutMetrics", session=session)["cssContentSize"]
         height = min(int(size["height"]) + 1, max_height)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 from matplotlib.patches import Patch
 
 from harness.protocol.params import times_a_kernel
@@ -57,8 +58,9 @@ def _has_gpu(result: dict) -> bool:
 
 
 def cell_name(result: dict) -> str:
-    """The shortest readable name of a cell: its label without the model preset."""
-    label = result.get("label") or result.get("cell_id") or "?"
+    """The shortest readable name of a cell: its label (saying greedy or synthetic) without
+    the model preset."""
+    label = style.full_label(result)
     model = (result.get("cell") or {}).get("model")
     if model and label.startswith(f"{model} "):
         label = label[len(model) + 1:]
@@ -101,82 +103,158 @@ def _ordered(keys) -> list[str]:
 
 
 def idle_by_phase(results: list[dict], out_path, *, title: str | None = None,
-                  commit: str | None = None) -> Path:
-    """Two panels, one bar per decode cell: GPU idle fraction stacked by phase (left) and
+                  commit: str | None = None, base: list[dict] | None = None,
+                  base_name: str = "base run", card: bool = True) -> Path:
+    """One bar per decode cell in two panels: GPU idle fraction stacked by phase (left) and
     host time per step stacked by phase (right, measured everywhere, CPU included).
 
     Cells without an idle measurement say why in place of their bar: "n/a (no GPU)" on a CPU
-    host, "not measured" with a GPU (profiler off), "failed" for failed cells.
+    host, "not measured" with a GPU (profiler off), "failed" for failed cells. A panel that
+    would hold no bar at all (a CPU run has no GPU idle) is left out and said in one line
+    under the title. `base`: the compared-with run's bar of the same cell, thin and faded
+    under the head's. The legend (the phase colours, one set for both panels) sits below.
     """
     decode = _decode(results)
-    what = "GPU idle fraction and host time per step, by phase"
-    heading = title or style.title(what, decode or results, commit)
+    heading_what = "GPU idle fraction and host time per step, by phase"
     if not decode:
-        return style.save(style.empty_figure("no decode cells in this run", heading), out_path)
-
+        return style.nothing("no decode cells in this run",
+                             title or style.title(heading_what, results, commit), out_path,
+                             card=card)
     rows = list(reversed(decode))  # barh draws bottom-up: keep the run's order top-down
-    names = style.short_names(decode)
-    fig = style.new_figure(12, max(3.0, 0.34 * len(rows) + 1.9))
-    ax_idle, ax_host = fig.subplots(1, 2, sharey=True, width_ratios=(1, 1))
-    y = list(range(len(rows)))
-
+    base_by_id = {r.get("cell_id"): r for r in base or [] if r.get("status") == "ok"}
+    base_rows = [base_by_id.get(r.get("cell_id")) for r in rows]
     shares = [idle_shares(r) if r.get("status") == "ok" else None for r in rows]
-    idle_keys = _ordered({k for s in shares if s for k in s})
-    left = [0.0] * len(rows)
-    for key in idle_keys:
-        widths = [(s or {}).get(key, 0.0) for s in shares]
-        color = {"between phases": style.GAP_COLOR,
-                 "unattributed": style.UNATTRIBUTED_COLOR}.get(key) or style.phase_color(key)
-        ax_idle.barh(y, widths, left=left, color=color, edgecolor="white", linewidth=0.5,
-                     label=key, height=0.7)
-        left = [a + b for a, b in zip(left, widths)]
-    estimate = [(i, _num((r.get("metrics") or {}).get("idle_fraction_est")))
-                for i, r in enumerate(rows) if r.get("status") == "ok"]
-    estimate = [(i, v) for i, v in estimate if v is not None]
-    if estimate:
-        ax_idle.scatter([v for _, v in estimate], [i for i, _ in estimate], marker="D", s=22,
-                        color="black", zorder=3, label="always-on estimate")
-    for i, (r, s) in enumerate(zip(rows, shares)):
-        if s is None:
-            ax_idle.text(0.01, i, _why_no_idle(r), va="center", ha="left", fontsize=8,
-                         color=style.FAILED_COLOR if r.get("status") != "ok" else style.MUTED)
-    ax_idle.set_xlim(0, 1)
-    ax_idle.xaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
-    ax_idle.set_xlabel("GPU idle fraction of a step (%)")
-    ax_idle.set_yticks(y, [names.get(r.get("cell_id"), cell_name(r)) for r in rows],
-                       fontsize=8)
-    ax_idle.set_ylim(-0.6, len(rows) - 0.4)
-    ax_idle.grid(True, axis="x", alpha=0.3)
-    ax_idle.set_title("GPU idle, by phase", fontsize=10)
-    if idle_keys or estimate:
-        ax_idle.legend(fontsize=7, loc="lower right")
+    base_shares = [idle_shares(b) if b else None for b in base_rows]
+    host = [_host_ms(r) for r in rows]
+    base_host = [_host_ms(b) if b else {} for b in base_rows]
+    has_idle = any(shares) or any(base_shares)
+    has_host = any(host) or any(base_host)
+    if not has_idle and not has_host:
+        return style.nothing("no idle fraction and no host phase times were measured",
+                             title or style.title(heading_what, decode, commit), out_path,
+                             card=card)
+    left_out = []
+    if not has_idle:
+        left_out.append("GPU idle: " + _why_no_idle_run(decode))
+    if not has_host:
+        left_out.append("host time by phase: not recorded by these cells")
+    what = (heading_what if has_idle and has_host else
+            "GPU idle fraction per step, by phase" if has_idle else
+            "Host time per step, by phase")
+    heading = title or style.title(what, decode, commit)
+    if left_out:
+        heading += "\n" + "; ".join(left_out)
 
-    host_keys = _ordered({k[len("phase."):-len(".host_ms")] for r in rows
-                          if r.get("status") == "ok" for k, v in (r.get("metrics") or {}).items()
-                          if k.startswith("phase.") and k.endswith(".host_ms")
-                          and _num(v) is not None})
-    left = [0.0] * len(rows)
-    for phase in host_keys:
-        widths = [(_num((r.get("metrics") or {}).get(f"phase.{phase}.host_ms")) or 0.0)
-                  if r.get("status") == "ok" else 0.0 for r in rows]
-        ax_host.barh(y, widths, left=left, color=style.phase_color(phase), edgecolor="white",
-                     linewidth=0.5, label=phase, height=0.7)
-        left = [a + b for a, b in zip(left, widths)]
-    for i, r in enumerate(rows):
-        if r.get("status") != "ok":
-            ax_host.text(0, i, " failed", va="center", ha="left", fontsize=8,
-                         color=style.FAILED_COLOR)
-        elif left[i] == 0:
-            ax_host.text(0, i, " no phase times", va="center", ha="left", fontsize=8,
-                         color=style.MUTED)
-    ax_host.set_xlabel("host time per step (ms)")
-    ax_host.set_xlim(0, max(left + [0.0]) * 1.05 or 1.0)
-    ax_host.grid(True, axis="x", alpha=0.3)
-    ax_host.set_title("host time, by phase", fontsize=10)
-    if host_keys:
-        ax_host.legend(fontsize=7, loc="lower right")
+    panels = [p for p, keep in (("idle", has_idle), ("host", has_host)) if keep]
+    names = style.short_names(decode)
+    longest = max(len(names.get(r.get("cell_id"), cell_name(r))) for r in rows)
+    label_in = 0.065 * longest        # ~ width of 8-pt labels: the panels keep their room
+    width = (8 if len(panels) == 2 else 5.5) + label_in
+    fig = style.new_figure(width, max(3.2, 0.34 * len(rows) + 2.4))
+    axes = dict(zip(panels, fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]))
+    y = np.arange(len(rows), dtype=float)
+    head_y, bar_h = (y + 0.12, 0.56) if base else (y, 0.7)
+    legend: dict[str, object] = {}
+    if "idle" in axes:
+        ax = axes["idle"]
+        keys = _ordered({k for s in shares + base_shares if s for k in s})
+        _stack(ax, [s or {} for s in base_shares], keys, y - 0.3, 0.22, _share_color, faded=True)
+        legend.update(_stack(ax, [s or {} for s in shares], keys, head_y, bar_h, _share_color))
+        estimate = [(i, _num((r.get("metrics") or {}).get("idle_fraction_est")))
+                    for i, r in enumerate(rows) if r.get("status") == "ok"]
+        estimate = [(i, v) for i, v in estimate if v is not None]
+        if estimate:
+            legend["always-on estimate"] = ax.scatter(
+                [v for _, v in estimate], [head_y[i] for i, _ in estimate], marker="D", s=22,
+                color="black", zorder=3)
+        for i, (r, s) in enumerate(zip(rows, shares)):
+            if s is None:
+                ax.text(0.01, head_y[i], _why_no_idle(r), va="center", ha="left", fontsize=8,
+                        color=style.FAILED_COLOR if r.get("status") != "ok" else style.MUTED)
+        ax.set_xlim(0, 1)
+        ax.xaxis.set_major_formatter(lambda v, _: f"{v:.0%}")
+        ax.set_xlabel("GPU idle fraction of a step (%)")
+        ax.grid(True, axis="x", alpha=0.3)
+        if len(panels) == 2:
+            ax.set_title("GPU idle, by phase", fontsize=10)
+    if "host" in axes:
+        ax = axes["host"]
+        phases = _ordered({p for h in host + base_host for p in h})
+        _stack(ax, base_host, phases, y - 0.3, 0.22, style.phase_color, faded=True)
+        for key, handle in _stack(ax, host, phases, head_y, bar_h, style.phase_color).items():
+            legend.setdefault(key, handle)
+        totals = [sum(h.values()) for h in host + base_host]
+        for i, r in enumerate(rows):
+            if r.get("status") != "ok":
+                ax.text(0, head_y[i], " failed", va="center", ha="left", fontsize=8,
+                        color=style.FAILED_COLOR)
+            elif not host[i]:
+                ax.text(0, head_y[i], " no phase times", va="center", ha="left", fontsize=8,
+                        color=style.MUTED)
+        ax.set_xlabel("host time per step (ms)")
+        ax.set_xlim(0, max(totals) * 1.05 or 1.0)
+        ax.grid(True, axis="x", alpha=0.3)
+        if len(panels) == 2:
+            ax.set_title("host time, by phase", fontsize=10)
+    first = axes[panels[0]]
+    first.set_yticks(y, [names.get(r.get("cell_id"), cell_name(r)) for r in rows], fontsize=8)
+    first.set_ylim(-0.6, len(rows) - 0.4)
+    ordered = (_ordered([k for k in legend if k not in _SPECIAL])
+               + [k for k in _SPECIAL if k in legend])
+    if base:
+        ordered.append(f"faded, thin: {base_name}")
+        legend[ordered[-1]] = Patch(facecolor="0.35", alpha=style.BASE_ALPHA)
+    # As many columns as fit the figure's width (~1.5 in an entry); more rows, never cut off.
+    fig.legend([legend[k] for k in ordered], ordered, loc="outside lower center",
+               ncols=max(1, min(len(ordered), int(width // 1.5), 7)), fontsize=8, frameon=False)
     fig.suptitle(heading, fontsize=11)
     return style.save(fig, out_path)
+
+
+def _stack(ax, values: list[dict[str, float]], keys: list[str], ys, height: float, color_of,
+           faded: bool = False) -> dict[str, object]:
+    """One stacked horizontal bar per row (`values[i]`: key -> width), in `keys` order;
+    faded: the base run's, thin and pale. Returns key -> a bar to put in the legend."""
+    handles = {}
+    if not any(values):
+        return handles
+    left = np.zeros(len(values))
+    for key in keys:
+        widths = np.array([v.get(key, 0.0) for v in values])
+        handles[key] = ax.barh(ys, widths, left=left, color=color_of(key), edgecolor="white",
+                               linewidth=0.5, height=height,
+                               alpha=style.BASE_ALPHA if faded else 1.0)
+        left += widths
+    return handles
+
+
+# Legend entries that are not a phase, in the order they are listed after the phases.
+_SPECIAL = ("between phases", "unattributed", "always-on estimate")
+
+
+def _share_color(key: str) -> str:
+    return {"between phases": style.GAP_COLOR,
+            "unattributed": style.UNATTRIBUTED_COLOR}.get(key) or style.phase_color(key)
+
+
+def _host_ms(result: dict) -> dict[str, float]:
+    """phase -> host ms per step of an ok result ({} for a failed one or none recorded)."""
+    if result.get("status") != "ok":
+        return {}
+    out = {}
+    for key, v in (result.get("metrics") or {}).items():
+        if key.startswith("phase.") and key.endswith(".host_ms") and _num(v) is not None:
+            out[key[len("phase."):-len(".host_ms")]] = float(v)
+    return out
+
+
+def _why_no_idle_run(decode: list[dict]) -> str:
+    """Why no cell of a run has a GPU idle bar, in a few words."""
+    if not any(r.get("status") == "ok" for r in decode):
+        return "every cell failed"
+    if not any(_has_gpu(r) for r in decode):
+        return "n/a (no GPU on this host)"
+    return "not measured (profiler off)"
 
 
 def _why_no_idle(result: dict) -> str:
@@ -203,10 +281,12 @@ def timeline_intervals(result: dict) -> list[dict]:
 
 
 def timeline(result: dict, out_path, *, title: str | None = None,
-             commit: str | None = None) -> Path:
+             commit: str | None = None, base: dict | None = None,
+             base_name: str = "base run", card: bool = True) -> Path:
     """The GPU timeline of a few steady steps of one decode cell: host phases on one row,
     GPU busy time (coloured by the phase that launched it) on the other, idle left blank over
-    a grey band, step boundaries as ticks."""
+    a grey band, step boundaries as ticks. `base`: the compared-with run's result of the same
+    cell; its GPU row is drawn faded beneath, on the same time axis."""
     intervals = timeline_intervals(result)
     what = f"GPU timeline — {cell_name(result)}"
     heading = title or style.title(what, [result], commit)
@@ -217,13 +297,16 @@ def timeline(result: dict, out_path, *, title: str | None = None,
             why = "n/a (no GPU): no timeline"
         else:
             why = "no timeline recorded (profiler off)"
-        return style.save(style.empty_figure(why, heading, height=2.4), out_path)
+        return style.nothing(why, heading, out_path, card=card, height=2.4)
 
+    base_intervals = timeline_intervals(base) if base else []
     origin = min(iv["start_ms"] for iv in intervals)
     end = max(iv["end_ms"] for iv in intervals) - origin
-    fig = style.new_figure(12, 3.2)
+    base_origin = min((iv["start_ms"] for iv in base_intervals), default=0.0)
+    base_end = max((iv["end_ms"] for iv in base_intervals), default=base_origin) - base_origin
+    lanes = {"gpu": 0, "host": 1} if not base_intervals else {"base": 0, "gpu": 1, "host": 2}
+    fig = style.new_figure(12, 3.2 + 0.6 * bool(base_intervals))
     ax = fig.add_subplot()
-    lanes = {"gpu": 0, "host": 1}
     ax.broken_barh([(0, end)], (lanes["gpu"] - 0.35, 0.7), facecolors="#F2F2F2",
                    edgecolors="none", zorder=0)
     # One collection per (lane, phase) and one for the step ticks: a timeline has hundreds of
@@ -237,18 +320,23 @@ def timeline(result: dict, out_path, *, title: str | None = None,
         bars.setdefault((iv["kind"], iv["phase"]), []).append((s, max(e - s, end * 1e-4)))
         if iv["phase"] not in seen:
             seen.append(iv["phase"])
+    for iv in base_intervals:
+        if iv["kind"] == "gpu" and iv["phase"] != "step":
+            s, e = iv["start_ms"] - base_origin, iv["end_ms"] - base_origin
+            bars.setdefault(("base", iv["phase"]), []).append((s, max(e - s, end * 1e-4)))
     if ticks:
         ax.vlines(ticks, 0, 1, transform=ax.get_xaxis_transform(), colors="0.3", linewidth=0.8,
                   linestyles=":", zorder=1)
     for (kind, phase), ranges in bars.items():
-        height = 0.7 if kind == "gpu" else 0.5
+        height = 0.5 if kind == "host" else 0.7
         ax.broken_barh(ranges, (lanes[kind] - height / 2, height),
-                       facecolors=style.phase_color(phase), edgecolors="none", zorder=2)
-    busy = _union([(iv["start_ms"], iv["end_ms"]) for iv in intervals if iv["kind"] == "gpu"])
-    idle = 1 - busy / end if end > 0 else None
-    ax.set_yticks([0, 1], ["GPU busy", "host phase"])
-    ax.set_ylim(-0.6, 1.6)
-    ax.set_xlim(0, end)
+                       facecolors=style.phase_color(phase), edgecolors="none", zorder=2,
+                       alpha=style.BASE_ALPHA if kind == "base" else 1.0)
+    idle = _idle_of(intervals, end)
+    ticks_y = {"gpu": "GPU busy", "host": "host phase", "base": f"GPU busy, {base_name}"}
+    ax.set_yticks(list(lanes.values()), [ticks_y[k] for k in lanes])
+    ax.set_ylim(-0.6, len(lanes) - 0.4)
+    ax.set_xlim(0, max(end, base_end))
     ax.set_xlabel("time (ms)")
     ax.grid(True, axis="x", alpha=0.3)
     handles = [Patch(color=style.phase_color(p), label=p) for p in _ordered(seen)]
@@ -256,8 +344,16 @@ def timeline(result: dict, out_path, *, title: str | None = None,
     ax.legend(handles=handles, fontsize=7, ncols=len(handles), loc="upper center",
               bbox_to_anchor=(0.5, -0.32), frameon=False)
     idle_text = f"idle {idle:.0%} of the span shown" if idle is not None else ""
+    base_idle = _idle_of(base_intervals, base_end) if base_intervals else None
+    if base_idle is not None:
+        idle_text += f" (base: {base_idle:.0%})"
     ax.set_title(f"{heading}\n{idle_text}" if idle_text else heading, fontsize=10)
     return style.save(fig, out_path)
+
+
+def _idle_of(intervals: list[dict], end: float) -> float | None:
+    busy = _union([(iv["start_ms"], iv["end_ms"]) for iv in intervals if iv["kind"] == "gpu"])
+    return 1 - busy / end if end > 0 else None
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:

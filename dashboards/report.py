@@ -5,21 +5,24 @@ with nothing else: figures are inlined as base64 PNG, CSS is inline, there is no
 no network access (a Content-Security-Policy forbids any). The PNGs are also written beside
 index.html, so MLflow's artifact browser shows them one by one.
 
-Contents: a summary (host, GPU, driver, torch, commit, scenario, trigger, date), the figures,
-the cell table (with head/base ratios and verdicts when compared with another run), the failed
-cells with their errors. Built from the journal alone (harness.sweep.journal), so it can be made
-again at any time with `harness report RUN`.
+Contents: a summary (host, GPU, driver, torch, commit, scenario, trigger, date), the figures
+(a figure with nothing to draw is one line saying why, not a picture of an empty panel), the
+cell table (with head/base ratios and verdicts when compared with another run, whose results
+every figure draws faded behind this run's), the failed cells with their errors. Built from
+the journal alone (harness.sweep.journal), so it can be made again at any time with
+`harness report RUN`; `only` narrows it to some cells (`harness report RUN -k EXPR`). The page
+is the Jinja2 template report.html.j2 beside this module, autoescaped.
 """
 
 from __future__ import annotations
 
 import base64
-import html
 import math
-import string
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import jinja2
 
 from harness.protocol.params import times_a_kernel
 from harness.protocol.redact import redact_uri
@@ -30,7 +33,13 @@ from .history import history as history_figure
 
 REPORT_DIR = "report"
 INDEX = "index.html"
+TEMPLATE = "report.html.j2"
 MAX_TIMELINES = 12
+# The PNGs a report writes beside index.html (and so the ones a new report may replace).
+FIGURE_FILES = ("tokens_vs_context.png", "speedup_heatmap.png", "idle_by_phase.png",
+                "kernel_roofline.png", "timeline-*.png", "history-*.png")
+
+
 def _finite(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -44,6 +53,8 @@ class FigureFile:
     caption: str
     png: bytes | None = None
     error: str | None = None
+    note: str | None = None      # nothing to draw: the one line that says why (no PNG)
+    title: str = ""              # what the figure would have shown, for that line
 
 
 @dataclass
@@ -53,57 +64,76 @@ class Report:
     verdicts: dict | None = None   # per cell id (harness.gate.runs.Verdict), when compared
 
 
-def _render(out_dir: Path, name: str, caption: str, draw) -> FigureFile:
-    """Draw one figure; a failure becomes a visible card in the report, not a lost report."""
+def _render(out_dir: Path, name: str, title: str, caption: str, draw) -> FigureFile:
+    """Draw one figure; a failure becomes a visible card in the report, not a lost report,
+    and a figure with nothing on it one line."""
     path = out_dir / name
     try:
         draw(path)
-        return FigureFile(name, caption, path.read_bytes())
+        return FigureFile(name, caption, path.read_bytes(), title=title)
+    except style.NothingToDraw as e:
+        return FigureFile(name, caption, note=str(e), title=title)
     except Exception as e:  # noqa: BLE001 - one broken figure must not cost the whole report
-        return FigureFile(name, caption, error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
+        return FigureFile(name, caption, title=title,
+                          error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
 
 
 def _figures(results: list[dict], out_dir: Path, commit: str | None, reference: str | None,
-             history: list[dict] | None) -> list[FigureFile]:
+             history: list[dict] | None, base: list[dict] | None,
+             base_name: str) -> list[FigureFile]:
     # decode: cells with a tokens/s; decode-like: every non-kernel cell (idle, timelines).
     decode = [r for r in results if figures.is_decode(r)]
     kernel = [r for r in results if (r.get("cell") or {}).get("workload") == "kernel"]
     decode_like = [r for r in results if not times_a_kernel(r.get("cell") or {})]
+    faded = dict(base=base, base_name=base_name, card=False) if base is not None else \
+        dict(card=False)
     out = []
     if decode or not results:
-        out.append(_render(out_dir, "tokens_vs_context.png",
-                           "Decode tokens/s vs context length; bars span the repeats.",
-                           lambda p: figures.tokens_vs_context(decode, p, commit=commit)))
-    modes = {(r.get("cell") or {}).get("verify_mode") for r in decode}
-    if len(modes) > 1:
+        out.append(_render(out_dir, "tokens_vs_context.png", "Decode tokens/s vs context length",
+                           "Decode tokens/s vs context length; bars span the repeats."
+                           + (" Faded: the base run." if base is not None else ""),
+                           lambda p: figures.tokens_vs_context(decode, p, commit=commit,
+                                                               **faded)))
+    if decode:
         ref = figures.pick_reference(decode, reference)
-        out.append(_render(out_dir, "speedup_heatmap.png",
-                           f"Speedup of each verify mode over verify={ref}, other parameters equal.",
-                           lambda p: figures.speedup_heatmap(decode, p, reference, commit=commit)))
+        out.append(_render(out_dir, "speedup_heatmap.png", "Speedup heatmap",
+                           f"Speedup of each verify mode over verify={ref}, other parameters "
+                           f"equal." + (" Small print: the base run's." if base is not None
+                                        else ""),
+                           lambda p: figures.speedup_heatmap(decode, p, reference,
+                                                             commit=commit, **faded)))
     if decode_like:
-        out.append(_render(out_dir, "idle_by_phase.png",
+        out.append(_render(out_dir, "idle_by_phase.png", "GPU idle and host time by phase",
                            "GPU idle fraction by phase (diamond: always-on estimate) and host "
-                           "time per step by phase.",
-                           lambda p: idle.idle_by_phase(decode_like, p, commit=commit)))
+                           "time per step by phase." + (" Thin, faded bars: the base run."
+                                                        if base is not None else ""),
+                           lambda p: idle.idle_by_phase(decode_like, p, commit=commit, **faded)))
     if kernel:
-        out.append(_render(out_dir, "kernel_roofline.png",
-                           "Verify-attention kernel time as % of the measured roofline.",
-                           lambda p: kernels.roofline_vs_context(kernel, p, commit=commit)))
+        out.append(_render(out_dir, "kernel_roofline.png", "Kernel roofline",
+                           "Verify-attention kernel time as % of the measured roofline."
+                           + (" Faded: the base run." if base is not None else ""),
+                           lambda p: kernels.roofline_vs_context(kernel, p, commit=commit,
+                                                                 **faded)))
     with_timeline = [r for r in decode_like if idle.timeline_intervals(r)]
     shown = (f" (timelines of the first {MAX_TIMELINES} of {len(with_timeline)} cells that "
              f"have one)" if len(with_timeline) > MAX_TIMELINES else "")
     names = style.short_names(decode_like)
+    base_by_id = {r.get("cell_id"): r for r in base or []}
     for i, r in enumerate(with_timeline[:MAX_TIMELINES]):
         name = names.get(r.get("cell_id"), idle.cell_name(r))
-        out.append(_render(out_dir, f"timeline-{r['cell_id']}.png",
-                           f"GPU timeline of a few steady steps: {name}" + (shown if i == 0 else ""),
-                           lambda p, r=r, name=name: idle.timeline(
-                               r, p, commit=commit,
-                               title=style.title(f"GPU timeline — {name}", [r], commit))))
+        extra = (dict(base=base_by_id.get(r["cell_id"]), base_name=base_name)
+                 if base is not None else {})
+        out.append(_render(out_dir, f"timeline-{r['cell_id']}.png", f"GPU timeline of {name}",
+                           f"GPU timeline of a few steady steps: {name}"
+                           + (shown if i == 0 else ""),
+                           lambda p, r=r, name=name, extra=extra: idle.timeline(
+                               r, p, commit=commit, card=False,
+                               title=style.title(f"GPU timeline — {name}", [r], commit),
+                               **extra)))
     for i, h in enumerate(history or []):
-        out.append(_render(out_dir, f"history-{i}.png",
-                           f"History of {h.get('metric', 'tokens_per_s')}"
-                           + (f" for {h['cell']}" if h.get("cell") else ""),
+        what = (f"History of {h.get('metric', 'tokens_per_s')}"
+                + (f" for {h['cell']}" if h.get("cell") else ""))
+        out.append(_render(out_dir, f"history-{i}.png", what, what,
                            lambda p, h=h: history_figure(
                                h.get("points") or [], p, metric=h.get("metric", "tokens_per_s"),
                                unit=h.get("unit"),
@@ -112,67 +142,11 @@ def _figures(results: list[dict], out_dir: Path, commit: str | None, reference: 
     return out
 
 
-# -- HTML ------------------------------------------------------------------------------------
+# -- the page ------------------------------------------------------------------------------
 
-CSS = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1b1b1b;
-       margin: 0 auto; padding: 1.5em 2em 3em; max-width: 1400px; background: #fff; }
-h1 { font-size: 1.5em; margin: 0 0 .2em; } h3 { font-size: 1.05em; margin: 1.2em 0 .4em; } h2 { font-size: 1.2em; margin: 1.8em 0 .6em;
-     border-bottom: 1px solid #ddd; padding-bottom: .2em; }
-.sub { color: #555; margin: 0 0 1em; }
-table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
-th, td { padding: .25em .7em; border-bottom: 1px solid #eee; text-align: left; vertical-align: top; }
-th { background: #f6f6f6; font-weight: 600; position: sticky; top: 0; }
-td.num, th.num { text-align: right; }
-table.summary th { background: none; width: 9em; color: #555; font-weight: 500; }
-.ok { color: #1a7f37; } .failed, .slower, .regressed { color: #b00020; font-weight: 600; }
-.inconclusive, .head-failed, .base-failed { color: #9a6700; } .missing, .muted { color: #777; } .faster, .improved { color: #0b5cad; font-weight: 600; }
-.badge { display: inline-block; white-space: nowrap; padding: 0 .5em; border-radius: .8em; font-size: .85em;
-         background: #eee; }
-.badge.ok { background: #dff3e4; } .badge.failed { background: #fde2e4; }
-.badge.missing { background: #eee; }
-figure { margin: 1em 0 2em; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
-figcaption { color: #555; font-size: .9em; margin-top: .3em; }
-pre { background: #f7f7f7; border: 1px solid #e5e5e5; padding: .6em .8em; overflow-x: auto;
-      font-size: 12px; white-space: pre-wrap; word-break: break-word; }
-.swatch { display: inline-block; width: .8em; height: .8em; border-radius: 2px;
-          margin-right: .3em; vertical-align: baseline; }
-.counts span { margin-right: 1.2em; }
-footer { margin-top: 3em; color: #888; font-size: .85em; }
-"""
-
-PAGE = string.Template("""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
-<title>$title</title>
-<style>$css</style>
-</head>
-<body>
-<h1>$title</h1>
-<p class="sub">$subtitle</p>
-<p class="counts">$counts</p>
-<h2>Summary</h2>
-<table class="summary">
-$summary
-</table>
-$compare_note
-<h2>Figures</h2>
-$figures
-<h2>Cells</h2>
-$cells
-<h2>Failed cells</h2>
-$failed
-<footer>Made by <code>harness report $run_id</code> from the journal $journal_path.</footer>
-</body>
-</html>
-""")
-
-
-def _e(value) -> str:
-    return html.escape("" if value is None else str(value), quote=True)
+_ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent),
+                          autoescape=True, undefined=jinja2.StrictUndefined,
+                          trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
 
 
 def _fmt(value, spec: str) -> str:
@@ -246,147 +220,145 @@ KERNEL_COLUMNS = [
 ]
 
 
-def _cells_table(journal: RunJournal, results: dict[str, dict],
-                 verdicts: dict | None, kernel: bool) -> str:
+def _td(text, *, num: bool = False, title: str | None = None, swatch: str | None = None,
+        badge: str | None = None, cls: str | None = None, detail: str | None = None) -> dict:
+    """One table cell for the template (every key present: it is strict about names)."""
+    return {"text": "" if text is None else text, "num": num, "title": title, "swatch": swatch,
+            "badge": badge, "cls": cls, "detail": detail}
+
+
+def _cells_table(planned: list[dict], results: dict[str, dict], verdicts: dict | None,
+                 kernel: bool) -> dict | None:
     """One table of the run's decode cells (kernel=False) or kernel cells, in matrix order;
-    cells that never produced a result are listed as such."""
-    planned = {c["cell_id"]: c for c in journal.cells}
-    order = list(planned) + [cid for cid in results if cid not in planned]
+    cells that never produced a result are listed as such. None when there are none."""
+    by_id = {c["cell_id"]: c for c in planned}
+    order = list(by_id) + [cid for cid in results if cid not in by_id]
     entries = []  # (cid, result or None, cell, label)
     for cid in order:
         r = results.get(cid)
-        cell = (r or {}).get("cell") or planned.get(cid, {}).get("cell") or {}
+        cell = (r or {}).get("cell") or by_id.get(cid, {}).get("cell") or {}
         if times_a_kernel(cell) == kernel:
-            entries.append((cid, r, cell, (r or {}).get("label") or planned.get(cid, {}).get("label") or cid))
+            label = (r or {}).get("label") or by_id.get(cid, {}).get("label") or cid
+            entries.append((cid, r, cell, label))
     if not entries:
-        return ""
+        return None
     names = style.short_names([{"cell_id": cid, "cell": cell, "label": label}
                                for cid, _, cell, label in entries])
     hosts = {str(r.get("host")) for _, r, _, _ in entries if r}
     columns = KERNEL_COLUMNS if kernel else DECODE_COLUMNS
-    head = ["<th>cell</th>"] + (["<th>host</th>"] if len(hosts) > 1 else [])
-    head += [f'<th class="num">{_e(h)}</th>' for h, _, _ in columns] + ["<th>status</th>"]
+    head = [_td("cell")] + ([_td("host")] if len(hosts) > 1 else [])
+    head += [_td(h, num=True) for h, _, _ in columns] + [_td("status")]
     if verdicts is not None:
         what = "kernel µs" if kernel else "tok/s"
-        head += [f'<th class="num">base {what}</th>', '<th class="num">head/base</th>',
-                 "<th>verdict</th>"]
+        head += [_td(f"base {what}", num=True), _td("head/base", num=True), _td("verdict")]
     rows = []
     for cid, r, cell, label in entries:
         mode = cell.get("verify_mode")
-        swatch = (f'<span class="swatch" style="background:{style.mode_color(mode)}"></span>'
-                  if mode else "")
-        tds = [f'<td title="{_e(label)} ({_e(cid)})">{swatch}{_e(names.get(cid, label))}</td>']
+        full = style.full_label({"label": label, "cell": cell, "cell_id": cid})
+        row = [_td(names.get(cid, label), title=f"{full} ({cid})",
+                   swatch=style.mode_color(mode) if mode else None)]
         if len(hosts) > 1:
-            tds.append(f"<td>{_e((r or {}).get('host'))}</td>")
+            row.append(_td((r or {}).get("host")))
         ok = r is not None and r.get("status") == "ok"
         m = (r or {}).get("metrics") or {}
         for _, key, spec in columns:
-            text = "–" if not ok else key(r) if callable(key) else _fmt(m.get(key), spec)
-            tds.append(f'<td class="num">{_e(text)}</td>')
+            row.append(_td("–" if not ok else key(r) if callable(key) else _fmt(m.get(key), spec),
+                           num=True))
         status = "missing" if r is None else ("ok" if ok else "failed")
-        tds.append(f'<td><span class="badge {status}">{_e("no result" if r is None else status)}'
-                   f"</span></td>")
+        row.append(_td("no result" if r is None else status, badge=status))
         if verdicts is not None:
             v = verdicts.get(cid)
             if v is None:
-                tds += ['<td class="num">–</td>', '<td class="num">–</td>',
-                        '<td class="muted">no result</td>']
+                row += [_td("–", num=True), _td("–", num=True), _td("no result", cls="muted")]
             else:
-                ratio = f"{v.ratio:.3f}" if _finite(v.ratio) else "–"
-                detail = f' <span class="muted">({_e(v.detail)})</span>' if v.detail else ""
-                tds += [f'<td class="num">{_e(_fmt(v.base, ".1f"))}</td>',
-                        f'<td class="num">{_e(ratio)}</td>',
-                        f'<td><span class="{_e(v.verdict.replace(" ", "-"))}">{_e(v.verdict)}'
-                        f"</span>{detail}</td>"]
-        rows.append("<tr>" + "".join(tds) + "</tr>")
-    caption = "Kernel cells" if kernel else "Decode cells"
-    return (f"<h3>{caption}</h3>\n<table class=\"cells\">\n<thead><tr>{''.join(head)}</tr></thead>"
-            f"\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>")
+                row += [_td(_fmt(v.base, ".1f"), num=True),
+                        _td(f"{v.ratio:.3f}" if _finite(v.ratio) else "–", num=True),
+                        _td(v.verdict, cls=v.verdict.replace(" ", "-"), detail=v.detail or None)]
+        rows.append(row)
+    return {"caption": "Kernel cells" if kernel else "Decode cells", "head": head, "rows": rows}
 
 
-def _failed_section(results: dict[str, dict], missing: list[dict]) -> str:
-    parts = []
-    for cid, r in results.items():
-        if r.get("status") == "ok":
-            continue
-        parts.append(f"<h3>{_e(r.get('label') or cid)}</h3>\n"
-                     f"<p class=\"muted\">cell {_e(cid)} on {_e(r.get('host') or '?')}"
-                     f"{', after ' + _e(r.get('wall_s')) + ' s' if r.get('wall_s') is not None else ''}"
-                     f"</p>\n<pre>{_e((r.get('error') or 'no error recorded').strip())}</pre>")
-    if missing:
-        items = "".join(f"<li>{_e(c['label'])} <span class=\"muted\">({_e(c['cell_id'])})</span></li>"
-                        for c in missing)
-        parts.append(f"<p>{len(missing)} cell(s) never produced a result (interrupted or not "
-                     f"yet run; finish with <code>harness run SCENARIO --resume RUN</code>):</p>"
-                     f"<ul>{items}</ul>")
-    return "\n".join(parts) or '<p class="ok">None: every cell ran and succeeded.</p>'
+def _failed(results: dict[str, dict]) -> list[dict]:
+    return [{"title": style.full_label({**r, "cell_id": cid}), "cell_id": cid,
+             "host": r.get("host") or "?", "wall_s": r.get("wall_s"),
+             "error": (r.get("error") or "no error recorded").strip()}
+            for cid, r in results.items() if r.get("status") != "ok"]
 
 
-def _figures_html(figs: list[FigureFile]) -> str:
-    parts = []
-    for f in figs:
-        if f.png is not None:
-            data = base64.b64encode(f.png).decode("ascii")
-            parts.append(f'<figure><img src="data:image/png;base64,{data}" alt="{_e(f.caption)}">'
-                         f"<figcaption>{_e(f.caption)}</figcaption></figure>")
-        else:
-            parts.append(f'<figure><p class="failed">Figure {_e(f.name)} could not be drawn:</p>'
-                         f"<pre>{_e(f.error)}</pre></figure>")
-    return "\n".join(parts) or '<p class="muted">No figures: the run has no results.</p>'
+def _figure_context(f: FigureFile) -> dict:
+    return {"name": f.name, "caption": f.caption, "title": f.title, "note": f.note,
+            "error": f.error, "png": base64.b64encode(f.png).decode("ascii") if f.png else None}
+
+
+def _clear_old_figures(out_dir: Path, keep: set[str]) -> None:
+    """PNGs an earlier report left beside index.html (a cell since filtered out, a figure
+    that now has nothing to draw): gone, so the folder uploaded to MLflow is this report."""
+    for pattern in FIGURE_FILES:
+        for png in out_dir.glob(pattern):
+            if png.name not in keep:
+                png.unlink()
 
 
 def build_report(journal: RunJournal, out_dir=None, *, base: RunJournal | None = None,
                  verdicts: dict | None = None, verdict_note: str = "",
-                 reference: str | None = None, history: list[dict] | None = None) -> Report:
+                 reference: str | None = None, history: list[dict] | None = None,
+                 only: set[str] | None = None, only_expr: str = "") -> Report:
     """Write the report of `journal` into `out_dir` (default `<run>/report/`): index.html
-    plus one PNG per figure. `base`: the run it was compared with, and `verdicts` the gate's
-    per-cell verdicts against it (harness.gate.runs.compare: the report draws them, it does not
-    judge), explained by `verdict_note`; `reference`: the verify mode the speedup heatmap
-    divides by; `history`: series for the history figure (dicts with the arguments of
-    harness.dashboards.history.history)."""
+    plus one PNG per figure. `base`: the run it was compared with (drawn faded in every
+    figure), and `verdicts` the gate's per-cell verdicts against it (harness.gate.runs.compare:
+    the report draws them, it does not judge), explained by `verdict_note`; `reference`: the
+    verify mode the speedup heatmap divides by; `history`: series for the history figure (dicts
+    with the arguments of harness.dashboards.history.history); `only`: the cell ids to show
+    (the run's and the base's), chosen by the cell filter `only_expr` (the page says so)."""
     out_dir = Path(out_dir) if out_dir is not None else journal.path / REPORT_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = journal.results()
+
+    def shown(cid: str) -> bool:
+        return only is None or cid in only
+
+    results = {cid: r for cid, r in journal.results().items() if shown(cid)}
+    planned = [c for c in journal.cells if shown(c["cell_id"])]
+    base_results = ([r for cid, r in base.results().items() if shown(cid)]
+                    if base is not None else None)
+    if verdicts is not None and only is not None:
+        verdicts = {cid: v for cid, v in verdicts.items() if shown(cid)}
     result_list = list(results.values())
-    missing = [c for c in journal.cells if c["cell_id"] not in results]
+    missing = [c for c in planned if c["cell_id"] not in results]
     meta = journal.meta
     commit = style.short_commit(meta.get("git_sha"), meta.get("git_dirty"))
 
-    figs = _figures(result_list, out_dir, commit, reference, history)
-    compare_note = ""
+    base_name = f"base run {base.run_id}" if base is not None else ""
+    figs = _figures(result_list, out_dir, commit, reference, history, base_results, base_name)
+    _clear_old_figures(out_dir, {f.name for f in figs if f.png is not None})
+    compare = None
     if base is not None:
         gpus_head = {str((r.get("env") or {}).get("gpu")) for r in result_list}
-        gpus_base = {str((r.get("env") or {}).get("gpu")) for r in base.results().values()}
-        warn = ""
-        if gpus_head != gpus_base:
-            warn = (f' <strong class="failed">Different GPUs ({_e(", ".join(sorted(gpus_head)))}'
-                    f' vs {_e(", ".join(sorted(gpus_base)))}): ratios are not comparable.</strong>')
-        compare_note = (f"<p>Compared with run <strong>{_e(base.run_id)}</strong> (commit "
-                        f"{_e(style.short_commit(base.meta.get('git_sha')) or 'unknown')}): "
-                        f"head/base = this run's value ÷ the base run's, per cell (decode: tokens/s, "
-                        f"higher is better; kernel: µs, lower is better). {_e(verdict_note)}"
-                        f"{warn}</p>")
+        gpus_base = {str((r.get("env") or {}).get("gpu")) for r in base_results}
+        compare = {"run_id": base.run_id, "note": verdict_note,
+                   "commit": style.short_commit(base.meta.get("git_sha")) or "unknown",
+                   "gpus": None if gpus_head == gpus_base else {
+                       "head": ", ".join(sorted(gpus_head)), "base": ", ".join(sorted(gpus_base))}}
 
     n_ok = sum(r.get("status") == "ok" for r in result_list)
-    n_failed = len(result_list) - n_ok
-    counts = (f'<span class="ok">{n_ok} ok</span><span class="{"failed" if n_failed else "muted"}">'
-              f'{n_failed} failed</span><span class="muted">{len(missing)} missing</span>'
-              f'<span class="muted">{len(journal.cells)} planned</span>')
     gpus = sorted({str((r.get("env") or {}).get("gpu")) for r in result_list
                    if (r.get("env") or {}).get("gpu")})
     subtitle = " · ".join(filter(None, [", ".join(gpus) or "CPU (no GPU)",
                                         f"commit {commit}" if commit else None,
                                         journal.run.get("created_at")]))
-    summary = "\n".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>"
-                        for k, v in _summary_rows(journal, result_list))
-    page = PAGE.substitute(
-        title=_e(f"{journal.scenario_name} — run {journal.run_id}"), css=CSS,
-        subtitle=_e(subtitle), counts=counts, summary=summary, compare_note=compare_note,
-        figures=_figures_html(figs),
-        cells=(_cells_table(journal, results, verdicts, kernel=False)
-               + _cells_table(journal, results, verdicts, kernel=True)) or "<p>No cells.</p>",
-        failed=_failed_section(results, missing), run_id=_e(journal.run_id),
-        journal_path=_e(journal.path))
+    every = {c["cell_id"] for c in journal.cells} | set(journal.results())
+    page = _ENV.get_template(TEMPLATE).render(
+        title=f"{journal.scenario_name} — run {journal.run_id}", subtitle=subtitle,
+        counts={"ok": n_ok, "failed": len(result_list) - n_ok, "missing": len(missing),
+                "planned": len(planned)},
+        selection=({"expr": only_expr, "shown": len(every & only), "total": len(every)}
+                   if only is not None else None),
+        summary=_summary_rows(journal, result_list), compare=compare,
+        figures=[_figure_context(f) for f in figs],
+        tables=[t for t in (_cells_table(planned, results, verdicts, kernel=False),
+                            _cells_table(planned, results, verdicts, kernel=True)) if t],
+        failed=_failed(results),
+        missing=[{"label": style.full_label(c), "cell_id": c["cell_id"]} for c in missing],
+        run_id=journal.run_id, journal_path=str(journal.path))
     index = out_dir / INDEX
     atomic_write_text(index, page)
     index.chmod(0o644)  # a report is for reading (mkstemp made it owner-only)

@@ -37,6 +37,9 @@ PHASE_COLORS = {
     "accept": "#CC6677",
     "commit": "#AA4499",
 }
+# Phases the list above does not name (a range a workload adds: graph, record ...) take these,
+# in order of first appearance: the rest of Tol's muted set, so two of them never share a grey.
+_SPARE_PHASE_COLORS = ["#44AA99", "#999933", "#882255", "#332288", "#661100", "#6699CC"]
 OTHER_COLOR = "#777777"    # GPU work launched outside every phase range (measure: "other")
 GAP_COLOR = "#BBBBBB"      # GPU idle that no phase claims (between phases)
 UNATTRIBUTED_COLOR = "#DDDDDD"  # GPU idle measured without a per-phase split
@@ -50,6 +53,8 @@ DPI = 110
 SHORT_NAMES = {"context_length": "ctx", "verify_mode": "verify", "graph_capture": "graph",
                "tree_build": "tree", "speculation": "spec", "batch_size": "bs",
                "tree_budget": "N", "block_size": "B"}
+# The compared-with run, in every figure: drawn like the head, faded behind it.
+BASE_ALPHA = 0.32
 
 
 # Units of the metrics docs/ARCHITECTURE.md names, for axis labels when a caller gives none.
@@ -68,20 +73,81 @@ def metric_unit(metric: str) -> str:
     return "value"
 
 
-def short_names(results: list[dict]) -> dict[str, str]:
-    """cell_id -> a name made of only the parameters that differ between these cells
-    (`ctx=4096 verify=custom graph=full`), so rows of a figure or table stay short."""
-    from harness.protocol.params import DEFAULTS, MEASUREMENT_KNOBS
+def acceptance_word(cell: dict) -> str | None:
+    """`greedy` or `synthetic τ=4` for a speculative decode cell, None for any other: whether
+    the accepted length is real argmax matching or drawn, which every name must say."""
+    if cell.get("workload", "decode") != "decode" or cell.get("speculation") == "none":
+        return None
+    if cell.get("acceptance") == "synthetic":
+        tau = cell.get("tau")
+        return f"synthetic τ={tau:g}" if isinstance(tau, (int, float)) else "synthetic"
+    return "greedy" if cell.get("acceptance") == "greedy" else None
 
-    cells = [r.get("cell") or {} for r in results]
+
+def names_of(cells: list[dict], exclude: tuple[str, ...] = ()) -> list[str]:
+    """A name per cell made of only what tells these cells apart (`ctx=4096 verify=custom
+    graph=full`): parameters that differ between them, less `exclude` and the measurement
+    knobs. A parameter a cell does not have (another workload's) and a kernel knob left at
+    `auto` are left out of that cell's name; acceptance and tau are one word (greedy,
+    synthetic τ=4). Empty where nothing differs."""
+    from harness.protocol.params import DEFAULTS, IMPL_DEFAULTS, MEASUREMENT_KNOBS
+    from harness.protocol.workloads import yaml_word
+
     keys = list(DEFAULTS) + sorted({k for c in cells for k in c} - set(DEFAULTS))
-    keys = [k for k in keys if k not in MEASUREMENT_KNOBS
+    keys = [k for k in keys if k not in MEASUREMENT_KNOBS and k not in exclude
             and len({repr(c.get(k, DEFAULTS.get(k))) for c in cells}) > 1]
+    names = []
+    for c in cells:
+        parts = []
+        for k in keys:
+            if k in ("acceptance", "tau"):
+                word = acceptance_word(c)
+                if word and word not in parts:
+                    parts.append(word)
+                continue
+            value = c.get(k, DEFAULTS.get(k))
+            if value is None or (k in IMPL_DEFAULTS and value == IMPL_DEFAULTS[k]):
+                continue
+            if k == "workload":     # `peer`, not `workload=peer`; the usual decode unsaid
+                if value != DEFAULTS["workload"]:
+                    parts.append(str(value))
+                continue
+            parts.append(f"{SHORT_NAMES.get(k, k)}={yaml_word(value)}")
+        names.append(" ".join(parts))
+    return names
+
+
+def short_names(results: list[dict]) -> dict[str, str]:
+    """cell_id -> its name among these results (names_of); the label where nothing differs."""
+    cells = [r.get("cell") or {} for r in results]
     names = {}
-    for r, c in zip(results, cells):
-        name = " ".join(f"{SHORT_NAMES.get(k, k)}={c.get(k, DEFAULTS.get(k))}" for k in keys)
+    for r, c, name in zip(results, cells, names_of(cells)):
         names[r.get("cell_id") or repr(c)] = name or r.get("label") or r.get("cell_id") or "?"
     return names
+
+
+def full_label(result: dict) -> str:
+    """The cell's label (harness.protocol.params.cell_label) saying greedy or synthetic."""
+    label = result.get("label") or result.get("cell_id") or "?"
+    word = acceptance_word(result.get("cell") or {})
+    if word is None or word.split()[0] in label.split():
+        return label
+    if word.startswith("synthetic") and " tau=" in label:
+        return label.replace(" tau=", " synthetic tau=", 1)
+    return f"{label} {word.split()[0]}"
+
+
+def shade(color, k: int, n: int) -> tuple[float, float, float]:
+    """The k-th of n shades of `color`, dark to light, for lines that share a verify mode and
+    a line style: told apart by lightness, which colour-blind readers see too."""
+    from matplotlib.colors import to_rgb
+
+    rgb = to_rgb(color)
+    if n <= 1:
+        return rgb
+    f = -0.45 + 0.9 * k / (n - 1)          # -0.45 (towards black) .. +0.45 (towards white)
+    target = 1.0 if f > 0 else 0.0
+    return tuple(c + (target - c) * abs(f) for c in rgb)
 
 
 def mode_color(mode) -> str:
@@ -94,7 +160,13 @@ def mode_color(mode) -> str:
 
 
 def phase_color(phase: str) -> str:
-    return PHASE_COLORS.get(phase, OTHER_COLOR if phase == "other" else GAP_COLOR)
+    if phase == "other":
+        return OTHER_COLOR
+    if phase not in PHASE_COLORS:
+        used = set(PHASE_COLORS.values())
+        spare = [c for c in _SPARE_PHASE_COLORS if c not in used]
+        PHASE_COLORS[phase] = spare[0] if spare else GAP_COLOR
+    return PHASE_COLORS[phase]
 
 
 def fmt_tokens(n) -> str:
@@ -140,6 +212,18 @@ def empty_figure(message: str, heading: str, width: float = 8, height: float = 3
     ax.set_axis_off()
     ax.set_title(heading, fontsize=11)
     return fig
+
+
+class NothingToDraw(Exception):
+    """A figure that would be an empty card; its message is the one line that says why."""
+
+
+def nothing(message: str, heading: str, out_path, *, card: bool = True, **size) -> Path:
+    """The empty-figure card, or (card=False: the report) NothingToDraw, so that a page shows
+    one line instead of a picture of nothing."""
+    if not card:
+        raise NothingToDraw(message)
+    return save(empty_figure(message, heading, **size), out_path)
 
 
 def save(fig: Figure, out_path) -> Path:

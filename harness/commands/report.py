@@ -7,48 +7,75 @@ from typing import Optional
 
 import typer
 
-from harness.commands.options import console, err, fail_input, results_option, tracking_uri_option
+from harness.commands.options import (cell_filter_option, console, err, fail_input,
+                                      results_option, tracking_uri_option)
 
 
 def report(run_id: str = typer.Argument(..., metavar="RUN", help="run id (a folder of results/runs)"),
            compare: Optional[str] = typer.Option(None, "--compare", metavar="RUN",
-                                                 help="base run to compare with: head/base ratio and verdict per cell"),
+                                                 help="base run to compare with: head/base ratio and verdict per cell, "
+                                                      "the base drawn faded in every figure"),
            reference: Optional[str] = typer.Option(None, "--reference", metavar="MODE",
                                                    help="verify mode the speedup heatmap divides by (default: triton, else sdpa, ...)"),
            tracking_uri: Optional[str] = tracking_uri_option(
                "MLflow store to attach the report to (default: where the run was logged)"),
            no_mlflow: bool = typer.Option(False, "--no-mlflow", help="do not upload the report to MLflow"),
+           cell_filter: Optional[str] = cell_filter_option(),
            results_dir: Path = results_option()):
     """Write a run's HTML report (results/runs/RUN/report/index.html), print its path and
-    attach it to the run in MLflow."""
+    attach it to the run in MLflow (a report narrowed with -k is not attached: the run's
+    report there stays whole)."""
+    from harness.protocol.errors import InputError
     from harness.sweep import journal as jr
     from harness.sweep.summary import summary_table
     try:
         journal = jr.RunJournal.open(results_dir / "runs", run_id)
         base = jr.RunJournal.open(results_dir / "runs", compare) if compare else None
-    except jr.JournalError as e:
+        only = selected(journal, cell_filter) if cell_filter is not None else None
+    except (jr.JournalError, InputError) as e:
         raise fail_input(e)
-    results = list(journal.results().values())
+    stored = journal.results()
+    results = [r for cid, r in stored.items() if only is None or cid in only]
     console.print(summary_table(results, f"{journal.scenario_name} — run {run_id}"))
-    missing = journal.missing()
+    planned = [c for c in journal.cells if only is None or c["cell_id"] in only]
+    missing = [c for c in planned if (stored.get(c["cell_id"]) or {}).get("status") != "ok"]
     if missing:
-        console.print(f"{len(missing)} of {len(journal.cells)} cell(s) have no ok result")
-    path = write_report(journal, None if no_mlflow else (tracking_uri or "auto"), base, reference)
+        console.print(f"{len(missing)} of {len(planned)} cell(s) have no ok result")
+    if only is not None and not no_mlflow:
+        console.print(f"[dim]Report not attached to MLflow: narrowed with -k {cell_filter!r}[/]",
+                      highlight=False)
+    uri = None if no_mlflow or only is not None else (tracking_uri or "auto")
+    path = write_report(journal, uri, base, reference, only=only, only_expr=cell_filter or "")
     if path is None:
         raise typer.Exit(1)
 
 
-def write_report(journal, tracking_uri: Optional[str], base=None, reference: Optional[str] = None):
+def selected(journal, expr: str) -> set[str]:
+    """The ids of the run's cells (planned, or only in its results) that `-k expr` selects;
+    an InputError when it is malformed or selects none."""
+    from harness.sweep.cellfilter import select
+
+    entries = [(c["cell_id"], c["cell"]) for c in journal.cells]
+    planned = {cid for cid, _ in entries}
+    entries += [(cid, r.get("cell") or {}) for cid, r in journal.results().items()
+                if cid not in planned]
+    chosen = {id(cell) for cell in select([cell for _, cell in entries], expr)}
+    return {cid for cid, cell in entries if id(cell) in chosen}
+
+
+def write_report(journal, tracking_uri: Optional[str], base=None, reference: Optional[str] = None,
+                 *, only: Optional[set[str]] = None, only_expr: str = ""):
     """Write the run's HTML report and print its path; attach it to the run's parent in MLflow
     unless `tracking_uri` is None ("auto": the store the run was logged to). A report that
-    cannot be written or uploaded is a warning, never a lost run: returns the path or None."""
+    cannot be written or uploaded is a warning, never a lost run: returns the path or None.
+    `only`: the cell ids to report on (`-k only_expr`)."""
     from harness.sweep import tracking
     from harness.dashboards.report import build_report
     from harness.gate import runs
     verdicts = runs.compare(journal.results(), base.results()) if base is not None else None
     try:
         built = build_report(journal, base=base, verdicts=verdicts, verdict_note=runs.VERDICT_NOTE,
-                             reference=reference)
+                             reference=reference, only=only, only_expr=only_expr)
     except Exception as e:  # noqa: BLE001 - the journal and MLflow run are intact either way
         err.print(f"[yellow]report failed:[/] {type(e).__name__}: {e}", highlight=False)
         return None

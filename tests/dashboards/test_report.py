@@ -14,6 +14,7 @@ import textwrap
 import warnings
 from pathlib import Path
 
+import markupsafe
 import pytest
 
 import cli_process
@@ -98,7 +99,7 @@ def test_report_lists_failed_and_missing_cells_escaped(runs):
     failed = page.split("<h2>Failed cells</h2>", 1)[1]
     # The error text is shown escaped, never as markup.
     assert "torch.OutOfMemoryError: CUDA out of memory" in failed
-    assert "&lt;&amp; &quot;quoted&quot; &gt;" in failed and '<& "quoted" >' not in page
+    assert str(markupsafe.escape('<& "quoted" >')) in failed and '<& "quoted" >' not in page
     assert "CompilationError" in failed                         # failed kernel cells too
     assert "ctx=131072" in failed and "never produced a result" in failed
     cells = page.split("<h2>Cells</h2>", 1)[1].split("<h2>Failed cells</h2>", 1)[0]
@@ -113,10 +114,15 @@ def test_cpu_run_says_idle_is_not_available(tmp_path):
                              env=CPU_ENV, host="local")]
     journal = write_journal(tmp_path / "runs", HEAD_ID, results, scenario="quickstart",
                             meta={"git_sha": "abc", "trigger": "manual", "git_dirty": True})
-    page = build_report(journal).path.read_text()
+    report = build_report(journal)
+    page = report.path.read_text()
     assert "n/a (no GPU)" in page and "none (CPU)" in page
     assert "uncommitted changes" in page
-    assert "speedup_heatmap" not in page  # one verify mode: nothing to compare, no figure
+    # One verify mode: nothing to compare, said in one line instead of a picture of nothing.
+    assert "speedup_heatmap.png" not in {f.name for f in report.figures if f.png}
+    assert ('<p class="figure-note">Speedup heatmap: <span class="muted">only verify=sdpa was '
+            'measured: nothing to compare</span></p>') in page
+    assert len(images_in(page)) == 2 and not (report.path.parent / "speedup_heatmap.png").exists()
 
 
 def test_a_figure_that_fails_is_a_visible_card_not_a_lost_report(runs, monkeypatch):
@@ -148,6 +154,47 @@ def test_compare_verdicts_ratio_per_cell(runs):
     # The statistical gate decides: 3 vs 3 repeats cannot be significant at alpha 1 %.
     assert {v.verdict for v in ok} == {"inconclusive"}
     assert all("p=" in v.detail for v in ok)
+
+
+def test_compare_draws_the_base_in_every_figure(runs, tmp_path):
+    head, _ = runs
+    base = write_journal(tmp_path / "base-runs", BASE_ID, gpu_sweep(speed=1.1) + kernel_sweep())
+    plain = {f.name: f.png for f in build_report(head, tmp_path / "plain").figures}
+    compared = build_report(head, tmp_path / "compared", base=base,
+                            verdicts=compare_runs(head.results(), base.results()))
+    assert plain.keys() == {f.name for f in compared.figures}
+    for f in compared.figures:
+        assert f.png is not None and f.png != plain[f.name], f.name   # every one has more on it
+    page = compared.path.read_text()
+    assert "Every figure draws the base run faded behind this one." in page
+    assert page.count("the base run.") >= 3       # captions: faded lines, thin bars, small print
+
+
+def test_report_k_shows_the_cells_it_selects_and_clears_the_rest(runs, tmp_path):
+    head, base = runs
+    report_dir = head.path / "report"
+    build_report(head)
+    before = {p.name for p in report_dir.glob("timeline-*.png")}
+    out = run_cli("report", HEAD_ID, "--compare", BASE_ID, "-k", "verify_mode=custom and graph=full",
+                  cwd=tmp_path)
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert "Report not attached to MLflow: narrowed with -k" in out.stdout
+    page = (report_dir / "index.html").read_text()
+    cells = page.split("<h2>Cells</h2>", 1)[1].split("<h2>Failed cells</h2>", 1)[0]
+    rows = re.findall(r'<td title="([^"]+)"', cells)
+    assert rows and all("verify=custom graph=full" in r for r in rows), rows
+    # Three measured contexts and the 128k cell that never ran, of every planned cell.
+    assert len(rows) == 4 and (f"-k verify_mode=custom and graph=full</code> selects: 4 of "
+                               f"{len(head.cells)}.") in page
+    # The timelines of cells now left out are gone from the folder MLflow would get.
+    after = {p.name for p in report_dir.glob("timeline-*.png")}
+    assert after and after < before
+    assert len(images_in(page)) == len(list(report_dir.glob("*.png")))
+
+    for expr, why in (("verify_mode=nosuch", "selects none of the"), ("(custom", "never closed")):
+        bad = run_cli("report", HEAD_ID, "-k", expr, cwd=tmp_path)
+        assert bad.returncode == 2, bad.stdout + bad.stderr
+        assert why in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
 def test_run_verdicts_read_the_metric_of_each_workload():
@@ -244,7 +291,7 @@ def test_report_opens_in_headless_chromium(runs):
     report = build_report(head, base=base)
     check = headless.check_page(report.path)
     assert check.console_errors == []
-    assert len(check.images) == len(report.figures) > 4
+    assert len(check.images) == sum(f.png is not None for f in report.figures) > 4
     assert check.broken_images == []
     assert all(i["width"] > 300 for i in check.images)
     assert check.title == f"nightly — run {HEAD_ID}"
@@ -253,6 +300,26 @@ def test_report_opens_in_headless_chromium(runs):
     # The screenshot shows a page, not a blank canvas: text, tables and figures in colour.
     assert check.screenshot[:8] == b"\x89PNG\r\n\x1a\n"
     assert distinct_colors(check.screenshot) > 500
+
+
+@needs_chromium
+def test_a_cpu_run_report_reads_right_in_headless_chromium(tmp_path):
+    """What a reader of the quickstart's report sees: the cells named greedy and synthetic,
+    one line where a figure has nothing to show, the -k selection stated, no errors."""
+    results = [cpu_result(ctx, acc, tps) for ctx in (256, 1024)
+               for acc, tps in (("greedy", 40.0), ("synthetic", 90.0))]
+    journal = write_journal(tmp_path / "runs", HEAD_ID, results, scenario="quickstart")
+    ids = {r["cell_id"] for r in results if r["cell"]["context_length"] == 256}
+    report = build_report(journal, only=ids, only_expr="context_length=256")
+    check = headless.check_page(report.path, screenshot=False)
+    assert check.console_errors == [] and check.broken_images == []
+    assert len(check.images) == 2                      # throughput and host time
+    text = check.text
+    assert "Speedup heatmap: only verify=sdpa was measured: nothing to compare" in text
+    assert "Only the cells -k context_length=256 selects: 2 of 4." in text
+    assert "ctx=1024" not in text.split("Cells", 1)[1]
+    for name in ("greedy", "synthetic τ=4"):
+        assert name in text
 
 
 @needs_chromium
