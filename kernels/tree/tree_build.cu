@@ -27,9 +27,9 @@
 // Why this shape: the per-depth beam formulation (tree_gpu._build_torch, the Triton kernel) needs
 // ~3 block-wide barriers per depth; as a CUDA kernel of 16 warps it took 59-63 us on the H200,
 // issue-latency bound on one SM with 38 % of its instructions per-depth bookkeeping
-// (kernels/NOTES.md). This one: 25.9 us at N 64, D 15 (graph replay, 256 threads), of which the
-// 64 pops are ~22 us: ~150 warp instructions a pop, issued by one warp one dependent step at a
-// time (~680 cycles a pop, ncu: 14 cycles between two issued instructions). Candidates carrying
+// (kernels/NOTES.md). This one: 25.9 us at N 64, D 15 (graph replay, 256 threads). ncu: the pop
+// loop issues ~150 warp instructions a pop (9.8k for 64 pops), one warp one dependent step at a
+// time (14 cycles between two issued instructions, averaged over the CTA). Candidates carrying
 // their rank path and parent score in registers (no shared memory in the loop) measured slower
 // (28.0 us): more selects per slot update than the loads they save.
 

@@ -10,7 +10,6 @@ share by being this machine.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import signal
@@ -24,18 +23,15 @@ import pytest
 
 import slurm_cluster
 from cli_process import run_cli
+import sweep_in_process
 from polling import wait_until
 from slurm_cluster import NODE, SlurmCluster
 
 pytestmark = pytest.mark.skipif(slurm_cluster.available() is not None,
                                 reason=str(slurm_cluster.available()))
 
-from rich.console import Console  # noqa: E402
-
 from harness.hosts.check import check_all, describe  # noqa: E402
 from harness.hosts.inventory import parse_hosts  # noqa: E402
-from harness.sweep import runner  # noqa: E402
-from harness.sweep.journal import RunJournal  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_PYTHON = str(REPO / ".venv" / "bin" / "python")
@@ -81,21 +77,7 @@ def inventory(text: str):
 
 
 def sweep(cells, hosts, tmp_path, background: bool = False):
-    """Cells through the real runner into a journal under tmp_path, in this process."""
-    journal = RunJournal.create(tmp_path / "runs", f"run-{time.monotonic_ns()}", "slurm-test",
-                                None, "", cells, {})
-    out = io.StringIO()
-    box = {}
-
-    def go():
-        box["outcome"] = runner.run_cells(cells, hosts, journal, Console(file=out, width=200))
-
-    if not background:
-        go()
-        return box["outcome"], journal, out.getvalue()
-    thread = threading.Thread(target=go)
-    thread.start()
-    return thread, box, journal, out
+    return sweep_in_process.sweep(cells, hosts, tmp_path, "slurm-test", background)
 
 
 def harness(*args, cwd: Path, cluster: SlurmCluster, timeout: int = 240):

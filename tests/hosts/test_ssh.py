@@ -10,7 +10,6 @@ can tell apart.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import pwd
@@ -20,17 +19,16 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from cli_process import run_cli
+import sweep_in_process
 from polling import wait_until
 
 asyncssh = pytest.importorskip("asyncssh", reason="asyncssh (a controller dependency) is not installed")
-from rich.console import Console
 
 import sshd_server
 from sshd_server import TEST_USER, LoopbackSSH, user_processes
@@ -39,7 +37,6 @@ from harness.sweep import runner
 from harness.hosts.check import check_all, describe
 from harness.hosts.interface import HostBroken, HostUnavailable
 from harness.hosts.inventory import parse_hosts
-from harness.sweep.journal import RunJournal
 
 pytestmark = pytest.mark.skipif(sshd_server.available() is not None,
                                 reason=str(sshd_server.available()))
@@ -131,22 +128,7 @@ def shim(public: Path, body: str) -> str:
 
 
 def sweep(cells, hosts, tmp_path, background: bool = False):
-    """Run cells through the real runner into a journal under tmp_path, in-process."""
-    journal = RunJournal.create(tmp_path / "runs", f"run-{time.monotonic_ns()}", "ssh-test",
-                                None, "", cells, {})
-    out = io.StringIO()
-    console = Console(file=out, width=200)
-    box = {}
-
-    def go():
-        box["outcome"] = runner.run_cells(cells, hosts, journal, console)
-
-    if not background:
-        go()
-        return box["outcome"], journal, out.getvalue()
-    thread = threading.Thread(target=go)
-    thread.start()
-    return thread, box, journal, out
+    return sweep_in_process.sweep(cells, hosts, tmp_path, "ssh-test", background)
 
 
 def harness(*args, home: Path, cwd: Path, env: dict | None = None, timeout: int = 240):
