@@ -35,7 +35,6 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 MIN_CHUNK = 256      # keys per split at least, when num_splits is chosen here: fewer is all overhead
-TAIL_ROWS = 16       # the smallest dot M: rows past whole tiles handled as a tail (see plan)
 
 
 @triton.jit
@@ -57,45 +56,17 @@ def _attend_tile(q, kT_ptrs, v_ptrs, visible, m_i, l_i, acc, load_mask_kT, load_
 
 
 @triton.jit
-def _attend_tile_with_tail(q, q_tail, kT_ptrs, v_ptrs, visible, visible_tail, m_i, l_i, acc,
-                           m_t, l_t, acc_t, load_mask_kT, load_mask_v, qk_scale,
-                           DOT_PRECISION: tl.constexpr):
-    """_attend_tile for the full tile's rows and the tail's rows on one load of the key tile."""
-    kT = tl.load(kT_ptrs, mask=load_mask_kT, other=0.0)
-    v = tl.load(v_ptrs, mask=load_mask_v, other=0.0)
-    m_i, l_i, acc = _online_softmax_step(tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale,
-                                         v, visible, m_i, l_i, acc, DOT_PRECISION)
-    m_t, l_t, acc_t = _online_softmax_step(
-        tl.dot(q_tail, kT, input_precision=DOT_PRECISION) * qk_scale, v, visible_tail,
-        m_t, l_t, acc_t, DOT_PRECISION)
-    return m_i, l_i, acc, m_t, l_t, acc_t
-
-
-@triton.jit
-def _online_softmax_step(qk, v, visible, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
-    qk = tl.where(visible, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(qk - m_safe[:, None])
-    alpha = tl.math.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return m_new, l_i, acc
-
-
-@triton.jit
 def _split_kernel(
     Q, K, V, Lengths, Bits, Acc, ML,
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
     stride_bb, stride_bt, stride_bw,
-    T, HKV, D, M_PAD, M_MAIN, num_splits, min_chunk_tiles, qk_scale,
+    T, HKV, D, M_PAD, num_splits, min_chunk_tiles, qk_scale,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    TAIL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
-    m_tiles = tl.num_programs(0)
     split = tl.program_id(1)            # 0: the tree chunk; s >= 1: prefix chunk s - 1
     bh = tl.program_id(2)
     bi = (bh // HKV).to(tl.int64)       # int64: cache strides times batch can pass 2**31
@@ -128,59 +99,15 @@ def _split_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    if TAIL == 0:
-        # Prefix: every key below lengths[b] is visible to every tree query.
-        for start_n in range(p_start, p_end, BLOCK_N):
-            keys = start_n + offs_n
-            key_ok = keys < p_end
-            kT_ptrs = k_base + keys[None, :] * stride_ks + offs_d[:, None] * stride_kd
-            v_ptrs = v_base + keys[:, None] * stride_vs + offs_d[None, :] * stride_vd
-            m_i, l_i, acc = _attend_tile(q, kT_ptrs, v_ptrs, key_ok[None, :], m_i, l_i, acc,
-                                         d_ok[:, None] & key_ok[None, :],
-                                         key_ok[:, None] & d_ok[None, :], qk_scale, DOT_PRECISION)
-    else:
-        # M = M_MAIN + a few rows (65 tree tokens x 4 heads = 2 x 128 + 4): the last rows ride
-        # along as a TAIL-row dot on the key tiles the full tiles load anyway, instead of a tile
-        # of their own (which would re-read every key for 4 rows, or shrink BLOCK_M for all).
-        # Each M tile takes the tail over its 1/m_tiles of the chunk, so the extra work is
-        # spread evenly; its partials go to tail slot pid_m (the combine merges the slots).
-        t_rows = M_MAIN + tl.arange(0, TAIL)
-        t_t = t_rows // G
-        t_ok = t_t < T
-        tq_ptrs = (Q + bi * stride_qb + (kvh * G + t_rows % G)[:, None] * stride_qh
-                   + t_t[:, None] * stride_qt + offs_d[None, :] * stride_qd)
-        q_tail = tl.load(tq_ptrs, mask=t_ok[:, None] & d_ok[None, :], other=0.0)
-        m_t = tl.full([TAIL], float("-inf"), dtype=tl.float32)
-        l_t = tl.zeros([TAIL], dtype=tl.float32)
-        acc_t = tl.zeros([TAIL, BLOCK_D], dtype=tl.float32)
-        share = tl.cdiv(chunk_tiles, m_tiles) * BLOCK_N
-        t_start = tl.minimum(p_start + pid_m * share, p_end)
-        t_end = tl.minimum(t_start + share, p_end)
-        for start_n in range(t_start, t_end, BLOCK_N):
-            keys = start_n + offs_n
-            key_ok = keys < t_end
-            kT_ptrs = k_base + keys[None, :] * stride_ks + offs_d[:, None] * stride_kd
-            v_ptrs = v_base + keys[:, None] * stride_vs + offs_d[None, :] * stride_vd
-            m_i, l_i, acc, m_t, l_t, acc_t = _attend_tile_with_tail(
-                q, q_tail, kT_ptrs, v_ptrs, key_ok[None, :], key_ok[None, :], m_i, l_i, acc,
-                m_t, l_t, acc_t, d_ok[:, None] & key_ok[None, :], key_ok[:, None] & d_ok[None, :],
-                qk_scale, DOT_PRECISION)
-        for start_n in range(p_start, t_start, BLOCK_N):
-            keys = start_n + offs_n
-            key_ok = keys < t_start
-            kT_ptrs = k_base + keys[None, :] * stride_ks + offs_d[:, None] * stride_kd
-            v_ptrs = v_base + keys[:, None] * stride_vs + offs_d[None, :] * stride_vd
-            m_i, l_i, acc = _attend_tile(q, kT_ptrs, v_ptrs, key_ok[None, :], m_i, l_i, acc,
-                                         d_ok[:, None] & key_ok[None, :],
-                                         key_ok[:, None] & d_ok[None, :], qk_scale, DOT_PRECISION)
-        for start_n in range(t_end, p_end, BLOCK_N):
-            keys = start_n + offs_n
-            key_ok = keys < p_end
-            kT_ptrs = k_base + keys[None, :] * stride_ks + offs_d[:, None] * stride_kd
-            v_ptrs = v_base + keys[:, None] * stride_vs + offs_d[None, :] * stride_vd
-            m_i, l_i, acc = _attend_tile(q, kT_ptrs, v_ptrs, key_ok[None, :], m_i, l_i, acc,
-                                         d_ok[:, None] & key_ok[None, :],
-                                         key_ok[:, None] & d_ok[None, :], qk_scale, DOT_PRECISION)
+    # Prefix: every key below lengths[b] is visible to every tree query.
+    for start_n in range(p_start, p_end, BLOCK_N):
+        keys = start_n + offs_n
+        key_ok = keys < p_end
+        kT_ptrs = k_base + keys[None, :] * stride_ks + offs_d[:, None] * stride_kd
+        v_ptrs = v_base + keys[:, None] * stride_vs + offs_d[None, :] * stride_vd
+        m_i, l_i, acc = _attend_tile(q, kT_ptrs, v_ptrs, key_ok[None, :], m_i, l_i, acc,
+                                     d_ok[:, None] & key_ok[None, :], key_ok[:, None] & d_ok[None, :],
+                                     qk_scale, DOT_PRECISION)
 
     # Tree: key j (slot L + j) is visible to query t iff bit j % 32 of word j // 32 of row t is set.
     # One [BLOCK_M] word load per 32 keys, not a [BLOCK_M, BLOCK_N] gather: fewer registers.
@@ -202,26 +129,6 @@ def _split_kernel(
         m_i, l_i, acc = _attend_tile(q, kT_ptrs, v_ptrs, visible, m_i, l_i, acc,
                                      d_ok[:, None] & j_ok[None, :], j_ok[:, None] & d_ok[None, :],
                                      qk_scale, DOT_PRECISION)
-    if TAIL > 0:
-        # The tail rows' tree keys: M tile 0's job (a few tiles of a few rows).
-        tail_tree_len = tl.where(pid_m == 0, tree_len, 0)
-        t_bits_rows = Bits + bi * stride_bb + t_t * stride_bt
-        for start_j in tl.range(0, tail_tree_len, BLOCK_N, num_stages=1):
-            j = start_j + offs_n
-            j_ok = j < T
-            visible = tl.zeros([TAIL, BLOCK_N], dtype=tl.int1)
-            for w in tl.static_range((BLOCK_N + 31) // 32):
-                word_idx = start_j // 32 + w
-                word = tl.load(t_bits_rows + word_idx * stride_bw,
-                               mask=t_t < tl.where(word_idx * 32 < T, T, 0), other=0)
-                in_word = (j // 32) == word_idx
-                visible = visible | (in_word[None, :] & (((word[:, None] >> (j % 32)[None, :]) & 1) != 0))
-            keys = L + j
-            kT_ptrs = k_base + keys[None, :] * stride_ks + offs_d[:, None] * stride_kd
-            v_ptrs = v_base + keys[:, None] * stride_vs + offs_d[None, :] * stride_vd
-            m_t, l_t, acc_t = _attend_tile(q_tail, kT_ptrs, v_ptrs, visible, m_t, l_t, acc_t,
-                                           d_ok[:, None] & j_ok[None, :],
-                                           j_ok[:, None] & d_ok[None, :], qk_scale, DOT_PRECISION)
 
     # Partials, unnormalised. Splits with no keys store nothing (_combine never reads them).
     # (Rows to store as a number, not a bool scalar: the interpreter rejects scalar & vector masks.)
@@ -233,24 +140,15 @@ def _split_kernel(
     tl.store(ml_ptrs + M_PAD, l_i, mask=store_ok)
     acc_ptrs = Acc + (part * M_PAD + rows[:, None]) * D + offs_d[None, :]
     tl.store(acc_ptrs, acc, mask=store_ok[:, None] & d_ok[None, :])
-    if TAIL > 0:
-        # Every tail slot is written, empty ones as m = -inf, l = 0, acc = 0 (weight 0 in the
-        # combine), so the combine can read all m_tiles slots of every split that has keys.
-        slot = M_MAIN + pid_m * TAIL + tl.arange(0, TAIL)
-        t_store = t_t < rows_to_store
-        tl.store(ML + (part * 2) * M_PAD + slot, m_t, mask=t_store)
-        tl.store(ML + (part * 2) * M_PAD + M_PAD + slot, l_t, mask=t_store)
-        tl.store(Acc + (part * M_PAD + slot[:, None]) * D + offs_d[None, :], acc_t,
-                 mask=t_store[:, None] & d_ok[None, :])
 
 
 @triton.jit
 def _combine_kernel(
     Acc, ML, Lengths, Out,
     stride_ob, stride_oh, stride_ot, stride_od,
-    T, HKV, D, M_PAD, M_MAIN, num_splits, min_chunk_tiles,
+    T, HKV, D, M_PAD, num_splits, min_chunk_tiles,
     G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
-    ROWS: tl.constexpr, TAIL: tl.constexpr, TAIL_SLOTS: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
     # ROWS output rows per program, all of their partials loaded at once as a
     # [SPLIT_BLOCK, ROWS, BLOCK_D] tile: a few wide independent loads rather than a chain of
@@ -274,32 +172,22 @@ def _combine_kernel(
     m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
-    # A tail row (TAIL > 0, row >= M_MAIN) has one partial per M tile in every split (slot c at
-    # M_MAIN + c * TAIL); a row of the full tiles has one, at its own index.
-    is_tail = rows >= M_MAIN
-    for c in tl.static_range(TAIL_SLOTS):
-        if TAIL > 0:
-            src = tl.where(is_tail, M_MAIN + c * TAIL + (rows - M_MAIN), rows)
-            src_ok = row_ok & (is_tail | (c == 0))
-        else:
-            src = rows
-            src_ok = row_ok
-        for s0 in range(0, n_parts, SPLIT_BLOCK):
-            split = s0 + offs_s
-            ok = (split < n_parts)[:, None] & src_ok[None, :]                     # [S, R]
-            part = bh.to(tl.int64) * (num_splits + 1) + split
-            ml_off = (part * 2)[:, None] * M_PAD + src[None, :]
-            m_s = tl.load(ML + ml_off, mask=ok, other=float("-inf"))
-            l_s = tl.load(ML + ml_off + M_PAD, mask=ok, other=0.0)
-            acc_off = ((part[:, None] * M_PAD + src[None, :]) * D)[:, :, None] + offs_d[None, None, :]
-            acc_s = tl.load(Acc + acc_off, mask=ok[:, :, None] & d_ok[None, None, :], other=0.0)
-            m_new = tl.maximum(m, tl.max(m_s, 0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            w_old = tl.math.exp2(m - m_safe)
-            w_s = tl.math.exp2(m_s - m_safe[None, :])       # 0 for the masked (and empty) splits
-            l = l * w_old + tl.sum(l_s * w_s, 0)
-            acc = acc * w_old[:, None] + tl.sum(acc_s * w_s[:, :, None], 0)
-            m = m_new
+    for s0 in range(0, n_parts, SPLIT_BLOCK):
+        split = s0 + offs_s
+        ok = (split < n_parts)[:, None] & row_ok[None, :]                     # [S, R]
+        part = bh.to(tl.int64) * (num_splits + 1) + split
+        ml_off = (part * 2)[:, None] * M_PAD + rows[None, :]
+        m_s = tl.load(ML + ml_off, mask=ok, other=float("-inf"))
+        l_s = tl.load(ML + ml_off + M_PAD, mask=ok, other=0.0)
+        acc_off = ((part[:, None] * M_PAD + rows[None, :]) * D)[:, :, None] + offs_d[None, None, :]
+        acc_s = tl.load(Acc + acc_off, mask=ok[:, :, None] & d_ok[None, None, :], other=0.0)
+        m_new = tl.maximum(m, tl.max(m_s, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        w_old = tl.math.exp2(m - m_safe)
+        w_s = tl.math.exp2(m_s - m_safe[None, :])       # 0 for the masked (and empty) splits
+        l = l * w_old + tl.sum(l_s * w_s, 0)
+        acc = acc * w_old[:, None] + tl.sum(acc_s * w_s[:, :, None], 0)
+        m = m_new
     # A row with no visible key at all (empty prefix and no tree bit) gets zeros, not NaN.
     out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
     o_ptrs = (Out + bi * stride_ob + (kvh * G + g)[:, None] * stride_oh + t[:, None] * stride_ot
@@ -327,37 +215,23 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
     hkv, S = k.shape[1], k.shape[2]
     G = hq // hkv
     M = T * G
+    if M <= 64:
+        block_m = max(16, triton.next_power_of_2(M))
+    else:   # 64 or 128 rows, whichever pads M less (ties: 128, fewer re-reads of each KV tile)
+        block_m = 128 if triton.cdiv(M, 128) * 128 <= triton.cdiv(M, 64) * 64 else 64
     fp32 = q.element_size() >= 4
     wide = fp32 or d > 128              # keep fp32 / wide heads inside shared memory
-    tail = 0
-    for full in (64,) if wide else (128, 64):
-        # A few rows past whole tiles (65 tokens x 4 heads = 2 x 128 + 4) ride along as a
-        # TAIL-row dot in the full tiles' programs (see _split_kernel) rather than a tile of
-        # their own, which would re-read every key tile for them.
-        if M > full and M % full <= TAIL_ROWS and M % full:
-            block_m, tail = full, TAIL_ROWS
-            break
-    else:
-        if M <= 64:
-            block_m = max(16, triton.next_power_of_2(M))
-        else:   # 64 or 128 rows, whichever pads M less (ties: 128, fewer re-reads of each KV tile)
-            block_m = 128 if triton.cdiv(M, 128) * 128 <= triton.cdiv(M, 64) * 64 else 64
-        if wide:
-            block_m = min(block_m, 64)
+    if wide:
+        block_m = min(block_m, 64)
     # fp32 (tests, lossless checks) takes IEEE dots on CUDA cores: register-hungry, so no
     # pipelining and 8 warps (the least spilling of the configs compiled for sm_90).
     p = dict(BLOCK_M=block_m, BLOCK_N=32 if wide else 64,
              num_warps=8 if fp32 or block_m * max(d, 64) >= 128 * 128 else 4,
              num_stages=1 if fp32 else 2 if wide else 3,
              # The interpreter pays per program: give it a few big combine programs.
-             COMBINE_ROWS=16 if _interpreting() else 1, TAIL=tail)
-    if config and "BLOCK_M" in config and "TAIL" not in config:
-        p["TAIL"] = 0        # a forced tile size: whole tiles (as tuned before the tail existed)
+             COMBINE_ROWS=16 if _interpreting() else 1)
     p.update(config or {})
-    if p["TAIL"] and not (M > p["BLOCK_M"] and 0 < M % p["BLOCK_M"] <= p["TAIL"]):
-        raise ValueError(f"TAIL {p['TAIL']} does not fit M {M} with BLOCK_M {p['BLOCK_M']}")
-    m_main = M - M % p["BLOCK_M"] if p["TAIL"] else M
-    m_tiles = triton.cdiv(m_main, p["BLOCK_M"])
+    m_tiles = triton.cdiv(M, p["BLOCK_M"])
     if num_splits is None:
         # One wave of about two programs per SM, the tree chunk's included (a second, partial
         # wave would double the time), and no split shorter than MIN_CHUNK keys.
@@ -367,9 +241,8 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
         min_chunk_tiles = max(1, MIN_CHUNK // p["BLOCK_N"])
     else:
         min_chunk_tiles = 1      # the caller asked for exactly this many
-    p.update(G=G, BLOCK_D=max(16, triton.next_power_of_2(d)), m_tiles=m_tiles, M_MAIN=m_main,
-             M_PAD=m_tiles * (p["BLOCK_M"] + p["TAIL"]), num_splits=num_splits,
-             min_chunk_tiles=min_chunk_tiles)
+    p.update(G=G, BLOCK_D=max(16, triton.next_power_of_2(d)), m_tiles=m_tiles,
+             M_PAD=m_tiles * p["BLOCK_M"], num_splits=num_splits, min_chunk_tiles=min_chunk_tiles)
     return p
 
 
@@ -427,14 +300,13 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
     _split_kernel[(p["m_tiles"], p["num_splits"] + 1, b * hkv)](
         q, k, v, lengths, tree_bits, acc, ml,
         *q.stride(), *k.stride(), *v.stride(), *tree_bits.stride(),
-        T, hkv, d, p["M_PAD"], p["M_MAIN"], p["num_splits"], p["min_chunk_tiles"], scale,
-        **tiles, TAIL=p["TAIL"], DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+        T, hkv, d, p["M_PAD"], p["num_splits"], p["min_chunk_tiles"], scale,
+        **tiles, DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=p["num_warps"], num_stages=p["num_stages"])
     _combine_kernel[(triton.cdiv(T * p["G"], p["COMBINE_ROWS"]), b * hkv)](
         acc, ml, lengths, out, *out.stride(),
-        T, hkv, d, p["M_PAD"], p["M_MAIN"], p["num_splits"], p["min_chunk_tiles"],
+        T, hkv, d, p["M_PAD"], p["num_splits"], p["min_chunk_tiles"],
         G=p["G"], BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"],
         SPLIT_BLOCK=min(32, triton.next_power_of_2(p["num_splits"] + 1)),
-        ROWS=p["COMBINE_ROWS"], TAIL=p["TAIL"], TAIL_SLOTS=p["m_tiles"] if p["TAIL"] else 1,
-        num_warps=4)
+        ROWS=p["COMBINE_ROWS"], num_warps=4)
     return out

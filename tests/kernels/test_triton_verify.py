@@ -145,31 +145,6 @@ def test_default_splits_on_long_prefix(interp):
     assert rel_err(out, reference(q, k, v, L, vis)) <= 1e-2
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("num_splits", [None, 2, 5])
-def test_tail_rows_ride_along(interp, dtype, num_splits):
-    # The loop's shape: 65 tree tokens x 4 heads a KV head = 260 rows, whole tiles (4 x 64 in
-    # fp32, 2 x 128 in fp16) plus a 4-row tail that each M tile takes over its share of a
-    # split; 2 and 5 splits of 300 keys leave some tiles' tail shares empty.
-    g = gen_for("tail", dtype, num_splits)
-    q, k, v, L = make_inputs(2, 8, 2, 32, 65, [300, 41], dtype, g)
-    p = triton_verify.plan(q, k, num_splits)
-    assert p["TAIL"] == 16 and p["M_MAIN"] == 256 and p["m_tiles"] == (4 if dtype == torch.float32 else 2)
-    vis = random_tree(2, 65, g)
-    out = run_poisoned(interp, q, k, v, L, vis, num_splits=num_splits)
-    assert rel_err(out, reference(q, k, v, L, vis)) <= TOL[dtype]
-
-
-def test_no_tail_when_rows_fill_the_tiles():
-    q = torch.empty(1, 32, 64, 128, dtype=torch.bfloat16)
-    k = torch.empty(1, 8, 4096, 128, dtype=torch.bfloat16)
-    p = triton_verify.plan(q, k)
-    assert (p["BLOCK_M"], p["TAIL"], p["m_tiles"]) == (128, 0, 2)
-    q65 = torch.empty(1, 32, 65, 128, dtype=torch.bfloat16)
-    assert triton_verify.plan(q65, k)["TAIL"] == 16
-    assert triton_verify.plan(q65, k, config={"BLOCK_M": 64})["TAIL"] == 0
-
-
 @pytest.mark.parametrize("shape", ["chain", "star"])
 def test_tree_shapes(interp, shape):
     # chain: token i sees tree keys 0..i; star: only the root and itself.
