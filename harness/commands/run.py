@@ -52,6 +52,7 @@ def run(
     """Run a scenario's cells, journal every result, log the run to MLflow."""
     from harness.sweep import gitinfo, journal as jr, runner, tracking
     from harness.hosts.inventory import load_hosts, select_hosts
+    from harness.hosts.service import check_cells as check_service_cells
     from harness.sweep.cellfilter import select
     from harness.sweep.scenario import TRIGGERS, load_scenario, validate_tracking_uri
 
@@ -66,6 +67,9 @@ def run(
             chosen = select_hosts(inventory, host, "--host")
         else:
             chosen = select_hosts(inventory, sc.hosts or ["local"], f"{scenario}: hosts")
+        # Each service cell against each host's own engine (hosts.yaml service:), now: a
+        # conflict is one line before any engine is started or restarted.
+        check_service_cells(selected, chosen, str(scenario), sc.given)
         if sc.gpu_busy:                        # the scenario's policy beats the hosts file's
             for h in chosen:
                 if hasattr(h, "gpu_busy"):

@@ -58,6 +58,8 @@ class Host(Protocol):
     # Optional (the runner uses them when present):
     #   async prepare() -> None    connect / ship code; raises HostUnavailable or HostBroken
     #   async close() -> None      release connections at the end of a sweep
+    #   service: HostService       the serving engine its hosts.yaml entry declares
+    #                              (harness.hosts.service), set by the inventory
 
 
 def failed_result(cell: dict, host: str, error: str, wall_s: float | None = None) -> dict:

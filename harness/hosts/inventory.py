@@ -25,6 +25,19 @@
         python: /shared/venv/bin/python   # the Python on the nodes
         workdir: /shared/scratch/me/specdec-harness   # a folder this machine and the nodes share
 
+      h200-a:
+        ssh: h200-a
+        env: {SGLANG_API_KEY: "${SGLANG_API_KEY}"}
+        service:                    # the host's serving engine, for the service workload
+          manager: systemd          # or setsid (with start: a command line), or external
+          unit: sglang.service      # its drop-in receives each cell's toggles
+          url: http://127.0.0.1:30000
+          ready: /health
+          ready_timeout_s: 900
+          api_key: ${SGLANG_API_KEY}   # a variable of the worker's environment: give it in env:
+          trace_dir: /tmp/sglang-traces
+          gpus: [0, 1, 2, 3, 4, 5, 6, 7]   # the engine's GPUs (NVML's numbering)
+
 `local` (this machine) always exists; an entry named `local` (without `ssh`) sets its python,
 gpus, labels, env and `persistent` (default true: one serving worker process per GPU for the
 whole sweep; false: a fresh process per cell, as `harness run --fresh-workers` does). Every
@@ -34,6 +47,12 @@ Values end up on a remote command line only as single shell words (shlex.quote),
 names and SSH targets are restricted to characters that need no quoting at all: a hosts file
 cannot smuggle shell syntax to a host. `${VAR}` values are resolved here, from the controller's
 environment, into the Host object only: they are never journaled, logged or sent to MLflow.
+
+A `service:` block's keys are the service workload's `service_*` parameters without the prefix,
+checked as a scenario's are (harness.protocol.deployment says how they meet a cell's values and
+how they reach the worker; harness.hosts.service holds them on the Host). Its `api_key` is not
+resolved here: like a scenario's `service_api_key` it names a variable of the worker's
+environment, which `env:` gives an SSH host.
 """
 
 from __future__ import annotations
@@ -44,11 +63,14 @@ import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from harness.hosts.interface import Host
 from harness.hosts.local import LocalHost, local_hosts
+from harness.hosts.service import HostService
+from harness.protocol import deployment
 from harness.protocol.errors import InputError
+from harness.protocol.workloads import service as service_workload
 from harness.sweep.yamldoc import EmptyDocument, Source, read_text, read_yaml, show
 
 DEFAULT_HOSTS_FILE = Path("hosts.yaml")
@@ -103,10 +125,33 @@ class SlurmSpec(BaseModel):
     poll_s: Annotated[float, Field(ge=0.2, le=600)] = 2.0
 
 
+_SERVICE_PARAMS = {p.name: p for p in service_workload.PARAMS}
+
+
+def _service_type(key: str):
+    """The YAML type of a `service:` key, from its cell parameter's declaration; patterns are
+    matched whole in _build_service (pydantic's `pattern` only searches)."""
+    if key == "gpus":               # a YAML list here; the cell parameter is its text, "0,1"
+        return Annotated[list[Annotated[int, Field(ge=0, le=999)]],
+                         Field(min_length=1, max_length=64)]
+    p = _SERVICE_PARAMS[deployment.HOST_KEYS[key]]
+    if p.choices:
+        return Literal[p.choices]
+    if p.type is int:
+        return Annotated[int, Field(gt=p.gt, ge=p.ge, le=p.le)]
+    return str
+
+
+# Every key optional: the ones given are what the host declares (model_fields_set).
+ServiceSpec = create_model("ServiceSpec", __config__=_STRICT,
+                           **{key: (_service_type(key) | None, None) for key in deployment.HOST_KEYS})
+
+
 class HostSpec(BaseModel):
     model_config = _STRICT
     ssh: str | None = None
     slurm: SlurmSpec | None = None
+    service: ServiceSpec | None = None
     python: str | None = None
     workdir: str = DEFAULT_WORKDIR
     gpus: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1, max_length=16)] | None = None
@@ -146,7 +191,17 @@ _WHAT = {
     "sbatch": "a list of sbatch options, one per item (like --qos=high)",
     "max_tasks": "an integer from 1 to 1000 (cells queued or running at once)",
     "poll_s": "a number of seconds from 0.2 to 600 (how often squeue is asked)",
+    "service": "a mapping of the host's serving engine (" + ", ".join(deployment.HOST_KEYS) + ")",
 }
+# What each `service:` key must be: its cell parameter's own words.
+def _one_of(choices: tuple) -> str:
+    return ", ".join(choices[:-1]) + " or " + choices[-1]
+
+
+_SERVICE_WHAT = {key: (_one_of(_SERVICE_PARAMS[name].choices) if _SERVICE_PARAMS[name].choices
+                       else _SERVICE_PARAMS[name].what)
+                 for key, name in deployment.HOST_KEYS.items()}
+_SERVICE_WHAT["gpus"] = "a non-empty list of NVML GPU indices (integers >= 0)"
 _SSH_ONLY_KEYS = ("known_hosts", "connect_timeout_s", "gpu_busy", "busy_wait_s")
 
 
@@ -154,14 +209,20 @@ def _schema_error(exc: ValidationError, source: Source) -> InputError:
     errors = []
     for err in exc.errors():
         loc = tuple(err["loc"])
+        in_service = len(loc) > 3 and loc[2] == "service"
         if err["type"] == "extra_forbidden":
             fields = (SlurmSpec.model_fields if len(loc) > 3 and loc[2] == "slurm" else
+                      ServiceSpec.model_fields if in_service else
                       HostSpec.model_fields if len(loc) > 2 else HostsFile.model_fields)
             allowed = ", ".join(fields)
             errors.append(source.error(loc, f"unknown key '{loc[-1]}' (expected one of: {allowed})",
                                        key=True))
             continue
         key = next((part for part in reversed(loc) if part in _WHAT), None)
+        if in_service:
+            errors.append(source.error(loc, f"service.{loc[3]} must be {_SERVICE_WHAT[loc[3]]}, "
+                                            f"got {show(err['input'])}"))
+            continue
         if not loc:
             message = f"a hosts file is a mapping with a 'hosts' key, got {show(err['input'])}"
         elif len(loc) == 2 and loc[0] == "hosts":
@@ -212,6 +273,68 @@ def parse_ssh_target(target: str) -> tuple[str | None, str, int | None]:
 
 
 def _build(name: str, spec: HostSpec, source: Source) -> Host:
+    host = _build_host(name, spec, source)
+    if spec.service is not None:
+        # The block rides on the host's env: to every worker it starts (harness.protocol.deployment).
+        host.service = _build_service(name, spec, source)
+        host.env[deployment.DEPLOYMENT_ENV] = deployment.encode(host.service.declared)
+    return host
+
+
+def _build_service(name: str, spec: HostSpec, source: Source) -> HostService:
+    """The host's `service:` block as cell parameter -> value, each checked as the scenario
+    checks the parameter, with where each key stands in the file."""
+    import shlex
+
+    at = ("hosts", name, "service")
+    given = spec.service.model_dump(exclude_unset=True)
+    declared, marks = {}, {}
+    for key, value in given.items():
+        param = deployment.HOST_KEYS[key]
+        where = at + (key,)
+        if key == "gpus":
+            if len(set(value)) != len(value):
+                raise source.error(where, "service.gpus lists a GPU twice")
+            value = ",".join(str(i) for i in value)
+        pattern = _SERVICE_PARAMS[param].pattern
+        if isinstance(value, str) and pattern and not re.fullmatch(pattern, value):
+            raise source.error(where, f"service.{key} must be {_SERVICE_WHAT[key]}, got "
+                                      f"{show(value)}")
+        declared[param] = value
+        marks[param] = _mark(source, where)
+    manager = declared.setdefault("service_manager", deployment.DEFAULTS["service_manager"])
+    block = _mark(source, at, key=True)
+    needs = {"setsid": "start", "systemd": "unit"}.get(manager)
+    if needs is not None and needs not in given:
+        raise source.error(at, f"service: with manager {manager} needs {needs} ("
+                               + ("the command line that starts the engine" if needs == "start"
+                                  else "the systemd unit that runs it") + ")", key=True)
+    for key in ("start", "unit"):
+        if key in given and key != needs:
+            raise source.error(at + (key,), f"service.{key} is a setting of manager "
+                                            f"{'setsid' if key == 'start' else 'systemd'}; this "
+                                            f"service's manager is {manager}", key=True)
+    if "start" in given:
+        try:
+            words = shlex.split(given["start"])
+        except ValueError as exc:
+            raise source.error(at + ("start",), f"service.start: unbalanced quoting ({exc})") from None
+        if not words:
+            raise source.error(at + ("start",), "service.start must be a command line, not empty")
+    ref = deployment.api_key_variable(given.get("api_key"))
+    if ref is not None and spec.ssh is not None and ref not in spec.env:
+        raise source.error(at + ("api_key",), f"service.api_key names ${{{ref}}}, a variable of "
+                                              f"the worker's environment, which this host's env: "
+                                              f"does not give (add {ref}: \"${{{ref}}}\" to env:)")
+    return HostService(host=name, declared=declared, path=source.path, block=block, marks=marks)
+
+
+def _mark(source: Source, at: tuple, *, key: bool = False) -> tuple[int | None, int | None]:
+    error = source.error(at, "", key=key)
+    return error.line, error.column
+
+
+def _build_host(name: str, spec: HostSpec, source: Source) -> Host:
     at = ("hosts", name)
     if not HOST_NAME.fullmatch(name):
         raise source.error(at, f"host name {show(name)} may use only letters, digits, '.', '_' "

@@ -35,6 +35,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, ProgressColu
 from rich.text import Text
 
 from harness.protocol import params
+from harness.hosts import service as host_service
 from harness.hosts.interface import (AttemptLost, Host, HostBroken, HostUnavailable, bound_to,
                                      failed_result)
 from harness.sweep.journal import JournalFull, RunJournal
@@ -341,6 +342,7 @@ class _Sweep:
                     result = failed_result(cell, host.name, f"controller error running the "
                                            f"cell: {type(err).__name__}: {err}")
                 result = bound_to(cell, result, host.name)
+                host_service.record(host, result)      # which deployment a service cell measured
                 st.running.pop(slot, None)
                 result.setdefault("wall_s", round(time.perf_counter() - t0, 3))
                 if errors:

@@ -361,17 +361,22 @@ def _resolve_checkpoint(draft: _Draft, cell: dict, source: Source, base_dir: Pat
     draft.values["checkpoint"] = str(resolved)
 
 
-def _finish_cells(drafts: list[_Draft], source: Source, base_dir: Path) -> list[dict]:
-    """Check each cell as a whole and return the canonical cells, duplicates dropped."""
+def _finish_cells(drafts: list[_Draft], source: Source,
+                  base_dir: Path) -> tuple[list[dict], dict[str, frozenset]]:
+    """Check each cell as a whole and return the canonical cells, duplicates dropped, and by
+    cell id the parameters the scenario itself sets on it."""
     cells: dict[str, dict] = {}
+    given: dict[str, frozenset] = {}
     for draft in drafts:
         cell = params.canonical(draft.values)
         _check_workload_params(draft, cell, source)
         _check_whole_cell(draft, cell, source)
         _resolve_checkpoint(draft, cell, source, base_dir)
         cell = params.canonical(draft.values)
-        cells.setdefault(params.cell_id(cell), cell)
-    return list(cells.values())
+        cid = params.cell_id(cell)
+        cells.setdefault(cid, cell)
+        given[cid] = given.get(cid, frozenset()) | frozenset(draft.values)
+    return list(cells.values()), given
 
 
 # --------------------------------------------------------------------------------------------
@@ -383,7 +388,7 @@ class Scenario:
 
     def __init__(self, *, name: str, description: str | None, trigger: str, path: str | None,
                  text: str, hosts: list, metrics: dict[str, dict], cells: list[dict],
-                 gpu_busy: str | None = None):
+                 gpu_busy: str | None = None, given: dict[str, frozenset] | None = None):
         self.name = name
         self.description = description
         self.trigger = trigger
@@ -393,6 +398,13 @@ class Scenario:
         self.gpu_busy = gpu_busy  # None: each host's own policy (hosts.yaml)
         self.metrics = metrics    # metric name -> {direction, threshold_rel, threshold_abs}
         self._cells = cells
+        self._given = given or {}
+
+    def given(self, cell: dict) -> frozenset:
+        """The parameters the scenario itself sets on `cell` (its defaults:, matrix or include
+        entry); the rest of the canonical cell is defaults. A host's declared service values
+        meet a cell's by this (harness.protocol.deployment)."""
+        return self._given.get(params.cell_id(cell), frozenset())
 
     def cells(self) -> list[dict]:
         """Canonical cells in matrix order (first matrix key slowest), then include entries."""
@@ -428,13 +440,13 @@ def parse_scenario(text: str, path: str | os.PathLike | None = None, *,
     if not drafts:
         raise source.error(("exclude",), "exclude drops every cell of the matrix: nothing to run")
     base_dir = Path(shown_path).parent if shown_path else Path.cwd()
-    cells = _finish_cells(drafts, source, base_dir)
+    cells, given = _finish_cells(drafts, source, base_dir)
 
     return Scenario(
         name=spec.name, description=spec.description, trigger=spec.trigger, path=shown_path,
         text=text, hosts=list(spec.hosts), gpu_busy=spec.gpu_busy,
         metrics={name: policy.model_dump() for name, policy in spec.metrics.items()},
-        cells=cells)
+        cells=cells, given=given)
 
 
 def load_scenario(path: str | os.PathLike, *, max_cells: int | None = None) -> Scenario:

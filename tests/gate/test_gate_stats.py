@@ -191,8 +191,10 @@ def test_compare_needs_samples():
 def test_default_policies_when_the_scenario_has_none():
     p = resolve_policies({})
     assert set(p) == {"tokens_per_s", "accept_len_mean", "idle_fraction", "profiler_overhead_pct",
-                      "step_ms_p50", "kernel_us"}
+                      "step_ms_p50", "kernel_us", "idle_fraction_nvml"}
     assert not p["profiler_overhead_pct"].gate
+    # a serving engine's NVML estimate: coarse, its own name, reported and never gated
+    assert not p["idle_fraction_nvml"].gate and p["idle_fraction_nvml"].per == "run"
     assert p["idle_fraction"].threshold_abs == 0.02 and p["idle_fraction"].direction == "lower"
     # One profiled sample per worker run: reported with its noise, not gated by default.
     assert not p["idle_fraction"].gate and p["idle_fraction"].per == "run"

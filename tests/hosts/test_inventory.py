@@ -22,6 +22,7 @@ from harness.protocol.errors import InputError
 from harness.hosts.local import LocalHost
 from harness.hosts.inventory import load_hosts, parse_hosts, select_hosts
 from harness.hosts.ssh import SSHHost, shell_path
+from harness.protocol import deployment
 
 GOOD = """\
 hosts:
@@ -100,10 +101,71 @@ def test_select_hosts_by_name_and_by_labels(monkeypatch):
     ("hosts:\n  a:\n    ssh: a\n  a:\n    ssh: b\n", "4:3", "duplicate key 'a'"),
     ("hosts: [a, b]\n", "1:8", "hosts must be a mapping of host name -> settings"),
     ("- a\n", "1:1", "a hosts file is a mapping with a 'hosts' key"),
+    # a host's serving engine (service:), each key checked as the scenario's service_* is
+    ("hosts:\n  a:\n    ssh: a\n    service: [x]\n", "4:14", "service must be a mapping of"),
+    ("hosts:\n  a:\n    ssh: a\n    service:\n      start: e\n      urll: x\n", "6:7",
+     "unknown key 'urll' (expected one of: manager, start, unit,"),
+    ("hosts:\n  a:\n    ssh: a\n    service:\n      manager: sometimes\n", "5:16",
+     "service.manager must be setsid, systemd or external, got 'sometimes'"),
+    ("hosts:\n  a:\n    ssh: a\n    service:\n      manager: systemd\n", "4:5",
+     "service: with manager systemd needs unit"),
+    ("hosts:\n  a:\n    ssh: a\n    service:\n      url: http://h:1\n", "4:5",
+     "service: with manager setsid needs start"),
+    ("hosts:\n  a:\n    ssh: a\n    service:\n      start: e\n      unit: e.service\n",
+     "6:7", "service.unit is a setting of manager systemd; this service's manager is setsid"),
+    ("hosts:\n  a:\n    ssh: a\n    service:\n      manager: systemd\n      unit: sglang\n",
+     "6:13", "service.unit must be a systemd unit name like sglang.service, got 'sglang'"),
+    ("hosts:\n  a:\n    ssh: a\n    service:\n      start: e\n      url: ftp://h\n", "6:12",
+     "service.url must be an http:// or https:// URL, got 'ftp://h'"),
+    ("hosts:\n  a:\n    ssh: a\n    service:\n      start: e\n      ready: health\n", "6:14",
+     "service.ready must be a path starting with /"),
+    ("hosts:\n  a:\n    ssh: a\n    service:\n      start: e\n      ready_timeout_s: 0\n",
+     "6:24", "service.ready_timeout_s must be a positive integer (seconds), got 0"),
+    ("hosts:\n  a:\n    ssh: a\n    service:\n      start: e\n      ready_timeout_s: '9'\n",
+     "6:24", "service.ready_timeout_s must be a positive integer (seconds), got '9'"),
+    ("hosts:\n  a:\n    ssh: a\n    service:\n      start: \"e 'x\"\n", "5:14",
+     "service.start: unbalanced quoting"),
+    ("hosts:\n  a:\n    ssh: a\n    service:\n      start: e\n      api_key: sk-live-1\n",
+     "6:16", "service.api_key must be ${VAR}"),
+    ("hosts:\n  a:\n    ssh: a\n    service:\n      start: e\n      api_key: '${K}'\n",
+     "6:16", "service.api_key names ${K}, a variable of the worker's environment, which this "
+             "host's env: does not give (add K: \"${K}\" to env:)"),
+    ("hosts:\n  a:\n    ssh: a\n    service:\n      start: e\n      gpus: [0, 0]\n", "6:13",
+     "service.gpus lists a GPU twice"),
+    ("hosts:\n  a:\n    ssh: a\n    service:\n      start: e\n      gpus: 0\n", "6:13",
+     "service.gpus must be a non-empty list of NVML GPU indices"),
 ])
 def test_mistakes_are_reported_at_file_line_column(text, where, message):
     got = error_of(text)
     assert got.startswith(f"hosts.yaml:{where}: ") and message in got, got
+
+
+def test_a_host_declares_its_serving_engine(monkeypatch):
+    """A `service:` block: the cell parameters it declares, where each stands, and the JSON
+    that carries them to the host's workers in its env — the key only as its ${VAR} name."""
+    monkeypatch.setenv("SPECDEC_TEST_TOKEN", "tok-123")
+    inv = parse_hosts("hosts:\n  gpu-a:\n    ssh: gpu-a\n"
+                      "    env: {SGLANG_API_KEY: \"${SPECDEC_TEST_TOKEN}\"}\n"
+                      "    service:\n"
+                      "      manager: systemd\n"
+                      "      unit: sglang.service\n"
+                      "      url: http://127.0.0.1:30000\n"
+                      "      api_key: ${SGLANG_API_KEY}\n"
+                      "      gpus: [0, 1]\n", "hosts.yaml")
+    service = inv["gpu-a"].service
+    assert service.declared == {"service_manager": "systemd", "service_unit": "sglang.service",
+                                "service_url": "http://127.0.0.1:30000",
+                                "service_api_key": "${SGLANG_API_KEY}", "service_gpus": "0,1"}
+    assert service.marks["service_url"] == (8, 12) and service.block == (5, 5)
+    assert service.record() == {"host": "gpu-a", "declared_in": "hosts.yaml:5",
+                                **service.declared}
+    carried = inv["gpu-a"].env[deployment.DEPLOYMENT_ENV]
+    assert deployment.decode(carried) == service.declared and "tok-123" not in carried
+    assert getattr(inv["local"], "service", None) is None
+    # the local host may declare one too; its workers inherit the controller's environment,
+    # so its key's variable need not be in env:
+    local = parse_hosts("hosts:\n  local:\n    service: {start: engine, api_key: '${K}'}\n")
+    assert local["local"].service.declared["service_start"] == "engine"
 
 
 def test_local_host_can_be_configured_and_always_exists(tmp_path, monkeypatch):

@@ -121,7 +121,7 @@ def test_default_policies_are_the_union_of_the_workloads_policies():
             union.setdefault(metric, policy.Policy(metric, **fields))
     assert list(policy.DEFAULT_POLICIES.items()) == list(union.items())
     # the policies the gate had before workloads declared them, plus the profiler's overhead
-    # (reported, never gated)
+    # and a serving engine's NVML idle estimate (both reported, never gated)
     P = policy.Policy
     assert list(policy.DEFAULT_POLICIES.values()) == [
         P("tokens_per_s", "higher", threshold_rel=0.03),
@@ -130,6 +130,7 @@ def test_default_policies_are_the_union_of_the_workloads_policies():
         P("profiler_overhead_pct", "lower", threshold_abs=1.0, gate=False, per="run"),
         P("step_ms_p50", "lower", threshold_rel=0.03),
         P("kernel_us", "lower", threshold_rel=0.03),
+        P("idle_fraction_nvml", "lower", threshold_abs=0.05, gate=False, per="run"),
     ]
 
 

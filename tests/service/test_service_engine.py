@@ -9,8 +9,9 @@ generation path, which its log names per request). It has no profiler route and 
 which the cells report as absent (the idle meter on engine traces is tested on a real Kineto
 trace in test_engine_trace.py).
 
-One sweep (two contexts x two toggle values) starts the engine twice; the bad-input sweep after
-it reuses the second engine for its good cell.
+One sweep (two contexts x two toggle values) starts the engine twice; a second, whose engine
+is declared by its host in hosts.yaml rather than by the scenario, twice more (ending on the
+same toggles); the bad-input sweep after them reuses that engine for its good cell.
 """
 
 from __future__ import annotations
@@ -53,32 +54,43 @@ class World:
         self.model = engine_model.make(root / "model")
         self.port = sshd_server.free_port()
         self.log = root / "engine.log"
+        login = (f"    ssh: root@127.0.0.1:{self.server.port}\n"
+                 f"    python: {VENV / 'python'}\n"
+                 f"    workdir: {root}/work\n"
+                 '    env: {OMP_NUM_THREADS: "1", SVC_KEY: "${SPECDEC_SVC_KEY}"}\n')
+        engine = self.engine()
+        # The same login twice: `svc` runs scenarios that declare their engine; `svc-host`
+        # declares the same engine itself (service:), for scenarios of toggles and load alone.
         (root / "hosts.yaml").write_text(
-            "hosts:\n  svc:\n"
-            f"    ssh: root@127.0.0.1:{self.server.port}\n"
-            f"    python: {VENV / 'python'}\n"
-            f"    workdir: {root}/work\n"
-            '    env: {OMP_NUM_THREADS: "1", SVC_KEY: "${SPECDEC_SVC_KEY}"}\n')
+            "hosts:\n  svc:\n" + login + "  svc-host:\n" + login + "    service:\n"
+            + "".join(f"      {key.removeprefix('service_')}: {json.dumps(value)}\n"
+                      for key, value in engine.items()))
 
-    def defaults(self, **over) -> dict:
-        cell = {"workload": "service",
-                "service_start": f"{VENV / 'transformers'} serve {self.model} --host 127.0.0.1 "
+    def engine(self) -> dict:
+        """How the tests' engine is started, reached and read: service_* parameters."""
+        return {"service_start": f"{VENV / 'transformers'} serve {self.model} --host 127.0.0.1 "
                                  f"--port {self.port} --device cpu",
                 "service_url": f"http://127.0.0.1:{self.port}", "service_log": str(self.log),
                 "service_api_key": "${SVC_KEY}", "service_ready_timeout_s": 120,
-                "service_trace_dir": str(self.root / "traces"),
-                "output_tokens": 8, "concurrency": 2, "warmup_steps": 1, "steps": 2,
-                "repeats": 2, "timeout_s": 300}
+                "service_trace_dir": str(self.root / "traces")}
+
+    def load(self, **over) -> dict:
+        """A cell's toggles and load, without the engine."""
+        cell = {"workload": "service", "output_tokens": 8, "concurrency": 2, "warmup_steps": 1,
+                "steps": 2, "repeats": 2, "timeout_s": 300}
         cell.update(over)
         return cell
 
-    def harness(self, folder: Path, scenario: dict):
+    def defaults(self, **over) -> dict:
+        return {**self.engine(), **self.load(**over)}
+
+    def harness(self, folder: Path, scenario: dict, host: str = "svc"):
         folder.mkdir()
         (folder / "s.yaml").write_text(json.dumps(scenario))
         env = dict(os.environ, HOME=str(self.home), COLUMNS="200", SPECDEC_SVC_KEY=SECRET)
         env.pop("MLFLOW_TRACKING_URI", None)
         proc = run_cli(["run", "s.yaml", "--hosts", str(self.root / "hosts.yaml"), "--host",
-                        "svc", "--tracking-uri", f"sqlite:///{folder}/mlflow.db"],
+                        host, "--tracking-uri", f"sqlite:///{folder}/mlflow.db"],
                        cwd=folder, env=env, timeout=280)
         [run] = (folder / "results" / "runs").iterdir()
         cells = [json.loads(p.read_text()) for p in (run / "cells").glob("*.json")]
@@ -121,6 +133,9 @@ def test_two_contexts_by_two_toggles_measure_a_real_engine(world, sweep):
         assert "idle_fraction" not in m and "accept_len_mean" not in m
         assert c["idle"] == {"note": "no profiler: POST /start_profile gave HTTP 404 "
                                      "(idle_fraction absent)"}
+        # nor NVML's coarse figure in its place on this GPU-less host: absent, with why
+        assert "idle_fraction_nvml" not in m
+        assert c["idle_nvml"]["note"].startswith("no NVML estimate: GPU 0: ")
     # The engine restarted only when the toggles changed: once per toggle value.
     by_flags = {}
     for c in cells:
@@ -138,12 +153,66 @@ def test_two_contexts_by_two_toggles_measure_a_real_engine(world, sweep):
     assert params.cell_id(world.defaults(service_url="http://10.0.0.1:1")) == a
 
 
-def test_the_api_key_is_never_recorded(world, sweep):
+@pytest.fixture(scope="module")
+def host_declared(world, sweep):
+    """The engine declared by the host (`svc-host`'s service:), the scenario only toggles and
+    load; run after `sweep`, whose last engine (the CB one) it finds running."""
+    scenario = {"name": "service-host", "defaults": world.load(context_length=64),
+                "matrix": {"service_flags": ["", CB]}}
+    return world.harness(world.root / "host", scenario, host="svc-host")
+
+
+def test_an_engine_declared_in_hosts_yaml_serves_a_scenario_of_toggles_and_load(world, sweep,
+                                                                               host_declared):
+    proc, cells = host_declared
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(cells) == 2 and all(c["status"] == "ok" for c in cells)
+    by = {c["cell"]["service_flags"]: c for c in cells}
+    # The scenario's cells, ids and all: the deployment is where they ran, not what they are.
+    assert {c["cell_id"] for c in cells} == {
+        params.cell_id(world.load(context_length=64, service_flags=f)) for f in ("", CB)}
+    assert all(c["cell"]["service_start"] is None for c in cells)
+    # The host's command started the engine with each cell's toggles: the running CB engine
+    # of the first sweep is not what "" asks for (restarted), then CB is again (restarted).
+    assert by[""]["service"]["restarted"] is True and by[CB]["service"]["restarted"] is True
+    assert by[""]["service"]["pid"] != by[CB]["service"]["pid"]
+    assert by[CB]["metrics"]["tokens_per_s"] > 0
+    log = world.log.read_text()              # the host's log: the CB engine's, per request
+    assert "CB: True" in log and "CB: False" not in log
+    # Each result says which deployment it measured; the key only as its ${VAR} name.
+    for c in cells:
+        assert c["deployment"]["host"] == "svc-host"
+        assert c["deployment"]["declared_in"].endswith("hosts.yaml:12")
+        assert {k: v for k, v in c["deployment"].items()
+                if k not in ("host", "declared_in")} == {**world.engine(),
+                                                         "service_manager": "setsid"}
+
+
+def test_a_scenario_that_contradicts_its_hosts_engine_is_refused_before_anything_runs(world,
+                                                                                      tmp_path):
+    scenario = {"name": "service-clash", "defaults": world.load(
+        context_length=64, service_url=f"http://127.0.0.1:{sshd_server.free_port()}"),
+        "matrix": {"service_flags": [CB]}}
+    (tmp_path / "s.yaml").write_text(json.dumps(scenario))
+    env = dict(os.environ, HOME=str(world.home), COLUMNS="1000", SPECDEC_SVC_KEY=SECRET)
+    proc = run_cli(["run", "s.yaml", "--hosts", str(world.root / "hosts.yaml"), "--host",
+                    "svc-host"], cwd=tmp_path, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    # at the host's url (line 14: service: on 12, start 13), naming both sides
+    assert len(lines) == 1 and "hosts.yaml:14:" in lines[0], lines
+    assert "host 'svc-host'" in lines[0] and "drop service_url from the scenario" in lines[0]
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_api_key_is_never_recorded(world, sweep, host_declared):
     proc, _ = sweep
     assert SECRET not in proc.stdout + proc.stderr
-    for path in (world.root / "sweep").rglob("*"):
-        if path.is_file():
-            assert SECRET.encode() not in path.read_bytes(), path
+    assert SECRET not in host_declared[0].stdout + host_declared[0].stderr
+    for folder in ("sweep", "host"):
+        for path in (world.root / folder).rglob("*"):
+            if path.is_file():
+                assert SECRET.encode() not in path.read_bytes(), path
 
 
 def test_bad_services_fail_their_own_cell_in_one_line(world, sweep):

@@ -7,7 +7,9 @@ ready, sends streamed `/v1/completions` requests of exactly `context_length` pro
 `output_tokens` new ones, `concurrency` at a time, and returns per-request TTFT and inter-token
 latency and per-repeat tokens/s like any other cell. The engine is declared by the scenario's
 `service_*` parameters (usually in `defaults:`): how it is started (`service_start`, a command run
-under setsid, or `service_unit`, a systemd unit), its URL, its readiness route and its log.
+under setsid, or `service_unit`, a systemd unit), its URL, its readiness route and its log; or
+by the host's `service:` block in hosts.yaml (harness.protocol.deployment), so that a scenario
+says only the toggles and the load and runs against each host's own deployment.
 
 Toggles are `service_env` (`KEY=VALUE ...`: environment variables) and `service_flags`
 (command-line flags): both join the cell's id, so cells of different engine settings are never
@@ -68,14 +70,21 @@ PARAMS = (
           pattern=r"/\S*", measurement=True),
     Param("service_metrics", "/metrics", str, "a path starting with / (Prometheus text)",
           pattern=r"/\S*", measurement=True),
+    # The GPUs the engine computes on, for the NVML idle estimate of an engine without a
+    # profiler route (NVML's numbering). Null: the GPU this worker was given, on which an
+    # engine it starts computes unless told otherwise.
+    Param("service_gpus", None, str, "NVML GPU indices separated by commas, like 0,1,2,3 "
+          "(null: the worker's GPU)", pattern=r"[0-9]{1,3}(,[0-9]{1,3}){0,63}", nullable=True,
+          measurement=True),
 )
 
 
 def check_manager(cell: dict):
+    """A cell's own declaration of its engine. A setsid cell without `service_start` passes:
+    its host's `service:` may declare the engine (the scenario cannot know which hosts it will
+    meet); `harness run` refuses it for a host that does not (harness.hosts.service), and the
+    worker for a cell that reaches it without either."""
     manager = cell["service_manager"]
-    if manager == "setsid" and not cell["service_start"]:
-        return (("service_start", "service_manager"),
-                "service_manager setsid needs service_start (the command)")
     if manager == "systemd" and not cell["service_unit"]:
         return ("service_unit", "service_manager"), "service_manager systemd needs service_unit"
     if manager == "external" and (cell["service_env"].strip() or cell["service_flags"].strip()):
@@ -116,6 +125,10 @@ SPEC = WorkloadSpec(
     checks=(check_manager, check_env_words),
     label=label,
     # tokens/s is gated like every other workload's; the latencies are reported (a scenario's
-    # `metrics:` may gate them).
-    policies={"tokens_per_s": {"direction": "higher", "threshold_rel": 0.03}},
+    # `metrics:` may gate them). The NVML idle estimate is reported, never gated: NVML says
+    # whether any kernel ran in each of its sample periods (1/6 s to 1 s), a coarse figure not
+    # comparable with the trace-based idle_fraction, and one sample a run.
+    policies={"tokens_per_s": {"direction": "higher", "threshold_rel": 0.03},
+              "idle_fraction_nvml": {"direction": "lower", "threshold_abs": 0.05, "gate": False,
+                                     "per": "run"}},
 )

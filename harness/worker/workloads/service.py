@@ -13,37 +13,67 @@ max(steps, concurrency) requests, `concurrency` in flight (harness.worker.servic
 with `service_trace_dir` set and `profile` on, one more batch under the engine's own profiler,
 its trace read by the idle meter (harness.worker.engine_trace); the acceptance length from
 `/metrics` around the cell (harness.worker.engine_metrics). An engine without a profiler route
-gives no idle_fraction (the reason is recorded); none is estimated in its place.
+gives no idle_fraction (the reason is recorded); NVML's utilisation, read on the engine's GPUs
+over the timed batches (harness.worker.nvml_idle), gives `idle_fraction_nvml` in its place: a
+coarser figure under its own name, never passed off as the trace's.
+
+The engine's declaration comes from the cell, or from the host's `service:` in hosts.yaml,
+which reaches this worker in its environment (harness.protocol.deployment): `deployed` makes
+the cell the engine runs with, refusing one that conflicts with its host or names no engine.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import statistics
 import time
 from pathlib import Path
 
+from harness.protocol import deployment
+from harness.protocol.workloads.service import SPEC
 from harness.worker import (
     engine_metrics,
     engine_trace,
     measure,
+    nvml_idle,
     service_load,
     service_proc,
 )
 from harness.worker.service_proc import ServiceError
 
 TRACE_WAIT_S = 120.0       # engines write (and gzip) the trace after the stop route returns
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def deployed(cell: dict, declaration: str | None) -> dict:
+    """The cell with its host's engine filled in (`declaration`: DEPLOYMENT_ENV's text, None
+    for a host without a `service:`), as harness.protocol.deployment rules; one-line
+    ServiceError for a cell its host contradicts or one that names no engine at all."""
+    try:
+        declared = deployment.decode(declaration)
+    except ValueError as exc:
+        raise ServiceError(f"the host's service declaration is unreadable: {exc}") from None
+    if declared:
+        problem = deployment.conflict(cell, declared)
+        if problem is not None:
+            raise ServiceError(f"{problem[1]}: drop {problem[0]} from the scenario or run it on "
+                               f"a host without service:")
+    cell = deployment.effective(cell, declared)
+    if cell["service_manager"] == "setsid" and not cell["service_start"]:
+        raise ServiceError("service_manager setsid needs service_start (the command), from the "
+                           "scenario or the host's service: in hosts.yaml")
+    for check in SPEC.checks:
+        found = check(cell)
+        if found is not None:
+            raise ServiceError(found[1])
+    return cell
 
 
 def api_key(cell: dict) -> str | None:
     """The key named by `service_api_key` (`${VAR}`), from this worker's environment (the
     host's env in hosts.yaml). Only ever placed in a request header."""
-    ref = cell["service_api_key"]
-    if ref is None:
+    name = deployment.api_key_variable(cell["service_api_key"])
+    if name is None:
         return None
-    name = _VAR.fullmatch(ref).group(1)
     if name not in os.environ:
         raise ServiceError(f"service_api_key refers to ${{{name}}}, which is not set in the "
                            f"worker's environment (give it in the host's env)")
@@ -129,6 +159,7 @@ def profiled(cell: dict, load: service_load.Load, session, headers: dict, progre
 
 def run(cell: dict, progress) -> dict:
     requests = service_load._requests()
+    cell = deployed(cell, os.environ.get(deployment.DEPLOYMENT_ENV))
     key = api_key(cell)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     started = service_proc.ensure(cell, progress)
@@ -143,11 +174,13 @@ def run(cell: dict, progress) -> dict:
             load.batch(cell["warmup_steps"])
         n = max(cell["steps"], cell["concurrency"])
         tps, reqs = [], []
-        for r in range(cell["repeats"]):
-            progress(stage="measure", repeat=r + 1, repeats=cell["repeats"], requests=n)
-            results, wall = load.batch(n)
-            tps.append(sum(x["tokens"] for x in results) / wall)
-            reqs += [service_load.per_request(x) for x in results]
+        # NVML over the timed batches only: the estimate for an engine without a profiler.
+        with nvml_idle.Window(nvml_idle.engine_gpus(cell["service_gpus"])) as nvml:
+            for r in range(cell["repeats"]):
+                progress(stage="measure", repeat=r + 1, repeats=cell["repeats"], requests=n)
+                results, wall = load.batch(n)
+                tps.append(sum(x["tokens"] for x in results) / wall)
+                reqs += [service_load.per_request(x) for x in results]
         profile = (profiled(cell, load, session, headers, progress)
                    if cell["profile"] and cell["service_trace_dir"] else None)
         after = scrape(cell, session, headers)
@@ -175,9 +208,16 @@ def run(cell: dict, progress) -> dict:
         if idle:
             # One trace per rank: the mean is the engine's; each rank's is kept below.
             metrics["idle_fraction"] = statistics.mean(idle)
+    idle_nvml = None
+    if "idle_fraction" not in metrics:
+        # No trace to measure: NVML's coarse figure, under its own name, with how it was read.
+        estimate, idle_nvml = nvml.estimate()
+        if estimate is not None:
+            metrics["idle_fraction_nvml"] = estimate
     return {"metrics": metrics,
             "samples": {"tokens_per_s": tps, "ttft_ms": ttft,
                         "itl_ms_p50": [statistics.median(x["itl_ms"]) for x in reqs
                                        if x["itl_ms"]]},
             "service": {"model": model, "requests": len(reqs), **started},
-            **({"idle": profile} if profile else {})}
+            **({"idle": profile} if profile else {}),
+            **({"idle_nvml": idle_nvml} if idle_nvml else {})}
