@@ -2,9 +2,12 @@
 
 Layout (a contract, docs/ARCHITECTURE.md): experiment = scenario name; one parent run per sweep (run name
 = run id, tag `harness.run_id`); one nested child run per cell result (run name = cell label,
-tag `harness.cell_id`, every cell parameter as a param, the worker's metrics as metrics),
+tag `harness.cell_id`, every cell parameter as a param, the worker's metrics as metrics, the
+GPU's samples during the cell as MLflow system metrics, harness.sweep.system_metrics),
 nested through the `mlflow.parentRunId` tag, which is what the MLflow UI uses. Both carry the
 tags `git.sha`, `git.branch`, `host`, `gpu`, `trigger`, `baseline` (and children `status`).
+The experiment gets its kind, the scenario's description and a saved "Benchmark" view of its
+runs (harness.sweep.mlflow_view), each only where nobody has set their own.
 
 The journal is written first and is the source of truth; this module only mirrors it, so it
 can fail (server down, disk full) and be re-run later: `log_run` finds the parent again by its
@@ -44,7 +47,9 @@ from typing import Any, Iterator
 
 from harness.protocol.errors import InputError
 from harness.protocol.redact import redact_uri, was_redacted
+from harness.sweep import mlflow_view
 from harness.sweep.journal import RunJournal, utc_now_iso
+from harness.sweep.system_metrics import system_metrics
 
 DEFAULT_SQLITE_URI = "sqlite:///results/mlflow.db"
 FIGURE_NAME = "tokens_vs_context.png"
@@ -96,10 +101,12 @@ class TrackingReport:
     logged_now: int          # child runs created by this call
     already_logged: int      # results that already had a complete child run
     ui_hint: str             # where to look, e.g. a URL or the command to start the UI
+    view_url: str = ""       # the experiment's runs in the saved benchmark view
 
     def __str__(self) -> str:
-        return (f"MLflow: {self.logged_now} cell run(s) logged, {self.already_logged} already "
+        text = (f"MLflow: {self.logged_now} cell run(s) logged, {self.already_logged} already "
                 f"there; {self.ui_hint}")
+        return text + (f"\nMLflow benchmark view: {self.view_url}" if self.view_url else "")
 
 
 # -- tracking URIs ---------------------------------------------------------------------------
@@ -383,6 +390,7 @@ class _Uploader:
             tracking_uri=self.shown_uri, experiment_id=experiment_id,
             parent_run_id=parent.info.run_id, logged_now=logged_now, already_logged=already,
             ui_hint=_ui_hint(self.uri, experiment_id, parent.info.run_id),
+            view_url=_view_url(self.uri, experiment_id),
         )
 
     # -- experiment and parent ---------------------------------------------------------------
@@ -411,13 +419,21 @@ class _Uploader:
         return exp.experiment_id
 
     def _describe_experiment(self, experiment_id: str, tags: dict) -> None:
-        """The experiment's kind and the scenario's description, unless someone set them."""
+        """The experiment's kind, the scenario's description and the saved benchmark view,
+        unless someone set them."""
         if TAG_EXPERIMENT_KIND not in tags:
             self.client.set_experiment_tag(experiment_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND)
         if TAG_NOTE not in tags:
             description = self._scenario_description()
             if description:
                 self.client.set_experiment_tag(experiment_id, TAG_NOTE, description[:NOTE_LIMIT])
+        from harness.protocol.params import times_a_kernel
+
+        kinds = sorted({"kernel" if times_a_kernel(c.get("cell") or {}) else "decode"
+                        for c in self.journal.cells})
+        view = mlflow_view.view_tag(tags.get(mlflow_view.TAG), kinds, int(time.time() * 1000))
+        if view is not None:
+            self.client.set_experiment_tag(experiment_id, mlflow_view.TAG, view)
 
     def _scenario_description(self) -> str | None:
         from harness.protocol.errors import InputError
@@ -461,7 +477,7 @@ class _Uploader:
 
         now = int(time.time() * 1000)
         tags = {**self.common_tags, "host": ",".join(hosts) or "unknown", "gpu": ",".join(gpus),
-                TAG_NOTE: run_description(self.journal, results)}
+                TAG_NOTE: run_description(self.journal, results, parent.info.experiment_id)}
         # Identical values may be re-logged; only a changed value is refused (immutable params).
         params = {"scenario": self.journal.scenario_name, "trigger": self.common_tags["trigger"],
                   "n_cells": str(len(self.journal.cells))}
@@ -548,6 +564,9 @@ class _Uploader:
             repeats = (result.get("samples") or {}).get("tokens_per_s") or []
             metrics += [Metric("tokens_per_s_repeat", float(v), start, i)
                         for i, v in enumerate(repeats) if _is_number(v)]
+        # The GPU's own samples, failed cells included: they are the host's, not the
+        # workload's numbers, and a memory curve climbing to an out-of-memory explains it.
+        metrics += [Metric(*m) for m in system_metrics(result, start)]
         self._log_batches(rid, params, metrics)
         self.client.log_dict(rid, result, "cell.json")
         # Terminating is the last call: a child still RUNNING was cut off mid-upload.
@@ -597,9 +616,11 @@ def _terminated(run) -> bool:
     return run.info.status != "RUNNING"
 
 
-def run_description(journal: RunJournal, results: list[dict]) -> str:
+def run_description(journal: RunJournal, results: list[dict],
+                    experiment_id: str | None = None) -> str:
     """The parent run's description in MLflow (markdown): what ran where and each cell's
-    headline number, the summary table of the end of `harness run`."""
+    headline number, the summary table of the end of `harness run`; with the experiment's id, a
+    link to its saved benchmark view (a route of the UI's own page, so it works on any host)."""
     from harness.protocol.params import times_a_kernel
 
     ok = sum(r.get("status") == "ok" for r in results)
@@ -609,8 +630,14 @@ def run_description(journal: RunJournal, results: list[dict]) -> str:
     lines = [f"**{journal.scenario_name}**, run `{journal.run_id}`: {ok} ok"
              + (f", {failed} failed" if failed else "") + (f", {not_run} not run" if not_run else "")
              + f" · commit `{str(meta.get('git_sha') or 'unknown')[:10]}`"
-             + f" · trigger {meta.get('trigger') or 'manual'}", "",
-             "| cell | status | tokens/s | idle | kernel µs |", "| --- | --- | ---: | ---: | ---: |"]
+             + f" · trigger {meta.get('trigger') or 'manual'}", ""]
+    if experiment_id is not None:
+        table, charts = (f"{mlflow_view.view_fragment(experiment_id, c)}&{UI_WORKFLOW}"
+                         for c in (False, True))
+        lines += [f"Every run of the scenario in the {mlflow_view.VIEW_NAME} view, grouped by "
+                  f"verify mode: [table]({table}) · [charts against context length]({charts})", ""]
+    lines += ["| cell | status | tokens/s | idle | kernel µs |",
+              "| --- | --- | ---: | ---: | ---: |"]
     rows = []
     for r in results:
         m = r.get("metrics") or {}
@@ -674,11 +701,23 @@ def _ui_hint(uri: str, experiment_id: str, parent_id: str) -> str:
     # otherwise: without the parameter a benchmark's run opens among traces and judges.
     fragment = f"#/experiments/{experiment_id}/runs/{parent_id}?{UI_WORKFLOW}"
     if uri.startswith(("http://", "https://")):
-        return f"{redact_uri(uri).rstrip('/')}/{fragment}"
+        return _ui_base(uri) + fragment
     # An embedded store has no server: `harness ui` serves it (on port 5000 by default).
     default = uri == _absolute(DEFAULT_SQLITE_URI)
     command = "harness ui" if default else f"harness ui --tracking-uri {redact_uri(uri)}"
-    return f"view with `{command}`, then http://127.0.0.1:5000/{fragment}"
+    return f"view with `{command}`, then {_ui_base(uri)}{fragment}"
+
+
+def _view_url(uri: str, experiment_id: str) -> str:
+    """The experiment's runs in its saved benchmark view (mlflow_view), redacted like _ui_hint:
+    MLflow opens a saved view only from such a link, never by itself."""
+    return f"{_ui_base(uri)}{mlflow_view.view_fragment(experiment_id)}&{UI_WORKFLOW}"
+
+
+def _ui_base(uri: str) -> str:
+    if uri.startswith(("http://", "https://")):
+        return redact_uri(uri).rstrip("/") + "/"
+    return "http://127.0.0.1:5000/"
 
 
 def _one_line(e: BaseException) -> str:

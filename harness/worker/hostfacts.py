@@ -118,6 +118,11 @@ def _nvml():
         return state.module, state.error
 
 
+def nvml_ready() -> bool:
+    """Whether NVML is up in this process (brought up on the first call)."""
+    return _nvml()[0] is not None
+
+
 def _text(value) -> str:
     # Older pynvml returns bytes for names and UUIDs, newer returns str.
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

@@ -113,7 +113,7 @@ def _driver_version() -> str | None:
 
 def run_cell(cell: dict) -> dict:
     from harness.protocol import params
-    from harness.worker import hostfacts
+    from harness.worker import gpuseries, hostfacts
     from harness.worker.workloads import resolve
 
     cell = params.canonical(cell)
@@ -121,9 +121,15 @@ def run_cell(cell: dict) -> dict:
               "status": "failed", "error": None, "metrics": {}, "samples": {},
               "env": None, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     t0 = time.perf_counter()
+    origin = time.time()
     # The facts that explain noise (load, clocks, throttling, foreign GPU processes), sampled
-    # at the start and the end of the cell; absent where they cannot be read.
-    facts = hostfacts.Sampler()
+    # at the start and the end of the cell; absent where they cannot be read. Where NVML reads
+    # the cell's GPU, also every gpuseries.INTERVAL_S in between, for its time series (a
+    # snapshot's queries take a few µs each once its static fields are cached, see hostfacts);
+    # a host without a GPU or NVML gets no sampler thread, since it would get no series.
+    gpu = hostfacts.visible_gpu_index()
+    interval = gpuseries.INTERVAL_S if gpu is not None and hostfacts.nvml_ready() else None
+    facts = hostfacts.Sampler(gpu_index=gpu, interval_s=interval)
     try:
         with facts:
             out = resolve(cell["workload"])(cell, progress)
@@ -136,6 +142,9 @@ def run_cell(cell: dict) -> dict:
         result["error"] = f"{type(exc).__name__}: {exc}\n{tb[-4000:]}"
     result["env"] = environment()      # after the workload: it knows whether torch was needed
     result["host_facts"] = facts.summary()
+    series = gpuseries.gpu_series(facts.samples, origin, interval)
+    if series is not None:
+        result["gpu_series"] = series
     result["wall_s"] = round(time.perf_counter() - t0, 3)
     return result
 

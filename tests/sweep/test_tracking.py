@@ -302,3 +302,104 @@ def test_the_experiment_says_what_the_scenario_is_and_keeps_what_a_person_wrote(
     tags = client.get_experiment(report.experiment_id).tags
     assert tags["mlflow.note.content"] == "edited by a person"
     assert tags["mlflow.experimentKind"] == "finetuning"
+
+
+# -- the GPU's samples as system metrics, the saved benchmark view ----------------------------
+
+def gpu_series(index: int = 0, origin: float = 1767225600.25) -> dict:
+    """A result's `gpu_series` as the worker writes it (harness.worker.gpuseries)."""
+    return {"gpu_index": index, "origin": origin, "interval_s": 0.5, "t_s": [0.0, 0.5, 1.0],
+            "utilization_pct": [90, None, 95], "memory_used_mb": [1610.6, 1700.0, 1800.5],
+            "sm_clock_mhz": [1980, 1965, 1980], "power_w": [350.5, 400.0, 410.2]}
+
+
+def test_gpu_samples_become_the_child_runs_system_metrics(tmp_path, store, client):
+    j = RunJournal.create(tmp_path / "runs", new_run_id(), "sysmetrics", None,
+                          "name: sysmetrics\n", CELLS, {})
+    with_series = make_result(CELLS[0]) | {"gpu_series": gpu_series()}
+    j.write_cell(with_series)
+    j.write_cell(make_result(CELLS[1]))                                  # a CPU host: no series
+    j.write_cell(make_result(CELLS[2], "failed") | {"gpu_series": gpu_series(index=3)})
+    report = log_run(j, store)
+    children = {r.data.tags["harness.cell_id"]: r.info.run_id for r in children_of(client, report)}
+
+    run_id = children[cell_id(CELLS[0])]
+    origin_ms = 1767225600250
+    # MLflow's own names (mlflow/system_metrics/metrics/gpu_monitor.py), a step per sample, each
+    # at its own time; the sample NVML could not read is skipped, not logged as a number.
+    history = client.get_metric_history(run_id, "system/gpu_0_utilization_percentage")
+    assert sorted((m.step, m.value, m.timestamp) for m in history) == [
+        (0, 90.0, origin_ms), (2, 95.0, origin_ms + 1000)]
+    for key, values in {"memory_usage_megabytes": [1610.6, 1700.0, 1800.5],
+                        "power_usage_watts": [350.5, 400.0, 410.2],
+                        "sm_clock_megahertz": [1980.0, 1965.0, 1980.0]}.items():
+        history = client.get_metric_history(run_id, f"system/gpu_0_{key}")
+        assert [m.value for m in sorted(history, key=lambda m: m.step)] == values
+        assert [m.timestamp for m in sorted(history, key=lambda m: m.step)] == [
+            origin_ms, origin_ms + 500, origin_ms + 1000]
+    assert client.get_run(run_id).data.metrics["tokens_per_s"] == 100.0   # the cell's own too
+
+    plain = client.get_run(children[cell_id(CELLS[1])]).data.metrics
+    assert not [k for k in plain if k.startswith("system/")]
+    # A failed cell keeps no measurement of its workload, but the GPU's samples are the host's.
+    failed = client.get_run(children[cell_id(CELLS[2])]).data.metrics
+    assert set(failed) == {f"system/gpu_3_{k}" for k in (
+        "utilization_percentage", "memory_usage_megabytes", "power_usage_watts",
+        "sm_clock_megahertz")}
+
+
+def test_a_malformed_gpu_series_logs_nothing_rather_than_failing():
+    from harness.sweep.system_metrics import system_metrics
+
+    for series in (None, [], {"gpu_index": 0}, {"gpu_index": None, "t_s": [0.0]},
+                   {"gpu_index": True, "t_s": [0.0], "power_w": [1.0]},
+                   {"gpu_index": 0, "t_s": "0", "power_w": [1.0]},
+                   {"gpu_index": 0, "t_s": [0.0, 1.0], "power_w": [float("nan"), "x"]}):
+        assert system_metrics({"gpu_series": series}, 5000) == []
+    # No origin: counted from the run's start.
+    series = {"gpu_index": 1, "t_s": [0.25], "power_w": [7]}
+    assert system_metrics({"gpu_series": series}, 5000) == [
+        ("system/gpu_1_power_usage_watts", 7.0, 5250, 0)]
+
+
+def test_the_experiment_gets_a_saved_benchmark_view(tmp_path, store, client):
+    from harness.sweep import mlflow_view
+
+    j = make_journal(tmp_path, "viewed", statuses=("ok",))
+    report = log_run(j, store)
+    tag = client.get_experiment(report.experiment_id).tags[mlflow_view.TAG]
+    assert tag.startswith("{") and mlflow_view.TAG == "mlflow.sharedViewState.benchmark"
+    envelope = json.loads(tag)
+    assert envelope["name"] == "Benchmark" and isinstance(envelope["createdAt"], int)
+    state = json.loads(envelope["state"])
+    assert state["selectedColumns"] == [
+        "params.`context_length`", "params.`verify_mode`", "params.`graph_capture`",
+        "params.`tree_build`", "metrics.`tokens_per_s`", "metrics.`idle_fraction`",
+        "metrics.`accept_len_mean`", "metrics.`step_ms_p50`"]
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "param", "groupByData": "verify_mode"}]
+    charts = [(c["type"], c["xaxis"], c["yaxis"]) for c in state["compareRunCharts"]]
+    assert charts == [("SCATTER", {"key": "context_length", "type": "PARAM"},
+                       {"key": m, "type": "METRIC"})
+                      for m in ("tokens_per_s", "idle_fraction", "accept_len_mean", "step_ms_p50")]
+    # The view opens only from its link: printed, and in the parent run's description.
+    link = f"#/experiments/{report.experiment_id}/runs?viewStateShareKey=benchmark"
+    assert report.view_url.endswith(link + "&workflowType=machine_learning")
+    assert f"MLflow benchmark view: {report.view_url}" in str(report)
+    note = client.get_run(report.parent_run_id).data.tags["mlflow.note.content"]
+    assert f"[table]({link}&workflowType=machine_learning)" in note
+    assert f"({link}&compareRunsMode=CHART&workflowType=machine_learning)" in note
+
+    # Kernel cells in a later run of the scenario add their metrics to the harness's view ...
+    kernel = RunJournal.create(tmp_path / "runs", new_run_id(), "viewed", None, "name: viewed\n",
+                               [{"workload": "kernel"}], {})
+    log_run(kernel, store)
+    state = json.loads(json.loads(
+        client.get_experiment(report.experiment_id).tags[mlflow_view.TAG])["state"])
+    assert "metrics.`kernel_us`" in state["selectedColumns"]
+    assert "metrics.`tokens_per_s`" in state["selectedColumns"]
+    # ... but a view a person overwrote in the UI (no "harness" key any more) stays theirs.
+    mine = json.dumps({"name": "Mine", "createdAt": 1, "updatedAt": 2, "state": "{}"})
+    client.set_experiment_tag(report.experiment_id, mlflow_view.TAG, mine)
+    log_run(make_journal(tmp_path, "viewed", statuses=("ok",)), store)
+    assert client.get_experiment(report.experiment_id).tags[mlflow_view.TAG] == mine
+    assert mlflow_view.view_tag("{not a view", ["decode"], 1) is None     # nor one it cannot read
