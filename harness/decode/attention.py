@@ -91,7 +91,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
             return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out)
         if verify == "custom":
             from harness.kernels.verify.custom_verify import tree_verify_attention
-            return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out)
+            return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out,
+                                         impl=mask.kernels.custom_impl)
         return out.copy_(attend(q, k, v, mask))
     if verify == "sdpa":
         # Fold the G query heads that share a KV head into the query axis: one SDPA head per
@@ -108,7 +109,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
         return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits())
     if verify == "custom":
         from harness.kernels.verify.custom_verify import tree_verify_attention
-        return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits())
+        return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(),
+                                     impl=mask.kernels.custom_impl)
     if verify == "flex":
         from harness.decode.flex_verify import flex_tree_verify
         return flex_tree_verify(q, k, v, mask.lengths, mask.tree_bits())

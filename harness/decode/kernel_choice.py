@@ -22,6 +22,8 @@ class Kernels:
       tree_build  the GPU tree build on a CUDA device (triton | cuda | torch); on any other
                   device the tree is built with torch, the only implementation there
       fused_ops   the target and drafter forward on the fused Triton kernels (triton_fused.py)
+      custom_impl the custom verify kernel's S = QK^T (mma | wgmma, custom_verify.py), where
+                  verify is custom
 
     The defaults are the plain torch code (what a library caller gets); a cell's knobs default
     to `auto`, the kernels measured fastest on its device (`from_cell`).
@@ -36,10 +38,12 @@ class Kernels:
     topk: str = "torch"
     tree_build: str = "triton"
     fused_ops: bool = False
+    custom_impl: str = "mma"
 
     def __post_init__(self):
         for name, allowed in (("verify", params.VERIFY_MODES), ("topk", params.TOPK_IMPLS),
-                              ("tree_build", params.TREE_BUILD_IMPLS)):
+                              ("tree_build", params.TREE_BUILD_IMPLS),
+                              ("custom_impl", params.CUSTOM_IMPLS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Kernels.{name} must be one of {', '.join(allowed)} "
                                  f"(got {getattr(self, name)!r})")
@@ -54,10 +58,14 @@ class Kernels:
         error, never a quiet fallback to torch."""
         device = torch.device(device)
         cuda = device.type == "cuda"
-        k = params.resolve_kernels(cell, cuda)
+        # (A cell planned for CUDA on a host without one: no capability, the plain CUDA choice.)
+        capability = (torch.cuda.get_device_capability(device)
+                      if cuda and torch.cuda.is_available() else None)
+        k = params.resolve_kernels(cell, cuda, capability)
         if not cuda:
             named = {n: v for n, v in k.items() if v != params.AUTO_KERNELS["cpu"][n]}
             if named:
                 raise ValueError(f"{named} pick CUDA kernels; this cell runs on {device}")
         return cls(verify=cell["verify_mode"], topk=k["topk_impl"],
-                   tree_build=k["tree_build_impl"], fused_ops=k["fused_ops"])
+                   tree_build=k["tree_build_impl"], fused_ops=k["fused_ops"],
+                   custom_impl=k["custom_impl"])

@@ -49,6 +49,10 @@ HOST_KEYS = {
 }
 # Which engine runs: declared whole by the host or whole by the cell.
 STARTS = ("service_manager", "service_start", "service_unit")
+# What tells one deployment from another when results are compared: how the engine is started,
+# which model it serves, where it listens. Routes, timeouts, its log, the key's variable and the
+# GPUs watched for idle are how it is reached or observed, not which engine answered.
+ENGINE = STARTS + ("service_model", "service_url")
 DEFAULTS = {p.name: p.default for p in PARAMS}
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -89,6 +93,23 @@ def effective(cell: dict, declared: dict | None, given=None) -> dict:
         if not _sets(cell, name, given):
             out[name] = value
     return out
+
+
+def engine(result: dict) -> dict | None:
+    """The engine a result measured (ENGINE parameter -> value): the host's values as the
+    result recorded them (`deployment`, harness.hosts.service) over its cell's own, as
+    `effective` ran them; {} for a result of another workload; None when it cannot be told (a
+    cell that declares no engine, from a host whose declaration was not recorded)."""
+    cell = result.get("cell")
+    if not isinstance(cell, dict) or cell.get("workload") != "service":
+        return {}
+    recorded = result.get("deployment")
+    recorded = recorded if isinstance(recorded, dict) else {}
+    ran = {name: recorded.get(name, cell.get(name, DEFAULTS[name])) for name in ENGINE}
+    if not recorded and not (ran["service_start"] or ran["service_unit"]
+                             or ran["service_manager"] == "external"):
+        return None
+    return ran
 
 
 def encode(declared: dict) -> str:

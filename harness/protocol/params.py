@@ -20,10 +20,10 @@ from harness.protocol.workloads import (SEED_MAX, SPECS, Param, choice, flag, no
 # Re-exported for the code that reads them from here (harness.decode.kernel_choice, the tests).
 from harness.protocol.workloads.calibrate import REPLAYS  # noqa: F401
 from harness.protocol.workloads.decode import (ACCEPTANCES, ACCEPTS, AUTO,  # noqa: F401
-                                               AUTO_KERNELS, BEFORE_AUTO, GRAPH_CAPTURES, PRESETS,
-                                               SPECULATIONS, TOPK_IMPLS, TREE_BUILD_IMPLS,
-                                               TREE_BUILDS, VERIFY_MODES, kernel_knobs,
-                                               resolve_kernels)
+                                               AUTO_KERNELS, BEFORE_AUTO, CUSTOM_IMPLS,
+                                               GRAPH_CAPTURES, PRESETS, SPECULATIONS, TOPK_IMPLS,
+                                               TREE_BUILD_IMPLS, TREE_BUILDS, VERIFY_MODES,
+                                               device_class, kernel_knobs, resolve_kernels)
 from harness.protocol.workloads.op import KNOBS as OP_KNOBS
 from harness.protocol.workloads.kernel import ATTENTIONS, LAYOUTS  # noqa: F401
 
@@ -121,10 +121,14 @@ def cell_id(cell: dict) -> str:
 
 def cell_kernels(cell: dict) -> tuple[str, ...]:
     """The implementation knobs whose kernel `cell` runs: an op cell's own one, a decode cell's
-    by mode (decode.kernel_knobs), none for the other workloads."""
+    by mode (decode.kernel_knobs), a kernel cell's custom_impl where it times the custom kernel,
+    none for the other workloads."""
     c = canonical(cell)
     if c["workload"] == "op":
         return (OP_KNOBS[c["op"]],)
+    if c["workload"] == "kernel":     # the custom kernel's variant, where the cell times it
+        modes = [c["verify_mode"]] + [m for m in str(c.get("compare_modes", "")).split(",") if m]
+        return ("custom_impl",) if "custom" in modes else ()
     return kernel_knobs(c) if c["workload"] == "decode" else ()
 
 

@@ -68,7 +68,8 @@ def _gqa_occupancy(index: int, head_dim: int, num_warps: int, paged: bool, wgmma
 
 
 IMPLS = ("mma", "wgmma")
-# S = QK^T on mma.sync everywhere, until the wgmma path has been measured on an H200.
+# A library caller gets mma.sync (any GPU from sm_80). The harness's cells pick with their
+# custom_impl knob, whose `auto` is wgmma on Hopper: measured faster there (kernels/NOTES.md).
 DEFAULT_IMPL = "mma"
 
 
@@ -90,14 +91,19 @@ def _resolve_impl(impl: str, index: int, warps: int) -> bool:
 # Planning (host only: shapes, never values)
 # --------------------------------------------------------------------------------------------
 
-def gqa_warps(rows: int) -> int:
+def gqa_warps(rows: int, wgmma: bool = False) -> int:
     """Warps per CTA (16 query rows each) for M = G * T rows. Padded rows cost tensor-core work;
-    each extra row block re-reads every KV tile from L2: minimise padded rows x (1 + 0.15 per
-    block), ties to the larger CTA."""
+    each extra row block re-reads every KV tile from L2: minimise padded rows x (1 + c per
+    block), ties to the larger CTA. c = 0.15 for mma.sync; 0.10 for wgmma (whole warpgroups),
+    whose K operand comes from shared memory once per warpgroup: at 260 rows (65 tree tokens x
+    4 heads) five 4-warp blocks beat three 8-warp ones by 3-5 % at 16k-64k, at 256 rows two
+    8-warp blocks beat four 4-warp ones by 6-9 % (H200, kernels/NOTES.md, session 7)."""
+    c = 0.10 if wgmma else 0.15
+
     def cost(w: int) -> float:
         blocks = math.ceil(rows / (16 * w))
-        return blocks * 16 * w * (1 + 0.15 * blocks)
-    return min((8, 4, 2), key=lambda w: (cost(w), -w))
+        return blocks * 16 * w * (1 + c * blocks)
+    return min((8, 4) if wgmma else (8, 4, 2), key=lambda w: (cost(w), -w))
 
 
 def _splits(requested, ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int) -> int:
@@ -140,7 +146,7 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
                     wgmma=_resolve_impl(impl, index, 8))
     d = q.shape[-1]
     rows = hq // heads_kv * T
-    warps = num_warps or (max(4, gqa_warps(rows)) if impl == "wgmma" else gqa_warps(rows))
+    warps = num_warps or gqa_warps(rows, wgmma=impl == "wgmma")
     if warps not in (2, 4, 8):
         raise ValueError(f"num_warps must be 2, 4 or 8, got {warps}")
     wgmma = _resolve_impl(impl, index, warps)

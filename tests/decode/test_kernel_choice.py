@@ -50,6 +50,10 @@ def test_from_cell_maps_the_knobs():
     assert Kernels.from_cell(cell, torch.device("cuda")) == \
         Kernels(verify="custom", topk="triton", tree_build="cuda", fused_ops=True)
     assert Kernels.from_cell(params.canonical({"tree_build_impl": "torch"}), "cuda").tree_build == "torch"
+    named = params.canonical({"verify_mode": "custom", "custom_impl": "wgmma"})
+    assert Kernels.from_cell(named, "cuda").custom_impl == "wgmma"
+    with pytest.raises(ValueError, match="custom_impl must be one of mma, wgmma"):
+        Kernels(custom_impl="auto")
 
 
 @pytest.mark.parametrize("knob,value", [("topk_impl", "triton"), ("tree_build_impl", "cuda"),

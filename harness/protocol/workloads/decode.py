@@ -19,6 +19,7 @@ ACCEPTANCES = ("greedy", "synthetic")
 SPECULATIONS = ("ddtree", "none")
 TOPK_IMPLS = ("torch", "triton")            # the drafter's top-k log-probs
 TREE_BUILD_IMPLS = ("triton", "cuda", "torch")   # the kernel of tree_build: gpu
+CUSTOM_IMPLS = ("mma", "wgmma")              # the custom verify kernel's S = QK^T
 PRESETS = ("tiny", "qwen3-8b", "kimi-k2.6-rank")  # shapes in harness/protocol/presets.py
 
 SHARED_PARAMS = (
@@ -53,18 +54,35 @@ IMPL_PARAMS = (
     choice("topk_impl", AUTO, (AUTO,) + TOPK_IMPLS),   # triton: the three-launch top-k kernel
     # cuda: the shared-memory CUDA C++ tree build (tree_build: gpu)
     choice("tree_build_impl", AUTO, (AUTO,) + TREE_BUILD_IMPLS),
+    # the custom verify kernel's S = QK^T (verify_mode: custom; kernels/verify/custom_verify.py):
+    # mma.sync (any GPU from sm_80) or Hopper's warpgroup MMA
+    choice("custom_impl", AUTO, (AUTO,) + CUSTOM_IMPLS),
 )
 IMPL_DEFAULTS = {p.name: p.default for p in IMPL_PARAMS}
 # What `auto` runs, by device. CUDA: the winners of the op and decode timings on an H200
 # (results/h200/README.md: the fused forward 5.8 vs 8.0 ms at 4096, Triton top-k 26 vs 114 us,
 # the CUDA tree build 65 vs 83 us for Triton). A CPU host runs the torch code, the only one there.
+# The custom verify kernel: wgmma on Hopper (9.0), 0.76-0.93x the mma.sync variant's time at
+# 64 and 65 tree tokens, 4k-64k (kernels/NOTES.md, session 7); mma.sync on any other GPU.
 AUTO_KERNELS = {
-    "cuda": {"fused_ops": True, "topk_impl": "triton", "tree_build_impl": "cuda"},
-    "cpu": {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "torch"},
+    "cuda": {"fused_ops": True, "topk_impl": "triton", "tree_build_impl": "cuda",
+             "custom_impl": "mma"},
+    "hopper": {"fused_ops": True, "topk_impl": "triton", "tree_build_impl": "cuda",
+               "custom_impl": "wgmma"},
+    "cpu": {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "torch",
+            "custom_impl": "mma"},
 }
 # What a cell ran before the knobs had `auto`: a result that does not record its kernels ran
 # its cell's knobs, and these where its cell predates a knob.
-BEFORE_AUTO = {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "triton"}
+BEFORE_AUTO = {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "triton",
+               "custom_impl": "mma"}
+
+
+def device_class(cuda: bool, capability: tuple[int, int] | None = None) -> str:
+    """The AUTO_KERNELS row of a device: cpu, cuda, or hopper (compute capability 9.0)."""
+    if not cuda:
+        return "cpu"
+    return "hopper" if capability is not None and tuple(capability) == (9, 0) else "cuda"
 
 
 # The CUDA tree build keeps a tree in shared memory: up to this many nodes over this many
@@ -72,9 +90,10 @@ BEFORE_AUTO = {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "tri
 CUDA_TREE_MAX_NODES, CUDA_TREE_MAX_DEPTH = 256, 16
 
 
-def resolve_kernels(cell: dict, cuda: bool) -> dict:
-    """Every knob of `cell` with `auto` replaced by what it runs on this device and shape."""
-    auto = dict(AUTO_KERNELS["cuda" if cuda else "cpu"])
+def resolve_kernels(cell: dict, cuda: bool, capability: tuple[int, int] | None = None) -> dict:
+    """Every knob of `cell` with `auto` replaced by what it runs on this device (a CUDA device's
+    compute capability where known) and shape."""
+    auto = dict(AUTO_KERNELS[device_class(cuda, capability)])
     if auto["tree_build_impl"] == "cuda" and (cell["tree_budget"] > CUDA_TREE_MAX_NODES
                                               or cell["block_size"] - 1 > CUDA_TREE_MAX_DEPTH):
         auto["tree_build_impl"] = "triton"
@@ -84,9 +103,11 @@ def resolve_kernels(cell: dict, cuda: bool) -> dict:
 def kernel_knobs(cell: dict) -> tuple[str, ...]:
     """The knobs that pick a kernel this decode cell runs: the fused forward always, the
     top-k where there is a tree, the tree build's kernel where the tree is built on the GPU."""
+    custom = ("custom_impl",) if cell["verify_mode"] == "custom" else ()
     if cell["speculation"] == "none":
-        return ("fused_ops",)
-    return ("fused_ops", "topk_impl") + (("tree_build_impl",) if cell["tree_build"] == "gpu" else ())
+        return ("fused_ops",) + custom
+    return (("fused_ops", "topk_impl") + (("tree_build_impl",) if cell["tree_build"] == "gpu" else ())
+            + custom)
 
 
 # decode's own parameters (its cells only). check_tokens: after the timed windows, decode this
@@ -164,6 +185,8 @@ def check_impl(cell: dict):
     named = [k for k in IMPL_DEFAULTS if cell[k] != AUTO]
     if not named:
         return None
+    if cell["workload"] == "kernel" and named == ["custom_impl"]:
+        return None      # the kernel workload times the custom kernel too (its own check)
     if cell["workload"] != "decode":
         return tuple(named), (f"{', '.join(named)} pick{'s' if len(named) == 1 else ''} kernels "
                               f"of the decode workload; this cell runs workload "
@@ -173,6 +196,10 @@ def check_impl(cell: dict):
         return tuple(cuda), (f"{', '.join(f'{k} {yaml_word(cell[k])}' for k in cuda)} "
                              f"pick{'s' if len(cuda) == 1 else ''} CUDA kernels; this cell runs "
                              f"on device 'cpu' (leave {'it' if len(cuda) == 1 else 'them'} auto)")
+    if cell["custom_impl"] != AUTO and cell["verify_mode"] != "custom":
+        return ("custom_impl", "verify_mode"), (
+            f"custom_impl picks the kernel of verify_mode: custom; this cell verifies with "
+            f"'{cell['verify_mode']}'")
     if cell["tree_build_impl"] != AUTO and cell["tree_build"] != "gpu":
         return ("tree_build_impl", "tree_build"), (
             "tree_build_impl picks the kernel of tree_build: gpu; this cell builds "
@@ -180,9 +207,25 @@ def check_impl(cell: dict):
     return None
 
 
+def acceptance_word(c: dict, tau: str = "tau") -> str | None:
+    """`greedy` or `synthetic tau=4` for a speculative decode cell, None for plain decoding:
+    whether its accepted length is real argmax matching or drawn, which every name of the cell
+    must say (a synthetic cell's tokens/s is not the model's). The one spelling the label and
+    the report's names share; `tau` is the sign the report draws (`τ`). Missing keys read as
+    their defaults, so journaled cells of any age are named alike."""
+    if c.get("speculation", "ddtree") == "none":
+        return None
+    if c.get("acceptance", "greedy") == "synthetic":
+        value = c.get("tau", 6.5)
+        return f"synthetic {tau}={value:g}" if isinstance(value, (int, float)) else "synthetic"
+    return "greedy"
+
+
 def label(c: dict) -> str:
-    """e.g. `qwen3-8b ctx=32768 N=64 verify=sdpa graph=none tree=cpu`: knobs left at their
-    defaults are omitted unless they are the ones sweeps usually vary."""
+    """e.g. `qwen3-8b ctx=32768 N=64 verify=sdpa graph=none tree=cpu greedy`: knobs left at
+    their defaults are omitted unless they are the ones sweeps usually vary; a speculative
+    cell always says its acceptance (acceptance_word). Labels are not in cell ids, so
+    renaming changes no id."""
     parts = [c["model"], f"ctx={c['context_length']}"]
     if c["speculation"] == "none":  # plain decoding: no tree, no accept walk, no acceptance model
         parts += ["spec=none", f"verify={c['verify_mode']}", f"graph={c['graph_capture']}"]
@@ -191,8 +234,7 @@ def label(c: dict) -> str:
                   f"graph={c['graph_capture']}", f"tree={c['tree_build']}"]
         if c["accept"] != "cpu":
             parts.append(f"accept={c['accept']}")
-        if c["acceptance"] == "synthetic":
-            parts.append(f"tau={c['tau']:g}")
+        parts.append(acceptance_word(c))
     if c["batch_size"] != 1:
         parts.append(f"bs={c['batch_size']}")
     parts += [k if c[k] is True else f"{k}={yaml_word(c[k])}"

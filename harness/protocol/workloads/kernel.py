@@ -51,6 +51,10 @@ def check_shape(cell: dict):
     if cell["attention"] == "gqa" and "custom" in modes and cell["head_dim"] not in (64, 128):
         return ("head_dim",), (
             f"the custom kernel supports head_dim 64 and 128, not {cell['head_dim']}")
+    if cell.get("custom_impl", "auto") != "auto" and "custom" not in modes:
+        return ("custom_impl", "verify_mode", "compare_modes"), (
+            "custom_impl picks the custom kernel's variant; this cell does not time the custom "
+            "kernel (verify_mode or compare_modes: custom)")
     if cell["layout"] == "paged" and {"sdpa", "flex"} & set(modes):
         return ("layout", "verify_mode", "compare_modes"), (
             "sdpa and flex read a contiguous cache only: drop them from paged cells")

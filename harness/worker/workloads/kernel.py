@@ -44,6 +44,7 @@ import torch
 from torch.nn import functional as F
 
 from harness.kernels.verify import verify_reference as ref
+from harness.protocol import params
 from harness.worker.kerneltime import ceilings, roofline_metrics, set_count, time_calls
 from harness.worker.workloads.decode import resolve_device, resolve_dtype
 
@@ -165,8 +166,8 @@ def reference(pt: Point, inp: dict) -> torch.Tensor:
 def prepare(mode: str, pt: Point, inp: dict, out: torch.Tensor | None = None, *,
             custom_impl: str = "mma"):
     """A callable running `mode` on input set `inp`; `out` (if the mode takes one) is written.
-    `custom_impl`: the custom kernel's S = QK^T (custom_verify's `impl`; no cell knob picks
-    it; tests/worker/test_kernel_workload_gpu.py checks "wgmma")."""
+    `custom_impl`: the custom kernel's S = QK^T (custom_verify's `impl`; the cell's knob of that
+    name, resolved for the device by `run`)."""
     scale = 1.0 / math.sqrt(pt.dk)
     q, k, v, lengths, bits = inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"]
     table = inp.get("page_table")
@@ -287,29 +288,34 @@ def run(cell: dict, progress) -> dict:
     mode = cell["verify_mode"]
     elem = torch.empty((), dtype=dtype).element_size()
     seed = cell["seed"]
-
+    # The custom kernel's variant: the cell's custom_impl, `auto` resolved for this GPU.
+    impl = cell.get("custom_impl", params.AUTO)
+    if impl == params.AUTO:
+        cuda = device.type == "cuda"
+        impl = params.AUTO_KERNELS[params.device_class(
+            cuda, torch.cuda.get_device_capability(device) if cuda else None)]["custom_impl"]
     progress(stage="check", mode=mode)
-    err = check(mode, pt, device, dtype, seed * 1000 + 7919)
+    err = check(mode, pt, device, dtype, seed * 1000 + 7919, custom_impl=impl)
     progress(stage="ceilings", device=str(device))
     copy_bw, mm_rate = ceilings(device, dtype)
     bytes_, flops = pt.bytes(elem), pt.flops()
 
     sets = input_sets(pt, device, dtype, seed * 1000)
     progress(stage="time", mode=mode, input_sets=len(sets))
-    samples, graph = measure_mode(mode, pt, sets, cell, device)
+    samples, graph = measure_mode(mode, pt, sets, cell, device, custom_impl=impl)
     metrics = {**roofline_metrics(samples, bytes_, flops, copy_bw, mm_rate), "rel_error": err}
     us, roofline_us = metrics["kernel_us"], metrics["roofline_us"]
     info = {"bytes": bytes_, "flops": flops, "input_sets": len(sets), "graph": graph,
             "bound": "memory" if bytes_ / copy_bw >= flops / mm_rate else "compute"}
     if mode == "custom":
-        info["custom_plan"] = _custom_plan(pt, sets[0])
+        info["custom_plan"] = _custom_plan(pt, sets[0], impl)
 
     compare_errors = {}
     for other in compare_list(cell):
         progress(stage="compare", mode=other)
         try:
-            other_err = check(other, pt, device, dtype, seed * 1000 + 7919)
-            other_samples, _ = measure_mode(other, pt, sets, cell, device)
+            other_err = check(other, pt, device, dtype, seed * 1000 + 7919, custom_impl=impl)
+            other_samples, _ = measure_mode(other, pt, sets, cell, device, custom_impl=impl)
         except Exception as exc:     # a peer that cannot run here is a note, not a failed cell
             compare_errors[other] = f"{type(exc).__name__}: {str(exc)[:500]}"
             if device.type == "cuda":
@@ -321,12 +327,14 @@ def run(cell: dict, progress) -> dict:
         metrics[f"{other}.rel_error"] = other_err
         metrics[f"speedup_vs_{other}"] = other_us / us
     info["compare_errors"] = compare_errors
-    return {"metrics": metrics, "samples": {"kernel_us": samples}, "kernel": info}
+    ran = {"custom_impl": impl}
+    return {"metrics": metrics, "samples": {"kernel_us": samples}, "kernel": info,
+            "kernels": {k: ran[k] for k in params.cell_kernels(cell)}}
 
 
-def _custom_plan(pt: Point, inp: dict) -> dict:
+def _custom_plan(pt: Point, inp: dict, impl: str) -> dict:
     from harness.kernels.verify import custom_verify as cv
     k = inp["k"]
     table = inp.get("page_table")
     max_keys = table.shape[1] * pt.page_size if table is not None else k.shape[2]
-    return cv.plan(inp["q"], pt.kv_heads, max_keys, table is not None, mla=pt.mla)
+    return cv.plan(inp["q"], pt.kv_heads, max_keys, table is not None, mla=pt.mla, impl=impl)

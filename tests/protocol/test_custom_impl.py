@@ -1,0 +1,68 @@
+"""The custom verify kernel's variant as a cell knob (custom_impl): what `auto` runs where, which
+cells it belongs to, and that a result records it so the gate never mixes the two variants."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.protocol import params
+from harness.protocol.errors import InputError
+from harness.sweep.scenario import parse_scenario
+
+
+def decode_cell(**kw) -> dict:
+    return params.canonical({"workload": "decode", **kw})
+
+
+@pytest.mark.parametrize("on_cuda,capability,expected", [
+    (True, (9, 0), "wgmma"), (True, (8, 0), "mma"), (True, (12, 0), "mma"), (True, None, "mma"),
+    (False, None, "mma")])
+def test_auto_is_wgmma_on_hopper_only(on_cuda, capability, expected):
+    cell = decode_cell(verify_mode="custom")
+    assert params.resolve_kernels(cell, on_cuda, capability)["custom_impl"] == expected
+    named = decode_cell(verify_mode="custom", custom_impl="mma")
+    assert params.resolve_kernels(named, on_cuda, capability)["custom_impl"] == "mma"
+
+
+def test_the_knob_belongs_to_cells_that_run_the_custom_kernel():
+    assert "custom_impl" in params.cell_kernels(decode_cell(verify_mode="custom"))
+    assert "custom_impl" in params.cell_kernels(decode_cell(verify_mode="custom", speculation="none"))
+    assert "custom_impl" not in params.cell_kernels(decode_cell(verify_mode="triton"))
+    kernel = {"workload": "kernel", "verify_mode": "triton", "compare_modes": "custom,sdpa"}
+    assert params.cell_kernels(kernel) == ("custom_impl",)
+    assert params.cell_kernels({"workload": "kernel", "verify_mode": "triton"}) == ()
+
+
+def test_auto_keeps_the_cell_id_and_a_named_variant_is_another_cell():
+    base = {"workload": "kernel", "verify_mode": "custom", "context_length": 4096}
+    assert params.cell_id({**base, "custom_impl": "auto"}) == params.cell_id(base)
+    assert params.cell_id({**base, "custom_impl": "wgmma"}) != params.cell_id(base)
+
+
+def test_a_result_from_before_the_knob_ran_mma():
+    old = {"cell": {"workload": "kernel", "verify_mode": "custom", "context_length": 4096}}
+    assert params.kernels_ran(old) == {"custom_impl": "mma"}
+    new = {**old, "kernels": {"custom_impl": "wgmma"}}
+    assert params.kernels_ran(new) != params.kernels_ran(old)
+
+
+@pytest.mark.parametrize("defaults,matrix,message", [
+    ("  workload: decode\n  verify_mode: triton\n", "  custom_impl: [wgmma]\n",
+     "custom_impl picks the kernel of verify_mode: custom"),
+    ("  workload: kernel\n  verify_mode: triton\n", "  custom_impl: [mma]\n",
+     "this cell does not time the custom kernel"),
+    ("  workload: noop\n", "  custom_impl: [mma]\n", "custom_impl picks kernels of the decode workload"),
+    ("  workload: kernel\n  verify_mode: custom\n", "  custom_impl: [tensor]\n", "custom_impl"),
+])
+def test_a_knob_that_picks_nothing_is_refused(defaults, matrix, message):
+    text = "name: c\ndefaults:\n" + defaults + "matrix:\n" + matrix
+    with pytest.raises(InputError, match=message) as err:
+        parse_scenario(text, "c.yaml")
+    assert str(err.value).startswith("c.yaml:")
+
+
+def test_a_kernel_cell_may_name_the_variant():
+    text = ("name: c\ndefaults:\n  workload: kernel\n  verify_mode: custom\n  device: cuda\n"
+            "matrix:\n  custom_impl: [mma, wgmma]\n")
+    cells = parse_scenario(text, "c.yaml").cells()
+    assert sorted(c["custom_impl"] for c in cells) == ["mma", "wgmma"]
