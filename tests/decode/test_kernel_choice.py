@@ -47,8 +47,11 @@ def test_it_is_frozen():
 def test_from_cell_maps_the_knobs():
     cell = params.canonical({"verify_mode": "custom", "topk_impl": "triton",
                              "tree_build_impl": "cuda", "fused_ops": True})
+    # custom_impl left auto: wgmma on a Hopper GPU, mma.sync on any other (or none visible)
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
     assert Kernels.from_cell(cell, torch.device("cuda")) == \
-        Kernels(verify="custom", topk="triton", tree_build="cuda", fused_ops=True)
+        Kernels(verify="custom", topk="triton", tree_build="cuda", fused_ops=True,
+                custom_impl="wgmma" if hopper else "mma")
     assert Kernels.from_cell(params.canonical({"tree_build_impl": "torch"}), "cuda").tree_build == "torch"
     named = params.canonical({"verify_mode": "custom", "custom_impl": "wgmma"})
     assert Kernels.from_cell(named, "cuda").custom_impl == "wgmma"
