@@ -74,14 +74,13 @@ def metric_unit(metric: str) -> str:
 
 
 def acceptance_word(cell: dict) -> str | None:
-    """`greedy` or `synthetic τ=4` for a speculative decode cell, None for any other: whether
-    the accepted length is real argmax matching or drawn, which every name must say."""
-    if cell.get("workload", "decode") != "decode" or cell.get("speculation") == "none":
+    """`greedy` or `synthetic τ=4` for a speculative decode cell, None for any other: the
+    cell label's own word (harness.protocol.workloads.decode.acceptance_word), with τ drawn."""
+    from harness.protocol.workloads.decode import acceptance_word as word
+
+    if not cell or cell.get("workload", "decode") != "decode":
         return None
-    if cell.get("acceptance") == "synthetic":
-        tau = cell.get("tau")
-        return f"synthetic τ={tau:g}" if isinstance(tau, (int, float)) else "synthetic"
-    return "greedy" if cell.get("acceptance") == "greedy" else None
+    return word(cell, tau="τ")
 
 
 def names_of(cells: list[dict], exclude: tuple[str, ...] = ()) -> list[str]:
@@ -127,7 +126,9 @@ def short_names(results: list[dict]) -> dict[str, str]:
 
 
 def full_label(result: dict) -> str:
-    """The cell's label (harness.protocol.params.cell_label) saying greedy or synthetic."""
+    """The cell's label (harness.protocol.params.cell_label) saying greedy or synthetic: it
+    says so itself since labels carry the acceptance word; a result journaled before then
+    gets the word added here."""
     label = result.get("label") or result.get("cell_id") or "?"
     word = acceptance_word(result.get("cell") or {})
     if word is None or word.split()[0] in label.split():

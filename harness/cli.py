@@ -9,9 +9,11 @@ import typer
 
 from harness.commands import (baseline, bisect, compare, gate, history, hosts, import_, ingest,
                               report, run, runs, ui, validate)
+from harness.commands.options import Command, Group
 
 app = typer.Typer(help="Benchmark and regression harness for speculative decoding with draft trees.",
-                  no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False)
+                  no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
+                  cls=Group)
 
 
 def _version(value: bool) -> None:
@@ -27,17 +29,17 @@ def _options(version: bool = typer.Option(False, "--version", is_eager=True, cal
     """Benchmark and regression harness for speculative decoding with draft trees."""
 
 
-app.command()(validate.validate)
-app.command()(run.run)
-app.command()(runs.runs)
-app.command(name="import")(import_.import_)
-app.command()(ingest.ingest)
-app.command()(report.report)
-app.command()(compare.compare)
-app.command()(ui.ui)
-app.command()(gate.gate)
-app.command()(history.history)
-app.command()(bisect.bisect)
+app.command(cls=Command)(validate.validate)
+app.command(cls=Command)(run.run)
+app.command(cls=Command)(runs.runs)
+app.command(name="import", cls=Command)(import_.import_)
+app.command(cls=Command)(ingest.ingest)
+app.command(cls=Command)(report.report)
+app.command(cls=Command)(compare.compare)
+app.command(cls=Command)(ui.ui)
+app.command(cls=Command)(gate.gate)
+app.command(cls=Command)(history.history)
+app.command(cls=Command)(bisect.bisect)
 app.add_typer(hosts.app, name="hosts")
 app.add_typer(baseline.app, name="baseline")
 

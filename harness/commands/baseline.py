@@ -9,15 +9,15 @@ from typing import Optional
 
 import typer
 
-from harness.commands.options import (baselines_option, console, err, fail_input, results_option,
-                                      tracking_uri_option)
+from harness.commands.options import (Command, Group, baselines_option, console, err, fail_input,
+                                      results_option, tracking_uri_option)
 from harness.protocol.errors import InputError
 
 app = typer.Typer(help="Accepted baselines: mark a run as one, show the current ones.",
-                  no_args_is_help=True)
+                  no_args_is_help=True, cls=Group)
 
 
-@app.command("mark")
+@app.command("mark", cls=Command)
 def mark(
     run_id: str = typer.Argument(..., metavar="RUN", help="run id (a folder of results/runs, or a run in MLflow)"),
     mlflow: bool = typer.Option(True, "--mlflow/--no-mlflow", help="tag the run's MLflow runs baseline=true"),
@@ -68,7 +68,7 @@ def mark(
         raise fail_input(e)
 
 
-@app.command("show")
+@app.command("show", cls=Command)
 def show(
     scenario: str = typer.Argument(..., help="scenario YAML file, or its name"),
     gpu: Optional[str] = typer.Option(None, "--gpu", metavar="CLASS",

@@ -7,13 +7,13 @@ from typing import Optional
 
 import typer
 
-from harness.commands.options import console, fail_input, hosts_file_option
+from harness.commands.options import Command, Group, console, fail_input, hosts_file_option
 from harness.protocol.errors import InputError
 
-app = typer.Typer(help="Inspect the hosts inventory.", no_args_is_help=True)
+app = typer.Typer(help="Inspect the hosts inventory.", no_args_is_help=True, cls=Group)
 
 
-@app.command("check")
+@app.command("check", cls=Command)
 def check(
     names: Optional[list[str]] = typer.Argument(None, metavar="[HOST]...", help="hosts to check (default: all)"),
     hosts_file: Optional[Path] = hosts_file_option("hosts inventory (default ./hosts.yaml if present)"),

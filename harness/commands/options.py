@@ -9,12 +9,34 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand, TyperGroup
 from rich.markup import escape
 
 console = Console(soft_wrap=True)   # never wrap a command the user will copy
 err = Console(stderr=True, soft_wrap=True)
 
 RESULTS_DIR = Path("results")
+
+
+class _PlainFlags:
+    """Help that shows a flag as a flag: typer's rich help prints every option's type, so
+    `--no-mlflow <bool>` reads as if it took a value. A flag takes none, so it gets an empty
+    metavar (what typer shows instead of the type); options that take values keep theirs."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
+class Command(_PlainFlags, TyperCommand):
+    """Every verb's click command (`app.command(cls=Command)`)."""
+
+
+class Group(_PlainFlags, TyperGroup):
+    """Every command group's (`typer.Typer(cls=Group)`): its own options, --help included."""
 
 
 def fail_input(e: Exception) -> typer.Exit:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from harness.gate.sequential import Design
+from harness.hosts import service as host_service
 from harness.hosts.interface import Host
 from harness.protocol import params
 from harness.protocol.errors import InputError
@@ -167,6 +168,9 @@ async def _measure(cells, hosts, design, wants_more, budget_s, on_result, profil
             # No id check here: the base tree may compute ids differently (merge_results
             # files every run under the head's id).
             result = await hosts[side].run_cell(sent, slot, lambda _p: None)
+            # which engine a service cell measured, as harness run records it: the gate
+            # compares only results of one deployment (baselines.other_deployment)
+            host_service.record(hosts[side], result)
             per_side[side].append(result)
             if on_result:
                 on_result(i, cell, side, r, result)

@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from harness.protocol import deployment
 from harness.protocol.errors import InputError
 from harness.protocol.params import kernels_ran
+from harness.protocol.redact import redact_uri
 from harness.protocol.workloads import yaml_word
 from harness.sweep.journal import (
     JournalError,
@@ -82,6 +84,7 @@ class Side:
     error: str | None = None     # set when there is no ok measurement
     n_runs: int = 0              # worker runs pooled into these samples
     kernels: dict | None = None  # what the measurements ran, by knob (params.kernels_ran)
+    engine: dict | None = None   # a service cell's engine, by parameter (deployment.engine)
 
 
 def _is_number(v) -> bool:
@@ -129,11 +132,19 @@ def side_from_results(cell_id: str, label: str, results: list[dict], source: str
         if k not in ran:
             ran.append(k)
     side.kernels = ran[0] if len(ran) == 1 else None
+    engines = []
+    for e in (deployment.engine(r) for r in ok):
+        if e not in engines:
+            engines.append(e)
+    side.engine = engines[0] if len(engines) == 1 else None
     if len(classes) > 1:  # pooled over two GPU classes: a measurement of neither
         side.error = f"measured on more than one GPU class ({', '.join(classes)})"
     elif len(ran) > 1:    # likewise over two sets of kernels
         side.error = "measured with different kernels: " + "; ".join(
             sorted(kernels_text(k) for k in ran))
+    elif len(engines) > 1:    # and over two deployments of a serving engine
+        side.error = "measured on different deployments: " + "; ".join(
+            sorted(engine_text(e, deployment.ENGINE) for e in engines))
     elif not ok:
         errors = [(r.get("error") or "no result").strip().splitlines() for r in results]
         first = next((e[0] for e in errors if e), "not measured")
@@ -166,6 +177,30 @@ def other_kernels(head: Side, base: Side) -> str | None:
 
     return (f"baseline ran other kernels ({ran(base.kernels)}; this run: {ran(head.kernels)}): "
             f"a different configuration, not compared; mark a baseline made with these kernels")
+
+
+def engine_text(engine: dict | None, names) -> str:
+    """e.g. `service_start sglang ... --port 30000, service_url http://h:30000` (a URL's
+    password shown as ***; `unknown` when the engine cannot be told)."""
+    if engine is None:
+        return "unknown"
+    return ", ".join(f"{k} {redact_uri(str(engine.get(k))) if engine.get(k) is not None else 'none'}"
+                     for k in names)
+
+
+def other_deployment(head: Side, base: Side) -> str | None:
+    """Why a service baseline is not this cell's configuration although its id is the same:
+    it measured another engine (the host's hosts.yaml declares the engine, out of the id, so a
+    host that moved to another command, unit, model or URL keeps its cells' ids). None when
+    both measured the same engine, or when either side cannot tell."""
+    if head.engine is None or base.engine is None:
+        return None
+    differ = [k for k in deployment.ENGINE if head.engine.get(k) != base.engine.get(k)]
+    if not differ:
+        return None
+    return (f"baseline measured another deployment ({engine_text(base.engine, differ)}; this "
+            f"run: {engine_text(head.engine, differ)}): a different engine, not compared; mark a "
+            f"baseline measured on this deployment")
 
 
 def check_same_class(head: Side, base: Side) -> None:
@@ -247,7 +282,8 @@ def write_file(root: str | Path, journal: RunJournal, replace: bool = False) -> 
             "label": r.get("label"), "cell": r.get("cell"), "run_id": journal.run_id,
             "git_sha": journal.meta.get("git_sha"), "started_at": r.get("started_at"),
             "gpu": (r.get("env") or {}).get("gpu"), "host": r.get("host"),
-            "kernels": kernels_ran(r), "metrics": metrics, "samples": samples}
+            "kernels": kernels_ran(r), "metrics": metrics, "samples": samples,
+            **({"deployment": r["deployment"]} if r.get("deployment") else {})}
     written = []
     for cls, cells in sorted(by_class.items()):
         path = baseline_path(root, journal.scenario_name, cls)
@@ -350,9 +386,10 @@ def from_mlflow(uri: str | None, scenario: str, cls: str | None,
         wanted = set(cell_ids) if cell_ids is not None else None
         found: dict[str, Side] = {}
         other_classes: set[str] = set()
-        runs = search_all(client, [exp.experiment_id],
-                          "tags.baseline = 'true' and tags.status = 'ok'",
-                          order_by=["attributes.start_time DESC"])
+        # a list: the classes are read off it before the cells (a generator would be spent)
+        runs = list(search_all(client, [exp.experiment_id],
+                               "tags.baseline = 'true' and tags.status = 'ok'",
+                               order_by=["attributes.start_time DESC"]))
         if cls is None:
             cls = only_class({gpu_class(r.data.tags.get("gpu"), r.data.tags.get("cpu_model"))
                               for r in runs if TAG_SUPERSEDED not in r.data.tags},

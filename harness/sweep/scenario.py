@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError,
-                      create_model)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool,
+                      ValidationError, create_model)
+from pydantic_core import PydanticCustomError
 
 from harness.protocol import params, workloads
 from harness.protocol.errors import InputError
@@ -71,6 +72,22 @@ def _number_is_not_a_bool(value: Any) -> Any:
     return value
 
 
+def _matching_whole(pattern: str) -> AfterValidator:
+    """A Param's `pattern` matched against the whole value, as hosts.yaml matches it
+    (harness/hosts/inventory.py, re.fullmatch): pydantic's own `pattern` only searches, so
+    `/\\S*` would pass `a/b`. The error keeps pydantic's kind, so it reads like any other
+    (`<name> must be <what>, got ...`)."""
+    compiled = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if compiled.fullmatch(value) is None:
+            raise PydanticCustomError("string_pattern_mismatch",
+                                      "String should match pattern '{pattern}'",
+                                      {"pattern": pattern})
+        return value
+    return AfterValidator(check)
+
+
 def _param_type(name: str) -> Any:
     """The pydantic type of a cell parameter, from its declaration (harness.protocol.params
     for the general ones, harness/protocol/workloads/ for each workload's)."""
@@ -88,7 +105,7 @@ def _param_type(name: str) -> Any:
     elif p.type is float:      # always finite; ints are accepted too
         kind = Annotated[float, Field(**bounds, allow_inf_nan=False)]
     elif p.type is str:
-        kind = Annotated[str, Field(pattern=p.pattern)] if p.pattern else str
+        kind = Annotated[str, _matching_whole(p.pattern)] if p.pattern else str
     else:
         raise RuntimeError(f"cell parameter {name}: unsupported type {p.type!r}")
     return kind | None if p.nullable else kind

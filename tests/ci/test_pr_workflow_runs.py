@@ -24,29 +24,22 @@ What differs from a GPU runner, and why:
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import re
-import subprocess
 import sys
-import sysconfig
 import threading
-import venv
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from runner_kit import (NO_GPU, REPO, author_repo, cached_controller_venv, git, installed_from,
+                        machine_env, plant_worse_drafter, stub_nvidia_smi)
 from workflow_job import WorkflowJob
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
-REPO = Path(__file__).resolve().parents[2]
 WORKFLOW = REPO / "ci" / "pr.yml"
-# What a commit of this tree holds that the job reads: the package, its scenarios, ci/.
-TREE = ("pyproject.toml", "README.md", "harness", "kernels", "dashboards", "scenarios", "ci")
 OWNER_REPO, PR = "owner/repo", 7
 TOKEN = "ghs_thisisthejobstoken"
 
@@ -62,36 +55,14 @@ metrics:                      # the gated metrics: CPU timings are noise here, t
 """
 
 
-def git(*args, cwd: Path) -> str:
-    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-                              "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
-    assert out.returncode == 0, f"git {' '.join(args)}: {out.stderr}"
-    return out.stdout.strip()
-
-
 def make_origin(tmp: Path) -> Path:
     """A bare origin: main = this tree, branch `worse-drafter` = the PR, and refs/pull/N/merge
     (GitHub's merge of the PR into main, which a pull_request job checks out)."""
-    src, origin = tmp / "author", tmp / "origin.git"
-    files = git("ls-files", "-co", "--exclude-standard", "--", *TREE, cwd=REPO).splitlines()
-    for name in files:
-        if (REPO / name).is_file():
-            (src / name).parent.mkdir(parents=True, exist_ok=True)
-            (src / name).write_bytes((REPO / name).read_bytes())
-    git("init", "-q", "-b", "main", cwd=src)
-    git("add", "-A", cwd=src)
-    git("commit", "-qm", "main", cwd=src)
+    src, origin = author_repo(tmp / "author"), tmp / "origin.git"
     git("init", "-q", "--bare", str(origin), cwd=tmp)
     git("push", "-q", str(origin), "main", cwd=src)
     git("checkout", "-q", "-b", "worse-drafter", cwd=src)
-    loop = src / "harness" / "decode" / "loop.py"
-    text, n = re.subn(r"SyntheticAcceptance\(\s*tau\b", "SyntheticAcceptance(max(1.0, tau / 3)",
-                      loop.read_text())
-    assert n == 1, ("harness/decode/loop.py no longer builds SyntheticAcceptance(tau, ...): "
-                    "update this test")
-    loop.write_text(text)
-    git("commit", "-qam", "a worse drafter", cwd=src)
+    plant_worse_drafter(src)
     git("push", "-q", str(origin), f"worse-drafter:refs/pull/{PR}/head", "worse-drafter", cwd=src)
     git("checkout", "-q", "main", cwd=src)
     git("merge", "-q", "--no-ff", "-m", f"Merge {PR} into main", "worse-drafter", cwd=src)
@@ -116,25 +87,6 @@ def checkout(origin: Path, workspace: Path):
             f"+refs/pull/{PR}/merge:refs/remotes/pull/{PR}/merge", cwd=workspace)
         git("checkout", "-q", "--detach", f"refs/remotes/pull/{PR}/merge", cwd=workspace)
     return run
-
-
-def cached_controller_venv(harness_home: Path, workspace_pyproject: bytes) -> Path:
-    """The venv a previous job left, keyed like the step keys it (sha256 of pyproject.toml):
-    this test's packages visible through a .pth file, and an old `harness` script that the
-    step's `pip install --no-deps -e .` replaces with the checkout's."""
-    key = hashlib.sha256(workspace_pyproject).hexdigest()[:12]
-    path = harness_home / f"venv-{key}"
-    venv.create(path, with_pip=False)
-    site = Path(sysconfig.get_paths(vars={"base": str(path), "platbase": str(path)})["purelib"])
-    site.mkdir(parents=True, exist_ok=True)
-    (site / "zz-test-packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    # pip itself is this test's (from the .pth), run by the venv's python: it installs there.
-    for name, body in (("pip", '"$(dirname "$0")/python" -m pip "$@"'),
-                       ("harness", 'echo "the checkout was never installed" >&2; exit 99')):
-        script = path / "bin" / name
-        script.write_text(f"#!/bin/sh\nexec {body}\n" if name == "pip" else f"#!/bin/sh\n{body}\n")
-        script.chmod(0o755)
-    return path
 
 
 @contextmanager
@@ -197,11 +149,7 @@ def test_the_pr_workflow_gates_a_worse_drafter_end_to_end(tmp_path):
     temp.mkdir()
     harness_home = tmp_path / "harness-home"
     venv_dir = cached_controller_venv(harness_home, (REPO / "pyproject.toml").read_bytes())
-    stubs = tmp_path / "stub-bin"
-    stubs.mkdir()
-    (stubs / "nvidia-smi").write_text("#!/bin/sh\necho 'name, driver_version, clocks.sm [MHz]'\n"
-                                      "echo 'none (CPU test machine), -, -'\n")
-    (stubs / "nvidia-smi").chmod(0o755)
+    stubs = stub_nvidia_smi(tmp_path / "stub-bin")
     ops = tmp_path / "ops-cpu.yaml"
     ops.write_text(OPS_STAND_IN)
     event = tmp_path / "event.json"
@@ -217,8 +165,7 @@ def test_the_pr_workflow_gates_a_worse_drafter_end_to_end(tmp_path):
                                 "run_id": "4242", "run_attempt": "1", "event_path": str(event),
                                 "event": {"pull_request": {"number": PR}}},
                      "secrets": {"GITHUB_TOKEN": TOKEN}},
-            env={"PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path),
-                 "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"},   # two CI cores: one thread each
+            env=machine_env(tmp_path, stubs),
             job_env={"HARNESS_HOME": str(harness_home), "PYTHON": sys.executable,
                      "SCENARIO": "scenarios/quickstart.yaml", "OPS_SCENARIO": str(ops)},
             actions={"actions/checkout": checkout(origin, workspace),
@@ -234,13 +181,9 @@ def test_the_pr_workflow_gates_a_worse_drafter_end_to_end(tmp_path):
         ("success", None), ("success", 0), ("failure", 1), ("failure", 1), ("success", 0),
         ("skipped", None)], logs
 
-    # `pip install --no-deps -e .` pointed the cached venv at the checkout (it ran that code);
-    # asked from outside both trees, so that no working directory answers instead.
-    installed = subprocess.run([str(venv_dir / "bin" / "python"), "-c",
-                                "import harness; print(harness.__file__)"], cwd=tmp_path,
-                               capture_output=True, text=True, timeout=60).stdout
-    assert installed.strip() == str(workspace / "harness" / "__init__.py")
-    assert "none (CPU test machine)" in steps[1].log            # the step's nvidia-smi line
+    # `pip install --no-deps -e .` pointed the cached venv at the checkout (it ran that code).
+    assert installed_from(venv_dir, tmp_path) == str(workspace / "harness" / "__init__.py")
+    assert NO_GPU in steps[1].log                                # the step's nvidia-smi line
 
     report = json.loads((workspace / "gate.json").read_text())
     verdicts = gate_verdicts(report)

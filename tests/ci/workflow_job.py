@@ -10,10 +10,12 @@ What a runner does that the steps rely on, and only that:
 - env: the runner's own (GITHUB_*, RUNNER_TEMP, CI), then the workflow's, the job's, what
   earlier steps appended to $GITHUB_ENV, and the step's; $GITHUB_PATH entries go before PATH;
   $GITHUB_OUTPUT becomes `steps.<id>.outputs`; every step's $GITHUB_STEP_SUMMARY is kept;
-- `${{ ... }}` in env values, `with:` inputs and scripts: a context path (`github.base_ref`)
-  or `a || 'default'`; anything else is an error here, never a silent empty string;
-- a step's `if:`: none (only after success), `success()`, `failure()`, `always()`,
-  `success() || failure()`; `continue-on-error`; `timeout-minutes`.
+- `${{ ... }}` in env values, `with:` inputs and scripts: a context path (`github.base_ref`,
+  `env.RESULTS`: the env a step sees, $GITHUB_ENV included) or `a || 'default'`; anything else
+  is an error here, never a silent empty string;
+- a step's `if:`: `||` of `&&` of `success()`, `failure()`, `always()`, a context path, or
+  `path == 'text'` / `path != 'text'`; without a status function it means `success() && ...`,
+  as on GitHub; none at all, only after success; `continue-on-error`; `timeout-minutes`.
 `uses:` steps run what the caller gives for that action (a function of the step's evaluated
 `with:` returning None when done or a reason when skipped); an action without one is an error,
 so a new action in the workflow fails the test until the test says what it does here. The
@@ -33,10 +35,10 @@ import yaml
 
 EXPR = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
 SHELLS = {None: ["bash", "-e"], "bash": ["bash", "--noprofile", "--norc", "-eo", "pipefail"]}
-# Step conditions -> whether the step runs, given whether the job has failed so far.
-CONDITIONS = {None: lambda failed: not failed, "success()": lambda failed: not failed,
-              "failure()": lambda failed: failed, "always()": lambda failed: True,
-              "success() || failure()": lambda failed: True}
+# Status functions -> whether they hold, given whether the job has failed so far.
+STATUS = {"success()": lambda failed: not failed, "failure()": lambda failed: failed,
+          "always()": lambda failed: True}
+COMPARISON = re.compile(r"(.+?)\s*(==|!=)\s*(.+)")
 
 
 @dataclass
@@ -95,11 +97,35 @@ class WorkflowJob:
         value = self.context
         for key in operand.split("."):
             if not isinstance(value, dict) or key not in value:
-                if operand.startswith(("vars.", "steps.")):
+                if operand.startswith(("vars.", "steps.", "env.")):
                     return ""          # an unset variable or output reads as empty on GitHub
                 raise KeyError(f"expression {operand!r}: no {key!r} in the context given")
             value = value[key]
         return value
+
+    def holds(self, condition: str | None, failed: bool, name: str = "") -> bool:
+        """Whether a step with `if: condition` runs, the job having `failed` so far."""
+        if condition is None:
+            return not failed
+        text = EXPR.sub(lambda m: m.group(1), str(condition)).strip()
+        if not any(fn in text for fn in STATUS):
+            text = f"success() && {text}"
+        try:
+            return any(all(self._term(t.strip(), failed) for t in alt.split("&&"))
+                       for alt in text.split("||"))
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"step {name!r}: condition {condition!r} is not one this runner "
+                             f"knows ({e}); teach tests/ci/workflow_job.py") from None
+
+    def _term(self, term: str, failed: bool) -> bool:
+        if term in STATUS:
+            return STATUS[term](failed)
+        match = COMPARISON.fullmatch(term)
+        if match:
+            left, op, right = match.groups()
+            same = str(self._operand(left.strip())) == str(self._operand(right.strip()))
+            return same if op == "==" else not same
+        return self._operand(term) not in (None, "", False, 0)
 
     def substitute(self, text) -> str:
         return EXPR.sub(lambda m: str(self.evaluate(m.group(1))), str(text))
@@ -113,12 +139,12 @@ class WorkflowJob:
         results, failed = [], False
         for i, step in enumerate(self.job["steps"]):
             name = step.get("name") or step.get("uses") or f"step {i + 1}"
+            self.context["env"] = {**env, **self.added_env}
             condition = step.get("if")
-            if condition not in CONDITIONS:
-                raise ValueError(f"step {name!r}: condition {condition!r} is not one this "
-                                 f"runner knows; teach tests/ci/workflow_job.py")
-            if not CONDITIONS[condition](failed):
+            if not self.holds(condition, failed, name):
                 results.append(StepResult(name, "skipped", reason=f"if: {condition}"))
+                if step.get("id"):
+                    self.context["steps"][step["id"]] = {"outputs": {}, "outcome": "skipped"}
                 continue
             result = self._action(name, step) if "uses" in step else self._script(name, step, env)
             if result.outcome == "failure" and not step.get("continue-on-error"):

@@ -152,6 +152,10 @@ def test_names_say_what_differs_and_nothing_else():
     assert style.names_of([greedy["cell"], synthetic["cell"]]) == ["greedy", "synthetic τ=4"]
     assert style.full_label(greedy).endswith(" greedy")
     assert style.full_label(synthetic).endswith(" synthetic tau=4")
+    # the report's word is the label's own, τ drawn for tau
+    assert synthetic["label"].endswith(" synthetic tau=4") and greedy["label"].endswith(" greedy")
+    old_label = {**synthetic, "label": synthetic["label"].replace(" synthetic tau=", " tau=")}
+    assert style.full_label(old_label) == synthetic["label"]      # journaled before labels said it
     # A kernel knob left at auto and a parameter the other workload has are not spelt out;
     # a workload other than decode is one word.
     auto = gpu_result(4096, "triton")

@@ -120,6 +120,10 @@ def test_gate_against_the_mlflow_baseline(tmp_path, store):
     code, out = harness("baseline", "mark", base.run_id, "--results", tmp_path / "results",
                         "--tracking-uri", store)
     assert code == 0, out
+    # One class has baselines: it is the one meant, and its cells come back.
+    assert set(baselines.from_mlflow(store, name, None)) == {c["cell_id"] for c in base.cells}
+    code, out = harness("baseline", "show", name, "--tracking-uri", store)
+    assert code == 0 and "100.0 tok/s (n=5)" in out, out
 
     slower = make_journal(tmp_path, name, "20260102-000000-ffffff", 90.0, "NVIDIA H200",
                           "2026-01-02T00:00:00+00:00")

@@ -101,7 +101,7 @@ def test_a_failing_check_points_at_the_first_blamed_parameter_the_scenario_sets(
 
 
 def test_labels_come_from_the_specs():
-    expected = {"decode": "tiny ctx=256 N=16 verify=sdpa graph=none tree=cpu",
+    expected = {"decode": "tiny ctx=256 N=16 verify=sdpa graph=none tree=cpu greedy",
                 "calibrate": "calibrate work_us=500 idle_target=0.5 replay=eager",
                 "noop": "noop sleep_s=0",
                 "kernel": "kernel sdpa ctx=256 T=16 gqa 32/8 d128 contiguous",
@@ -112,6 +112,28 @@ def test_labels_come_from_the_specs():
     for name, spec in SPECS.items():
         cell = params.canonical({"workload": name})
         assert params.cell_label(cell) == spec.cell_label(cell) == expected[name]
+
+
+def test_a_speculative_decode_label_says_which_acceptance_it_uses():
+    label = params.cell_label
+    assert label({"acceptance": "greedy"}).endswith(" tree=cpu greedy")
+    assert label({"acceptance": "synthetic"}).endswith(" tree=cpu synthetic tau=6.5")
+    assert label({"acceptance": "synthetic", "tau": 4, "accept": "gpu"}).endswith(
+        " accept=gpu synthetic tau=4")
+    # plain decoding has no acceptance model, so no word
+    plain = label({"speculation": "none", "acceptance": "synthetic"})
+    assert "greedy" not in plain and "synthetic" not in plain and "tau" not in plain
+
+
+def test_renaming_labels_changes_no_cell_id():
+    # ids of these cells as computed before labels said greedy/synthetic: a label is a name,
+    # never part of the id, so journals and baselines keep lining up.
+    before = {"7a3adb3bd300": {"acceptance": "synthetic", "tau": 4.0},
+              "8b4e20c2f3d4": {"acceptance": "greedy"},
+              "25d4a628bee3": {"speculation": "none"},
+              "30179517e19b": {"acceptance": "synthetic", "tau": 6.5, "context_length": 4096,
+                               "model": "qwen3-8b"}}
+    assert {params.cell_id(c): c for c in before.values()} == before
 
 
 def test_default_policies_are_the_union_of_the_workloads_policies():
