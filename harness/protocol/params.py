@@ -23,7 +23,8 @@ from harness.protocol.workloads.decode import (ACCEPTANCES, ACCEPTS, AUTO,  # no
                                                AUTO_KERNELS, BEFORE_AUTO, CUSTOM_IMPLS,
                                                GRAPH_CAPTURES, PRESETS, SPECULATIONS, TOPK_IMPLS,
                                                TREE_BUILD_IMPLS, TREE_BUILDS, VERIFY_MODES,
-                                               device_class, kernel_knobs, resolve_kernels)
+                                               custom_auto, device_class, kernel_knobs,
+                                               resolve_kernels)
 from harness.protocol.workloads.op import KNOBS as OP_KNOBS
 from harness.protocol.workloads.kernel import ATTENTIONS, LAYOUTS  # noqa: F401
 

@@ -16,9 +16,9 @@ captured in a CUDA graph; make the first call outside the capture (it compiles a
 library). The library is compiled on first use (kernels/build.py); importing this module works
 on a host without a GPU.
 
-Two implementations of S = QK^T (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_80)
-and "wgmma" (Hopper warpgroup MMA; P V stays on mma.sync). The caller picks one; nothing in the
-environment does.
+Three implementations (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_80), "wgmma"
+(S = QK^T on Hopper's warpgroup MMA, P V on mma.sync) and "wgmma_pv" (both products on wgmma;
+GQA only). The caller picks one; nothing in the environment does.
 """
 
 from __future__ import annotations
@@ -67,24 +67,25 @@ def _gqa_occupancy(index: int, head_dim: int, num_warps: int, paged: bool, wgmma
         return max(1, _lib().tva_gqa_occupancy(head_dim, num_warps, int(paged), int(wgmma)))
 
 
-IMPLS = ("mma", "wgmma")
+IMPLS = ("mma", "wgmma", "wgmma_pv")    # wgmma_pv: S and P V on wgmma (GQA; MLA has no P V one)
+_IMPL_CODE = {"mma": 0, "wgmma": 1, "wgmma_pv": 2}   # tva_gqa_forward's `wgmma` argument
 # A library caller gets mma.sync (any GPU from sm_80). The harness's cells pick with their
 # custom_impl knob, whose `auto` is wgmma on Hopper: measured faster there (kernels/NOTES.md).
 DEFAULT_IMPL = "mma"
 
 
-def _resolve_impl(impl: str, index: int, warps: int) -> bool:
-    """Whether to launch the wgmma variant: impl "mma" (any GPU) or "wgmma" (compute
-    capability 9.0, 4 or 8 warps; an error where it cannot run)."""
+def _resolve_impl(impl: str, index: int, warps: int) -> int:
+    """The variant to launch (tva_gqa_forward's `wgmma`: 0, 1, 2): impl "mma" (any GPU),
+    "wgmma" or "wgmma_pv" (compute capability 9.0, 4 or 8 warps; an error where it cannot run)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "mma":
-        return False
+        return 0
     if torch.cuda.get_device_capability(index) != (9, 0):
-        raise ValueError("impl 'wgmma' needs a Hopper GPU (compute capability 9.0)")
+        raise ValueError(f"impl '{impl}' needs a Hopper GPU (compute capability 9.0)")
     if warps not in (4, 8):
-        raise ValueError(f"impl 'wgmma' needs 4 or 8 warps per CTA (whole warpgroups), got {warps}")
-    return True
+        raise ValueError(f"impl '{impl}' needs 4 or 8 warps per CTA (whole warpgroups), got {warps}")
+    return _IMPL_CODE[impl]
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,14 +140,21 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
     b, hq, T, _ = q.shape
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if mla:
+        if impl == "wgmma_pv":
+            raise ValueError("impl 'wgmma_pv' is GQA only: the MLA kernel's P V has no wgmma "
+                             "variant (use 'wgmma')")
         m_blocks = math.ceil(hq * T / 64)
         splits = _splits(num_splits, b * m_blocks, _sm_count(index), max_keys,
                          _overhead_keys(64, MLA_DV, MLA_DK * 2))
         return dict(num_warps=8, m_blocks=m_blocks, num_splits=splits, dv=MLA_DV,
                     wgmma=_resolve_impl(impl, index, 8))
     d = q.shape[-1]
+    if impl == "wgmma_pv" and d != 128:
+        # Its d64 instance fails the float64 check on the H200 (relative error 0.56, while the
+        # CPU emulator agrees with the reference): refused rather than run wrong.
+        raise ValueError(f"impl 'wgmma_pv' supports head_dim 128 only, not {d} (use 'wgmma')")
     rows = hq // heads_kv * T
-    warps = num_warps or gqa_warps(rows, wgmma=impl == "wgmma")
+    warps = num_warps or gqa_warps(rows, wgmma=impl != "mma")
     if warps not in (2, 4, 8):
         raise ValueError(f"num_warps must be 2, 4 or 8, got {warps}")
     wgmma = _resolve_impl(impl, index, warps)
@@ -284,7 +292,8 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
     strides: a view of a larger cache is fine), Hq / Hkv a power of two; lengths [b] int32/int64
     on the device with lengths[b] + T <= S (not checked: that would sync); tree_bits
     [b, T, ceil(T/32)] int32. Returns [b, Hq, T, d] bfloat16. `num_splits` and `num_warps`
-    override the plan; `impl` "mma" (the default) or "wgmma" (Hopper only, see _resolve_impl).
+    override the plan; `impl` "mma" (the default), "wgmma" or "wgmma_pv" (Hopper only, see
+    _resolve_impl).
     """
     if k.dim() != 4 or k.shape[0] != q.shape[0]:
         raise ValueError(f"k must be [b, Hkv, S, d] with b = {q.shape[0]}, got {tuple(k.shape)}")

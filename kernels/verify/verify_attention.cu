@@ -196,6 +196,36 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t de
     __trap();
 #endif
 }
+
+// d[64 x N] += A[64 x 16] x B[16 x N] with B N-major (imm-trans-b 1): the P V product, P from
+// registers (the mma.m16n8k16 A layout per warp, as for S) and V through an MN-major descriptor.
+__device__ __forceinline__ void wgmma_m64n64k16_tb(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc) {
+#ifdef TVA_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
+#else
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
+#ifdef TVA_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
+#else
+    __trap();
+#endif
+}
 #endif  // TVA_EMULATE
 
 // Shared-memory matrix descriptor for wgmma: K-major operand, 128-byte swizzle, rows of 128
@@ -206,6 +236,22 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t de
 __host__ __device__ __forceinline__ uint64_t desc_kmajor_sw128(uint32_t smem_byte_addr) {
     return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
            (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+// The same for an MN-major operand (B of P V: V tiles stored as K tiles are, 64-column blocks of
+// 128-byte rows, one row per key): the leading byte offset is the stride between 64-column
+// blocks along N (BN rows x 128 bytes), the stride byte offset the stride between groups of 8
+// rows along K (1024 bytes).
+__host__ __device__ __forceinline__ uint64_t desc_mnmajor_sw128(uint32_t smem_byte_addr) {
+    return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) |
+           (static_cast<uint64_t>((BN * 128) >> 4) << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
+           (static_cast<uint64_t>(1) << 62);
+}
+
+template <int D>
+__device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&pa)[4], uint64_t desc) {
+    if constexpr (D == 128) wgmma_m64n128k16_tb(o, pa, desc);
+    else wgmma_m64n64k16_tb(o, pa, desc);
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -276,12 +322,14 @@ constexpr int gqa_smem_bytes() {
     return 16 * NW * D * 2 + GqaConfig<D>::STAGES * 2 * GqaConfig<D>::TILE_BYTES + (WG ? 1024 : 0);
 }
 
-template <int D, int NW, bool PAGED, bool WG>
+// PV (with WG only): O += P V on wgmma too, P from registers, V stored as K is (MN-major B).
+template <int D, int NW, bool PAGED, bool WG, bool PV = false>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_kernel(const AttnParams p) {
     constexpr int BM = 16 * NW, CH = D / 8, NT = NW * 32, STAGES = GqaConfig<D>::STAGES;
     constexpr int TILE = GqaConfig<D>::TILE_BYTES;
     static_assert(!WG || NW % 4 == 0, "wgmma needs whole warpgroups");
+    static_assert(!PV || WG, "P V on wgmma comes with S on wgmma");
     TVA_DYNAMIC_SMEM(smem);
     // K stages first, 1024-byte aligned for the wgmma swizzle; then V, then Q.
     const uint32_t sK = WG ? (smem_addr(smem) + 1023u) & ~1023u : smem_addr(smem);
@@ -336,7 +384,7 @@ gqa_kernel(const AttnParams p) {
             const uint32_t kdst = WG ? stage * TILE + (lc >> 3) * (BN * 128) + row * 128 + (((lc & 7) ^ (row & 7)) << 4)
                                      : dst;
             cp_async16(sK + kdst, kbase + ko * 2 + lc * 16, ok);
-            cp_async16(sV + dst, vbase + vo * 2 + lc * 16, ok);
+            cp_async16(sV + (PV ? kdst : dst), vbase + vo * 2 + lc * 16, ok);
         }
     };
 
@@ -454,6 +502,22 @@ gqa_kernel(const AttnParams p) {
         }
 
         // O += P V: the S accumulator layout is the A-operand layout of P (two n-tiles per k-step).
+        if constexpr (PV) {       // one wgmma per 16 keys for the warpgroup's 64 rows x D
+            // P packed first: registers written between two wgmmas make ptxas fence each one.
+            uint32_t pa[BN / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {
+                pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+                pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+                pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            }
+            wgmma_fence();        // o was rescaled by alpha above: order those writes first
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) wgmma_pv<D>(o, pa[kk], desc_mnmajor_sw128(v_s + kk * 16 * 128));
+            wgmma_commit();
+            wgmma_wait<0>();
+        } else {
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
@@ -467,6 +531,7 @@ gqa_kernel(const AttnParams p) {
                 mma16816(o[2 * dp], pa, b0, b1);
                 mma16816(o[2 * dp + 1], pa, b2, b3);
             }
+        }
         }
     }
     cp_async_wait<0>();
@@ -893,10 +958,10 @@ static cudaError_t launch_status(cudaStream_t stream) {
     return err;
 }
 
-template <int D, int NW, bool PAGED, bool WG>
+template <int D, int NW, bool PAGED, bool WG, bool PV = false>
 static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_blocks) {
     constexpr int smem = gqa_smem_bytes<D, NW, WG>();
-    auto kernel = gqa_kernel<D, NW, PAGED, WG>;
+    auto kernel = gqa_kernel<D, NW, PAGED, WG, PV>;
     cudaError_t err = prepare(kernel, smem);
     if (err != cudaSuccess) return err;
     dim3 grid(m_blocks, static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.batch * p.heads_kv));
@@ -919,12 +984,15 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
     const int M = static_cast<int>(p.heads_q / p.heads_kv * p.tokens);
     const int bm = 16 * num_warps;
     const int m_blocks = (M + bm - 1) / bm;
-    switch (num_warps * 2 + (wgmma ? 1 : 0)) {
-        case 4: return launch_gqa<D, 2, PAGED, false>(p, stream, m_blocks);
-        case 8: return launch_gqa<D, 4, PAGED, false>(p, stream, m_blocks);
-        case 9: return launch_gqa<D, 4, PAGED, true>(p, stream, m_blocks);
-        case 16: return launch_gqa<D, 8, PAGED, false>(p, stream, m_blocks);
-        case 17: return launch_gqa<D, 8, PAGED, true>(p, stream, m_blocks);
+    // wgmma: 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma
+    switch (num_warps * 4 + wgmma) {
+        case 8: return launch_gqa<D, 2, PAGED, false>(p, stream, m_blocks);
+        case 16: return launch_gqa<D, 4, PAGED, false>(p, stream, m_blocks);
+        case 17: return launch_gqa<D, 4, PAGED, true>(p, stream, m_blocks);
+        case 18: return launch_gqa<D, 4, PAGED, true, true>(p, stream, m_blocks);
+        case 32: return launch_gqa<D, 8, PAGED, false>(p, stream, m_blocks);
+        case 33: return launch_gqa<D, 8, PAGED, true>(p, stream, m_blocks);
+        case 34: return launch_gqa<D, 8, PAGED, true, true>(p, stream, m_blocks);
         default: return cudaErrorInvalidValue;
     }
 }
@@ -947,13 +1015,14 @@ int tva_mla_smem_bytes() { return tva::mla::SMEM; }
 int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     int blocks = 0;
     const int smem = tva_gqa_smem_bytes(head_dim, num_warps, wgmma);
-#define TVA_OCC(D, NW, P, W)                                                                     \
-    if (head_dim == D && num_warps == NW && paged == P && wgmma == W) {                          \
-        if (tva::prepare(tva::gqa_kernel<D, NW, P, W>, smem) != cudaSuccess) return 0;           \
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, tva::gqa_kernel<D, NW, P, W>, NW * 32, smem); \
+#define TVA_OCC(D, NW, P, W, V)                                                                  \
+    if (head_dim == D && num_warps == NW && paged == P && wgmma == W + V) {                      \
+        if (tva::prepare(tva::gqa_kernel<D, NW, P, W, V>, smem) != cudaSuccess) return 0;        \
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, tva::gqa_kernel<D, NW, P, W, V>, NW * 32, smem); \
     }
-#define TVA_OCC_D(D, P) \
-    TVA_OCC(D, 2, P, 0) TVA_OCC(D, 4, P, 0) TVA_OCC(D, 8, P, 0) TVA_OCC(D, 4, P, 1) TVA_OCC(D, 8, P, 1)
+#define TVA_OCC_D(D, P)                                                                          \
+    TVA_OCC(D, 2, P, 0, 0) TVA_OCC(D, 4, P, 0, 0) TVA_OCC(D, 8, P, 0, 0) TVA_OCC(D, 4, P, 1, 0)  \
+    TVA_OCC(D, 8, P, 1, 0) TVA_OCC(D, 4, P, 1, 1) TVA_OCC(D, 8, P, 1, 1)
     TVA_OCC_D(64, 0) TVA_OCC_D(64, 1) TVA_OCC_D(128, 0) TVA_OCC_D(128, 1)
 #undef TVA_OCC_D
 #undef TVA_OCC
@@ -961,7 +1030,8 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
 }
 
 // Returns a cudaError_t (0 = success). The launch is asynchronous on `stream`.
-// wgmma = 1: S = Q K^T on Hopper's warpgroup MMA (4 or 8 warps; a 9.0a build on an sm_90 GPU).
+// wgmma = 1: S = Q K^T on Hopper's warpgroup MMA (4 or 8 warps; a 9.0a build on an sm_90 GPU);
+// 2: P V on it too.
 int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int paged, int wgmma, void* stream) {
     const AttnParams& p = *params;
     cudaStream_t s = static_cast<cudaStream_t>(stream);

@@ -86,7 +86,7 @@ def test_custom_verify_default_impl_ignores_the_environment(monkeypatch):
     for fn in (cv.tree_verify_attention, cv.tree_verify_attention_paged,
                cv.mla_tree_verify_attention, cv.plan):
         assert inspect.signature(fn).parameters["impl"].default == "mma", fn.__name__
-    assert cv._resolve_impl(cv.DEFAULT_IMPL, 0, 2) is False      # mma: never wgmma
+    assert cv._resolve_impl(cv.DEFAULT_IMPL, 0, 2) == 0          # mma: never wgmma
     source = inspect.getsource(cv)
     assert "os.environ" not in source and "getenv" not in source
 

@@ -111,6 +111,18 @@ def test_gqa_wgmma_kernel_matches_reference(emu, case, schedule):
     assert _run(emu, pt, lengths, splits, warps=warps, wgmma=True) < 5e-3
 
 
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("case", [c for c in WGMMA_CASES if WGMMA_CASES[c][0].dk == 128])
+def test_gqa_wgmma_pv_kernel_matches_reference(emu, case, schedule):
+    """P V on wgmma too (wgmma 2): V stored as K is and read as an MN-major operand. head_dim
+    128 only: the d64 instance passes here but fails the float64 check on the H200, so the
+    emulator's reading of the MN-major operand is not yet right for one 64-column block
+    (kernels/NOTES.md); custom_verify refuses it."""
+    emu.emu_configure(*SCHEDULES[schedule])
+    pt, lengths, splits, warps = WGMMA_CASES[case]
+    assert _run(emu, pt, lengths, splits, warps=warps, wgmma=2) < 5e-3
+
+
 @pytest.mark.parametrize("wgmma", [False, True], ids=["mma", "wgmma"])
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("case", list(MLA_CASES))

@@ -15,13 +15,25 @@ def decode_cell(**kw) -> dict:
 
 
 @pytest.mark.parametrize("on_cuda,capability,expected", [
-    (True, (9, 0), "wgmma"), (True, (8, 0), "mma"), (True, (12, 0), "mma"), (True, None, "mma"),
+    (True, (9, 0), "wgmma_pv"), (True, (8, 0), "mma"), (True, (12, 0), "mma"), (True, None, "mma"),
     (False, None, "mma")])
 def test_auto_is_wgmma_on_hopper_only(on_cuda, capability, expected):
-    cell = decode_cell(verify_mode="custom")
+    cell = decode_cell(verify_mode="custom", model="qwen3-8b")       # head_dim 128
     assert params.resolve_kernels(cell, on_cuda, capability)["custom_impl"] == expected
-    named = decode_cell(verify_mode="custom", custom_impl="mma")
+    named = decode_cell(verify_mode="custom", model="qwen3-8b", custom_impl="mma")
     assert params.resolve_kernels(named, on_cuda, capability)["custom_impl"] == "mma"
+
+
+@pytest.mark.parametrize("cell,expected", [
+    ({"model": "tiny"}, "wgmma"),                          # head_dim 32
+    ({"model": "qwen3-8b", "checkpoint": "ckpt"}, "wgmma"),  # a checkpoint's head dim: unknown
+])
+def test_the_pv_wgmma_only_where_the_head_dim_is_128(cell, expected):
+    cell = decode_cell(verify_mode="custom", **cell)
+    assert params.resolve_kernels(cell, True, (9, 0))["custom_impl"] == expected
+    assert params.custom_auto("hopper", 128, mla=True) == "wgmma"
+    assert params.custom_auto("hopper", 64) == "wgmma"
+    assert params.custom_auto("cuda", 128) == "mma"
 
 
 def test_the_knob_belongs_to_cells_that_run_the_custom_kernel():
@@ -42,7 +54,7 @@ def test_auto_keeps_the_cell_id_and_a_named_variant_is_another_cell():
 def test_a_result_from_before_the_knob_ran_mma():
     old = {"cell": {"workload": "kernel", "verify_mode": "custom", "context_length": 4096}}
     assert params.kernels_ran(old) == {"custom_impl": "mma"}
-    new = {**old, "kernels": {"custom_impl": "wgmma"}}
+    new = {**old, "kernels": {"custom_impl": "wgmma_pv"}}
     assert params.kernels_ran(new) != params.kernels_ran(old)
 
 

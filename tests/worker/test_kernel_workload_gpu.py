@@ -52,6 +52,9 @@ def test_the_wgmma_variant_passes_the_workload_check(cuda, name):
     if torch.cuda.get_device_capability(cuda) != (9, 0):
         pytest.skip("wgmma needs compute capability 9.0")
     assert kw.check("custom", POINTS[name], cuda, BF, seed=7919, custom_impl="wgmma") <= kw.TOLERANCE
+    if not POINTS[name].mla:
+        assert kw.check("custom", POINTS[name], cuda, BF, seed=7919,
+                        custom_impl="wgmma_pv") <= kw.TOLERANCE
 
 
 def test_a_kernel_cell_runs_through_the_worker(cuda):

@@ -19,7 +19,7 @@ ACCEPTANCES = ("greedy", "synthetic")
 SPECULATIONS = ("ddtree", "none")
 TOPK_IMPLS = ("torch", "triton")            # the drafter's top-k log-probs
 TREE_BUILD_IMPLS = ("triton", "cuda", "torch")   # the kernel of tree_build: gpu
-CUSTOM_IMPLS = ("mma", "wgmma")              # the custom verify kernel's S = QK^T
+CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv")  # the custom verify kernel: QK^T (and P V) on wgmma
 PRESETS = ("tiny", "qwen3-8b", "kimi-k2.6-rank")  # shapes in harness/protocol/presets.py
 
 SHARED_PARAMS = (
@@ -62,13 +62,14 @@ IMPL_DEFAULTS = {p.name: p.default for p in IMPL_PARAMS}
 # What `auto` runs, by device. CUDA: the winners of the op and decode timings on an H200
 # (results/h200/README.md: the fused forward 5.8 vs 8.0 ms at 4096, Triton top-k 26 vs 114 us,
 # the CUDA tree build 65 vs 83 us for Triton). A CPU host runs the torch code, the only one there.
-# The custom verify kernel: wgmma on Hopper (9.0), 0.76-0.93x the mma.sync variant's time at
-# 64 and 65 tree tokens, 4k-64k (kernels/NOTES.md, session 7); mma.sync on any other GPU.
+# The custom verify kernel on Hopper (9.0): both products on wgmma at head_dim 128 (0.62-0.83x
+# the mma.sync variant's time at 64 and 65 tree tokens, 4k-64k, H200: kernels/NOTES.md, session
+# 7), QK^T only elsewhere (its d64 P V fails the float64 check there); mma.sync on other GPUs.
 AUTO_KERNELS = {
     "cuda": {"fused_ops": True, "topk_impl": "triton", "tree_build_impl": "cuda",
              "custom_impl": "mma"},
     "hopper": {"fused_ops": True, "topk_impl": "triton", "tree_build_impl": "cuda",
-               "custom_impl": "wgmma"},
+               "custom_impl": "wgmma_pv"},
     "cpu": {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "torch",
             "custom_impl": "mma"},
 }
@@ -90,10 +91,22 @@ def device_class(cuda: bool, capability: tuple[int, int] | None = None) -> str:
 CUDA_TREE_MAX_NODES, CUDA_TREE_MAX_DEPTH = 256, 16
 
 
+def custom_auto(device: str, head_dim: int | None, mla: bool = False) -> str:
+    """What custom_impl `auto` runs on a device class for a head dim (None: not known here)."""
+    impl = AUTO_KERNELS[device]["custom_impl"]
+    if impl == "wgmma_pv" and (mla or head_dim != 128):
+        impl = "wgmma"        # the P V wgmma is checked at head_dim 128 only (GQA)
+    return impl
+
+
 def resolve_kernels(cell: dict, cuda: bool, capability: tuple[int, int] | None = None) -> dict:
     """Every knob of `cell` with `auto` replaced by what it runs on this device (a CUDA device's
-    compute capability where known) and shape."""
-    auto = dict(AUTO_KERNELS[device_class(cuda, capability)])
+    compute capability where known) and shape (a checkpoint's head dim is not known here)."""
+    device = device_class(cuda, capability)
+    auto = dict(AUTO_KERNELS[device])
+    head_dim = (None if cell.get("checkpoint")
+                else presets.PRESETS[cell["model"]]["target"]["head_dim"])
+    auto["custom_impl"] = custom_auto(device, head_dim)
     if auto["tree_build_impl"] == "cuda" and (cell["tree_budget"] > CUDA_TREE_MAX_NODES
                                               or cell["block_size"] - 1 > CUDA_TREE_MAX_DEPTH):
         auto["tree_build_impl"] = "triton"

@@ -292,8 +292,8 @@ def run(cell: dict, progress) -> dict:
     impl = cell.get("custom_impl", params.AUTO)
     if impl == params.AUTO:
         cuda = device.type == "cuda"
-        impl = params.AUTO_KERNELS[params.device_class(
-            cuda, torch.cuda.get_device_capability(device) if cuda else None)]["custom_impl"]
+        impl = params.custom_auto(params.device_class(
+            cuda, torch.cuda.get_device_capability(device) if cuda else None), pt.dk, pt.mla)
     progress(stage="check", mode=mode)
     err = check(mode, pt, device, dtype, seed * 1000 + 7919, custom_impl=impl)
     progress(stage="ceilings", device=str(device))

@@ -10,8 +10,9 @@
 //   the fragment layouts of the PTX ISA: the emulator reassembles whole matrices from the
 //   lanes' registers, so a kernel that indexes them wrongly computes the wrong numbers here too.
 // - wgmma.mma_async m64n64k16 (A in registers, B through a K-major 128-byte-swizzle shared-memory
-//   descriptor) is a barrier of the warpgroup's 128 threads that completes at issue; the
-//   descriptor is decoded bit by bit and the swizzle applied to absolute shared addresses.
+//   descriptor), m64n64k16 / m64n128k16 with an MN-major B (imm-trans-b 1) and m64n32k16 with both
+//   operands by descriptor are a barrier of the warpgroup's 128 threads that completes at issue;
+//   the descriptor is decoded bit by bit and the swizzle applied to absolute shared addresses.
 // - cp.async copies are queued per thread and land as late as the rules allow: at the
 //   cp.async.wait_group that retires their group (TVA_EMU_EARLY=1: at issue instead). A kernel
 //   that reads a tile before waiting for it reads the poison (0xff bytes: bf16 NaN).
@@ -640,23 +641,42 @@ inline float emu_desc_at(uint64_t desc, int r, int k) {
     return emu_bf2f(emu_ld16(addr));
 }
 
-// One warpgroup-wide d[64 x N] (+)= A[64 x 16] B[16 x N]: every thread gives its operands, the
-// product is formed from the whole group's, each thread keeps its accumulator fragment (warp w of
-// the group: rows 16w + lane/4 (+8), n-tile j columns 8j + 2(lane%4) (+1)).
-template <int N, typename AAt>
-inline void emu_wgmma(float (&d)[N / 8][4], AAt a_at, uint64_t desc_b, int accumulate) {
+// d (+)= A B over the whole warpgroup, A and B read through accessors a_at(row, k), b_at(k, n).
+template <int N, typename AAt, typename BAt>
+inline void emu_wgmma_b(float (&d)[N / 8][4], AAt a_at, BAt b_at, int accumulate) {
     const int tid = emu::me().tid, lane = tid & 31, w = (tid >> 5) & 3;
     float out[N / 8][4];
     for (int j = 0; j < N / 8; ++j)
         for (int e = 0; e < 4; ++e) {
             const int row = 16 * w + lane / 4 + 8 * (e >> 1), n = 8 * j + 2 * (lane % 4) + (e & 1);
             float acc = accumulate ? d[j][e] : 0.f;
-            for (int k = 0; k < 16; ++k) acc += a_at(row, k) * emu_desc_at(desc_b, n, k);
+            for (int k = 0; k < 16; ++k) acc += a_at(row, k) * b_at(k, n);
             out[j][e] = acc;
         }
     emu::warpgroup_sync();
     for (int j = 0; j < N / 8; ++j)
         for (int e = 0; e < 4; ++e) d[j][e] = out[j][e];
+}
+
+// Element (k, n) of an MN-major (imm-trans 1) 128-byte-swizzle operand described by `desc`: rows
+// of 128 bytes along N (64 bf16), one per k; groups of 8 rows SBO bytes apart along K, blocks of
+// 64 columns LBO bytes apart along N; the same swizzle on absolute addresses.
+inline float emu_desc_mn_at(uint64_t desc, int k, int n) {
+    if ((desc >> 62) != 1) emu::die("emulated wgmma supports the 128-byte swizzle only");
+    const uint32_t start = static_cast<uint32_t>(desc & 0x3FFF) << 4;
+    const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3FFF) << 4;
+    const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4;
+    uint32_t addr = start + (k / 8) * sbo + (k % 8) * 128 + (n / 64) * lbo + 2 * (n % 64);
+    addr ^= ((addr >> 7) & 7u) << 4;
+    return emu_bf2f(emu_ld16(addr));
+}
+
+// One warpgroup-wide d[64 x N] (+)= A[64 x 16] B[16 x N]: every thread gives its operands, the
+// product is formed from the whole group's, each thread keeps its accumulator fragment (warp w of
+// the group: rows 16w + lane/4 (+8), n-tile j columns 8j + 2(lane%4) (+1)).
+template <int N, typename AAt>
+inline void emu_wgmma(float (&d)[N / 8][4], AAt a_at, uint64_t desc_b, int accumulate) {
+    emu_wgmma_b<N>(d, a_at, [&](int k, int n) { return emu_desc_at(desc_b, n, k); }, accumulate);
 }
 
 inline void emu_wgmma_enter(uint64_t d0, uint64_t d1, const uint32_t* a) {
@@ -672,15 +692,32 @@ inline void emu_wgmma_enter(uint64_t d0, uint64_t d1, const uint32_t* a) {
         if (first[i] != mine[i]) emu::die("wgmma descriptor differs across the warpgroup");
 }
 
+// A from registers: element (r, k) from warp r / 16 of the group, in the mma.m16n8k16 A layout.
+inline float emu_wgmma_reg_a(int group0, int r, int k) {
+    const int rr = r % 16;
+    const auto& sl = emu::current_block()->slots[group0 + (r / 16) * 32 + (rr % 8) * 4 + (k % 8) / 2];
+    return emu_half(sl[(rr >= 8) + 2 * (k >= 8)], k % 2);
+}
+
 inline void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
     emu_wgmma_enter(desc, 0, a);
     const int group0 = emu::me().tid & ~127;
-    auto a_at = [&](int r, int k) {            // registers: warp r / 16 of the group, mma A layout
-        const int rr = r % 16;
-        const auto& sl = emu::current_block()->slots[group0 + (r / 16) * 32 + (rr % 8) * 4 + (k % 8) / 2];
-        return emu_half(sl[(rr >= 8) + 2 * (k >= 8)], k % 2);
-    };
-    emu_wgmma<64>(d, a_at, desc, accumulate);
+    emu_wgmma<64>(d, [&](int r, int k) { return emu_wgmma_reg_a(group0, r, k); }, desc, accumulate);
+}
+
+// A from registers, B MN-major (imm-trans-b 1), always accumulating (the P V of the GQA kernel).
+template <int N>
+inline void emu_wgmma_tb(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc) {
+    emu_wgmma_enter(desc, 0, a);
+    const int group0 = emu::me().tid & ~127;
+    emu_wgmma_b<N>(d, [&](int r, int k) { return emu_wgmma_reg_a(group0, r, k); },
+                   [&](int k, int n) { return emu_desc_mn_at(desc, k, n); }, 1);
+}
+inline void wgmma_m64n64k16_tb(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc) {
+    emu_wgmma_tb<64>(d, a, desc);
+}
+inline void wgmma_m64n128k16_tb(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
+    emu_wgmma_tb<128>(d, a, desc);
 }
 
 inline void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
