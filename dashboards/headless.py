@@ -143,18 +143,23 @@ def check_page(path, screenshot: bool = True, chromium: str | None = None,
         try:
             _drive(pipe, url, check, screenshot, timeout, max_height)
         finally:
-            try:
-                pipe.call("Browser.close", timeout=5)
-            except Exception:  # noqa: BLE001 - it is going away either way
-                pass
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            pipe.out.close()
-            pipe.inp.close()
+            close_browser(pipe, proc)
     return check
+
+
+def close_browser(pipe, proc) -> None:
+    """Ask the browser to quit, wait for it (kill it if it will not) and close the pipe."""
+    try:
+        pipe.call("Browser.close", timeout=5)
+    except Exception:  # noqa: BLE001 - it is going away either way
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    pipe.out.close()
+    pipe.inp.close()
 
 
 def _drive(pipe: _Pipe, url: str, check: PageCheck, screenshot: bool, timeout: float,

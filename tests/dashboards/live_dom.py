@@ -49,17 +49,7 @@ def dom_when(url: str, condition_js: str, timeout: float = 60.0,
                 time.sleep(0.25)
             return _evaluate(pipe, session, "document.documentElement.outerHTML") or ""
         finally:
-            try:
-                pipe.call("Browser.close", timeout=5)
-            except Exception:  # noqa: BLE001 - it is going away either way
-                pass
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            pipe.out.close()
-            pipe.inp.close()
+            headless.close_browser(pipe, proc)
 
 
 def _evaluate(pipe, session: str, expression: str):
