@@ -137,7 +137,14 @@ if ! command -v "$python" >/dev/null 2>&1; then
     exit {EX_TEMPFAIL}
 fi
 export PYTHONPATH="$bundle" PYTHONUNBUFFERED=1 HARNESS_CACHE_DIR={shlex.quote(cache_dir)}
-exec "$python" -m harness.worker --cells "$folder/cells/$task.jsonl" --out "$folder/out/$task"
+# The worker writes into out/$task, made and entered here: once the controller has removed a
+# cancelled batch's folder, a worker that was still starting fails to write instead of making
+# the whole path again (a relative --out in a deleted folder cannot be created).
+if ! cd "$folder/out" 2>/dev/null || ! mkdir -p "$task" || ! cd "$task"; then
+    echo "{INFRA_PREFIX}the batch folder $folder is gone (a cancelled batch is removed by the controller)"
+    exit {EX_TEMPFAIL}
+fi
+exec "$python" -m harness.worker --cells "$folder/cells/$task.jsonl" --out .
 """
 
 

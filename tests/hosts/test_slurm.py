@@ -229,7 +229,10 @@ def test_ctrl_c_cancels_every_task_and_leaves_no_job_behind(cluster, tmp_path, f
     # By the time the controller has exited, Slurm runs nothing of it, and no worker is left.
     assert cluster.live_jobs() == {}
     ours = {tid: state for tid, state in cluster.tasks().items() if tid not in before}
-    assert len(ours) == 3 and set(ours.values()) == {"CANCELLED"}, \
+    # Each task ended by the cancel: CANCELLED, or FAILED for one Slurm cancelled as it
+    # started (its worker then finds its batch folder removed); none ran to an end of its own.
+    assert len(ours) == 3 and "CANCELLED" in ours.values() \
+        and set(ours.values()) <= {"CANCELLED", "FAILED"}, \
         [cluster.run("scontrol", "-o", "show", "job", t).stdout for t in ours] + [out, err]
     assert wait_until(lambda: not worker_processes(work), 15), worker_processes(work)
     [run_dir] = (tmp_path / "results" / "runs").iterdir()

@@ -194,12 +194,14 @@ def test_the_job_script_passes_hostile_paths_as_single_words(tmp_path):
     bundle = root / "bundles" / "h"
     bundle.mkdir(parents=True)
     python = fake_python(tmp_path / f"py {HOSTILE}")
+    (root / "jobs" / "b1" / "out").mkdir(parents=True)        # as the controller makes it
     script = job_script(folder, str(bundle), str(python), str(root / "cache"))
     out = run_script(script, tmp_path, {"SLURM_ARRAY_TASK_ID": "3"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["-m", "harness.worker", "--cells",
-                                       folder.cells_file(3), "--out", f"{folder.root}/out/3",
+                                       folder.cells_file(3), "--out", ".",
                                        f"PYTHONPATH={bundle}"]
+    assert (root / "jobs" / "b1" / "out" / "3").is_dir()       # the worker runs in out/3
     assert not list(tmp_path.rglob("PWNED"))
 
     home = tmp_path / "home"
@@ -208,6 +210,19 @@ def test_the_job_script_passes_hostile_paths_as_single_words(tmp_path):
     out = run_script(job_script(folder, str(bundle), "~/venv/bin/python", "/c"), tmp_path,
                      {"SLURM_ARRAY_TASK_ID": "0", "HOME": str(home)})
     assert out.returncode == 0 and out.stdout.startswith("-m\n"), out.stderr   # the node's ~
+
+
+def test_a_task_whose_batch_folder_is_gone_makes_nothing_again(tmp_path):
+    # Ctrl-C: the controller cancelled the batch and removed its folder; a task that starts
+    # (or was starting) only now must not make the folder again, and says why in one line.
+    folder = BatchFolder(str(tmp_path / "jobs" / "b1"))
+    python = fake_python(tmp_path / "py")
+    out = run_script(job_script(folder, str(tmp_path), str(python), "/c"), tmp_path,
+                     {"SLURM_ARRAY_TASK_ID": "0"})
+    assert out.returncode == 75
+    assert out.stdout == (f"@@infra the batch folder {folder.root} is gone (a cancelled batch "
+                          f"is removed by the controller)\n")
+    assert not (tmp_path / "jobs").exists()
 
 
 def test_the_job_script_says_what_is_wrong_with_the_node_in_one_infra_line(tmp_path):
