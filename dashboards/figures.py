@@ -19,6 +19,7 @@ import numpy as np
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.lines import Line2D
 
+from harness.protocol.numbers import is_finite_number
 from harness.protocol.params import (
     DEFAULTS,
     GRAPH_CAPTURES,
@@ -44,20 +45,16 @@ def _median_and_error(result: dict) -> tuple[float, float, float] | None:
     """
     metrics = result.get("metrics") or {}
     samples = [s for s in (result.get("samples") or {}).get("tokens_per_s") or []
-               if _finite(s)]
+               if is_finite_number(s)]
     if samples:
         med = statistics.median(samples)
         return med, med - min(samples), max(samples) - med
     value = metrics.get("tokens_per_s")
-    if not _finite(value):
+    if not is_finite_number(value):
         return None
     spread = metrics.get("tokens_per_s_spread")
-    spread = float(spread) if _finite(spread) else 0.0
+    spread = float(spread) if is_finite_number(spread) else 0.0
     return float(value), spread / 2, spread / 2
-
-
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def is_decode(result: dict) -> bool:
@@ -377,7 +374,7 @@ def speedup_heatmap(results: list[dict], out_path, reference: str | None = None,
             ax.text(j, i - (0.12 if base else 0), text[i][j], ha="center", va="center",
                     fontsize=8, color=color)
             if base:
-                ax.text(j, i + 0.22, f"base {before:.2f}×" if _finite(before) else "base –",
+                ax.text(j, i + 0.22, f"base {before:.2f}×" if is_finite_number(before) else "base –",
                         ha="center", va="center", fontsize=6.5, color=color,
                         alpha=0.75 if np.isfinite(value) else 0.6)
     ax.set_xticks(range(len(contexts)), [style.fmt_tokens(c) for c in contexts])

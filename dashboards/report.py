@@ -17,13 +17,13 @@ is the Jinja2 template report.html.j2 beside this module, autoescaped.
 from __future__ import annotations
 
 import base64
-import math
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
 
+from harness.protocol.numbers import is_finite_number
 from harness.protocol.params import times_a_kernel
 from harness.protocol.redact import redact_uri
 from harness.sweep.journal import RunJournal, atomic_write_text
@@ -38,10 +38,6 @@ MAX_TIMELINES = 12
 # The PNGs a report writes beside index.html (and so the ones a new report may replace).
 FIGURE_FILES = ("tokens_vs_context.png", "speedup_heatmap.png", "idle_by_phase.png",
                 "kernel_roofline.png", "timeline-*.png", "history-*.png")
-
-
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 # -- figures ---------------------------------------------------------------------------------
@@ -150,7 +146,7 @@ _ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent),
 
 
 def _fmt(value, spec: str) -> str:
-    return format(value, spec) if _finite(value) else "–"
+    return format(value, spec) if is_finite_number(value) else "–"
 
 
 def _summary_rows(journal: RunJournal, results: list[dict]) -> list[tuple[str, str]]:
@@ -200,7 +196,7 @@ def _summary_rows(journal: RunJournal, results: list[dict]) -> list[tuple[str, s
 def _idle_cell(result: dict) -> str:
     m = result.get("metrics") or {}
     value = m.get("idle_fraction")
-    if _finite(value):
+    if is_finite_number(value):
         return f"{value:.1%}"
     if result.get("status") == "ok" and not (result.get("env") or {}).get("gpu"):
         return "n/a (no GPU)"
@@ -272,7 +268,7 @@ def _cells_table(planned: list[dict], results: dict[str, dict], verdicts: dict |
                 row += [_td("–", num=True), _td("–", num=True), _td("no result", cls="muted")]
             else:
                 row += [_td(_fmt(v.base, ".1f"), num=True),
-                        _td(f"{v.ratio:.3f}" if _finite(v.ratio) else "–", num=True),
+                        _td(f"{v.ratio:.3f}" if is_finite_number(v.ratio) else "–", num=True),
                         _td(v.verdict, cls=v.verdict.replace(" ", "-"), detail=v.detail or None)]
         rows.append(row)
     return {"caption": "Kernel cells" if kernel else "Decode cells", "head": head, "rows": rows}

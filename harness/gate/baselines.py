@@ -22,7 +22,6 @@ into the JSON file (merged per cell, so a run with a failed cell keeps that cell
 from __future__ import annotations
 
 import json
-import math
 import re
 import statistics
 import tempfile
@@ -33,6 +32,7 @@ from typing import Iterator
 
 from harness.protocol import deployment
 from harness.protocol.errors import InputError
+from harness.protocol.numbers import is_finite_number
 from harness.protocol.params import kernels_ran
 from harness.protocol.redact import redact_uri
 from harness.protocol.workloads import yaml_word
@@ -87,10 +87,6 @@ class Side:
     engine: dict | None = None   # a service cell's engine, by parameter (deployment.engine)
 
 
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 REPEAT, RUN = "repeat", "run"    # the unit of a sample: one repeat, or one worker run
 
 
@@ -112,11 +108,11 @@ def samples_of(results: list[dict], unit: str = REPEAT) -> dict[str, list[float]
         per_repeat = r.get("samples") or {}
         for name, value in (r.get("metrics") or {}).items():
             listed = per_repeat.get(name)
-            if isinstance(listed, list) and listed and all(_is_number(v) for v in listed):
+            if isinstance(listed, list) and listed and all(is_finite_number(v) for v in listed):
                 values = [float(v) for v in listed]
                 pooled.setdefault(name, []).extend(values if unit == REPEAT
                                                    else [statistics.median(values)])
-            elif _is_number(value):
+            elif is_finite_number(value):
                 pooled.setdefault(name, []).append(float(value))
     return pooled
 
@@ -275,7 +271,7 @@ def write_file(root: str | Path, journal: RunJournal, replace: bool = False) -> 
     for cid, r in journal.results().items():
         if r.get("status") != "ok":
             continue
-        metrics = {k: v for k, v in (r.get("metrics") or {}).items() if _is_number(v)}
+        metrics = {k: v for k, v in (r.get("metrics") or {}).items() if is_finite_number(v)}
         # Per-repeat samples of the metrics only (not e.g. every step time): what the gate uses.
         samples = {k: v for k, v in (r.get("samples") or {}).items() if k in metrics}
         by_class.setdefault(result_gpu_class(r), {})[cid] = {

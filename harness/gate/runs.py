@@ -9,11 +9,11 @@ gets a plain word (no base, base failed, head failed).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from harness.gate.policy import DEFAULT_POLICIES
 from harness.gate.stats import compare as gate_compare
+from harness.protocol.numbers import is_finite_number
 
 VERDICT_NOTE = ("Verdicts: the regression gate (one-sided Mann–Whitney on the repeats and the "
                 "default policy threshold); with few repeats a real change can stay inconclusive.")
@@ -63,7 +63,7 @@ def _samples(result: dict | None, metric: str) -> list[float]:
     """The repeats of `metric` (samples), else its single value, else nothing."""
     if not result:
         return []
-    values = [float(v) for v in (result.get("samples") or {}).get(metric) or [] if _finite(v)]
+    values = [float(v) for v in (result.get("samples") or {}).get(metric) or [] if is_finite_number(v)]
     if not values and _value(result, metric) is not None:
         values = [_value(result, metric)]
     return values
@@ -71,8 +71,4 @@ def _samples(result: dict | None, metric: str) -> list[float]:
 
 def _value(result: dict | None, metric: str) -> float | None:
     v = ((result or {}).get("metrics") or {}).get(metric)
-    return float(v) if _finite(v) else None
-
-
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if is_finite_number(v) else None

@@ -16,7 +16,7 @@ no NVML) logs no system metric at all. No mlflow import: the caller wraps the tu
 
 from __future__ import annotations
 
-import math
+from harness.protocol.numbers import is_finite_number
 
 PREFIX = "system/"
 # gpu_series column -> MLflow's name for it after "gpu_<i>_"
@@ -39,7 +39,7 @@ def system_metrics(result: dict, fallback_start_ms: int) -> list[tuple[str, floa
     if not isinstance(index, int) or isinstance(index, bool) or index < 0:
         return []
     origin = series.get("origin")
-    start_ms = int(origin * 1000) if _number(origin) else fallback_start_ms
+    start_ms = int(origin * 1000) if is_finite_number(origin) else fallback_start_ms
     times = series["t_s"]
     out = []
     for column, name in NAMES.items():
@@ -48,10 +48,6 @@ def system_metrics(result: dict, fallback_start_ms: int) -> list[tuple[str, floa
             continue
         key = f"{PREFIX}gpu_{index}_{name}"
         for step, (t, v) in enumerate(zip(times, values)):
-            if _number(t) and _number(v):
+            if is_finite_number(t) and is_finite_number(v):
                 out.append((key, float(v), start_ms + int(round(t * 1000)), step))
     return out
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

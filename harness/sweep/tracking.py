@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import platform
 import time
@@ -47,6 +46,7 @@ from typing import Any, Iterator
 
 from harness.protocol.errors import InputError
 from harness.protocol.redact import redact_uri, was_redacted
+from harness.protocol.numbers import is_finite_number
 from harness.sweep import mlflow_view
 from harness.sweep.journal import RunJournal, utc_now_iso
 from harness.sweep.system_metrics import system_metrics
@@ -563,7 +563,7 @@ class _Uploader:
             metrics = [Metric(k, v, start, 0) for k, v in _finite_metrics(result.get("metrics"))]
             repeats = (result.get("samples") or {}).get("tokens_per_s") or []
             metrics += [Metric("tokens_per_s_repeat", float(v), start, i)
-                        for i, v in enumerate(repeats) if _is_number(v)]
+                        for i, v in enumerate(repeats) if is_finite_number(v)]
         # The GPU's own samples, failed cells included: they are the host's, not the
         # workload's numbers, and a memory curve climbing to an out-of-memory explains it.
         metrics += [Metric(*m) for m in system_metrics(result, start)]
@@ -571,7 +571,7 @@ class _Uploader:
         self.client.log_dict(rid, result, "cell.json")
         # Terminating is the last call: a child still RUNNING was cut off mid-upload.
         wall = result.get("wall_s")
-        end = start + int(float(wall) * 1000) if _is_number(wall) else None
+        end = start + int(float(wall) * 1000) if is_finite_number(wall) else None
         self.client.set_terminated(rid, status="FINISHED" if ok else "FAILED", end_time=end)
         return rid
 
@@ -665,15 +665,11 @@ def _param_value(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v)
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _finite_metrics(metrics: dict | None) -> Iterator[tuple[str, float]]:
     """Metric values that are real measurements: null (not measurable here), NaN/inf and
     non-numbers are never sent to MLflow (DESIGN: no made-up numbers)."""
     for k, v in (metrics or {}).items():
-        if _is_number(v):
+        if is_finite_number(v):
             yield k, float(v)
 
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import math
 
+from harness.protocol.numbers import is_finite_number
+
 INTERVAL_S = 0.5
 # 240 points of five columns are 8-9 KB of JSON (measured on random H200-like readings): a
 # two-hour cell stays as small as a two-minute one.
@@ -50,7 +52,7 @@ def gpu_series(samples: list[dict], origin: float, interval_s: float | None,
     """The series of the snapshots (hostfacts.sample's dicts) that read a GPU, times relative
     to `origin` (epoch seconds), taken every `interval_s` (None: only around the cell, and the
     series says no spacing); None when no snapshot read a GPU."""
-    points = [s for s in samples if isinstance(s.get("gpu"), dict) and _number(s.get("time"))]
+    points = [s for s in samples if isinstance(s.get("gpu"), dict) and is_finite_number(s.get("time"))]
     if not points:
         return None
     points.sort(key=lambda s: s["time"])
@@ -68,12 +70,8 @@ def gpu_series(samples: list[dict], origin: float, interval_s: float | None,
     return out
 
 
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _mean(values: list) -> float | None:
-    values = [v for v in values if _number(v)]
+    values = [v for v in values if is_finite_number(v)]
     return sum(values) / len(values) if values else None
 
 

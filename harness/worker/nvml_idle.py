@@ -22,7 +22,7 @@ import time
 
 from harness.worker import hostfacts
 
-INTERVAL_S = 0.5              # a reading every half second: 2 ms of NVML queries per GPU each
+INTERVAL_S = 0.5              # a reading every half second (a hostfacts snapshot per GPU each)
 NVML_PERIOD = "1/6 s to 1 s, by product"
 LONGEST_PERIOD_S = 1.0
 

@@ -97,8 +97,9 @@ def gqa_warps(rows: int, wgmma: bool = False) -> int:
     each extra row block re-reads every KV tile from L2: minimise padded rows x (1 + c per
     block), ties to the larger CTA. c = 0.15 for mma.sync; 0.10 for wgmma (whole warpgroups),
     whose K operand comes from shared memory once per warpgroup: at 260 rows (65 tree tokens x
-    4 heads) five 4-warp blocks beat three 8-warp ones by 3-5 % at 16k-64k, at 256 rows two
-    8-warp blocks beat four 4-warp ones by 6-9 % (H200, kernels/NOTES.md, session 7)."""
+    4 heads) five 4-warp blocks beat three 8-warp ones by 5 % at 16k-64k, at 256 rows two
+    8-warp blocks beat four 4-warp ones by 6-9 % at 16k-64k (H200, wgmma QK^T, kernels/NOTES.md,
+    session 7)."""
     c = 0.10 if wgmma else 0.15
 
     def cost(w: int) -> float:

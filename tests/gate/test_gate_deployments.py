@@ -81,14 +81,19 @@ def test_the_engine_a_result_measured():
     assert deployment.engine({"cell": canonical({})}) == {}
 
 
-def test_a_baseline_from_another_deployment_is_not_compared(tmp_path):
+def gate_run_against_run(tmp_path, base, head) -> tuple[int, str]:
+    """`harness gate` of run `head` against run `base` (journals under tmp_path/results)."""
     scenario = tmp_path / "s.yaml"
     scenario.write_text(TEXT)
+    return harness("gate", scenario, "--baseline", f"run:{base.run_id}", "--run", head.run_id,
+                   "--results", tmp_path / "results")
+
+
+def test_a_baseline_from_another_deployment_is_not_compared(tmp_path):
     results = tmp_path / "results"
     base = journal(results, "20260104-000000-000001", 100.0, SGLANG)
     other = journal(results, "20260104-000000-000002", 150.0, VLLM)
-    code, out = harness("gate", scenario, "--baseline", f"run:{base.run_id}", "--run",
-                        other.run_id, "--results", results)
+    code, out = gate_run_against_run(tmp_path, base, other)
     assert code == 2 and "nothing was compared" in out, out
     gate = latest_gate(results)
     assert {c["verdict"] for c in gate["cells"]} == {"missing"}
@@ -101,8 +106,7 @@ def test_a_baseline_from_another_deployment_is_not_compared(tmp_path):
 
     # The same deployment, recorded from another host's declaration: compared, unchanged.
     same = journal(results, "20260104-000000-000003", 100.0, SGLANG_ELSEWHERE)
-    code, out = harness("gate", scenario, "--baseline", f"run:{base.run_id}", "--run",
-                        same.run_id, "--results", results)
+    code, out = gate_run_against_run(tmp_path, base, same)
     assert code == 0, out
     assert {c["verdict"] for c in latest_gate(results)["cells"]} == {"unchanged"}
 
@@ -159,13 +163,10 @@ def test_a_side_pooled_over_two_deployments_is_a_measurement_of_neither():
 def test_an_engine_that_cannot_be_told_is_compared_as_before(tmp_path):
     # Results from before they recorded their deployment, of cells that declare no engine
     # (the host's hosts.yaml did): nothing says they differ, so they are compared.
-    scenario = tmp_path / "s.yaml"
-    scenario.write_text(TEXT)
     results = tmp_path / "results"
     base = journal(results, "20260106-000000-000001", 100.0, None)
     head = journal(results, "20260106-000000-000002", 100.0, VLLM)
-    code, out = harness("gate", scenario, "--baseline", f"run:{base.run_id}", "--run",
-                        head.run_id, "--results", results)
+    code, out = gate_run_against_run(tmp_path, base, head)
     assert code == 0, out
 
 

@@ -225,7 +225,7 @@ def _h200_splits(lib, b, hq, hkv, T, d, max_keys, mla=False, wgmma=False):
     if mla:
         m_blocks = math.ceil(hq * T / 64)
         return 8, cv.best_splits(b * m_blocks, H200_SMS, max_keys, cv._overhead_keys(64, cv.MLA_DV, cv.MLA_DK * 2))
-    warps = max(4, cv.gqa_warps(hq // hkv * T)) if wgmma else cv.gqa_warps(hq // hkv * T)
+    warps = cv.gqa_warps(hq // hkv * T, wgmma=bool(wgmma))      # as custom_verify.plan picks
     m_blocks = math.ceil(hq // hkv * T / (16 * warps))
     occupancy = max(1, (228 * 1024) // (lib.tva_gqa_smem_bytes(d, warps, int(wgmma)) + 1024))
     return warps, cv.best_splits(b * hkv * m_blocks, occupancy * H200_SMS, max_keys,

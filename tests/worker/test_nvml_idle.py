@@ -1,6 +1,7 @@
-"""The NVML idle estimate of a serving engine without a profiler route, against a fake pynvml
-(this machine has no GPU: the real-GPU check is still to be made): how it is read, what it
-says of itself, and its absence with a reason wherever NVML cannot answer."""
+"""The NVML idle estimate of a serving engine without a profiler route, against a fake pynvml:
+how it is read, what it says of itself, and its absence with a reason wherever NVML cannot
+answer. (On a real GPU it was read once, by hand, on the H200: results/h200/README.md,
+"Session 7": the NVML fallback.)"""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from harness.gate.policy import DEFAULT_POLICIES
 from harness.worker import hostfacts, nvml_idle
+from test_hostfacts import use
 
 
 class NvmlError(Exception):
@@ -39,12 +41,6 @@ def fake_nvml(utilisation: dict):
 
     return SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=by_index,
                            nvmlDeviceGetUtilizationRates=rates)
-
-
-def use(monkeypatch, module):
-    state = hostfacts._NvmlState()
-    state.tried, state.module = True, module
-    monkeypatch.setattr(hostfacts, "_NVML", state)
 
 
 @pytest.fixture

@@ -62,7 +62,7 @@ IMPL_DEFAULTS = {p.name: p.default for p in IMPL_PARAMS}
 # What `auto` runs, by device. CUDA: the winners of the op and decode timings on an H200
 # (results/h200/README.md: the fused forward 5.8 vs 8.0 ms at 4096, Triton top-k 26 vs 114 us,
 # the CUDA tree build 65 vs 83 us for Triton). A CPU host runs the torch code, the only one there.
-# The custom verify kernel on Hopper (9.0): both products on wgmma at head_dim 128 (0.62-0.83x
+# The custom verify kernel on Hopper (9.0): both products on wgmma at head_dim 128 (0.62-0.84x
 # the mma.sync variant's time at 64 and 65 tree tokens, 4k-64k, H200: kernels/NOTES.md, session
 # 7), QK^T only elsewhere (its d64 P V fails the float64 check there); mma.sync on other GPUs.
 AUTO_KERNELS = {
