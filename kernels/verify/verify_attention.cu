@@ -261,6 +261,31 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return u;
 }
 
+// An empty asm that "reads and writes" r (CUTLASS's warpgroup_fence_operand). A wgmma reads
+// and writes its register operands asynchronously, until the wait_group that retires it, but to
+// the compiler the wait is an asm that touches no registers: placed right after the wait, this
+// pins r there, so no read of an accumulator moves above the wait and no other value takes an
+// operand's registers early. Without it ptxas finds such a move and serialises every wgmma of
+// the kernel (advisory C7513).
+template <int N, int K>
+__device__ __forceinline__ void keep_live(float (&r)[N][K]) {
+#ifndef TVA_EMULATE
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int j = 0; j < K; ++j) asm volatile("" : "+f"(r[i][j])::"memory");
+#endif
+}
+template <int N, int K>
+__device__ __forceinline__ void keep_live(uint32_t (&r)[N][K]) {
+#ifndef TVA_EMULATE
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int j = 0; j < K; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+#endif
+}
+
 // Byte offset of 16-byte chunk `c` of row `r` in a swizzled tile with CH chunks per row.
 template <int CH>
 __device__ __forceinline__ uint32_t swz(int r, int c) {
@@ -305,6 +330,38 @@ __device__ __forceinline__ bool key_visible(const int32_t* bits_row, int key, in
     return (__ldg(bits_row + (j >> 5)) >> (j & 31)) & 1;
 }
 
+// Epilogue of a GQA CTA: normalise this thread's two rows (r0, r0 + 8: the mma C layout) and
+// write the output (one split) or the partial and its log2-sum-exp. l is still per thread.
+template <int D>
+__device__ __forceinline__ void write_rows(const AttnParams& p, const float (&o)[D / 8][4], const float (&m_run)[2],
+                                           const float (&l_run)[2], int r0, int b, int h, int split, int tig) {
+    const int T = p.tokens, G = p.heads_q / p.heads_kv, M = G * T;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        float l = l_run[hf];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int r = r0 + 8 * hf;
+        if (r >= M) continue;
+        const int g = r / T, t = r % T, hq = h * G + g;
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        if (p.num_splits == 1) {
+            __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hq * p.o_sh + t * p.o_st;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt)
+                *reinterpret_cast<uint32_t*>(out + dt * 8 + 2 * tig) =
+                    pack_bf16(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+        } else {
+            const int64_t row = ((static_cast<int64_t>(split) * p.batch + b) * p.heads_q + hq) * T + t;
+            float* wo = p.ws_o + row * D;
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt)
+                *reinterpret_cast<float2*>(wo + dt * 8 + 2 * tig) = make_float2(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+            if (tig == 0) p.ws_lse[row] = l > 0.f ? m_run[hf] + __log2f(l) : -INFINITY;
+        }
+    }
+}
+
 // ------------------------------------------------------------------------------------------
 // GQA kernel
 // ------------------------------------------------------------------------------------------
@@ -322,14 +379,12 @@ constexpr int gqa_smem_bytes() {
     return 16 * NW * D * 2 + GqaConfig<D>::STAGES * 2 * GqaConfig<D>::TILE_BYTES + (WG ? 1024 : 0);
 }
 
-// PV (with WG only): O += P V on wgmma too, P from registers, V stored as K is (MN-major B).
-template <int D, int NW, bool PAGED, bool WG, bool PV = false>
+template <int D, int NW, bool PAGED, bool WG>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_kernel(const AttnParams p) {
     constexpr int BM = 16 * NW, CH = D / 8, NT = NW * 32, STAGES = GqaConfig<D>::STAGES;
     constexpr int TILE = GqaConfig<D>::TILE_BYTES;
     static_assert(!WG || NW % 4 == 0, "wgmma needs whole warpgroups");
-    static_assert(!PV || WG, "P V on wgmma comes with S on wgmma");
     TVA_DYNAMIC_SMEM(smem);
     // K stages first, 1024-byte aligned for the wgmma swizzle; then V, then Q.
     const uint32_t sK = WG ? (smem_addr(smem) + 1023u) & ~1023u : smem_addr(smem);
@@ -401,7 +456,7 @@ gqa_kernel(const AttnParams p) {
             const uint32_t kdst = WG ? stage * TILE + (lc >> 3) * (BN * 128) + row * 128 + (((lc & 7) ^ (row & 7)) << 4)
                                      : dst;
             cp_async16(sK + kdst, kbase + ko * 2 + lc * 16, ok);
-            cp_async16(sV + (PV ? kdst : dst), vbase + vo * 2 + lc * 16, ok);
+            cp_async16(sV + dst, vbase + vo * 2 + lc * 16, ok);
         }
         fetch_pages(tile + 1);
     };
@@ -520,22 +575,6 @@ gqa_kernel(const AttnParams p) {
         }
 
         // O += P V: the S accumulator layout is the A-operand layout of P (two n-tiles per k-step).
-        if constexpr (PV) {       // one wgmma per 16 keys for the warpgroup's 64 rows x D
-            // P packed first: registers written between two wgmmas make ptxas fence each one.
-            uint32_t pa[BN / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) {
-                pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-                pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-                pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            }
-            wgmma_fence();        // o was rescaled by alpha above: order those writes first
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) wgmma_pv<D>(o, pa[kk], desc_mnmajor_sw128(v_s + kk * 16 * 128));
-            wgmma_commit();
-            wgmma_wait<0>();
-        } else {
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
@@ -550,35 +589,258 @@ gqa_kernel(const AttnParams p) {
                 mma16816(o[2 * dp + 1], pa, b2, b3);
             }
         }
+    }
+    cp_async_wait<0>();
+
+    write_rows<D>(p, o, m_run, l_run, r0, b, h, split, lane & 3);
+}
+
+// ------------------------------------------------------------------------------------------
+// GQA kernel with both products on wgmma, software-pipelined (Hopper; impl "wgmma_pv")
+// ------------------------------------------------------------------------------------------
+// gqa_kernel runs each tile's steps one after another: S = Q K^T, wait, softmax, O += P V,
+// wait. ncu on the H200 (65 tree tokens, 65536 keys) saw the tensor pipe busy 41 % of the time
+// and neither L2 (48 %) nor DRAM (26 %) near a limit: the warps wait on their own MMAs. Here each
+// warpgroup issues S_{j+1} = Q K_{j+1}^T and then O += P_j V_j back to back, and computes the
+// softmax of S_{j+1} while the tensor cores run P_j V_j; O is rescaled once that product is done
+// (FlashAttention-3's intra-warpgroup overlap). K and V have their own rings of three tiles:
+// iteration j loads K_{j+3} and V_{j+2}, so each lands two iterations before it is read.
+// V tiles are stored as K tiles are (64-column blocks of 128-byte rows, 128-byte swizzle) and
+// read as an MN-major B operand; P goes from the S accumulators to the A registers of P V.
+
+template <int D, int NW, bool PAGED>
+__global__ void __launch_bounds__(NW * 32, 1)
+gqa_pipelined_kernel(const AttnParams p) {
+    constexpr int CH = D / 8, NT = NW * 32, STAGES = GqaConfig<D>::STAGES;
+    constexpr int TILE = GqaConfig<D>::TILE_BYTES;
+    constexpr int BM = 16 * NW;
+    static_assert(NW % 4 == 0, "wgmma needs whole warpgroups");
+    static_assert(STAGES == 3, "the rings below load K three tiles and V two tiles ahead");
+    TVA_DYNAMIC_SMEM(smem);
+    const uint32_t sK = (smem_addr(smem) + 1023u) & ~1023u;    // 1024-byte aligned for the swizzle
+    const uint32_t sV = sK + STAGES * TILE;
+    const uint32_t sQ = sV + STAGES * TILE;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int mblock = blockIdx.x, split = blockIdx.y;
+    const int b = blockIdx.z / p.heads_kv, h = blockIdx.z % p.heads_kv;
+    const int T = p.tokens, G = p.heads_q / p.heads_kv, M = G * T;
+    const int L = read_length(p, b);
+    const SplitRange sr = split_range(L + T, p.num_splits, split);
+    const int n = sr.tiles;
+
+    const char* kbase = static_cast<const char*>(p.k) + h * p.k_sh * 2 + (PAGED ? 0 : b * p.k_sb * 2);
+    const char* vbase = static_cast<const char*>(p.v) + h * p.v_sh * 2 + (PAGED ? 0 : b * p.v_sb * 2);
+    const char* qbase = static_cast<const char*>(p.q) + (b * p.q_sb + static_cast<int64_t>(h) * G * p.q_sh) * 2;
+#pragma unroll
+    for (int i = 0; i < BM * CH / NT; ++i) {
+        const int idx = tid + i * NT, row = idx / CH, c = idx % CH;
+        const int r = mblock * BM + row;
+        const bool ok = r < M;
+        const int g = ok ? r / T : 0, t = ok ? r % T : 0;
+        cp_async16(sQ + swz<CH>(row, c), qbase + (g * p.q_sh + t * p.q_st) * 2 + c * 16, ok);
+    }
+
+    // Each thread copies 16-byte column `lc` of rows lrow0, lrow0 + RS, ... of every tile, into
+    // 64-column block lc / 8, chunk (lc % 8) ^ (row % 8); RS is a multiple of 8, so the swizzled
+    // chunk is the same for all of a thread's rows.
+    constexpr int RS = NT / CH;
+    static_assert(NT % CH == 0 && BN % RS == 0 && RS % 8 == 0, "tile copy layout");
+    const int lc = tid % CH, lrow0 = tid / CH;
+    const uint32_t dst0 = (lc >> 3) * (BN * 128) + lrow0 * 128 + (((lc & 7) ^ (lrow0 & 7)) << 4);
+    // Paged: the pages of this thread's rows of a K tile are read a tile ahead of its copy (a
+    // page-table round trip before each cp.async stalled the warp); the V copy of the same tile
+    // comes one iteration later and reuses them.
+    const int page_size = static_cast<int>(p.page_size);
+    int32_t kpages[BN / RS], vpages[BN / RS];
+    auto fetch_pages = [&](int tile, int32_t (&pages)[BN / RS]) {
+        if constexpr (PAGED) {
+            const int kb = sr.begin + tile * BN;
+#pragma unroll
+            for (int i = 0; i < BN / RS; ++i) {
+                const int key = kb + lrow0 + i * RS, kk = key < sr.end ? key : sr.begin;
+                pages[i] = __ldg(p.page_table + b * p.pt_sb + kk / page_size);
+            }
+        }
+    };
+    auto copy_tile = [&](uint32_t ring, const char* base, int64_t sb, int64_t st, int tile,
+                         const int32_t (&pages)[BN / RS]) {
+        const int kb = sr.begin + tile * BN;
+        const uint32_t dst = ring + (tile % STAGES) * TILE + dst0;
+#pragma unroll
+        for (int i = 0; i < BN / RS; ++i) {
+            const int key = kb + lrow0 + i * RS;
+            const bool ok = key < sr.end;
+            const int kk = ok ? key : sr.begin;
+            int64_t off;
+            if constexpr (PAGED) off = static_cast<int64_t>(pages[i]) * sb + static_cast<int64_t>(kk % page_size) * st;
+            else off = static_cast<int64_t>(kk) * st;
+            cp_async16(dst + i * RS * 128, base + off * 2 + lc * 16, ok);
+        }
+    };
+
+    // Prologue: {Q, K_0, V_0}, {K_1, V_1}, {K_2}: one commit group each, then S_0.
+    fetch_pages(0, kpages);
+#pragma unroll
+    for (int t = 0; t < 3; ++t) {
+        if (t < n) {
+            copy_tile(sK, kbase, p.k_sb, p.k_st, t, kpages);
+            if (t < 2) {
+                copy_tile(sV, vbase, p.v_sb, p.v_st, t, kpages);
+            } else {
+#pragma unroll
+                for (int i = 0; i < BN / RS; ++i) vpages[i] = kpages[i];
+            }
+            fetch_pages(t + 1, kpages);
+        }
+        cp_async_commit();
+    }
+    cp_async_wait<2>();
+    fence_proxy_async();
+    __syncthreads();
+
+    uint32_t qa[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const int row = warp * 16 + (lane & 15), c = 2 * kk + (lane >> 4);
+        ldsm_x4(qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], sQ + swz<CH>(row, c));
+    }
+
+    const float scale = static_cast<float>(p.sm_scale) * LOG2E;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int r0 = mblock * BM + warp * 16 + gid;          // this thread's rows: r0, r0 + 8
+    const int32_t* bits_row[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int r = r0 + 8 * hf;
+        const int t = r < M ? r % T : 0;
+        bits_row[hf] = p.tree_bits + b * p.bits_sb + t * p.bits_st;
+    }
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    uint32_t pa[BN / 16][4];
+
+    // S = Q K_tile^T: one wgmma per 16 dims. S is a fresh array in each iteration: carried
+    // across the loop, the softmax's writes to it count as writes to the inputs of the next
+    // iteration's wgmma and ptxas serialises them (C7513).
+    auto issue_s = [&](float (&s)[BN / 8][4], int tile) {
+        const uint32_t k_s = sK + (tile % STAGES) * TILE;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            wgmma_m64n64k16(s, qa[kk], desc_kmajor_sw128(k_s + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+        wgmma_commit();
+    };
+    // Softmax of S (raw scores; the scale is folded into the exponent): P = 2^(S scale - m) in
+    // fp32 and the running max and sum; `alpha` is the factor O must be rescaled by. P is packed
+    // to bf16 (the A layout of P V) only after the caller's wait_group 0, as FlashAttention-3
+    // does: packed while P_j V_j still runs, ptxas serialises every wgmma of the kernel (C7513).
+    auto softmax = [&](const float (&s)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&alpha)[2]) {
+        const int kb = sr.begin + tile * BN;
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) x[nt][e] = s[nt][e];
+        if (kb + BN > L) {        // the tree part, or the keys past this split
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = kb + nt * 8 + 2 * tig + (e & 1);
+                    if (!key_visible(bits_row[e >> 1], key, L, sr.end)) x[nt][e] = -INFINITY;
+                }
+        }
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(x[nt][2 * hf], x[nt][2 * hf + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m_run[hf], mx * scale);       // scale > 0: max commutes
+            const float m_use = m_new == -INFINITY ? 0.f : m_new;   // nothing visible yet: no NaN
+            alpha[hf] = fast_exp2(m_run[hf] - m_use);
+            m_run[hf] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt) {
+                x[nt][2 * hf] = fast_exp2(fmaf(x[nt][2 * hf], scale, -m_use));
+                x[nt][2 * hf + 1] = fast_exp2(fmaf(x[nt][2 * hf + 1], scale, -m_use));
+                sum += x[nt][2 * hf] + x[nt][2 * hf + 1];
+            }
+            l_run[hf] = l_run[hf] * alpha[hf] + sum;
+        }
+    };
+    auto pack_p = [&](const float (&x)[BN / 8][4]) {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            pa[kk][0] = pack_bf16(x[2 * kk][0], x[2 * kk][1]);
+            pa[kk][1] = pack_bf16(x[2 * kk][2], x[2 * kk][3]);
+            pa[kk][2] = pack_bf16(x[2 * kk + 1][0], x[2 * kk + 1][1]);
+            pa[kk][3] = pack_bf16(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+        }
+    };
+
+    if (n > 0) {
+        float s[BN / 8][4], x[BN / 8][4], alpha[2];
+        wgmma_fence();
+        issue_s(s, 0);
+        wgmma_wait<0>();
+        keep_live(s);
+        softmax(s, 0, x, alpha);    // O is still zero: alpha is not needed
+        pack_p(x);
+    }
+    for (int tile = 0; tile < n; ++tile) {
+        const bool more = tile + 1 < n;
+        // K_{tile+1} and V_tile landed (only this iteration's group may still be in flight, and
+        // it has not been committed yet); every warp is done with K_tile and V_{tile-1}.
+        cp_async_wait<1>();
+        fence_proxy_async();
+        __syncthreads();
+        if (tile + 2 < n) copy_tile(sV, vbase, p.v_sb, p.v_st, tile + 2, vpages);
+        if (tile + 3 < n) {
+#pragma unroll
+            for (int i = 0; i < BN / RS; ++i) vpages[i] = kpages[i];
+            copy_tile(sK, kbase, p.k_sb, p.k_st, tile + 3, kpages);
+            fetch_pages(tile + 4, kpages);
+        }
+        cp_async_commit();
+
+        // S_{tile+1} then P_tile V_tile. On the last tile S is issued again on K_tile, still in
+        // its stage, and dropped: a branch between the fence and the MMAs makes ptxas serialise
+        // every wgmma of the kernel (advisory C7513).
+        float s[BN / 8][4];
+        wgmma_fence();            // o and pa were last written by ordinary instructions
+        issue_s(s, more ? tile + 1 : tile);
+        const uint32_t v_s = sV + (tile % STAGES) * TILE;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) wgmma_pv<D>(o, pa[kk], desc_mnmajor_sw128(v_s + kk * 16 * 128));
+        wgmma_commit();
+        if (more) {
+            float x[BN / 8][4], alpha[2];
+            wgmma_wait<1>();      // S_{tile+1}; P_tile V_tile may still run
+            keep_live(s);
+            softmax(s, tile + 1, x, alpha);
+            wgmma_wait<0>();
+            keep_live(o);
+#pragma unroll
+            for (int dt = 0; dt < D / 8; ++dt) {
+                o[dt][0] *= alpha[0];
+                o[dt][1] *= alpha[0];
+                o[dt][2] *= alpha[1];
+                o[dt][3] *= alpha[1];
+            }
+            pack_p(x);
+        } else {
+            wgmma_wait<0>();
+            keep_live(o);
         }
     }
     cp_async_wait<0>();
 
-    // Epilogue: normalise, write the output (one split) or the partial and its lse.
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        float l = l_run[hf];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const int r = r0 + 8 * hf;
-        if (r >= M) continue;
-        const int g = r / T, t = r % T, hq = h * G + g;
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        if (p.num_splits == 1) {
-            __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hq * p.o_sh + t * p.o_st;
-#pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt)
-                *reinterpret_cast<uint32_t*>(out + dt * 8 + 2 * tig) =
-                    pack_bf16(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
-        } else {
-            const int64_t row = ((static_cast<int64_t>(split) * p.batch + b) * p.heads_q + hq) * T + t;
-            float* wo = p.ws_o + row * D;
-#pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt)
-                *reinterpret_cast<float2*>(wo + dt * 8 + 2 * tig) = make_float2(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
-            if (tig == 0) p.ws_lse[row] = l > 0.f ? m_run[hf] + __log2f(l) : -INFINITY;
-        }
-    }
+    write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -976,10 +1238,17 @@ static cudaError_t launch_status(cudaStream_t stream) {
     return err;
 }
 
-template <int D, int NW, bool PAGED, bool WG, bool PV = false>
+// The kernel of a variant: wgmma 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (pipelined).
+template <int D, int NW, bool PAGED, int WGMMA>
+constexpr auto gqa_variant() {
+    if constexpr (WGMMA == 2) return gqa_pipelined_kernel<D, NW, PAGED>;
+    else return gqa_kernel<D, NW, PAGED, WGMMA == 1>;
+}
+
+template <int D, int NW, bool PAGED, int WGMMA>
 static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_blocks) {
-    constexpr int smem = gqa_smem_bytes<D, NW, WG>();
-    auto kernel = gqa_kernel<D, NW, PAGED, WG, PV>;
+    constexpr int smem = gqa_smem_bytes<D, NW, WGMMA != 0>();
+    auto kernel = gqa_variant<D, NW, PAGED, WGMMA>();
     cudaError_t err = prepare(kernel, smem);
     if (err != cudaSuccess) return err;
     dim3 grid(m_blocks, static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.batch * p.heads_kv));
@@ -1002,15 +1271,16 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
     const int M = static_cast<int>(p.heads_q / p.heads_kv * p.tokens);
     const int bm = 16 * num_warps;
     const int m_blocks = (M + bm - 1) / bm;
-    // wgmma: 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma
+    // wgmma: 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (head_dim 128 only)
+    if (wgmma == 2 && D != 128) return cudaErrorInvalidValue;
     switch (num_warps * 4 + wgmma) {
-        case 8: return launch_gqa<D, 2, PAGED, false>(p, stream, m_blocks);
-        case 16: return launch_gqa<D, 4, PAGED, false>(p, stream, m_blocks);
-        case 17: return launch_gqa<D, 4, PAGED, true>(p, stream, m_blocks);
-        case 18: return launch_gqa<D, 4, PAGED, true, true>(p, stream, m_blocks);
-        case 32: return launch_gqa<D, 8, PAGED, false>(p, stream, m_blocks);
-        case 33: return launch_gqa<D, 8, PAGED, true>(p, stream, m_blocks);
-        case 34: return launch_gqa<D, 8, PAGED, true, true>(p, stream, m_blocks);
+        case 8: return launch_gqa<D, 2, PAGED, 0>(p, stream, m_blocks);
+        case 16: return launch_gqa<D, 4, PAGED, 0>(p, stream, m_blocks);
+        case 17: return launch_gqa<D, 4, PAGED, 1>(p, stream, m_blocks);
+        case 18: return launch_gqa<D, 4, PAGED, D == 128 ? 2 : 1>(p, stream, m_blocks);
+        case 32: return launch_gqa<D, 8, PAGED, 0>(p, stream, m_blocks);
+        case 33: return launch_gqa<D, 8, PAGED, 1>(p, stream, m_blocks);
+        case 34: return launch_gqa<D, 8, PAGED, D == 128 ? 2 : 1>(p, stream, m_blocks);
         default: return cudaErrorInvalidValue;
     }
 }
@@ -1033,15 +1303,17 @@ int tva_mla_smem_bytes() { return tva::mla::SMEM; }
 int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     int blocks = 0;
     const int smem = tva_gqa_smem_bytes(head_dim, num_warps, wgmma);
-#define TVA_OCC(D, NW, P, W, V)                                                                  \
-    if (head_dim == D && num_warps == NW && paged == P && wgmma == W + V) {                      \
-        if (tva::prepare(tva::gqa_kernel<D, NW, P, W, V>, smem) != cudaSuccess) return 0;        \
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, tva::gqa_kernel<D, NW, P, W, V>, NW * 32, smem); \
+#define TVA_OCC(D, NW, P, W)                                                                     \
+    if (head_dim == D && num_warps == NW && paged == P && wgmma == W) {                          \
+        const auto kernel = tva::gqa_variant<D, NW, P, W>();                                     \
+        if (tva::prepare(kernel, smem) != cudaSuccess) return 0;                                 \
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, NW * 32, smem);           \
     }
 #define TVA_OCC_D(D, P)                                                                          \
-    TVA_OCC(D, 2, P, 0, 0) TVA_OCC(D, 4, P, 0, 0) TVA_OCC(D, 8, P, 0, 0) TVA_OCC(D, 4, P, 1, 0)  \
-    TVA_OCC(D, 8, P, 1, 0) TVA_OCC(D, 4, P, 1, 1) TVA_OCC(D, 8, P, 1, 1)
+    TVA_OCC(D, 2, P, 0) TVA_OCC(D, 4, P, 0) TVA_OCC(D, 8, P, 0) TVA_OCC(D, 4, P, 1)              \
+    TVA_OCC(D, 8, P, 1)
     TVA_OCC_D(64, 0) TVA_OCC_D(64, 1) TVA_OCC_D(128, 0) TVA_OCC_D(128, 1)
+    TVA_OCC(128, 4, 0, 2) TVA_OCC(128, 8, 0, 2) TVA_OCC(128, 4, 1, 2) TVA_OCC(128, 8, 1, 2)
 #undef TVA_OCC_D
 #undef TVA_OCC
     return blocks;

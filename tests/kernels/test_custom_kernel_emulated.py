@@ -111,16 +111,32 @@ def test_gqa_wgmma_kernel_matches_reference(emu, case, schedule):
     assert _run(emu, pt, lengths, splits, warps=warps, wgmma=True) < 5e-3
 
 
+# The pipelined kernel (wgmma 2: S and P V on wgmma, K and V in rings loaded three and two tiles
+# ahead): splits of one, two and three tiles (the prologue's edges), empty splits, a partial row
+# block (65 tokens), both warp counts, paged with a page per key.
+PV_CASES = {c: v for c, v in WGMMA_CASES.items() if v[0].dk == 128} | {
+    "pv-T65-5-row-blocks": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [300, 97], 5, 4),
+    "pv-one-two-three-tiles": (_point(b=3, heads=4, kv_heads=1, T=16, d=128), [10, 70, 150], 1, 4),
+    "pv-more-splits-than-tiles": (_point(heads=4, kv_heads=1, T=16, d=128), [200], 12, 4),
+    "pv-paged-ps1-8warps": (_point(heads=16, kv_heads=2, T=16, d=128, layout="paged", ps=1), [250], 2, 8),
+}
+
+
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
-@pytest.mark.parametrize("case", [c for c in WGMMA_CASES if WGMMA_CASES[c][0].dk == 128])
+@pytest.mark.parametrize("case", list(PV_CASES))
 def test_gqa_wgmma_pv_kernel_matches_reference(emu, case, schedule):
     """P V on wgmma too (wgmma 2): V stored as K is and read as an MN-major operand. head_dim
-    128 only: the d64 instance passes here but fails the float64 check on the H200, so the
-    emulator's reading of the MN-major operand is not yet right for one 64-column block
-    (kernels/NOTES.md); custom_verify refuses it."""
+    128 only: the old single-stage kernel's d64 instance passed here but failed the float64
+    check on the H200 (kernels/NOTES.md), so the pipelined kernel exists for 128 alone."""
     emu.emu_configure(*SCHEDULES[schedule])
-    pt, lengths, splits, warps = WGMMA_CASES[case]
+    pt, lengths, splits, warps = PV_CASES[case]
     assert _run(emu, pt, lengths, splits, warps=warps, wgmma=2) < 5e-3
+
+
+def test_wgmma_pv_is_refused_below_head_dim_128(emu):
+    pt = _point(heads=4, kv_heads=1, T=16, d=64)
+    with pytest.raises(AssertionError, match="launch failed"):
+        _run(emu, pt, [100], 1, warps=4, wgmma=2)
 
 
 @pytest.mark.parametrize("wgmma", [False, True], ids=["mma", "wgmma"])
