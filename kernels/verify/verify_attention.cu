@@ -311,6 +311,21 @@ __device__ __forceinline__ SplitRange split_range(int n_keys, int splits, int sp
     return s;
 }
 
+// n / d and n % d for a divisor fixed per launch (the page size), n < 2^31, by a multiply-high
+// (the round-up method, as torch's IntDivider): a 32-bit division is a ~20-instruction
+// sequence on the GPU, and the paged copies did one per row of every tile.
+struct IntDiv {
+    uint32_t d, magic, shift;
+    __device__ __forceinline__ explicit IntDiv(uint32_t divisor) : d(divisor), magic(0), shift(0) {
+        while ((1u << shift) < d) ++shift;
+        magic = static_cast<uint32_t>(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);
+    }
+    __device__ __forceinline__ uint32_t div(uint32_t n) const {
+        return (static_cast<uint32_t>((static_cast<uint64_t>(n) * magic) >> 32) + n) >> shift;
+    }
+    __device__ __forceinline__ uint32_t mod(uint32_t n) const { return n - div(n) * d; }
+};
+
 // Element offset (without the head term) of key `key` of sequence b.
 template <bool PAGED>
 __device__ __forceinline__ int64_t key_offset(const AttnParams& p, int b, int key, int64_t sb, int64_t st) {
@@ -422,14 +437,14 @@ gqa_kernel(const AttnParams p) {
     // contiguous time at T 16, 65536 keys on the H200); a tile ahead, its latency hides under
     // a whole tile of work.
     int32_t pages[BN / RS];
-    const int page_size = static_cast<int>(p.page_size);     // 32-bit divisions below
+    const IntDiv page_size(static_cast<uint32_t>(p.page_size));
     auto fetch_pages = [&](int tile) {
         if constexpr (PAGED) {
             const int kb = sr.begin + tile * BN;
 #pragma unroll
             for (int i = 0; i < BN / RS; ++i) {
                 const int key = kb + lrow0 + i * RS, kk = key < sr.end ? key : sr.begin;
-                pages[i] = __ldg(p.page_table + b * p.pt_sb + kk / page_size);
+                pages[i] = __ldg(p.page_table + b * p.pt_sb + page_size.div(kk));
             }
         }
     };
@@ -444,7 +459,7 @@ gqa_kernel(const AttnParams p) {
             if constexpr (PAGED) {
                 const int kk = ok ? key : sr.begin;
                 const int64_t page = pages[i];          // fetched for this tile (tiles load in order)
-                const int64_t slot = kk % page_size;
+                const int64_t slot = page_size.mod(kk);
                 ko = page * p.k_sb + slot * p.k_st;
                 vo = page * p.v_sb + slot * p.v_st;
             } else {
@@ -651,7 +666,7 @@ gqa_pipelined_kernel(const AttnParams p) {
     // Paged: the pages of this thread's rows of a K tile are read a tile ahead of its copy (a
     // page-table round trip before each cp.async stalled the warp); the V copy of the same tile
     // comes one iteration later and reuses them.
-    const int page_size = static_cast<int>(p.page_size);
+    const IntDiv page_size(static_cast<uint32_t>(p.page_size));
     int32_t kpages[BN / RS], vpages[BN / RS];
     auto fetch_pages = [&](int tile, int32_t (&pages)[BN / RS]) {
         if constexpr (PAGED) {
@@ -659,7 +674,7 @@ gqa_pipelined_kernel(const AttnParams p) {
 #pragma unroll
             for (int i = 0; i < BN / RS; ++i) {
                 const int key = kb + lrow0 + i * RS, kk = key < sr.end ? key : sr.begin;
-                pages[i] = __ldg(p.page_table + b * p.pt_sb + kk / page_size);
+                pages[i] = __ldg(p.page_table + b * p.pt_sb + page_size.div(kk));
             }
         }
     };
@@ -667,13 +682,22 @@ gqa_pipelined_kernel(const AttnParams p) {
                          const int32_t (&pages)[BN / RS]) {
         const int kb = sr.begin + tile * BN;
         const uint32_t dst = ring + (tile % STAGES) * TILE + dst0;
+        if constexpr (!PAGED) {
+            if (kb + BN <= sr.end) {    // a whole tile (all but a split's last): no predicates
+                const char* src = base + static_cast<int64_t>(kb + lrow0) * st * 2 + lc * 16;
+                const int64_t step = static_cast<int64_t>(RS) * st * 2;
+#pragma unroll
+                for (int i = 0; i < BN / RS; ++i) cp_async16(dst + i * RS * 128, src + i * step, true);
+                return;
+            }
+        }
 #pragma unroll
         for (int i = 0; i < BN / RS; ++i) {
             const int key = kb + lrow0 + i * RS;
             const bool ok = key < sr.end;
             const int kk = ok ? key : sr.begin;
             int64_t off;
-            if constexpr (PAGED) off = static_cast<int64_t>(pages[i]) * sb + static_cast<int64_t>(kk % page_size) * st;
+            if constexpr (PAGED) off = static_cast<int64_t>(pages[i]) * sb + static_cast<int64_t>(page_size.mod(kk)) * st;
             else off = static_cast<int64_t>(kk) * st;
             cp_async16(dst + i * RS * 128, base + off * 2 + lc * 16, ok);
         }

@@ -70,6 +70,7 @@ GQA_CASES = {
     "T128-one-split-direct-write": (_point(heads=2, kv_heads=1, T=128, d=128), [40], 1, None),
     "paged-ps16": (_point(b=2, heads=8, kv_heads=2, T=17, d=128, layout="paged"), [150, 77], 3, None),
     "paged-ps1": (_point(b=2, heads=4, kv_heads=2, T=33, d=64, layout="paged", ps=1), [90, 33], 2, None),
+    "paged-ps7": (_point(b=2, heads=4, kv_heads=2, T=33, d=64, layout="paged", ps=7), [90, 33], 2, None),
     "empty-prefix": (_point(T=16), [0], 1, None),
     "more-splits-than-tiles": (_point(T=16), [1000], 40, None),
     # An odd split count: the combine's shared-memory float2 array once started 4 mod 8 bytes
@@ -119,6 +120,8 @@ PV_CASES = {c: v for c, v in WGMMA_CASES.items() if v[0].dk == 128} | {
     "pv-one-two-three-tiles": (_point(b=3, heads=4, kv_heads=1, T=16, d=128), [10, 70, 150], 1, 4),
     "pv-more-splits-than-tiles": (_point(heads=4, kv_heads=1, T=16, d=128), [200], 12, 4),
     "pv-paged-ps1-8warps": (_point(heads=16, kv_heads=2, T=16, d=128, layout="paged", ps=1), [250], 2, 8),
+    # A page size that is no power of two: the multiply-high division (IntDiv) rounds right.
+    "pv-paged-ps7": (_point(b=2, heads=8, kv_heads=2, T=17, d=128, layout="paged", ps=7), [150, 77], 3, 4),
 }
 
 
