@@ -108,6 +108,21 @@ def gqa_warps(rows: int, wgmma: bool = False) -> int:
     return min((8, 4) if wgmma else (8, 4, 2), key=lambda w: (cost(w), -w))
 
 
+def folds_tail(rows: int) -> bool:
+    """verify_attention.cu's folds_tail: a few rows past whole 64-row blocks (at most 8 a block,
+    65 tree tokens x 4 heads = 4 x 64 + 4) ride on those blocks instead of a block of their own."""
+    return rows > 64 and rows % 64 != 0 and rows % 64 <= 8 * (rows // 64)
+
+
+def gqa_row_blocks(rows: int, warps: int, impl: str, head_dim: int, paged: bool) -> int:
+    """Row blocks of the GQA grid (tva_gqa_row_blocks): the pipelined kernel (wgmma_pv, 4 warps,
+    head_dim 128, contiguous cache) folds a few tail rows into whole blocks; otherwise
+    ceil(rows / (16 warps))."""
+    if impl == "wgmma_pv" and warps == 4 and head_dim == 128 and not paged and folds_tail(rows):
+        return rows // 64
+    return math.ceil(rows / (16 * warps))
+
+
 def _splits(requested, ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int) -> int:
     if requested is not None:
         if not 1 <= int(requested) <= MAX_REQUESTED_SPLITS:
@@ -151,15 +166,18 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
                     wgmma=_resolve_impl(impl, index, 8))
     d = q.shape[-1]
     if impl == "wgmma_pv" and d != 128:
-        # Its d64 instance fails the float64 check on the H200 (relative error 0.56, while the
-        # CPU emulator agrees with the reference): refused rather than run wrong.
+        # The pipelined kernel is built for 128 alone: the earlier single-stage kernel's d64
+        # instance failed the float64 check on the H200 (relative error 0.56, while the CPU
+        # emulator agreed with the reference), so none is offered rather than one run wrong.
         raise ValueError(f"impl 'wgmma_pv' supports head_dim 128 only, not {d} (use 'wgmma')")
     rows = hq // heads_kv * T
-    warps = num_warps or gqa_warps(rows, wgmma=impl != "mma")
+    # wgmma_pv: 4 warps at every shape measured (the pipelined kernel, H200: 65 tree tokens 199
+    # vs 264 us at 65536 keys, 64 tokens 156 vs 184, 16 tokens 84 vs 100; kernels/NOTES.md).
+    warps = num_warps or (4 if impl == "wgmma_pv" else gqa_warps(rows, wgmma=impl != "mma"))
     if warps not in (2, 4, 8):
         raise ValueError(f"num_warps must be 2, 4 or 8, got {warps}")
     wgmma = _resolve_impl(impl, index, warps)
-    m_blocks = math.ceil(rows / (16 * warps))
+    m_blocks = gqa_row_blocks(rows, warps, impl, d, paged)
     occupancy = _gqa_occupancy(index, d, warps, paged, wgmma)
     splits = _splits(num_splits, b * heads_kv * m_blocks, occupancy * _sm_count(index), max_keys,
                      _overhead_keys(16 * warps, d, 4 * d))
