@@ -123,8 +123,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tva_gqa_occupancy.restype = c_int
     lib.tva_gqa_smem_bytes.argtypes = [c_int, c_int, c_int]
     lib.tva_gqa_smem_bytes.restype = c_int
-    lib.tva_gqa_row_blocks.argtypes = [c_int, c_int, c_int, c_int, c_int]
-    lib.tva_gqa_row_blocks.restype = c_int
     lib.tva_mla_smem_bytes.argtypes = []
     lib.tva_mla_smem_bytes.restype = c_int
     lib.tva_error_string.argtypes = [c_int]

@@ -108,19 +108,11 @@ def gqa_warps(rows: int, wgmma: bool = False) -> int:
     return min((8, 4) if wgmma else (8, 4, 2), key=lambda w: (cost(w), -w))
 
 
-def folds_tail(rows: int) -> bool:
-    """verify_attention.cu's folds_tail: a few rows past whole 64-row blocks (at most 8 a block,
-    65 tree tokens x 4 heads = 4 x 64 + 4) ride on those blocks instead of a block of their own."""
-    return rows > 64 and rows % 64 != 0 and rows % 64 <= 8 * (rows // 64)
-
-
-def gqa_row_blocks(rows: int, warps: int, impl: str, head_dim: int, paged: bool) -> int:
-    """Row blocks of the GQA grid (tva_gqa_row_blocks): the pipelined kernel (wgmma_pv, 4 warps,
-    head_dim 128, contiguous cache) folds a few tail rows into whole blocks; otherwise
-    ceil(rows / (16 warps))."""
-    if impl == "wgmma_pv" and warps == 4 and head_dim == 128 and not paged and folds_tail(rows):
-        return rows // 64
-    return math.ceil(rows / (16 * warps))
+def plan_warps(rows: int, impl: str) -> int:
+    """Warps per CTA for `impl` at M = rows: wgmma_pv takes 4 at every shape measured (its
+    pipelined kernel on the H200 at 65536 keys: 65 tree tokens 199 vs 264 us with 8, 64 tokens
+    156 vs 184, 16 tokens 84 vs 100; kernels/NOTES.md); the others as gqa_warps says."""
+    return 4 if impl == "wgmma_pv" else gqa_warps(rows, wgmma=impl != "mma")
 
 
 def _splits(requested, ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int) -> int:
@@ -171,13 +163,11 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
         # emulator agreed with the reference), so none is offered rather than one run wrong.
         raise ValueError(f"impl 'wgmma_pv' supports head_dim 128 only, not {d} (use 'wgmma')")
     rows = hq // heads_kv * T
-    # wgmma_pv: 4 warps at every shape measured (the pipelined kernel, H200: 65 tree tokens 199
-    # vs 264 us at 65536 keys, 64 tokens 156 vs 184, 16 tokens 84 vs 100; kernels/NOTES.md).
-    warps = num_warps or (4 if impl == "wgmma_pv" else gqa_warps(rows, wgmma=impl != "mma"))
+    warps = num_warps or plan_warps(rows, impl)
     if warps not in (2, 4, 8):
         raise ValueError(f"num_warps must be 2, 4 or 8, got {warps}")
     wgmma = _resolve_impl(impl, index, warps)
-    m_blocks = gqa_row_blocks(rows, warps, impl, d, paged)
+    m_blocks = math.ceil(rows / (16 * warps))
     occupancy = _gqa_occupancy(index, d, warps, paged, wgmma)
     splits = _splits(num_splits, b * heads_kv * m_blocks, occupancy * _sm_count(index), max_keys,
                      _overhead_keys(16 * warps, d, 4 * d))

@@ -124,17 +124,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
 __device__ __forceinline__ void st_shared_b32(uint32_t a, uint32_t v) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
 }
-__device__ __forceinline__ void st_shared_f32(uint32_t a, float v) {
-    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
-}
-__device__ __forceinline__ float ld_shared_f32(uint32_t a) {
-    float v;
-    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_shared_b16(uint32_t a, uint16_t v) {
-    asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(a), "h"(v) : "memory");
-}
 
 // Hopper warpgroup MMA (sm_90a only; elsewhere these trap and are never launched: the Python
 // side selects impl "wgmma" only on compute capability 9.0 with a 9.0a build).
@@ -202,19 +191,6 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t de
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
           "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
           "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-#else
-    __trap();
-#endif
-}
-
-// d[64 x 8] (+)= A[64 x 16] x B[16 x 8], both K-major through descriptors (S_t^T = K q_t^T).
-__device__ __forceinline__ void wgmma_m64n8k16_ss(float (&d)[1][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-#ifdef TVA_WGMMA
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 #else
     __trap();
@@ -309,9 +285,6 @@ __device__ __forceinline__ void keep_live(uint32_t (&r)[N][K]) {
         for (int j = 0; j < K; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 #endif
 }
-
-// The bf16 bits of x (round to nearest even).
-__device__ __forceinline__ uint16_t bf16_bits(float x) { return static_cast<uint16_t>(pack_bf16(x, 0.f) & 0xFFFFu); }
 
 // Byte offset of 16-byte chunk `c` of row `r` in a swizzled tile with CH chunks per row.
 template <int CH>
@@ -650,85 +623,37 @@ gqa_kernel(const AttnParams p) {
 // V tiles are stored as K tiles are (64-column blocks of 128-byte rows, 128-byte swizzle) and
 // read as an MN-major B operand; P goes from the S accumulators to the A registers of P V.
 
-// TAIL (4 warps, contiguous cache): M = G T rows that are a few rows past whole 64-row blocks (65 tree tokens x
-// 4 heads = 4 x 64 + 4) take no fifth row block, which computed 64 rows for those few and read
-// every K/V tile once more (at 65536 keys the 65-token call took 1.28x the 64-token one). Instead
-// CTA c of the m_blocks whole blocks also carries tail rows c, c + m_blocks, ... (at most 8, the
-// N of the products below) on the tiles it has loaded anyway:
-//   S_t^T = K_j q_t^T with wgmma m64n8k16 (A = the K tile, B = the tail rows of Q in shared
-//   memory), issued with S_{j+1}; its softmax runs over keys spread across the four warps, so
-//   each warp's maxima go through shared memory and one barrier; P_t^T is stored to shared
-//   memory (double-buffered) and O_t += P_t V_j runs on mma.sync, 8 of its 16 rows used, each
-//   warp 32 of the 128 columns, B read from the V tile by ldmatrix.trans.
-template <int D, int NW, bool PAGED, bool TAIL>
-constexpr int pipelined_smem_bytes() {
-    return 1024 + GqaConfig<D>::STAGES * 2 * GqaConfig<D>::TILE_BYTES + (TAIL ? 2048 + 2048 + 128 : 0);
-}
-
-template <int D, int NW, bool PAGED, bool TAIL>
+template <int D, int NW, bool PAGED>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_pipelined_kernel(const AttnParams p) {
     constexpr int CH = D / 8, NT = NW * 32, STAGES = GqaConfig<D>::STAGES;
     constexpr int TILE = GqaConfig<D>::TILE_BYTES;
     constexpr int BM = 16 * NW;
     static_assert(NW % 4 == 0, "wgmma needs whole warpgroups");
-    static_assert(!TAIL || (NW == 4 && D == 128 && !PAGED),
-                  "the tail rows ride on one warpgroup at head_dim 128, contiguous (paged: 255 "
-                  "registers and a spill)");
     static_assert(STAGES == 3, "the rings below load K three tiles and V two tiles ahead");
     TVA_DYNAMIC_SMEM(smem);
     const uint32_t sK = (smem_addr(smem) + 1023u) & ~1023u;    // 1024-byte aligned for the swizzle
     const uint32_t sV = sK + STAGES * TILE;
-    // TAIL: the tail rows of Q (8 rows x 128 dims as two swizzled 1 KB blocks), P_t^T twice
-    // (8 rows x 64 keys, 1 KB each), then 8 floats per warp for the cross-warp reductions.
-    const uint32_t sQt = sV + STAGES * TILE, sPt = sQt + 2048, sRed = sPt + 2048;
+    const uint32_t sQ = sV + STAGES * TILE;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int gid = lane >> 2, tig = lane & 3;
     const int mblock = blockIdx.x, split = blockIdx.y;
     const int b = blockIdx.z / p.heads_kv, h = blockIdx.z % p.heads_kv;
     const int T = p.tokens, G = p.heads_q / p.heads_kv, M = G * T;
     const int L = read_length(p, b);
     const SplitRange sr = split_range(L + T, p.num_splits, split);
     const int n = sr.tiles;
-    const int m_blocks = gridDim.x;
 
     const char* kbase = static_cast<const char*>(p.k) + h * p.k_sh * 2 + (PAGED ? 0 : b * p.k_sb * 2);
     const char* vbase = static_cast<const char*>(p.v) + h * p.v_sh * 2 + (PAGED ? 0 : b * p.v_sb * 2);
     const char* qbase = static_cast<const char*>(p.q) + (b * p.q_sb + static_cast<int64_t>(h) * G * p.q_sh) * 2;
-    auto q_row = [&](int r) {            // row r of this KV head's M rows: (g, t) = (r / T, r % T)
-        return qbase + (static_cast<int64_t>(r / T) * p.q_sh + static_cast<int64_t>(r % T) * p.q_st) * 2;
-    };
-    // Tail row of column c (TAIL), or -1.
-    auto tail_row = [&](int c) {
-        const int r = m_blocks * 64 + mblock + c * m_blocks;
-        return r < M ? r : -1;
-    };
-
-    // Q in registers, in the mma.m16n8k16 A layout wgmma takes (this thread: rows r0 and r0 + 8,
-    // dims 16 kk + 2 tig (+1, +8, +9)), read straight from global memory: staged through shared
-    // memory it took 16 KB that the tail rows need for two CTAs to fit on a multiprocessor.
-    const int r0 = mblock * BM + warp * 16 + gid;
-    uint32_t qa[D / 16][4];
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        const int r = r0 + 8 * hf;
-        const uint32_t* src = reinterpret_cast<const uint32_t*>(q_row(r < M ? r : 0)) + tig;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            qa[kk][hf] = r < M ? __ldg(src + kk * 8) : 0u;
-            qa[kk][hf + 2] = r < M ? __ldg(src + kk * 8 + 4) : 0u;
-        }
-    }
-    if constexpr (TAIL) {
-        {   // the tail rows of Q: thread t copies 16-byte chunk t % 16 of row t / 16
-            const int row = tid / CH, c = tid % CH, r = tail_row(row);
-            const uint32_t dst = sQt + (c >> 3) * 1024 + row * 128 + (((c & 7) ^ row) << 4);
-            cp_async16(dst, q_row(r < 0 ? 0 : r) + c * 16, r >= 0);
-        }
-        // P_t^T's rows past the tail rows stay zero; so do its other rows until first written.
-#pragma unroll
-        for (int i = 0; i < 4; ++i) st_shared_b32(sPt + (tid * 4 + i) * 4, 0u);
+    for (int i = 0; i < BM * CH / NT; ++i) {
+        const int idx = tid + i * NT, row = idx / CH, c = idx % CH;
+        const int r = mblock * BM + row;
+        const bool ok = r < M;
+        const int g = ok ? r / T : 0, t = ok ? r % T : 0;
+        cp_async16(sQ + swz<CH>(row, c), qbase + (g * p.q_sh + t * p.q_st) * 2 + c * 16, ok);
     }
 
     // Each thread copies 16-byte column `lc` of rows lrow0, lrow0 + RS, ... of every tile, into
@@ -778,7 +703,7 @@ gqa_pipelined_kernel(const AttnParams p) {
         }
     };
 
-    // Prologue: {K_0, V_0 (, tail Q)}, {K_1, V_1}, {K_2}: one commit group each, then S_0.
+    // Prologue: {Q, K_0, V_0}, {K_1, V_1}, {K_2}: one commit group each, then S_0.
     fetch_pages(0, kpages);
 #pragma unroll
     for (int t = 0; t < 3; ++t) {
@@ -798,7 +723,16 @@ gqa_pipelined_kernel(const AttnParams p) {
     fence_proxy_async();
     __syncthreads();
 
+    uint32_t qa[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const int row = warp * 16 + (lane & 15), c = 2 * kk + (lane >> 4);
+        ldsm_x4(qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], sQ + swz<CH>(row, c));
+    }
+
     const float scale = static_cast<float>(p.sm_scale) * LOG2E;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int r0 = mblock * BM + warp * 16 + gid;          // this thread's rows: r0, r0 + 8
     const int32_t* bits_row[2];
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
@@ -813,34 +747,14 @@ gqa_pipelined_kernel(const AttnParams p) {
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
     uint32_t pa[BN / 16][4];
 
-    // TAIL state. S_t^T fragments: keys 16 warp + gid (+8) x columns 2 tig (+1); this thread's
-    // softmax runs for those two columns (m_t, l_t: partial sums over its keys), and its rows of
-    // O_t are column gid (m_o: that column's running max, kept in step with the owner's).
-    const int32_t* bits_t[2];
-    float m_t[2] = {-INFINITY, -INFINITY}, l_t[2] = {0.f, 0.f}, m_o = -INFINITY;
-    float ot[4][4];
-    if constexpr (TAIL) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int r = tail_row(2 * tig + e);
-            bits_t[e] = p.tree_bits + b * p.bits_sb + (r < 0 ? 0 : r % T) * p.bits_st;
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) ot[i][0] = ot[i][1] = ot[i][2] = ot[i][3] = 0.f;
-    }
-
-    // S = Q K_tile^T: one wgmma per 16 dims (and S_t^T = K_tile q_t^T with TAIL). S is a fresh
-    // array in each iteration: carried across the loop, the softmax's writes to it count as writes
-    // to the inputs of the next iteration's wgmma and ptxas serialises them (C7513).
-    auto issue_s = [&](float (&s)[BN / 8][4], float (&st)[1][4], int tile) {
+    // S = Q K_tile^T: one wgmma per 16 dims. S is a fresh array in each iteration: carried
+    // across the loop, the softmax's writes to it count as writes to the inputs of the next
+    // iteration's wgmma and ptxas serialises them (C7513).
+    auto issue_s = [&](float (&s)[BN / 8][4], int tile) {
         const uint32_t k_s = sK + (tile % STAGES) * TILE;
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const uint64_t kdesc = desc_kmajor_sw128(k_s + (kk >> 2) * (BN * 128) + (kk & 3) * 32);
-            wgmma_m64n64k16(s, qa[kk], kdesc, kk > 0);
-            if constexpr (TAIL)
-                wgmma_m64n8k16_ss(st, kdesc, desc_kmajor_sw128(sQt + (kk >> 2) * 1024 + (kk & 3) * 32), kk > 0);
-        }
+        for (int kk = 0; kk < D / 16; ++kk)
+            wgmma_m64n64k16(s, qa[kk], desc_kmajor_sw128(k_s + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
         wgmma_commit();
     };
     // Softmax of S (raw scores; the scale is folded into the exponent): P = 2^(S scale - m) in
@@ -892,94 +806,20 @@ gqa_pipelined_kernel(const AttnParams p) {
             pa[kk][3] = pack_bf16(x[2 * kk + 1][2], x[2 * kk + 1][3]);
         }
     };
-    // TAIL: the softmax of S_t^T for tile `tile` into P_t^T (buffer tile % 2); returns the factor
-    // O_t's rows (column gid) must be rescaled by. Every thread runs it (it holds a barrier).
-    auto softmax_tail = [&](const float (&st)[1][4], int tile) -> float {
-        const int kb = sr.begin + tile * BN;
-        float x[4] = {st[0][0], st[0][1], st[0][2], st[0][3]};     // (key, column): (k, 2tig) (k, 2tig+1) (k+8, ..)
-        const int k0 = kb + 16 * warp + gid;
-        if (kb + BN > L) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                if (!key_visible(bits_t[e & 1], k0 + 8 * (e >> 1), L, sr.end)) x[e] = -INFINITY;
-        }
-        // Column maxima over this warp's 16 keys (lanes with equal tig), then over the 4 warps.
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            float mx = fmaxf(x[e], x[e + 2]);
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-            if (gid == 0) st_shared_f32(sRed + (warp * 8 + 2 * tig + e) * 4, mx);
-        }
-        __syncthreads();
-        auto column_max = [&](int c) {
-            float mx = ld_shared_f32(sRed + c * 4);
-#pragma unroll
-            for (int w = 1; w < 4; ++w) mx = fmaxf(mx, ld_shared_f32(sRed + (w * 8 + c) * 4));
-            return mx;
-        };
-        const uint32_t pt = sPt + (tile & 1) * 1024;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int c = 2 * tig + e;
-            const float m_new = fmaxf(m_t[e], column_max(c) * scale);
-            const float m_use = m_new == -INFINITY ? 0.f : m_new;
-            const float alpha = fast_exp2(m_t[e] - m_use);
-            m_t[e] = m_new;
-            const float p0 = fast_exp2(fmaf(x[e], scale, -m_use)), p1 = fast_exp2(fmaf(x[e + 2], scale, -m_use));
-            l_t[e] = l_t[e] * alpha + p0 + p1;
-            // P_t^T row c, keys 16 warp + gid (+8): chunk (key / 8) ^ c of the 128-byte row.
-            st_shared_b16(pt + c * 128 + (((2 * warp) ^ c) << 4) + gid * 2, bf16_bits(p0));
-            st_shared_b16(pt + c * 128 + (((2 * warp + 1) ^ c) << 4) + gid * 2, bf16_bits(p1));
-        }
-        const float m_new = fmaxf(m_o, column_max(gid) * scale);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;
-        const float alpha_o = fast_exp2(m_o - m_use);
-        m_o = m_new;
-        return alpha_o;
-    };
-    // TAIL: O_t += P_t V_tile on mma.sync: this warp's 32 columns of V, P_t^T as the A operand
-    // (rows 0-7 = the tail columns, rows 8-15 zero), read by ldmatrix from buffer tile % 2.
-    auto pv_tail = [&](int tile) {
-        const uint32_t pt = sPt + (tile & 1) * 1024, v_s = sV + (tile % STAGES) * TILE;
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            uint32_t a[4], unused0, unused1;
-            {   // matrices 0 and 2: rows 0-7, keys 16 kk + 0-7 and + 8-15 (1 and 3 repeat them)
-                const int r = lane & 7, ch = 2 * kk + (lane >> 4);
-                ldsm_x4(a[0], unused0, a[2], unused1, pt + r * 128 + ((ch ^ r) << 4));
-                a[1] = a[3] = 0u;
-            }
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {    // 16 columns of V each: 32 warp + 16 j ...
-                const int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, c = 4 * warp + 2 * j + (lane >> 4);
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4_t(b0, b1, b2, b3, v_s + (c >> 3) * (BN * 128) + row * 128 + (((c & 7) ^ (row & 7)) << 4));
-                mma16816(ot[2 * j], a, b0, b1);
-                mma16816(ot[2 * j + 1], a, b2, b3);
-            }
-        }
-    };
 
     if (n > 0) {
-        float s[BN / 8][4], st[1][4], x[BN / 8][4], alpha[2];
+        float s[BN / 8][4], x[BN / 8][4], alpha[2];
         wgmma_fence();
-        issue_s(s, st, 0);
+        issue_s(s, 0);
         wgmma_wait<0>();
         keep_live(s);
         softmax(s, 0, x, alpha);    // O is still zero: alpha is not needed
         pack_p(x);
-        if constexpr (TAIL) {
-            keep_live(st);
-            softmax_tail(st, 0);
-        }
     }
     for (int tile = 0; tile < n; ++tile) {
         const bool more = tile + 1 < n;
         // K_{tile+1} and V_tile landed (only this iteration's group may still be in flight, and
-        // it has not been committed yet); every warp is done with K_tile and V_{tile-1}, and
-        // P_t^T of this tile is written.
+        // it has not been committed yet); every warp is done with K_tile and V_{tile-1}.
         cp_async_wait<1>();
         fence_proxy_async();
         __syncthreads();
@@ -995,24 +835,18 @@ gqa_pipelined_kernel(const AttnParams p) {
         // S_{tile+1} then P_tile V_tile. On the last tile S is issued again on K_tile, still in
         // its stage, and dropped: a branch between the fence and the MMAs makes ptxas serialise
         // every wgmma of the kernel (advisory C7513).
-        float s[BN / 8][4], st[1][4];
+        float s[BN / 8][4];
         wgmma_fence();            // o and pa were last written by ordinary instructions
-        issue_s(s, st, more ? tile + 1 : tile);
+        issue_s(s, more ? tile + 1 : tile);
         const uint32_t v_s = sV + (tile % STAGES) * TILE;
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) wgmma_pv<D>(o, pa[kk], desc_mnmajor_sw128(v_s + kk * 16 * 128));
         wgmma_commit();
-        if constexpr (TAIL) pv_tail(tile);
         if (more) {
             float x[BN / 8][4], alpha[2];
             wgmma_wait<1>();      // S_{tile+1}; P_tile V_tile may still run
             keep_live(s);
             softmax(s, tile + 1, x, alpha);
-            float alpha_o = 1.f;
-            if constexpr (TAIL) {
-                keep_live(st);
-                alpha_o = softmax_tail(st, tile + 1);
-            }
             wgmma_wait<0>();
             keep_live(o);
 #pragma unroll
@@ -1023,9 +857,6 @@ gqa_pipelined_kernel(const AttnParams p) {
                 o[dt][3] *= alpha[1];
             }
             pack_p(x);
-            if constexpr (TAIL)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) ot[i][0] *= alpha_o, ot[i][1] *= alpha_o;
         } else {
             wgmma_wait<0>();
             keep_live(o);
@@ -1034,41 +865,6 @@ gqa_pipelined_kernel(const AttnParams p) {
     cp_async_wait<0>();
 
     write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
-    if constexpr (TAIL) {
-        // l of each tail column: this thread's partial sums, over gid, then over the 4 warps.
-        __syncthreads();          // every warp is done reading sRed in the loop
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            float l = l_t[e];
-            l += __shfl_xor_sync(0xffffffffu, l, 4);
-            l += __shfl_xor_sync(0xffffffffu, l, 8);
-            l += __shfl_xor_sync(0xffffffffu, l, 16);
-            if (gid == 0) st_shared_f32(sRed + (warp * 8 + 2 * tig + e) * 4, l);
-        }
-        __syncthreads();
-        const int r = tail_row(gid);
-        if (r >= 0) {
-            float l = 0.f;
-#pragma unroll
-            for (int w = 0; w < 4; ++w) l += ld_shared_f32(sRed + (w * 8 + gid) * 4);
-            const int g = r / T, t = r % T, hq = h * G + g;
-            const float inv = l > 0.f ? 1.f / l : 0.f;
-            const int col0 = 32 * warp + 2 * tig;      // ot[i]: columns col0 + 8 i (+1) of row gid
-            if (p.num_splits == 1) {
-                __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hq * p.o_sh + t * p.o_st;
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    *reinterpret_cast<uint32_t*>(out + col0 + 8 * i) = pack_bf16(ot[i][0] * inv, ot[i][1] * inv);
-            } else {
-                const int64_t row = ((static_cast<int64_t>(split) * p.batch + b) * p.heads_q + hq) * T + t;
-                float* wo = p.ws_o + row * D;
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    *reinterpret_cast<float2*>(wo + col0 + 8 * i) = make_float2(ot[i][0] * inv, ot[i][1] * inv);
-                if (warp == 0 && tig == 0) p.ws_lse[row] = l > 0.f ? m_o + __log2f(l) : -INFINITY;
-            }
-        }
-    }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1466,29 +1262,17 @@ static cudaError_t launch_status(cudaStream_t stream) {
     return err;
 }
 
-// The kernel of a variant: wgmma 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (pipelined;
-// TAIL: the rows past whole row blocks ride along, see gqa_pipelined_kernel).
-template <int D, int NW, bool PAGED, int WGMMA, bool TAIL = false>
+// The kernel of a variant: wgmma 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (pipelined).
+template <int D, int NW, bool PAGED, int WGMMA>
 constexpr auto gqa_variant() {
-    if constexpr (WGMMA == 2) return gqa_pipelined_kernel<D, NW, PAGED, TAIL>;
+    if constexpr (WGMMA == 2) return gqa_pipelined_kernel<D, NW, PAGED>;
     else return gqa_kernel<D, NW, PAGED, WGMMA == 1>;
 }
-template <int D, int NW, bool PAGED, int WGMMA, bool TAIL = false>
-constexpr int gqa_variant_smem() {
-    if constexpr (WGMMA == 2) return pipelined_smem_bytes<D, NW, PAGED, TAIL>();
-    else return gqa_smem_bytes<D, NW, WGMMA != 0>();
-}
 
-// Whether M rows go to the pipelined kernel's whole 64-row blocks with the rest riding along
-// (4 warps, head_dim 128): a few rows past one or more blocks, at most 8 per block.
-__host__ __device__ constexpr bool folds_tail(int M) {
-    return M > 64 && M % 64 != 0 && M % 64 <= 8 * (M / 64);
-}
-
-template <int D, int NW, bool PAGED, int WGMMA, bool TAIL = false>
+template <int D, int NW, bool PAGED, int WGMMA>
 static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_blocks) {
-    constexpr int smem = gqa_variant_smem<D, NW, PAGED, WGMMA, TAIL>();
-    auto kernel = gqa_variant<D, NW, PAGED, WGMMA, TAIL>();
+    constexpr int smem = gqa_smem_bytes<D, NW, WGMMA != 0>();
+    auto kernel = gqa_variant<D, NW, PAGED, WGMMA>();
     cudaError_t err = prepare(kernel, smem);
     if (err != cudaSuccess) return err;
     dim3 grid(m_blocks, static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.batch * p.heads_kv));
@@ -1517,10 +1301,7 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
         case 8: return launch_gqa<D, 2, PAGED, 0>(p, stream, m_blocks);
         case 16: return launch_gqa<D, 4, PAGED, 0>(p, stream, m_blocks);
         case 17: return launch_gqa<D, 4, PAGED, 1>(p, stream, m_blocks);
-        case 18:
-            if constexpr (D == 128 && !PAGED)
-                if (folds_tail(M)) return launch_gqa<D, 4, PAGED, 2, true>(p, stream, M / 64);
-            return launch_gqa<D, 4, PAGED, D == 128 ? 2 : 1>(p, stream, m_blocks);
+        case 18: return launch_gqa<D, 4, PAGED, D == 128 ? 2 : 1>(p, stream, m_blocks);
         case 32: return launch_gqa<D, 8, PAGED, 0>(p, stream, m_blocks);
         case 33: return launch_gqa<D, 8, PAGED, 1>(p, stream, m_blocks);
         case 34: return launch_gqa<D, 8, PAGED, D == 128 ? 2 : 1>(p, stream, m_blocks);
@@ -1536,16 +1317,8 @@ extern "C" {
 
 // Shared-memory bytes the GQA kernel needs (for occupancy planning on the Python side).
 int tva_gqa_smem_bytes(int head_dim, int num_warps, int wgmma) {
-    if (wgmma == 2)     // the pipelined kernel: its tail-row variant (4 warps) is the larger
-        return 1024 + 3 * 2 * tva::BN * head_dim * 2 + (num_warps == 4 ? 2048 + 2048 + 128 : 0);
     const int q = 16 * num_warps * head_dim * 2;
     return q + 3 * 2 * tva::BN * head_dim * 2 + (wgmma ? 1024 : 0);
-}
-
-// Row blocks of the GQA grid for M rows (the pipelined kernel's tail rows ride on whole blocks).
-int tva_gqa_row_blocks(int head_dim, int num_warps, int paged, int wgmma, int rows) {
-    if (wgmma == 2 && head_dim == 128 && num_warps == 4 && !paged && tva::folds_tail(rows)) return rows / 64;
-    return (rows + 16 * num_warps - 1) / (16 * num_warps);
 }
 
 int tva_mla_smem_bytes() { return tva::mla::SMEM; }

@@ -122,11 +122,6 @@ PV_CASES = {c: v for c, v in WGMMA_CASES.items() if v[0].dk == 128} | {
     "pv-paged-ps1-8warps": (_point(heads=16, kv_heads=2, T=16, d=128, layout="paged", ps=1), [250], 2, 8),
     # A page size that is no power of two: the multiply-high division (IntDiv) rounds right.
     "pv-paged-ps7": (_point(b=2, heads=8, kv_heads=2, T=17, d=128, layout="paged", ps=7), [150, 77], 3, 4),
-    # Tail rows riding on whole row blocks (folds_tail): 1 a block (4 x 64 + 4), 8 a block in one
-    # (64 + 8: every column of the tail products), 3 on 2 blocks (one block carries two).
-    "pv-tail-T65-G4": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [300, 97], 3, 4),
-    "pv-tail-8-rows": (_point(heads=8, kv_heads=1, T=9, d=128), [130], 2, 4),
-    "pv-tail-3-rows-2-blocks": (_point(heads=1, kv_heads=1, T=131, d=128), [40], 1, 4),
 }
 
 
@@ -139,18 +134,6 @@ def test_gqa_wgmma_pv_kernel_matches_reference(emu, case, schedule):
     emu.emu_configure(*SCHEDULES[schedule])
     pt, lengths, splits, warps = PV_CASES[case]
     assert _run(emu, pt, lengths, splits, warps=warps, wgmma=2) < 5e-3
-
-
-def test_tail_rows_fold_where_the_kernel_says(emu):
-    """custom_verify's row-block count (the split plan's) is the launcher's, tail rows or none."""
-    for rows in (1, 63, 64, 65, 68, 72, 73, 127, 128, 129, 130, 131, 136, 137, 260, 264, 520):
-        for warps, impl in ((4, "wgmma_pv"), (8, "wgmma_pv"), (4, "wgmma"), (4, "mma")):
-            for paged in (False, True):
-                code = cv._IMPL_CODE[impl]
-                assert cv.gqa_row_blocks(rows, warps, impl, 128, paged) == \
-                    emu.tva_gqa_row_blocks(128, warps, int(paged), code, rows), (rows, warps, impl, paged)
-    assert cv.gqa_row_blocks(260, 4, "wgmma_pv", 128, False) == 4
-    assert cv.gqa_row_blocks(260, 4, "wgmma_pv", 128, True) == 5
 
 
 def test_wgmma_pv_is_refused_below_head_dim_128(emu):
@@ -231,6 +214,11 @@ def test_warps_minimise_padding():
     assert cv.gqa_warps(64 * 4) == 8       # T 64, group 4: two blocks of 128
     assert cv.gqa_warps(8 * 16) == 8       # group 8, T 16: one block of 128, KV read once
     assert cv.gqa_warps(65 * 4) == 8       # 260 rows: 3 x 128, not 9 x 32 (nine L2 re-reads)
+    # The pipelined wgmma_pv kernel: 4 warps at every shape (faster on the H200 at 16, 64, 65
+    # tree tokens); the others follow gqa_warps.
+    assert [cv.plan_warps(r, "wgmma_pv") for r in (64, 256, 260, 1024)] == [4, 4, 4, 4]
+    assert cv.plan_warps(256, "wgmma") == cv.gqa_warps(256, wgmma=True) == 8
+    assert cv.plan_warps(256, "mma") == cv.gqa_warps(256) == 8
 
 
 def test_splits_avoid_a_partial_second_wave():
@@ -261,7 +249,7 @@ def _h200_splits(lib, b, hq, hkv, T, d, max_keys, mla=False, wgmma=False):
     if mla:
         m_blocks = math.ceil(hq * T / 64)
         return 8, cv.best_splits(b * m_blocks, H200_SMS, max_keys, cv._overhead_keys(64, cv.MLA_DV, cv.MLA_DK * 2))
-    warps = cv.gqa_warps(hq // hkv * T, wgmma=bool(wgmma))      # as custom_verify.plan picks
+    warps = cv.plan_warps(hq // hkv * T, cv.IMPLS[int(wgmma)])   # as custom_verify.plan picks
     m_blocks = math.ceil(hq // hkv * T / (16 * warps))
     occupancy = max(1, (228 * 1024) // (lib.tva_gqa_smem_bytes(d, warps, int(wgmma)) + 1024))
     return warps, cv.best_splits(b * hkv * m_blocks, occupancy * H200_SMS, max_keys,
