@@ -17,8 +17,9 @@ library). The library is compiled on first use (kernels/build.py); importing thi
 on a host without a GPU.
 
 Three implementations (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_80), "wgmma"
-(S = QK^T on Hopper's warpgroup MMA, P V on mma.sync) and "wgmma_pv" (both products on wgmma;
-GQA only). The caller picks one; nothing in the environment does.
+(S = QK^T on Hopper's warpgroup MMA, P V on mma.sync) and "wgmma_pv" (both products on wgmma,
+software-pipelined: gqa_pipelined_kernel; GQA at head_dim 128 only). The caller picks one;
+nothing in the environment does.
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@
 //   - Shared-memory tiles are stored in 16-byte chunks, chunk c of row r at c ^ (r & 7), so
 //     cp.async writes and ldmatrix reads are free of bank conflicts.
 //   - GQA: head dim 64 or 128, 2, 4 or 8 warps per CTA (16 rows each), contiguous or paged
-//     cache (page table [b, max_pages], any page size). MLA latent: one KV head of 576 values
+//     cache (page table [b, max_pages], any page size). On Hopper, S = Q K^T on warpgroup MMA
+//     (gqa_kernel<..., WG>), or both products on it, software-pipelined (gqa_pipelined_kernel,
+//     head_dim 128). MLA latent: one KV head of 576 values
 //     for keys (512 latent + 64 rope) whose first 512 are the values; 64 rows per CTA over 8
 //     warps, S split by keys across warp pairs, P shared through shared memory, each warp owning
 //     64 of the 512 value columns.
