@@ -19,9 +19,7 @@
 //   - Shared-memory tiles are stored in 16-byte chunks, chunk c of row r at c ^ (r & 7), so
 //     cp.async writes and ldmatrix reads are free of bank conflicts.
 //   - GQA: head dim 64 or 128, 2, 4 or 8 warps per CTA (16 rows each), contiguous or paged
-//     cache (page table [b, max_pages], any page size). On Hopper, S = Q K^T on warpgroup MMA
-//     (gqa_kernel<..., WG>), or both products on it, software-pipelined (gqa_pipelined_kernel,
-//     head_dim 128). MLA latent: one KV head of 576 values
+//     cache (page table [b, max_pages], any page size). MLA latent: one KV head of 576 values
 //     for keys (512 latent + 64 rope) whose first 512 are the values; 64 rows per CTA over 8
 //     warps, S split by keys across warp pairs, P shared through shared memory, each warp owning
 //     64 of the 512 value columns.
@@ -126,18 +124,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
 __device__ __forceinline__ void st_shared_b32(uint32_t a, uint32_t v) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
 }
-__device__ __forceinline__ void st_shared_f32(uint32_t a, float v) {
-    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
-}
-__device__ __forceinline__ float ld_shared_f32(uint32_t a) {
-    float v;
-    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_shared_b16(uint32_t a, uint16_t v) {
-    asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(a), "h"(v) : "memory");
-}
-
 
 // Hopper warpgroup MMA (sm_90a only; elsewhere these trap and are never launched: the Python
 // side selects impl "wgmma" only on compute capability 9.0 with a 9.0a build).
@@ -205,19 +191,6 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t de
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
           "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
           "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-#else
-    __trap();
-#endif
-}
-
-// d[64 x 8] (+)= A[64 x 16] x B[16 x 8], both K-major through descriptors (S_t^T = K q_t^T).
-__device__ __forceinline__ void wgmma_m64n8k16_ss(float (&d)[1][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-#ifdef TVA_WGMMA
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 #else
     __trap();
@@ -312,9 +285,6 @@ __device__ __forceinline__ void keep_live(uint32_t (&r)[N][K]) {
         for (int j = 0; j < K; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 #endif
 }
-
-// The bf16 bits of x (round to nearest even).
-__device__ __forceinline__ uint16_t bf16_bits(float x) { return static_cast<uint16_t>(pack_bf16(x, 0.f) & 0xFFFFu); }
 
 // Byte offset of 16-byte chunk `c` of row `r` in a swizzled tile with CH chunks per row.
 template <int CH>
@@ -653,23 +623,13 @@ gqa_kernel(const AttnParams p) {
 // V tiles are stored as K tiles are (64-column blocks of 128-byte rows, 128-byte swizzle) and
 // read as an MN-major B operand; P goes from the S accumulators to the A registers of P V.
 
-//
-// TAIL (4 warps, head_dim 128): M = G T rows end a few rows (at most 8) past whole 64-row blocks
-// (65 tree tokens x 4 heads = 4 x 64 + 4). The last row block's CTAs then run a loop of their
-// own instead of the 64-row one, which computed 64 rows for those few: S_t^T = K q_t^T on wgmma
-// m64n8k16 (A the K tile, B the tail rows of Q), its softmax over keys spread across the four
-// warps (their maxima through shared memory), P_t^T to shared memory (double-buffered) and O_t
-// += P_t V on mma.sync (8 of its 16 rows used, 32 columns a warp). They stream the same tiles;
-// their MMAs are an eighth of a block's. (Folding those rows into the whole blocks' loop instead
-// made every tile slower: kernels/NOTES.md.)
-template <int D, int NW, bool PAGED, bool TAIL = false>
+template <int D, int NW, bool PAGED>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_pipelined_kernel(const AttnParams p) {
     constexpr int CH = D / 8, NT = NW * 32, STAGES = GqaConfig<D>::STAGES;
     constexpr int TILE = GqaConfig<D>::TILE_BYTES;
     constexpr int BM = 16 * NW;
     static_assert(NW % 4 == 0, "wgmma needs whole warpgroups");
-    static_assert(!TAIL || (NW == 4 && D == 128), "the tail rows' layout is one warpgroup's at head_dim 128");
     static_assert(STAGES == 3, "the rings below load K three tiles and V two tiles ahead");
     TVA_DYNAMIC_SMEM(smem);
     const uint32_t sK = (smem_addr(smem) + 1023u) & ~1023u;    // 1024-byte aligned for the swizzle
@@ -687,30 +647,13 @@ gqa_pipelined_kernel(const AttnParams p) {
     const char* kbase = static_cast<const char*>(p.k) + h * p.k_sh * 2 + (PAGED ? 0 : b * p.k_sb * 2);
     const char* vbase = static_cast<const char*>(p.v) + h * p.v_sh * 2 + (PAGED ? 0 : b * p.v_sb * 2);
     const char* qbase = static_cast<const char*>(p.q) + (b * p.q_sb + static_cast<int64_t>(h) * G * p.q_sh) * 2;
-    // TAIL: this CTA holds the last rows. In the Q tile's place: those rows of Q (8 x 128 dims
-    // as two swizzled 1 KB blocks, the B operand of S_t^T), P_t^T twice (8 x 64 keys, 1 KB
-    // each), 8 floats per warp for the cross-warp reductions.
-    const bool tail_cta = TAIL && mblock == static_cast<int>(gridDim.x) - 1;
-    const uint32_t sQt = sQ, sPt = sQ + 2048, sRed = sQ + 4096;
-    if (tail_cta) {
-        {   // thread t copies 16-byte chunk t % 16 of row t / 16 (rows past M: zeros)
-            const int row = tid / CH, c = tid % CH, r = mblock * 64 + row;
-            const bool ok = r < M;
-            const int g = ok ? r / T : 0, t = ok ? r % T : 0;
-            cp_async16(sQt + (c >> 3) * 1024 + row * 128 + (((c & 7) ^ row) << 4),
-                       qbase + (g * p.q_sh + t * p.q_st) * 2 + c * 16, ok);
-        }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) st_shared_b32(sPt + (tid * 4 + i) * 4, 0u);   // P_t^T rows past M stay 0
-    } else {
-#pragma unroll
-        for (int i = 0; i < BM * CH / NT; ++i) {
-            const int idx = tid + i * NT, row = idx / CH, c = idx % CH;
-            const int r = mblock * BM + row;
-            const bool ok = r < M;
-            const int g = ok ? r / T : 0, t = ok ? r % T : 0;
-            cp_async16(sQ + swz<CH>(row, c), qbase + (g * p.q_sh + t * p.q_st) * 2 + c * 16, ok);
-        }
+    for (int i = 0; i < BM * CH / NT; ++i) {
+        const int idx = tid + i * NT, row = idx / CH, c = idx % CH;
+        const int r = mblock * BM + row;
+        const bool ok = r < M;
+        const int g = ok ? r / T : 0, t = ok ? r % T : 0;
+        cp_async16(sQ + swz<CH>(row, c), qbase + (g * p.q_sh + t * p.q_st) * 2 + c * 16, ok);
     }
 
     // Each thread copies 16-byte column `lc` of rows lrow0, lrow0 + RS, ... of every tile, into
@@ -780,176 +723,6 @@ gqa_pipelined_kernel(const AttnParams p) {
     fence_proxy_async();
     __syncthreads();
 
-    const float scale = static_cast<float>(p.sm_scale) * LOG2E;
-    const int gid = lane >> 2, tig = lane & 3;
-
-    if constexpr (TAIL) {
-        if (tail_cta) {
-            // Rows mblock * 64 + c, c < 8: this thread's S_t^T fragments are keys 16 warp + gid
-            // (+8) x columns 2 tig (+1), whose softmax it runs (m_t, and l_t: its partial sums);
-            // its rows of O_t are column gid (m_o: that column's running max, kept in step).
-            const int32_t* bits_t[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int r = mblock * 64 + 2 * tig + e;
-                bits_t[e] = p.tree_bits + b * p.bits_sb + (r < M ? r % T : 0) * p.bits_st;
-            }
-            float m_t[2] = {-INFINITY, -INFINITY}, l_t[2] = {0.f, 0.f}, m_o = -INFINITY;
-            float ot[4][4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) ot[i][0] = ot[i][1] = ot[i][2] = ot[i][3] = 0.f;
-
-            auto issue_st = [&](float (&st)[1][4], int tile) {    // S_t^T = K_tile q_t^T
-                const uint32_t k_s = sK + (tile % STAGES) * TILE;
-#pragma unroll
-                for (int kk = 0; kk < D / 16; ++kk)
-                    wgmma_m64n8k16_ss(st, desc_kmajor_sw128(k_s + (kk >> 2) * (BN * 128) + (kk & 3) * 32),
-                                      desc_kmajor_sw128(sQt + (kk >> 2) * 1024 + (kk & 3) * 32), kk > 0);
-                wgmma_commit();
-            };
-            // The softmax of S_t^T for `tile` into P_t^T (buffer tile % 2); returns the factor
-            // this thread's rows of O_t are rescaled by. Every thread runs it (it holds a barrier).
-            auto softmax_t = [&](const float (&st)[1][4], int tile) -> float {
-                const int kb = sr.begin + tile * BN, k0 = kb + 16 * warp + gid;
-                float x[4] = {st[0][0], st[0][1], st[0][2], st[0][3]};    // (k0, 2tig) (k0, 2tig+1) (k0+8, ..)
-                if (kb + BN > L) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        if (!key_visible(bits_t[e & 1], k0 + 8 * (e >> 1), L, sr.end)) x[e] = -INFINITY;
-                }
-                // Column maxima over this warp's 16 keys (lanes of equal tig), then the 4 warps'.
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float mx = fmaxf(x[e], x[e + 2]);
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-                    if (gid == 0) st_shared_f32(sRed + (warp * 8 + 2 * tig + e) * 4, mx);
-                }
-                __syncthreads();
-                auto column_max = [&](int c) {
-                    float mx = ld_shared_f32(sRed + c * 4);
-#pragma unroll
-                    for (int w = 1; w < 4; ++w) mx = fmaxf(mx, ld_shared_f32(sRed + (w * 8 + c) * 4));
-                    return mx;
-                };
-                const uint32_t pt = sPt + (tile & 1) * 1024;
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int c = 2 * tig + e;
-                    const float m_new = fmaxf(m_t[e], column_max(c) * scale);
-                    const float m_use = m_new == -INFINITY ? 0.f : m_new;
-                    const float alpha = fast_exp2(m_t[e] - m_use);
-                    m_t[e] = m_new;
-                    const float p0 = fast_exp2(fmaf(x[e], scale, -m_use)), p1 = fast_exp2(fmaf(x[e + 2], scale, -m_use));
-                    l_t[e] = l_t[e] * alpha + p0 + p1;
-                    // Row c of P_t^T, keys 16 warp + gid (+8): chunk (key / 8) ^ c of its 128 bytes.
-                    st_shared_b16(pt + c * 128 + (((2 * warp) ^ c) << 4) + gid * 2, bf16_bits(p0));
-                    st_shared_b16(pt + c * 128 + (((2 * warp + 1) ^ c) << 4) + gid * 2, bf16_bits(p1));
-                }
-                const float m_new = fmaxf(m_o, column_max(gid) * scale);
-                const float m_use = m_new == -INFINITY ? 0.f : m_new;
-                const float alpha_o = fast_exp2(m_o - m_use);
-                m_o = m_new;
-                return alpha_o;
-            };
-            // O_t += P_t V_tile on mma.sync: this warp's 32 columns of V, P_t^T the A operand
-            // (rows 0-7 the tail rows, rows 8-15 zero) read by ldmatrix from buffer tile % 2.
-            auto pv_t = [&](int tile) {
-                const uint32_t pt = sPt + (tile & 1) * 1024, v_s = sV + (tile % STAGES) * TILE;
-#pragma unroll
-                for (int kk = 0; kk < BN / 16; ++kk) {
-                    uint32_t a[4], unused0, unused1;
-                    {   // matrices 0 and 2: rows 0-7 x keys 16 kk + 0-7 and + 8-15 (1, 3 repeat them)
-                        const int r = lane & 7, ch = 2 * kk + (lane >> 4);
-                        ldsm_x4(a[0], unused0, a[2], unused1, pt + r * 128 + ((ch ^ r) << 4));
-                        a[1] = a[3] = 0u;
-                    }
-#pragma unroll
-                    for (int j = 0; j < 2; ++j) {    // 16 columns of V each: 32 warp + 16 j ...
-                        const int row = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-                        const int c = 4 * warp + 2 * j + (lane >> 4);
-                        uint32_t b0, b1, b2, b3;
-                        ldsm_x4_t(b0, b1, b2, b3, v_s + (c >> 3) * (BN * 128) + row * 128 + (((c & 7) ^ (row & 7)) << 4));
-                        mma16816(ot[2 * j], a, b0, b1);
-                        mma16816(ot[2 * j + 1], a, b2, b3);
-                    }
-                }
-            };
-
-            if (n > 0) {
-                float st[1][4];
-                wgmma_fence();
-                issue_st(st, 0);
-                wgmma_wait<0>();
-                keep_live(st);
-                softmax_t(st, 0);         // O_t is still zero: its factor is not needed
-            }
-            for (int tile = 0; tile < n; ++tile) {
-                const bool more = tile + 1 < n;
-                // K_{tile+1}, V_tile and P_t^T of this tile are in place for every warp.
-                cp_async_wait<1>();
-                fence_proxy_async();
-                __syncthreads();
-                if (tile + 2 < n) copy_tile(sV, vbase, p.v_sb, p.v_st, tile + 2, vpages);
-                if (tile + 3 < n) {
-#pragma unroll
-                    for (int i = 0; i < BN / RS; ++i) vpages[i] = kpages[i];
-                    copy_tile(sK, kbase, p.k_sb, p.k_st, tile + 3, kpages);
-                    fetch_pages(tile + 4, kpages);
-                }
-                cp_async_commit();
-                float st[1][4];
-                wgmma_fence();
-                issue_st(st, more ? tile + 1 : tile);     // dropped on the last tile, as S is
-                pv_t(tile);                               // under S_t^T on the tensor cores
-                wgmma_wait<0>();
-                keep_live(st);
-                if (more) {
-                    const float alpha_o = softmax_t(st, tile + 1);
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) ot[i][0] *= alpha_o, ot[i][1] *= alpha_o;
-                }
-            }
-            cp_async_wait<0>();
-
-            // l of each tail row: this thread's partial sums, over gid, then over the 4 warps.
-            __syncthreads();          // every warp is done reading sRed in the loop
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                float l = l_t[e];
-                l += __shfl_xor_sync(0xffffffffu, l, 4);
-                l += __shfl_xor_sync(0xffffffffu, l, 8);
-                l += __shfl_xor_sync(0xffffffffu, l, 16);
-                if (gid == 0) st_shared_f32(sRed + (warp * 8 + 2 * tig + e) * 4, l);
-            }
-            __syncthreads();
-            const int r = mblock * 64 + gid;
-            if (r < M) {
-                float l = 0.f;
-#pragma unroll
-                for (int w = 0; w < 4; ++w) l += ld_shared_f32(sRed + (w * 8 + gid) * 4);
-                const int g = r / T, t = r % T, hq = h * G + g;
-                const float inv = l > 0.f ? 1.f / l : 0.f;
-                const int col0 = 32 * warp + 2 * tig;      // ot[i]: columns col0 + 8 i (+1) of row r
-                if (p.num_splits == 1) {
-                    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hq * p.o_sh + t * p.o_st;
-#pragma unroll
-                    for (int i = 0; i < 4; ++i)
-                        *reinterpret_cast<uint32_t*>(out + col0 + 8 * i) = pack_bf16(ot[i][0] * inv, ot[i][1] * inv);
-                } else {
-                    const int64_t row = ((static_cast<int64_t>(split) * p.batch + b) * p.heads_q + hq) * T + t;
-                    float* wo = p.ws_o + row * D;
-#pragma unroll
-                    for (int i = 0; i < 4; ++i)
-                        *reinterpret_cast<float2*>(wo + col0 + 8 * i) = make_float2(ot[i][0] * inv, ot[i][1] * inv);
-                    if (warp == 0 && tig == 0) p.ws_lse[row] = l > 0.f ? m_o + __log2f(l) : -INFINITY;
-                }
-            }
-            return;
-        }
-    }
-
     uint32_t qa[D / 16][4];
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -957,6 +730,8 @@ gqa_pipelined_kernel(const AttnParams p) {
         ldsm_x4(qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], sQ + swz<CH>(row, c));
     }
 
+    const float scale = static_cast<float>(p.sm_scale) * LOG2E;
+    const int gid = lane >> 2, tig = lane & 3;
     const int r0 = mblock * BM + warp * 16 + gid;          // this thread's rows: r0, r0 + 8
     const int32_t* bits_row[2];
 #pragma unroll
@@ -1487,22 +1262,17 @@ static cudaError_t launch_status(cudaStream_t stream) {
     return err;
 }
 
-// The kernel of a variant: wgmma 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (pipelined;
-// TAIL: its last row block runs the few-row loop, see gqa_pipelined_kernel).
-template <int D, int NW, bool PAGED, int WGMMA, bool TAIL = false>
+// The kernel of a variant: wgmma 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (pipelined).
+template <int D, int NW, bool PAGED, int WGMMA>
 constexpr auto gqa_variant() {
-    if constexpr (WGMMA == 2) return gqa_pipelined_kernel<D, NW, PAGED, TAIL>;
+    if constexpr (WGMMA == 2) return gqa_pipelined_kernel<D, NW, PAGED>;
     else return gqa_kernel<D, NW, PAGED, WGMMA == 1>;
 }
 
-// Whether the pipelined kernel's last row block (4 warps, head_dim 128) holds few enough rows
-// (at most 8, past at least one whole block) for its few-row loop.
-__host__ __device__ constexpr bool tail_block(int M) { return M > 64 && M % 64 != 0 && M % 64 <= 8; }
-
-template <int D, int NW, bool PAGED, int WGMMA, bool TAIL = false>
+template <int D, int NW, bool PAGED, int WGMMA>
 static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_blocks) {
     constexpr int smem = gqa_smem_bytes<D, NW, WGMMA != 0>();
-    auto kernel = gqa_variant<D, NW, PAGED, WGMMA, TAIL>();
+    auto kernel = gqa_variant<D, NW, PAGED, WGMMA>();
     cudaError_t err = prepare(kernel, smem);
     if (err != cudaSuccess) return err;
     dim3 grid(m_blocks, static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.batch * p.heads_kv));
@@ -1531,10 +1301,7 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
         case 8: return launch_gqa<D, 2, PAGED, 0>(p, stream, m_blocks);
         case 16: return launch_gqa<D, 4, PAGED, 0>(p, stream, m_blocks);
         case 17: return launch_gqa<D, 4, PAGED, 1>(p, stream, m_blocks);
-        case 18:
-            if constexpr (D == 128)
-                if (tail_block(M)) return launch_gqa<D, 4, PAGED, 2, true>(p, stream, m_blocks);
-            return launch_gqa<D, 4, PAGED, D == 128 ? 2 : 1>(p, stream, m_blocks);
+        case 18: return launch_gqa<D, 4, PAGED, D == 128 ? 2 : 1>(p, stream, m_blocks);
         case 32: return launch_gqa<D, 8, PAGED, 0>(p, stream, m_blocks);
         case 33: return launch_gqa<D, 8, PAGED, 1>(p, stream, m_blocks);
         case 34: return launch_gqa<D, 8, PAGED, D == 128 ? 2 : 1>(p, stream, m_blocks);

@@ -122,12 +122,6 @@ PV_CASES = {c: v for c, v in WGMMA_CASES.items() if v[0].dk == 128} | {
     "pv-paged-ps1-8warps": (_point(heads=16, kv_heads=2, T=16, d=128, layout="paged", ps=1), [250], 2, 8),
     # A page size that is no power of two: the multiply-high division (IntDiv) rounds right.
     "pv-paged-ps7": (_point(b=2, heads=8, kv_heads=2, T=17, d=128, layout="paged", ps=7), [150, 77], 3, 4),
-    # The last row block's few-row loop (tail_block): 4 rows past 4 blocks (65 tree tokens x 4
-    # heads), 8 past 1 (every column of its products), 1 past 2; paged; splits of 1-3 tiles.
-    "pv-tail-T65-G4": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [300, 97], 3, 4),
-    "pv-tail-8-rows": (_point(heads=8, kv_heads=1, T=9, d=128), [130], 2, 4),
-    "pv-tail-1-row": (_point(heads=1, kv_heads=1, T=129, d=128), [40], 1, 4),
-    "pv-tail-paged-ps16": (_point(b=2, heads=4, kv_heads=1, T=17, d=128, layout="paged"), [10, 150], 4, 4),
 }
 
 

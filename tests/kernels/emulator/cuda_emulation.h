@@ -10,8 +10,8 @@
 //   the fragment layouts of the PTX ISA: the emulator reassembles whole matrices from the
 //   lanes' registers, so a kernel that indexes them wrongly computes the wrong numbers here too.
 // - wgmma.mma_async m64n64k16 (A in registers, B through a K-major 128-byte-swizzle shared-memory
-//   descriptor), m64n64k16 / m64n128k16 with an MN-major B (imm-trans-b 1) and m64n32k16 /
-//   m64n8k16 with both operands by descriptor are a barrier of the warpgroup's 128 threads that completes at issue;
+//   descriptor), m64n64k16 / m64n128k16 with an MN-major B (imm-trans-b 1) and m64n32k16 with both
+//   operands by descriptor are a barrier of the warpgroup's 128 threads that completes at issue;
 //   the descriptor is decoded bit by bit and the swizzle applied to absolute shared addresses.
 // - cp.async copies are queued per thread and land as late as the rules allow: at the
 //   cp.async.wait_group that retires their group (TVA_EMU_EARLY=1: at issue instead). A kernel
@@ -229,7 +229,7 @@ struct Fiber {
 constexpr uint32_t kSmemBase = 128;
 
 struct Block {
-    dim3 idx, dim, grid;
+    dim3 idx, dim;
     std::vector<uint8_t> smem_store;   // host bytes; smem is their 1024-byte aligned part
     uint8_t* smem = nullptr;           // host address of shared address kSmemBase
     size_t smem_size = 0;
@@ -438,7 +438,6 @@ inline void launch(void (*kernel)(const P), dim3 grid, dim3 block, size_t smem_b
                 Block b;
                 b.idx = dim3(x, y, z);
                 b.dim = block;
-                b.grid = grid;
                 // Host address == shared address modulo 1024, so typed accesses through
                 // `smem` have the alignment their shared addresses have.
                 b.smem_store.assign(smem_bytes + 2048, 0xff);   // poison: bf16 NaN, fp32 NaN
@@ -459,7 +458,6 @@ inline dim3 emu_thread_idx() { return dim3(static_cast<unsigned>(emu::me().tid))
 #define threadIdx (emu_thread_idx())
 #define blockIdx (emu::current_block()->idx)
 #define blockDim (emu::current_block()->dim)
-#define gridDim (emu::current_block()->grid)
 
 inline void __syncthreads() { emu::syncthreads(); }
 
@@ -722,11 +720,6 @@ inline void wgmma_m64n128k16_tb(float (&d)[16][4], const uint32_t (&a)[4], uint6
     emu_wgmma_tb<128>(d, a, desc);
 }
 
-inline void wgmma_m64n8k16_ss(float (&d)[1][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    emu_wgmma_enter(desc_a, desc_b, nullptr);
-    emu_wgmma<8>(d, [&](int r, int k) { return emu_desc_at(desc_a, r, k); }, desc_b, accumulate);
-}
-
 inline void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     emu_wgmma_enter(desc_a, desc_b, nullptr);
     emu_wgmma<32>(d, [&](int r, int k) { return emu_desc_at(desc_a, r, k); }, desc_b, accumulate);
@@ -735,20 +728,6 @@ inline void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_
 inline void st_shared_b32(uint32_t a, uint32_t v) {
     if (a % 4) emu::misaligned("st.shared.b32 not 4-byte aligned");
     std::memcpy(emu::smem_at(a, 4), &v, 4);
-}
-inline void st_shared_f32(uint32_t a, float v) {
-    if (a % 4) emu::misaligned("st.shared.f32 not 4-byte aligned");
-    std::memcpy(emu::smem_at(a, 4), &v, 4);
-}
-inline float ld_shared_f32(uint32_t a) {
-    if (a % 4) emu::misaligned("ld.shared.f32 not 4-byte aligned");
-    float v;
-    std::memcpy(&v, emu::smem_at(a, 4), 4);
-    return v;
-}
-inline void st_shared_b16(uint32_t a, uint16_t v) {
-    if (a % 2) emu::misaligned("st.shared.b16 not 2-byte aligned");
-    std::memcpy(emu::smem_at(a, 2), &v, 2);
 }
 
 extern "C" void emu_configure(int early, unsigned long long skew_seed) {
