@@ -823,14 +823,6 @@ gqa_pipelined_kernel(const AttnParams p) {
         cp_async_wait<1>();
         fence_proxy_async();
         __syncthreads();
-        if (tile + 2 < n) copy_tile(sV, vbase, p.v_sb, p.v_st, tile + 2, vpages);
-        if (tile + 3 < n) {
-#pragma unroll
-            for (int i = 0; i < BN / RS; ++i) vpages[i] = kpages[i];
-            copy_tile(sK, kbase, p.k_sb, p.k_st, tile + 3, kpages);
-            fetch_pages(tile + 4, kpages);
-        }
-        cp_async_commit();
 
         // S_{tile+1} then P_tile V_tile. On the last tile S is issued again on K_tile, still in
         // its stage, and dropped: a branch between the fence and the MMAs makes ptxas serialise
@@ -842,6 +834,16 @@ gqa_pipelined_kernel(const AttnParams p) {
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) wgmma_pv<D>(o, pa[kk], desc_mnmajor_sw128(v_s + kk * 16 * 128));
         wgmma_commit();
+        // The next copies go out while the tensor cores run: their stages (K_tile's, V_{tile-1}'s)
+        // were freed by every warp before the barrier above.
+        if (tile + 2 < n) copy_tile(sV, vbase, p.v_sb, p.v_st, tile + 2, vpages);
+        if (tile + 3 < n) {
+#pragma unroll
+            for (int i = 0; i < BN / RS; ++i) vpages[i] = kpages[i];
+            copy_tile(sK, kbase, p.k_sb, p.k_st, tile + 3, kpages);
+            fetch_pages(tile + 4, kpages);
+        }
+        cp_async_commit();
         if (more) {
             float x[BN / 8][4], alpha[2];
             wgmma_wait<1>();      // S_{tile+1}; P_tile V_tile may still run
