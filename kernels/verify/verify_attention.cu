@@ -377,6 +377,60 @@ __device__ __forceinline__ void write_rows(const AttnParams& p, const float (&o)
     }
 }
 
+// Rows of the tree-verify mask for this thread's two rows r0 and r0 + 8 (the mma C layout); row
+// r of a KV head's M = G T rows is tree token r % T (rows past M: token 0, never written).
+__device__ __forceinline__ void tree_mask_rows(const AttnParams& p, int b, int r0, int M, const int32_t* (&rows)[2]) {
+    const int T = static_cast<int>(p.tokens);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int r = r0 + 8 * hf;
+        const int t = r < M ? r % T : 0;
+        rows[hf] = p.tree_bits + b * p.bits_sb + t * p.bits_st;
+    }
+}
+
+// -inf where a score of a tile of NK keys from kb is not visible to its row: fragment (nt, e) is
+// key kb + 8 nt + 2 tig + (e & 1) of row e >> 1 (the mma C layout). Only a tile that reaches the
+// tree part or the split's end (kb + NK > L) has any.
+template <int NK, int NT8>
+__device__ __forceinline__ void mask_tile(float (&s)[NT8][4], int kb, int L, int k_end, const int32_t* const (&rows)[2],
+                                          int tig) {
+    if (kb + NK <= L) return;
+#pragma unroll
+    for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int key = kb + nt * 8 + 2 * tig + (e & 1);
+            if (!key_visible(rows[e >> 1], key, L, k_end)) s[nt][e] = -INFINITY;
+        }
+}
+
+// The Q rows of row block `mblock` (BM rows of CH 16-byte chunks, zeros past M) into a swizzled
+// tile at sQ: row r is (g, t) = (r / T, r % T), query head h G + g of the KV head at qbase.
+template <int BM, int CH, int NT>
+__device__ __forceinline__ void copy_q_tile(const AttnParams& p, uint32_t sQ, const char* qbase, int tid, int mblock, int M) {
+    const int T = static_cast<int>(p.tokens);
+#pragma unroll
+    for (int i = 0; i < BM * CH / NT; ++i) {
+        const int idx = tid + i * NT, row = idx / CH, c = idx % CH;
+        const int r = mblock * BM + row;
+        const bool ok = r < M;
+        const int g = ok ? r / T : 0, t = ok ? r % T : 0;
+        cp_async16(sQ + swz<CH>(row, c), qbase + (g * p.q_sh + t * p.q_st) * 2 + c * 16, ok);
+    }
+}
+
+// This warp's 16 rows of the Q tile as mma.m16n8k16 A fragments, one per 16 dims (wgmma takes
+// the same layout for an A operand in registers).
+template <int D>
+__device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[D / 16][4], uint32_t sQ, int warp, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const int row = warp * 16 + (lane & 15), c = 2 * kk + (lane >> 4);
+        ldsm_x4(qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], sQ + swz<D / 8>(row, c));
+    }
+}
+
 // ------------------------------------------------------------------------------------------
 // GQA kernel
 // ------------------------------------------------------------------------------------------
@@ -419,14 +473,7 @@ gqa_kernel(const AttnParams p) {
 
     // Q rows of this block: row r -> (g, t) = (r / T, r % T), query head h * G + g.
     const char* qbase = static_cast<const char*>(p.q) + (b * p.q_sb + static_cast<int64_t>(h) * G * p.q_sh) * 2;
-#pragma unroll
-    for (int i = 0; i < BM * CH / NT; ++i) {
-        const int idx = tid + i * NT, row = idx / CH, c = idx % CH;
-        const int r = mblock * BM + row;
-        const bool ok = r < M;
-        const int g = ok ? r / T : 0, t = ok ? r % T : 0;
-        cp_async16(sQ + swz<CH>(row, c), qbase + (g * p.q_sh + t * p.q_st) * 2 + c * 16, ok);
-    }
+    copy_q_tile<BM, CH, NT>(p, sQ, qbase, tid, mblock, M);
 
     // Each thread copies one 16-byte column `lc` of rows lrow0, lrow0 + RS, ... of every tile.
     constexpr int RS = NT / CH;
@@ -487,22 +534,13 @@ gqa_kernel(const AttnParams p) {
     __syncthreads();
 
     uint32_t qa[D / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        const int row = warp * 16 + (lane & 15), c = 2 * kk + (lane >> 4);
-        ldsm_x4(qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], sQ + swz<CH>(row, c));
-    }
+    load_q_fragments<D>(qa, sQ, warp, lane);
 
     const float scale = static_cast<float>(p.sm_scale) * LOG2E;
     const int gid = lane >> 2, tig = lane & 3;
     const int r0 = mblock * BM + warp * 16 + gid;          // this thread's rows: r0, r0 + 8
     const int32_t* bits_row[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        const int r = r0 + 8 * hf;
-        const int t = r < M ? r % T : 0;
-        bits_row[hf] = p.tree_bits + b * p.bits_sb + t * p.bits_st;
-    }
+    tree_mask_rows(p, b, r0, M, bits_row);
 
     float o[D / 8][4];
 #pragma unroll
@@ -552,15 +590,7 @@ gqa_kernel(const AttnParams p) {
         for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nt][e] *= scale;
-        if (kb + BN > L) {
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = kb + nt * 8 + 2 * tig + (e & 1);
-                    if (!key_visible(bits_row[e >> 1], key, L, sr.end)) s[nt][e] = -INFINITY;
-                }
-        }
+        mask_tile<BN>(s, kb, L, sr.end, bits_row, tig);
 
         // Online softmax (fp32, log2 domain). l is kept per thread and reduced at the end.
 #pragma unroll
@@ -647,14 +677,7 @@ gqa_pipelined_kernel(const AttnParams p) {
     const char* kbase = static_cast<const char*>(p.k) + h * p.k_sh * 2 + (PAGED ? 0 : b * p.k_sb * 2);
     const char* vbase = static_cast<const char*>(p.v) + h * p.v_sh * 2 + (PAGED ? 0 : b * p.v_sb * 2);
     const char* qbase = static_cast<const char*>(p.q) + (b * p.q_sb + static_cast<int64_t>(h) * G * p.q_sh) * 2;
-#pragma unroll
-    for (int i = 0; i < BM * CH / NT; ++i) {
-        const int idx = tid + i * NT, row = idx / CH, c = idx % CH;
-        const int r = mblock * BM + row;
-        const bool ok = r < M;
-        const int g = ok ? r / T : 0, t = ok ? r % T : 0;
-        cp_async16(sQ + swz<CH>(row, c), qbase + (g * p.q_sh + t * p.q_st) * 2 + c * 16, ok);
-    }
+    copy_q_tile<BM, CH, NT>(p, sQ, qbase, tid, mblock, M);
 
     // Each thread copies 16-byte column `lc` of rows lrow0, lrow0 + RS, ... of every tile, into
     // 64-column block lc / 8, chunk (lc % 8) ^ (row % 8); RS is a multiple of 8, so the swizzled
@@ -724,22 +747,13 @@ gqa_pipelined_kernel(const AttnParams p) {
     __syncthreads();
 
     uint32_t qa[D / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-        const int row = warp * 16 + (lane & 15), c = 2 * kk + (lane >> 4);
-        ldsm_x4(qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], sQ + swz<CH>(row, c));
-    }
+    load_q_fragments<D>(qa, sQ, warp, lane);
 
     const float scale = static_cast<float>(p.sm_scale) * LOG2E;
     const int gid = lane >> 2, tig = lane & 3;
     const int r0 = mblock * BM + warp * 16 + gid;          // this thread's rows: r0, r0 + 8
     const int32_t* bits_row[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        const int r = r0 + 8 * hf;
-        const int t = r < M ? r % T : 0;
-        bits_row[hf] = p.tree_bits + b * p.bits_sb + t * p.bits_st;
-    }
+    tree_mask_rows(p, b, r0, M, bits_row);
 
     float o[D / 8][4];
 #pragma unroll
@@ -767,15 +781,7 @@ gqa_pipelined_kernel(const AttnParams p) {
         for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) x[nt][e] = s[nt][e];
-        if (kb + BN > L) {        // the tree part, or the keys past this split
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = kb + nt * 8 + 2 * tig + (e & 1);
-                    if (!key_visible(bits_row[e >> 1], key, L, sr.end)) x[nt][e] = -INFINITY;
-                }
-        }
+        mask_tile<BN>(x, kb, L, sr.end, bits_row, tig);     // the tree part, the keys past this split
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             float mx = -INFINITY;
@@ -1014,15 +1020,7 @@ mla_kernel(const AttnParams p) {
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nt][e] *= scale;
-        if (kb + 32 > L) {
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int key = kb + nt * 8 + 2 * tig + (e & 1);
-                    if (!key_visible(bits_row[e >> 1], key, L, sr.end)) s[nt][e] = -INFINITY;
-                }
-        }
+        mask_tile<32>(s, kb, L, sr.end, bits_row, tig);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             float mx = -INFINITY;
