@@ -643,14 +643,15 @@ gqa_kernel(const AttnParams p) {
 // ------------------------------------------------------------------------------------------
 // GQA kernel with both products on wgmma, software-pipelined (Hopper; impl "wgmma_pv")
 // ------------------------------------------------------------------------------------------
-// gqa_kernel runs each tile's steps one after another: S = Q K^T, wait, softmax, O += P V,
-// wait. ncu on the H200 (65 tree tokens, 65536 keys) saw the tensor pipe busy 41 % of the time
-// and neither L2 (48 %) nor DRAM (26 %) near a limit: the warps wait on their own MMAs. Here each
+// gqa_kernel's loop runs each tile's steps one after another: S = Q K^T, wait, softmax, O += P V,
+// wait. With P V on wgmma too in that loop, ncu on the H200 (65 tree tokens, 65536 keys) saw the
+// tensor pipe busy 41 % of the time and neither L2 (48 %) nor DRAM (26 %) near a limit: the warps
+// waited on their own MMAs (kernels/NOTES.md, session 8). Here each
 // warpgroup issues S_{j+1} = Q K_{j+1}^T and then O += P_j V_j back to back, and computes the
 // softmax of S_{j+1} while the tensor cores run P_j V_j; O is rescaled once that product is done
 // (FlashAttention-3's intra-warpgroup overlap). K and V have their own rings of three tiles:
-// iteration j loads K_{j+3} and V_{j+2}, so each lands two iterations before it is read.
-// V tiles are stored as K tiles are (64-column blocks of 128-byte rows, 128-byte swizzle) and
+// iteration j loads K_{j+3} and V_{j+2}, so each lands two iterations before it is read, and
+// issues those copies after its MMAs, not before them. V tiles are stored as K tiles are (64-column blocks of 128-byte rows, 128-byte swizzle) and
 // read as an MN-major B operand; P goes from the S accumulators to the A registers of P V.
 
 template <int D, int NW, bool PAGED>
