@@ -199,20 +199,6 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t de
 
 // d[64 x N] += A[64 x 16] x B[16 x N] with B N-major (imm-trans-b 1): the P V product, P from
 // registers (the mma.m16n8k16 A layout per warp, as for S) and V through an MN-major descriptor.
-__device__ __forceinline__ void wgmma_m64n64k16_tb(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc) {
-#ifdef TVA_WGMMA
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
-#else
-    __trap();
-#endif
-}
-
 __device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
 #ifdef TVA_WGMMA
     asm volatile(
@@ -248,12 +234,6 @@ __host__ __device__ __forceinline__ uint64_t desc_mnmajor_sw128(uint32_t smem_by
            (static_cast<uint64_t>(1) << 62);
 }
 
-template <int D>
-__device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&pa)[4], uint64_t desc) {
-    if constexpr (D == 128) wgmma_m64n128k16_tb(o, pa, desc);
-    else wgmma_m64n64k16_tb(o, pa, desc);
-}
-
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);   // .x (low 16 bits) = lo
     uint32_t u;
@@ -274,15 +254,6 @@ __device__ __forceinline__ void keep_live(float (&r)[N][K]) {
     for (int i = 0; i < N; ++i)
 #pragma unroll
         for (int j = 0; j < K; ++j) asm volatile("" : "+f"(r[i][j])::"memory");
-#endif
-}
-template <int N, int K>
-__device__ __forceinline__ void keep_live(uint32_t (&r)[N][K]) {
-#ifndef TVA_EMULATE
-#pragma unroll
-    for (int i = 0; i < N; ++i)
-#pragma unroll
-        for (int j = 0; j < K; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
 #endif
 }
 
@@ -325,6 +296,19 @@ struct IntDiv {
     }
     __device__ __forceinline__ uint32_t mod(uint32_t n) const { return n - div(n) * d; }
 };
+
+// The page of each of this thread's rows of a tile (rows lrow0, lrow0 + RS, ...; past the split's
+// end, the split's first key's page), read from the page table ahead of the copies they feed.
+template <int RS>
+__device__ __forceinline__ void fetch_tile_pages(const AttnParams& p, const IntDiv& page_size, int b, const SplitRange& sr,
+                                                 int tile, int lrow0, int32_t (&pages)[BN / RS]) {
+    const int kb = sr.begin + tile * BN;
+#pragma unroll
+    for (int i = 0; i < BN / RS; ++i) {
+        const int key = kb + lrow0 + i * RS, kk = key < sr.end ? key : sr.begin;
+        pages[i] = __ldg(p.page_table + b * p.pt_sb + page_size.div(kk));
+    }
+}
 
 // Element offset (without the head term) of key `key` of sequence b.
 template <bool PAGED>
@@ -486,14 +470,7 @@ gqa_kernel(const AttnParams p) {
     int32_t pages[BN / RS];
     const IntDiv page_size(static_cast<uint32_t>(p.page_size));
     auto fetch_pages = [&](int tile) {
-        if constexpr (PAGED) {
-            const int kb = sr.begin + tile * BN;
-#pragma unroll
-            for (int i = 0; i < BN / RS; ++i) {
-                const int key = kb + lrow0 + i * RS, kk = key < sr.end ? key : sr.begin;
-                pages[i] = __ldg(p.page_table + b * p.pt_sb + page_size.div(kk));
-            }
-        }
+        if constexpr (PAGED) fetch_tile_pages<RS>(p, page_size, b, sr, tile, lrow0, pages);
     };
     fetch_pages(0);
     auto load_tile = [&](int tile, int stage) {
@@ -651,8 +628,9 @@ gqa_kernel(const AttnParams p) {
 // softmax of S_{j+1} while the tensor cores run P_j V_j; O is rescaled once that product is done
 // (FlashAttention-3's intra-warpgroup overlap). K and V have their own rings of three tiles:
 // iteration j loads K_{j+3} and V_{j+2}, so each lands two iterations before it is read, and
-// issues those copies after its MMAs, not before them. V tiles are stored as K tiles are (64-column blocks of 128-byte rows, 128-byte swizzle) and
-// read as an MN-major B operand; P goes from the S accumulators to the A registers of P V.
+// issues those copies after its MMAs, not before them. V tiles are stored as K tiles are
+// (64-column blocks of 128-byte rows, 128-byte swizzle) and read as an MN-major B operand; P goes
+// from the S accumulators to the A registers of P V.
 
 template <int D, int NW, bool PAGED>
 __global__ void __launch_bounds__(NW * 32, 1)
@@ -662,6 +640,7 @@ gqa_pipelined_kernel(const AttnParams p) {
     constexpr int BM = 16 * NW;
     static_assert(NW % 4 == 0, "wgmma needs whole warpgroups");
     static_assert(STAGES == 3, "the rings below load K three tiles and V two tiles ahead");
+    static_assert(D == 128, "P V is one m64n128k16 per 16 keys");
     TVA_DYNAMIC_SMEM(smem);
     const uint32_t sK = (smem_addr(smem) + 1023u) & ~1023u;    // 1024-byte aligned for the swizzle
     const uint32_t sV = sK + STAGES * TILE;
@@ -693,14 +672,7 @@ gqa_pipelined_kernel(const AttnParams p) {
     const IntDiv page_size(static_cast<uint32_t>(p.page_size));
     int32_t kpages[BN / RS], vpages[BN / RS];
     auto fetch_pages = [&](int tile, int32_t (&pages)[BN / RS]) {
-        if constexpr (PAGED) {
-            const int kb = sr.begin + tile * BN;
-#pragma unroll
-            for (int i = 0; i < BN / RS; ++i) {
-                const int key = kb + lrow0 + i * RS, kk = key < sr.end ? key : sr.begin;
-                pages[i] = __ldg(p.page_table + b * p.pt_sb + page_size.div(kk));
-            }
-        }
+        if constexpr (PAGED) fetch_tile_pages<RS>(p, page_size, b, sr, tile, lrow0, pages);
     };
     auto copy_tile = [&](uint32_t ring, const char* base, int64_t sb, int64_t st, int tile,
                          const int32_t (&pages)[BN / RS]) {
@@ -839,7 +811,7 @@ gqa_pipelined_kernel(const AttnParams p) {
         issue_s(s, more ? tile + 1 : tile);
         const uint32_t v_s = sV + (tile % STAGES) * TILE;
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) wgmma_pv<D>(o, pa[kk], desc_mnmajor_sw128(v_s + kk * 16 * 128));
+        for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[kk], desc_mnmajor_sw128(v_s + kk * 16 * 128));
         wgmma_commit();
         // The next copies go out while the tensor cores run: their stages (K_tile's, V_{tile-1}'s)
         // were freed by every warp before the barrier above.

@@ -10,7 +10,7 @@
 //   the fragment layouts of the PTX ISA: the emulator reassembles whole matrices from the
 //   lanes' registers, so a kernel that indexes them wrongly computes the wrong numbers here too.
 // - wgmma.mma_async m64n64k16 (A in registers, B through a K-major 128-byte-swizzle shared-memory
-//   descriptor), m64n64k16 / m64n128k16 with an MN-major B (imm-trans-b 1) and m64n32k16 with both
+//   descriptor), m64n128k16 with an MN-major B (imm-trans-b 1) and m64n32k16 with both
 //   operands by descriptor are a barrier of the warpgroup's 128 threads that completes at issue;
 //   the descriptor is decoded bit by bit and the swizzle applied to absolute shared addresses.
 // - cp.async copies are queued per thread and land as late as the rules allow: at the
@@ -712,9 +712,6 @@ inline void emu_wgmma_tb(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t 
     const int group0 = emu::me().tid & ~127;
     emu_wgmma_b<N>(d, [&](int r, int k) { return emu_wgmma_reg_a(group0, r, k); },
                    [&](int k, int n) { return emu_desc_mn_at(desc, k, n); }, 1);
-}
-inline void wgmma_m64n64k16_tb(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc) {
-    emu_wgmma_tb<64>(d, a, desc);
 }
 inline void wgmma_m64n128k16_tb(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
     emu_wgmma_tb<128>(d, a, desc);
