@@ -32,7 +32,7 @@ import torch
 
 TILE_KEYS = 64               # keys per tile of the kernels (BN in verify_attention.cu)
 MAX_SPLITS = 1024            # chosen here at most
-MAX_REQUESTED_SPLITS = 4096  # asked for at most (the combine keeps one lse per split in shared memory)
+MAX_REQUESTED_SPLITS = 4096  # asked for at most (each split adds a partial output to the workspace)
 MLA_DK, MLA_DV = 576, 512
 
 

@@ -321,6 +321,41 @@ __device__ __forceinline__ int64_t key_offset(const AttnParams& p, int b, int ke
     }
 }
 
+// Max and sum over one row half of a score tile in the mma C layout (fragments (nt, 2 hf) and
+// (nt, 2 hf + 1): this thread's 2 NT8 scores of row hf) as balanced trees: a running fmaxf or
+// add over them is 2 NT8 dependent instructions, the tree log2(2 NT8) deep. ncu on the H200 found
+// the pipelined kernel's warps stalled mostly on fixed-latency dependencies (kernels/NOTES.md).
+template <int NT8>
+__device__ __forceinline__ float row_max(const float (&x)[NT8][4], int hf) {
+    static_assert((NT8 & (NT8 - 1)) == 0, "a power of two");
+    float v[NT8];
+#pragma unroll
+    for (int nt = 0; nt < NT8; ++nt) v[nt] = fmaxf(x[nt][2 * hf], x[nt][2 * hf + 1]);
+#pragma unroll
+    for (int w = NT8 / 2; w > 0; w /= 2)
+#pragma unroll
+        for (int i = 0; i < w; ++i) v[i] = fmaxf(v[i], v[i + w]);
+    return v[0];
+}
+
+template <int NT8>
+__device__ __forceinline__ float row_sum(const float (&x)[NT8][4], int hf) {
+    static_assert((NT8 & (NT8 - 1)) == 0, "a power of two");
+    float v[NT8];
+#pragma unroll
+    for (int nt = 0; nt < NT8; ++nt) v[nt] = x[nt][2 * hf] + x[nt][2 * hf + 1];
+#pragma unroll
+    for (int w = NT8 / 2; w > 0; w /= 2)
+#pragma unroll
+        for (int i = 0; i < w; ++i) v[i] += v[i + w];
+    return v[0];
+}
+
+// The pipelined kernel's lazy rescale: the reference max of a row moves only once a tile's max
+// exceeds it by more than this (log2 units), so P stays <= 2^8 (bf16 and the fp32 sums hold it
+// with room to spare) and most tiles skip rescaling O.
+constexpr float RESCALE_LOG2 = 8.f;
+
 // May a query whose tree-mask row is `bits_row` see key `key` (of this split, which ends at k_end)?
 __device__ __forceinline__ bool key_visible(const int32_t* bits_row, int key, int L, int k_end) {
     if (key < L) return true;
@@ -745,9 +780,15 @@ gqa_pipelined_kernel(const AttnParams p) {
         wgmma_commit();
     };
     // Softmax of S (raw scores; the scale is folded into the exponent): P = 2^(S scale - m) in
-    // fp32 and the running max and sum; `alpha` is the factor O must be rescaled by. P is packed
-    // to bf16 (the A layout of P V) only after the caller's wait_group 0, as FlashAttention-3
-    // does: packed while P_j V_j still runs, ptxas serialises every wgmma of the kernel (C7513).
+    // fp32 and the running sum. The reference max m moves lazily (FlashAttention-4's rescale
+    // threshold): only when some row of the warp sees a tile max above m + RESCALE_LOG2 does the
+    // warp move every row's m to its true running max and report `true`, with `alpha` the factor
+    // O must be rescaled by; otherwise m stays, P <= 2^RESCALE_LOG2, and O needs no rescale (its
+    // 64 multiplies a tile are skipped). Exact either way: O and l share the reference max, and
+    // the final lse is m + log2(l). Max and sum are balanced trees (row_max, row_sum), not
+    // 16-deep dependent chains. P is packed to bf16 (the A layout of P V) only after the
+    // caller's wait_group 0, as FlashAttention-3 does: packed while P_j V_j still runs, ptxas
+    // serialises every wgmma of the kernel (C7513).
     auto softmax = [&](const float (&s)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&alpha)[2]) {
         const int kb = sr.begin + tile * BN;
 #pragma unroll
@@ -755,26 +796,33 @@ gqa_pipelined_kernel(const AttnParams p) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) x[nt][e] = s[nt][e];
         mask_tile<BN>(x, kb, L, sr.end, bits_row, tig);     // the tree part, the keys past this split
+        float m_tile[2];
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) mx = fmaxf(mx, fmaxf(x[nt][2 * hf], x[nt][2 * hf + 1]));
+            float mx = row_max(x, hf);
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m_run[hf], mx * scale);       // scale > 0: max commutes
-            const float m_use = m_new == -INFINITY ? 0.f : m_new;   // nothing visible yet: no NaN
-            alpha[hf] = fast_exp2(m_run[hf] - m_use);
-            m_run[hf] = m_new;
-            float sum = 0.f;
+            m_tile[hf] = mx * scale;                                 // scale > 0: max commutes
+        }
+        const bool rescale = __any_sync(0xffffffffu, m_tile[0] > m_run[0] + RESCALE_LOG2 ||
+                                                     m_tile[1] > m_run[1] + RESCALE_LOG2);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            alpha[hf] = 1.f;
+            if (rescale) {
+                const float m_new = fmaxf(m_run[hf], m_tile[hf]);
+                alpha[hf] = fast_exp2(m_run[hf] - (m_new == -INFINITY ? 0.f : m_new));
+                m_run[hf] = m_new;
+            }
+            const float m_use = m_run[hf] == -INFINITY ? 0.f : m_run[hf];   // nothing visible yet: no NaN
 #pragma unroll
             for (int nt = 0; nt < BN / 8; ++nt) {
                 x[nt][2 * hf] = fast_exp2(fmaf(x[nt][2 * hf], scale, -m_use));
                 x[nt][2 * hf + 1] = fast_exp2(fmaf(x[nt][2 * hf + 1], scale, -m_use));
-                sum += x[nt][2 * hf] + x[nt][2 * hf + 1];
             }
-            l_run[hf] = l_run[hf] * alpha[hf] + sum;
+            l_run[hf] = l_run[hf] * alpha[hf] + row_sum(x, hf);
         }
+        return rescale;
     };
     auto pack_p = [&](const float (&x)[BN / 8][4]) {
 #pragma unroll
@@ -827,15 +875,17 @@ gqa_pipelined_kernel(const AttnParams p) {
             float x[BN / 8][4], alpha[2];
             wgmma_wait<1>();      // S_{tile+1}; P_tile V_tile may still run
             keep_live(s);
-            softmax(s, tile + 1, x, alpha);
+            const bool rescale = softmax(s, tile + 1, x, alpha);
             wgmma_wait<0>();
             keep_live(o);
+            if (rescale) {        // warp-uniform
 #pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt) {
-                o[dt][0] *= alpha[0];
-                o[dt][1] *= alpha[0];
-                o[dt][2] *= alpha[1];
-                o[dt][3] *= alpha[1];
+                for (int dt = 0; dt < D / 8; ++dt) {
+                    o[dt][0] *= alpha[0];
+                    o[dt][1] *= alpha[0];
+                    o[dt][2] *= alpha[1];
+                    o[dt][3] *= alpha[1];
+                }
             }
             pack_p(x);
         } else {
@@ -1108,60 +1158,49 @@ mla_kernel(const AttnParams p) {
 }
 
 // ------------------------------------------------------------------------------------------
-// Combine: out[row] = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max). One CTA of 4 warps per
-// output row: the warps take every fourth split (loads unrolled, so several are in flight
-// rather than one latency per split), then add their sums through shared memory.
+// Combine: out[row] = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max). One warp per output row,
+// COMBINE_WARPS rows a CTA, no shared memory and no block barrier: the lanes read the splits' lse
+// (split s on lane s % 32) and reduce their max by shuffles, then each lane streams its DV / 32
+// columns of every split's partial row (loads unrolled, several splits in flight), the split's
+// weight broadcast from the lane that holds its lse. Two dependent round trips a row; the earlier
+// one-CTA-a-row combine (block-wide max and sums through shared memory) took 6-8 us on the H200
+// for 8-13 MB of partials, ~20 % of the whole call at 16 tree tokens and 16384 keys (ncu,
+// kernels/NOTES.md).
 // ------------------------------------------------------------------------------------------
 
 constexpr int COMBINE_WARPS = 4;
 
-__host__ __device__ constexpr int combine_smem_bytes(int splits, int dv) {
-    return (splits + 2 * COMBINE_WARPS + COMBINE_WARPS * dv) * 4;
-}
-
 template <int DV>
 __global__ void __launch_bounds__(COMBINE_WARPS * 32)
 combine_kernel(const AttnParams p) {
-    TVA_DYNAMIC_SMEM(smem);
-    const int S = static_cast<int>(p.num_splits);
-    // The float2 array first: its 8-byte accesses need an 8-byte aligned start, which it would
-    // not have after S floats with S odd (33 splits: cudaErrorMisalignedAddress on the GPU).
-    float2* s_acc = reinterpret_cast<float2*>(smem);                    // [warps][DV / 2]
-    float* s_max = reinterpret_cast<float*>(s_acc + COMBINE_WARPS * (DV / 2));   // [warps]
-    float* s_tot = s_max + COMBINE_WARPS;                                // [warps]
-    float* s_lse = s_tot + COMBINE_WARPS;                                // [S]
-
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int T = p.tokens, H = p.heads_q;
-    const int64_t rows = p.batch * H * T, row = blockIdx.x;
-    const int t = row % T, hq = (row / T) % H, b = row / (T * H);
+    static_assert(DV % 64 == 0, "a float2 per lane per 64 columns");
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int S = static_cast<int>(p.num_splits), T = static_cast<int>(p.tokens), H = static_cast<int>(p.heads_q);
+    const int64_t rows = p.batch * H * T, row = static_cast<int64_t>(blockIdx.x) * COMBINE_WARPS + warp;
+    if (row >= rows) return;              // whole warps: the shuffles below see all 32 lanes
+    const int t = row % T, hq = (row / T) % H, b = row / (static_cast<int64_t>(T) * H);
 
     float mx = -INFINITY;
-    for (int s = tid; s < S; s += COMBINE_WARPS * 32) {
-        const float v = p.ws_lse[s * rows + row];
-        s_lse[s] = v;
-        mx = fmaxf(mx, v);
-    }
+    for (int s = lane; s < S; s += 32) mx = fmaxf(mx, p.ws_lse[s * rows + row]);
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    if (lane == 0) s_max[warp] = mx;
-    __syncthreads();
-    mx = s_max[0];
-#pragma unroll
-    for (int w = 1; w < COMBINE_WARPS; ++w) mx = fmaxf(mx, s_max[w]);
+    // Nothing visible in any split (every lse -inf): weights 2^-inf = 0, the row is zeros.
+    const float m_ref = mx == -INFINITY ? 0.f : mx;
 
-    constexpr int V = DV / 64;          // float2 per lane: columns 2 * (lane + 32 i)
+    constexpr int V = DV / 64;            // float2 per lane: columns 2 (lane + 32 i)
     float2 acc[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) acc[i] = make_float2(0.f, 0.f);
     float total = 0.f;
-    if (mx != -INFINITY) {              // else nothing was visible anywhere: zeros
+    for (int s0 = 0; s0 < S; s0 += 32) {
+        // An empty split (or a row that saw nothing in it) has lse -inf: weight 0, O = 0.
+        const float w_lane = s0 + lane < S ? exp2f(p.ws_lse[(s0 + lane) * rows + row] - m_ref) : 0.f;
+        const int n = S - s0 < 32 ? S - s0 : 32;
 #pragma unroll 4
-        for (int s = warp; s < S; s += COMBINE_WARPS) {
-            // An empty split (or a row that saw nothing in it) has lse -inf: weight 0, O = 0.
-            const float w = exp2f(s_lse[s] - mx);
+        for (int j = 0; j < n; ++j) {
+            const float w = __shfl_sync(0xffffffffu, w_lane, j);
             total += w;
-            const float2* src = reinterpret_cast<const float2*>(p.ws_o + (s * rows + row) * DV);
+            const float2* src = reinterpret_cast<const float2*>(p.ws_o + ((s0 + j) * rows + row) * DV);
 #pragma unroll
             for (int i = 0; i < V; ++i) {
                 const float2 x = src[lane + 32 * i];
@@ -1170,26 +1209,11 @@ combine_kernel(const AttnParams p) {
             }
         }
     }
-#pragma unroll
-    for (int i = 0; i < V; ++i) s_acc[warp * (DV / 2) + lane + 32 * i] = acc[i];
-    if (lane == 0) s_tot[warp] = total;
-    __syncthreads();
-
-    // Each warp writes a quarter of the columns.
-    float sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < COMBINE_WARPS; ++w) sum += s_tot[w];
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float inv = total > 0.f ? 1.f / total : 0.f;
     __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hq * p.o_sh + t * p.o_st;
-    for (int c = tid; c < DV / 2; c += COMBINE_WARPS * 32) {
-        float2 v = s_acc[c];
 #pragma unroll
-        for (int w = 1; w < COMBINE_WARPS; ++w) {
-            v.x += s_acc[w * (DV / 2) + c].x;
-            v.y += s_acc[w * (DV / 2) + c].y;
-        }
-        *reinterpret_cast<uint32_t*>(out + 2 * c) = pack_bf16(v.x * inv, v.y * inv);
-    }
+    for (int i = 0; i < V; ++i)
+        *reinterpret_cast<uint32_t*>(out + 2 * (lane + 32 * i)) = pack_bf16(acc[i].x * inv, acc[i].y * inv);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1257,9 +1281,8 @@ template <int D>
 static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
     if (p.num_splits == 1) return cudaSuccess;
     const int64_t rows = p.batch * p.heads_q * p.tokens;
-    // At most 4096 splits (custom_verify.py): under 25 KB, inside the default 48 KB limit.
-    const int smem = combine_smem_bytes(static_cast<int>(p.num_splits), D);
-    TVA_LAUNCH(combine_kernel<D>, dim3(static_cast<unsigned>(rows)), COMBINE_WARPS * 32, smem, stream, p);
+    const auto ctas = static_cast<unsigned>((rows + COMBINE_WARPS - 1) / COMBINE_WARPS);
+    TVA_LAUNCH(combine_kernel<D>, dim3(ctas), COMBINE_WARPS * 32, 0, stream, p);
     return launch_status(stream);
 }
 
