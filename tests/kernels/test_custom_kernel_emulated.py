@@ -39,8 +39,12 @@ def _point(attention="gqa", b=1, heads=4, kv_heads=1, T=16, d=64, layout="contig
     return kw.Point(attention, b, 0, T, heads, kv_heads, d, dv, layout, ps)
 
 
-def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, wgmma=False, seed=0, lengths_dtype=torch.int32):
+def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, wgmma=False, seed=0, lengths_dtype=torch.int32,
+         key_ramp=None):
     inp = kw.make_inputs(pt, lengths, seed, torch.device("cpu"), torch.bfloat16)
+    if key_ramp is not None:         # keys scaled along the sequence (contiguous cache): scores grow
+        n = inp["k"].shape[2]
+        inp["k"] = (inp["k"].float() * key_ramp(torch.arange(n, dtype=torch.float32))[:, None]).to(torch.bfloat16)
     inp["lengths"] = inp["lengths"].to(lengths_dtype)
     b, T = pt.batch, pt.tokens
     out = torch.full((b, pt.heads, T, pt.dv), float("nan"), dtype=torch.bfloat16)
@@ -134,6 +138,18 @@ def test_gqa_wgmma_pv_kernel_matches_reference(emu, case, schedule):
     emu.emu_configure(*SCHEDULES[schedule])
     pt, lengths, splits, warps = PV_CASES[case]
     assert _run(emu, pt, lengths, splits, warps=warps, wgmma=2) < 5e-3
+
+
+@pytest.mark.parametrize("schedule", ["lockstep", "skewed"])
+def test_wgmma_pv_rescales_when_the_max_grows(emu, schedule):
+    """The pipelined kernel moves a row's reference max only when a tile's max exceeds it by
+    more than 2^8 (RESCALE_LOG2); random keys rarely do after the first tile. Keys scaled up
+    along the sequence make every split's max jump past the margin several times, in some warps
+    and not others, so O's rescale runs mid-split (a kernel that skips it fails here)."""
+    emu.emu_configure(*SCHEDULES[schedule])
+    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
+    ramp = lambda j: 1.0 + 0.04 * j               # scores' spread grows ~13x over 300 keys
+    assert _run(emu, pt, [300, 250], 2, warps=4, wgmma=2, key_ramp=ramp) < 5e-3
 
 
 def test_wgmma_pv_is_refused_below_head_dim_128(emu):
