@@ -1158,62 +1158,112 @@ mla_kernel(const AttnParams p) {
 }
 
 // ------------------------------------------------------------------------------------------
-// Combine: out[row] = sum_s 2^(lse_s - max) O_s / sum_s 2^(lse_s - max). One warp per output row,
-// COMBINE_WARPS rows a CTA, no shared memory and no block barrier: the lanes read the splits' lse
-// (split s on lane s % 32) and reduce their max by shuffles, then each lane streams its DV / 32
-// columns of every split's partial row (loads unrolled, several splits in flight), the split's
-// weight broadcast from the lane that holds its lse. Two dependent round trips a row; the earlier
-// one-CTA-a-row combine (block-wide max and sums through shared memory) took 6-8 us on the H200
-// for 8-13 MB of partials, ~20 % of the whole call at 16 tree tokens and 16384 keys (ncu,
-// kernels/NOTES.md).
+// Combine: out[row] = sum_s 2^(lse_s - m) O_s / sum_s 2^(lse_s - m). One CTA of COMBINE_WARPS
+// warps per output row; warp w takes splits w, w + COMBINE_WARPS, ... and each lane DV / 32 of the
+// columns. A warp loads a chunk of its splits' partial rows and lse values at once (all in
+// flight), then folds them into its own running max, sum and accumulator (an online softmax over
+// chunks), so a row of up to COMBINE_WARPS x CHUNK splits costs one round trip to L2; the four
+// warps meet once, through shared memory, at the end. The earlier combine read every lse and
+// reduced their max over the block before it issued a load of O (two barriers and two dependent
+// round trips: 6-8 us under ncu for 8-13 MB of partials); one warp per row with a shuffle per split
+// was slower still (17 us at 16 tree tokens, 16384 keys: too few loads in flight).
 // ------------------------------------------------------------------------------------------
 
 constexpr int COMBINE_WARPS = 4;
+
+// The warps' accumulators (float2 first: 8-byte aligned), then their maxima and sums.
+__host__ __device__ constexpr int combine_smem_bytes(int dv) { return COMBINE_WARPS * (dv + 2) * 4; }
 
 template <int DV>
 __global__ void __launch_bounds__(COMBINE_WARPS * 32)
 combine_kernel(const AttnParams p) {
     static_assert(DV % 64 == 0, "a float2 per lane per 64 columns");
+    constexpr int V = DV / 64;                     // float2 per lane and split: columns 2 (lane + 32 i)
+    constexpr int CHUNK = 16 / V > 2 ? 16 / V : 2;  // splits in flight per warp: 16 float2 a lane
+    TVA_DYNAMIC_SMEM(smem);
+    float2 (*s_acc)[DV / 2] = reinterpret_cast<float2 (*)[DV / 2]>(smem);     // [warps][DV / 2]
+    float* s_m = reinterpret_cast<float*>(smem + COMBINE_WARPS * DV * 4);     // [warps]
+    float* s_tot = s_m + COMBINE_WARPS;                                        // [warps]
+
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int S = static_cast<int>(p.num_splits), T = static_cast<int>(p.tokens), H = static_cast<int>(p.heads_q);
-    const int64_t rows = p.batch * H * T, row = static_cast<int64_t>(blockIdx.x) * COMBINE_WARPS + warp;
-    if (row >= rows) return;              // whole warps: the shuffles below see all 32 lanes
+    const int64_t rows = p.batch * H * T, row = blockIdx.x;
     const int t = row % T, hq = (row / T) % H, b = row / (static_cast<int64_t>(T) * H);
 
-    float mx = -INFINITY;
-    for (int s = lane; s < S; s += 32) mx = fmaxf(mx, p.ws_lse[s * rows + row]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    // Nothing visible in any split (every lse -inf): weights 2^-inf = 0, the row is zeros.
-    const float m_ref = mx == -INFINITY ? 0.f : mx;
-
-    constexpr int V = DV / 64;            // float2 per lane: columns 2 (lane + 32 i)
+    float m = -INFINITY, total = 0.f;
     float2 acc[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) acc[i] = make_float2(0.f, 0.f);
-    float total = 0.f;
-    for (int s0 = 0; s0 < S; s0 += 32) {
-        // An empty split (or a row that saw nothing in it) has lse -inf: weight 0, O = 0.
-        const float w_lane = s0 + lane < S ? exp2f(p.ws_lse[(s0 + lane) * rows + row] - m_ref) : 0.f;
-        const int n = S - s0 < 32 ? S - s0 : 32;
-#pragma unroll 4
-        for (int j = 0; j < n; ++j) {
-            const float w = __shfl_sync(0xffffffffu, w_lane, j);
-            total += w;
-            const float2* src = reinterpret_cast<const float2*>(p.ws_o + ((s0 + j) * rows + row) * DV);
+    for (int c0 = warp; c0 < S; c0 += COMBINE_WARPS * CHUNK) {
+        float lse[CHUNK];
+        float2 x[CHUNK][V];
 #pragma unroll
-            for (int i = 0; i < V; ++i) {
-                const float2 x = src[lane + 32 * i];
-                acc[i].x += w * x.x;
-                acc[i].y += w * x.y;
+        for (int j = 0; j < CHUNK; ++j) {
+            const int s = c0 + j * COMBINE_WARPS;
+            lse[j] = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < V; ++i) x[j][i] = make_float2(0.f, 0.f);
+            if (s < S) {
+                lse[j] = p.ws_lse[s * rows + row];
+                const float2* src = reinterpret_cast<const float2*>(p.ws_o + (s * rows + row) * DV);
+#pragma unroll
+                for (int i = 0; i < V; ++i) x[j][i] = src[lane + 32 * i];
             }
         }
-    }
-    const float inv = total > 0.f ? 1.f / total : 0.f;
-    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hq * p.o_sh + t * p.o_st;
+        float m_new = m;
 #pragma unroll
-    for (int i = 0; i < V; ++i)
-        *reinterpret_cast<uint32_t*>(out + 2 * (lane + 32 * i)) = pack_bf16(acc[i].x * inv, acc[i].y * inv);
+        for (int j = 0; j < CHUNK; ++j) m_new = fmaxf(m_new, lse[j]);
+        // An empty split (or a row that saw nothing in it) has lse -inf: weight 0, O = 0. With
+        // nothing visible yet anywhere the reference is 0, so no weight is 2^(-inf + inf).
+        const float m_ref = m_new == -INFINITY ? 0.f : m_new;
+        const float keep = exp2f(m - m_ref);
+        total *= keep;
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+            acc[i].x *= keep;
+            acc[i].y *= keep;
+        }
+#pragma unroll
+        for (int j = 0; j < CHUNK; ++j) {
+            const float w = exp2f(lse[j] - m_ref);
+            total += w;
+#pragma unroll
+            for (int i = 0; i < V; ++i) {
+                acc[i].x += w * x[j][i].x;
+                acc[i].y += w * x[j][i].y;
+            }
+        }
+        m = m_new;
+    }
+    if (lane == 0) {
+        s_m[warp] = m;
+        s_tot[warp] = total;
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) s_acc[warp][lane + 32 * i] = acc[i];
+    __syncthreads();
+
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < COMBINE_WARPS; ++w) m_all = fmaxf(m_all, s_m[w]);
+    const float m_ref = m_all == -INFINITY ? 0.f : m_all;
+    float f[COMBINE_WARPS], sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < COMBINE_WARPS; ++w) {
+        f[w] = exp2f(s_m[w] - m_ref);
+        sum += f[w] * s_tot[w];
+    }
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hq * p.o_sh + t * p.o_st;
+    for (int c = threadIdx.x; c < DV / 2; c += COMBINE_WARPS * 32) {
+        float2 v = make_float2(0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < COMBINE_WARPS; ++w) {
+            v.x += f[w] * s_acc[w][c].x;
+            v.y += f[w] * s_acc[w][c].y;
+        }
+        *reinterpret_cast<uint32_t*>(out + 2 * c) = pack_bf16(v.x * inv, v.y * inv);
+    }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1281,8 +1331,7 @@ template <int D>
 static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
     if (p.num_splits == 1) return cudaSuccess;
     const int64_t rows = p.batch * p.heads_q * p.tokens;
-    const auto ctas = static_cast<unsigned>((rows + COMBINE_WARPS - 1) / COMBINE_WARPS);
-    TVA_LAUNCH(combine_kernel<D>, dim3(ctas), COMBINE_WARPS * 32, 0, stream, p);
+    TVA_LAUNCH(combine_kernel<D>, dim3(static_cast<unsigned>(rows)), COMBINE_WARPS * 32, combine_smem_bytes(D), stream, p);
     return launch_status(stream);
 }
 

@@ -80,6 +80,9 @@ GQA_CASES = {
     # An odd split count: the combine's shared-memory float2 array once started 4 mod 8 bytes
     # (the H200's cudaErrorMisalignedAddress at 33 splits); the emulator now faults on it.
     "odd-33-splits": (_point(b=1, heads=8, kv_heads=2, T=16, d=128), [1200], 33, None),
+    # More splits than the combine's warps hold in flight at once (4 warps x 8 for head_dim 128):
+    # each warp folds several chunks, its running max moving between them.
+    "combine-chunks-71-splits": (_point(b=1, heads=8, kv_heads=2, T=16, d=128), [4500], 71, None),
 }
 MLA_CASES = {
     "mla-H8-T16": (_point("mla", heads=8, T=16, d=576), [100], 1),
