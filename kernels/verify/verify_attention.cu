@@ -47,6 +47,7 @@
 #include <string.h>
 
 #include <mutex>
+#include <type_traits>
 
 namespace tva {
 
@@ -232,6 +233,14 @@ __host__ __device__ __forceinline__ uint64_t desc_mnmajor_sw128(uint32_t smem_by
     return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) |
            (static_cast<uint64_t>((BN * 128) >> 4) << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
            (static_cast<uint64_t>(1) << 62);
+}
+
+// The descriptor of `d`'s operand `bytes` further on (a multiple of 16): only the start-address
+// field moves, and it cannot carry out of its 14 bits below 256 KB of shared memory, so one
+// 32-bit add replaces building the descriptor again (ptxas spent five dependent uniform
+// instructions per wgmma on that, in front of every S and P V product of the pipelined loop).
+__host__ __device__ __forceinline__ uint64_t desc_advance(uint64_t d, uint32_t bytes) {
+    return (d & 0xFFFFFFFF00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(d) + (bytes >> 4));
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -767,16 +776,16 @@ gqa_pipelined_kernel(const AttnParams p) {
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-    uint32_t pa[BN / 16][4];
+    uint32_t pa[2][BN / 16][4];
 
     // S = Q K_tile^T: one wgmma per 16 dims. S is a fresh array in each iteration: carried
     // across the loop, the softmax's writes to it count as writes to the inputs of the next
     // iteration's wgmma and ptxas serialises them (C7513).
     auto issue_s = [&](float (&s)[BN / 8][4], int tile) {
-        const uint32_t k_s = sK + (tile % STAGES) * TILE;
+        const uint64_t k_desc = desc_kmajor_sw128(sK + (tile % STAGES) * TILE);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            wgmma_m64n64k16(s, qa[kk], desc_kmajor_sw128(k_s + (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+            wgmma_m64n64k16(s, qa[kk], desc_advance(k_desc, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
         wgmma_commit();
     };
     // Softmax of S (raw scores; the scale is folded into the exponent): P = 2^(S scale - m) in
@@ -824,13 +833,13 @@ gqa_pipelined_kernel(const AttnParams p) {
         }
         return rescale;
     };
-    auto pack_p = [&](const float (&x)[BN / 8][4]) {
+    auto pack_p = [&](const float (&x)[BN / 8][4], uint32_t (&pk)[BN / 16][4]) {
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            pa[kk][0] = pack_bf16(x[2 * kk][0], x[2 * kk][1]);
-            pa[kk][1] = pack_bf16(x[2 * kk][2], x[2 * kk][3]);
-            pa[kk][2] = pack_bf16(x[2 * kk + 1][0], x[2 * kk + 1][1]);
-            pa[kk][3] = pack_bf16(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+            pk[kk][0] = pack_bf16(x[2 * kk][0], x[2 * kk][1]);
+            pk[kk][1] = pack_bf16(x[2 * kk][2], x[2 * kk][3]);
+            pk[kk][2] = pack_bf16(x[2 * kk + 1][0], x[2 * kk + 1][1]);
+            pk[kk][3] = pack_bf16(x[2 * kk + 1][2], x[2 * kk + 1][3]);
         }
     };
 
@@ -841,12 +850,15 @@ gqa_pipelined_kernel(const AttnParams p) {
         wgmma_wait<0>();
         keep_live(s);
         softmax(s, 0, x, alpha);    // O is still zero: alpha is not needed
-        pack_p(x);
+        pack_p(x, pa[0]);
     }
-    for (int tile = 0; tile < n; ++tile) {
+    // One tile. P_tile is in pa[PA] (tile's parity: the loop runs tiles in pairs, so the index is
+    // a constant); P_{tile+1} goes to the other one while P_tile V_tile may still run.
+    auto step = [&](int tile, auto pa_index) {
+        constexpr int PA = decltype(pa_index)::value;
         const bool more = tile + 1 < n;
         // K_{tile+1} and V_tile landed (only this iteration's group may still be in flight, and
-        // it has not been committed yet); every warp is done with K_tile and V_{tile-1}.
+        // it has not been committed yet); every warp is done with K_tile.
         cp_async_wait<1>();
         fence_proxy_async();
         __syncthreads();
@@ -857,28 +869,37 @@ gqa_pipelined_kernel(const AttnParams p) {
         float s[BN / 8][4];
         wgmma_fence();            // o and pa were last written by ordinary instructions
         issue_s(s, more ? tile + 1 : tile);
-        const uint32_t v_s = sV + (tile % STAGES) * TILE;
+        const uint64_t v_desc = desc_mnmajor_sw128(sV + (tile % STAGES) * TILE);
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[kk], desc_mnmajor_sw128(v_s + kk * 16 * 128));
+        for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
         wgmma_commit();
-        // The next copies go out while the tensor cores run: their stages (K_tile's, V_{tile-1}'s)
-        // were freed by every warp before the barrier above.
-        if (tile + 2 < n) copy_tile(sV, vbase, p.v_sb, p.v_st, tile + 2, vpages);
+        // K_{tile+3} goes out while the tensor cores run, into K_tile's stage (S_tile finished in
+        // the previous iteration, for every warp before the barrier above).
         if (tile + 3 < n) {
 #pragma unroll
             for (int i = 0; i < BN / RS; ++i) vpages[i] = kpages[i];
             copy_tile(sK, kbase, p.k_sb, p.k_st, tile + 3, kpages);
             fetch_pages(tile + 4, kpages);
         }
-        cp_async_commit();
         if (more) {
             float x[BN / 8][4], alpha[2];
-            wgmma_wait<1>();      // S_{tile+1}; P_tile V_tile may still run
+            // S_{tile+1}, and with it every older group: P_{tile-1} V_{tile-1} too. Only P_tile
+            // V_tile may still run.
+            wgmma_wait<1>();
             keep_live(s);
+            // V_{tile+2} into V_{tile-1}'s stage, free now that P_{tile-1} V_{tile-1} is done.
+            if (tile + 2 < n) copy_tile(sV, vbase, p.v_sb, p.v_st, tile + 2, vpages);
+            cp_async_commit();
             const bool rescale = softmax(s, tile + 1, x, alpha);
-            wgmma_wait<0>();
-            keep_live(o);
+            // O is rescaled only when the reference max moved (rarely, with the lazy rescale),
+            // and only then does this iteration wait for P_tile V_tile: otherwise it keeps
+            // running under the softmax, the packing of P_{tile+1} (into the other registers)
+            // and the next iteration's barrier, and P_{tile+1} V_{tile+1} accumulates behind it.
+            // ptxas schedules an unconditional wait_group 0 first thing after wait_group 1,
+            // ahead of the softmax it was meant to overlap (SASS of the earlier kernel).
             if (rescale) {        // warp-uniform
+                wgmma_wait<0>();
+                keep_live(o);
 #pragma unroll
                 for (int dt = 0; dt < D / 8; ++dt) {
                     o[dt][0] *= alpha[0];
@@ -887,12 +908,23 @@ gqa_pipelined_kernel(const AttnParams p) {
                     o[dt][3] *= alpha[1];
                 }
             }
-            pack_p(x);
+            pack_p(x, pa[1 - PA]);
         } else {
+            cp_async_commit();
             wgmma_wait<0>();
             keep_live(o);
         }
+    };
+    int tile = 0;
+    for (; tile + 1 < n; tile += 2) {
+        step(tile, std::integral_constant<int, 0>{});
+        step(tile + 1, std::integral_constant<int, 1>{});
     }
+    if (tile < n) step(tile, std::integral_constant<int, 0>{});
+    // The last step waited for every product; ptxas cannot tell across the loops, and would
+    // inject this wait itself (advisory C7517).
+    wgmma_wait<0>();
+    keep_live(o);
     cp_async_wait<0>();
 
     write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
