@@ -875,10 +875,12 @@ gqa_pipelined_kernel(const AttnParams p) {
         wgmma_commit();
         // K_{tile+3} goes out while the tensor cores run, into K_tile's stage (S_tile finished in
         // the previous iteration, for every warp before the barrier above).
+        // Paged: V_{tile+3} will reuse K_{tile+3}'s pages; V_{tile+2}'s (vpages) are still needed below.
+        int32_t pages3[BN / RS];
         if (tile + 3 < n) {
-#pragma unroll
-            for (int i = 0; i < BN / RS; ++i) vpages[i] = kpages[i];
             copy_tile(sK, kbase, p.k_sb, p.k_st, tile + 3, kpages);
+#pragma unroll
+            for (int i = 0; i < BN / RS; ++i) pages3[i] = kpages[i];
             fetch_pages(tile + 4, kpages);
         }
         if (more) {
@@ -889,6 +891,10 @@ gqa_pipelined_kernel(const AttnParams p) {
             keep_live(s);
             // V_{tile+2} into V_{tile-1}'s stage, free now that P_{tile-1} V_{tile-1} is done.
             if (tile + 2 < n) copy_tile(sV, vbase, p.v_sb, p.v_st, tile + 2, vpages);
+            if (tile + 3 < n) {
+#pragma unroll
+                for (int i = 0; i < BN / RS; ++i) vpages[i] = pages3[i];
+            }
             cp_async_commit();
             const bool rescale = softmax(s, tile + 1, x, alpha);
             // O is rescaled only when the reference max moved (rarely, with the lazy rescale),

@@ -129,6 +129,9 @@ PV_CASES = {c: v for c, v in WGMMA_CASES.items() if v[0].dk == 128} | {
     "pv-paged-ps1-8warps": (_point(heads=16, kv_heads=2, T=16, d=128, layout="paged", ps=1), [250], 2, 8),
     # A page size that is no power of two: the multiply-high division (IntDiv) rounds right.
     "pv-paged-ps7": (_point(b=2, heads=8, kv_heads=2, T=17, d=128, layout="paged", ps=7), [150, 77], 3, 4),
+    # Splits of many tiles: the ring's steady state, where a V tile's copy reuses the pages its K
+    # tile read an iteration earlier (short splits never reach it).
+    "pv-paged-ps16-long-splits": (_point(b=2, heads=8, kv_heads=2, T=16, d=128, layout="paged"), [900, 500], 2, 4),
 }
 
 
