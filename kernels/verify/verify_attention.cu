@@ -669,10 +669,12 @@ gqa_kernel(const AttnParams p) {
 // tensor pipe busy 41 % of the time and neither L2 (48 %) nor DRAM (26 %) near a limit: the warps
 // waited on their own MMAs (kernels/NOTES.md, session 8). Here each
 // warpgroup issues S_{j+1} = Q K_{j+1}^T and then O += P_j V_j back to back, and computes the
-// softmax of S_{j+1} while the tensor cores run P_j V_j; O is rescaled once that product is done
-// (FlashAttention-3's intra-warpgroup overlap). K and V have their own rings of three tiles:
-// iteration j loads K_{j+3} and V_{j+2}, so each lands two iterations before it is read, and
-// issues those copies after its MMAs, not before them. V tiles are stored as K tiles are
+// softmax of S_{j+1} while the tensor cores run P_j V_j (FlashAttention-3's intra-warpgroup
+// overlap). It waits for P_j V_j only when O must be rescaled (the lazy rescale: rarely), so P_j
+// V_j also runs under the packing of P_{j+1}, into a second set of A registers, and P_{j+1}
+// V_{j+1} accumulates behind it. K and V have their own rings of three tiles: iteration j loads
+// K_{j+3} right after its MMAs and V_{j+2} once wait_group 1 has retired P_{j-1} V_{j-1}, so each
+// lands about two iterations before it is read. V tiles are stored as K tiles are
 // (64-column blocks of 128-byte rows, 128-byte swizzle) and read as an MN-major B operand; P goes
 // from the S accumulators to the A registers of P V.
 
