@@ -891,7 +891,10 @@ gqa_pipelined_kernel(const AttnParams p) {
             // V_tile may still run.
             wgmma_wait<1>();
             keep_live(s);
-            // V_{tile+2} into V_{tile-1}'s stage, free now that P_{tile-1} V_{tile-1} is done.
+            // V_{tile+2} into V_{tile-1}'s stage, once P_{tile-1} V_{tile-1} is done in every
+            // warp: a warp's wait_group covers its own share of a warpgroup MMA (CUTLASS frees a
+            // stage only after every consumer thread has arrived past its wait, likewise).
+            __syncthreads();
             if (tile + 2 < n) copy_tile(sV, vbase, p.v_sb, p.v_st, tile + 2, vpages);
             if (tile + 3 < n) {
 #pragma unroll
