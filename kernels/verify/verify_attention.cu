@@ -330,35 +330,35 @@ __device__ __forceinline__ int64_t key_offset(const AttnParams& p, int b, int ke
     }
 }
 
-// Max and sum over one row half of a score tile in the mma C layout (fragments (nt, 2 hf) and
-// (nt, 2 hf + 1): this thread's 2 NT8 scores of row hf) as balanced trees: a running fmaxf or
+// Max or sum over one row half of a score tile in the mma C layout (fragments (nt, 2 hf) and
+// (nt, 2 hf + 1): this thread's 2 NT8 scores of row hf) as a balanced tree: a running fmaxf or
 // add over them is 2 NT8 dependent instructions, the tree log2(2 NT8) deep. ncu on the H200 found
 // the pipelined kernel's warps stalled mostly on fixed-latency dependencies (kernels/NOTES.md).
-template <int NT8>
-__device__ __forceinline__ float row_max(const float (&x)[NT8][4], int hf) {
+template <int NT8, typename Op>
+__device__ __forceinline__ float row_reduce(const float (&x)[NT8][4], int hf, Op op) {
     static_assert((NT8 & (NT8 - 1)) == 0, "a power of two");
     float v[NT8];
 #pragma unroll
-    for (int nt = 0; nt < NT8; ++nt) v[nt] = fmaxf(x[nt][2 * hf], x[nt][2 * hf + 1]);
+    for (int nt = 0; nt < NT8; ++nt) v[nt] = op(x[nt][2 * hf], x[nt][2 * hf + 1]);
 #pragma unroll
     for (int w = NT8 / 2; w > 0; w /= 2)
 #pragma unroll
-        for (int i = 0; i < w; ++i) v[i] = fmaxf(v[i], v[i + w]);
+        for (int i = 0; i < w; ++i) v[i] = op(v[i], v[i + w]);
     return v[0];
 }
 
 template <int NT8>
-__device__ __forceinline__ float row_sum(const float (&x)[NT8][4], int hf) {
-    static_assert((NT8 & (NT8 - 1)) == 0, "a power of two");
-    float v[NT8];
-#pragma unroll
-    for (int nt = 0; nt < NT8; ++nt) v[nt] = x[nt][2 * hf] + x[nt][2 * hf + 1];
-#pragma unroll
-    for (int w = NT8 / 2; w > 0; w /= 2)
-#pragma unroll
-        for (int i = 0; i < w; ++i) v[i] += v[i + w];
-    return v[0];
+__device__ __forceinline__ float row_max(const float (&x)[NT8][4], int hf) {
+    return row_reduce(x, hf, [](float a, float b) { return fmaxf(a, b); });
 }
+
+template <int NT8>
+__device__ __forceinline__ float row_sum(const float (&x)[NT8][4], int hf) {
+    return row_reduce(x, hf, [](float a, float b) { return a + b; });
+}
+
+// The max to subtract before an exp2: 0 while nothing is visible (-inf - -inf would be NaN).
+__device__ __forceinline__ float max_ref(float m) { return m == -INFINITY ? 0.f : m; }
 
 // The pipelined kernel's lazy rescale: the reference max of a row moves only once a tile's max
 // exceeds it by more than this (log2 units), so P stays <= 2^8 (bf16 and the fp32 sums hold it
@@ -622,7 +622,7 @@ gqa_kernel(const AttnParams p) {
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float m_new = fmaxf(m_run[hf], mx);
-            const float m_use = m_new == -INFINITY ? 0.f : m_new;   // nothing visible yet: no NaN
+            const float m_use = max_ref(m_new);
             const float alpha = fast_exp2(m_run[hf] - m_use);
             m_run[hf] = m_new;
             float sum = 0.f;
@@ -797,9 +797,9 @@ gqa_pipelined_kernel(const AttnParams p) {
     // O must be rescaled by; otherwise m stays, P <= 2^RESCALE_LOG2, and O needs no rescale (its
     // 64 multiplies a tile are skipped). Exact either way: O and l share the reference max, and
     // the final lse is m + log2(l). Max and sum are balanced trees (row_max, row_sum), not
-    // 16-deep dependent chains. P is packed to bf16 (the A layout of P V) only after the
-    // caller's wait_group 0, as FlashAttention-3 does: packed while P_j V_j still runs, ptxas
-    // serialises every wgmma of the kernel (C7513).
+    // 16-deep dependent chains. The caller packs P to bf16 (the A layout of P V) into the A
+    // registers P_j V_j is not reading: packed into the ones it reads, ptxas serialises every
+    // wgmma of the kernel (C7513).
     auto softmax = [&](const float (&s)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&alpha)[2]) {
         const int kb = sr.begin + tile * BN;
 #pragma unroll
@@ -822,10 +822,10 @@ gqa_pipelined_kernel(const AttnParams p) {
             alpha[hf] = 1.f;
             if (rescale) {
                 const float m_new = fmaxf(m_run[hf], m_tile[hf]);
-                alpha[hf] = fast_exp2(m_run[hf] - (m_new == -INFINITY ? 0.f : m_new));
+                alpha[hf] = fast_exp2(m_run[hf] - max_ref(m_new));
                 m_run[hf] = m_new;
             }
-            const float m_use = m_run[hf] == -INFINITY ? 0.f : m_run[hf];   // nothing visible yet: no NaN
+            const float m_use = max_ref(m_run[hf]);
 #pragma unroll
             for (int nt = 0; nt < BN / 8; ++nt) {
                 x[nt][2 * hf] = fast_exp2(fmaf(x[nt][2 * hf], scale, -m_use));
@@ -1106,7 +1106,7 @@ mla_kernel(const AttnParams p) {
             for (int hf = 0; hf < 2; ++hf) {
                 const int row = mt * 16 + gid + 8 * hf;
                 const float m_new = fmaxf(m_run[mt][hf], fmaxf(red_max[row], red_max[BM + row]));
-                const float m_use = m_new == -INFINITY ? 0.f : m_new;
+                const float m_use = max_ref(m_new);
                 const float alpha = fast_exp2(m_run[mt][hf] - m_use);
                 m_run[mt][hf] = m_new;
 #pragma unroll
@@ -1256,9 +1256,8 @@ combine_kernel(const AttnParams p) {
         float m_new = m;
 #pragma unroll
         for (int j = 0; j < CHUNK; ++j) m_new = fmaxf(m_new, lse[j]);
-        // An empty split (or a row that saw nothing in it) has lse -inf: weight 0, O = 0. With
-        // nothing visible yet anywhere the reference is 0, so no weight is 2^(-inf + inf).
-        const float m_ref = m_new == -INFINITY ? 0.f : m_new;
+        // An empty split (or a row that saw nothing in it) has lse -inf: weight 0, O = 0.
+        const float m_ref = max_ref(m_new);
         const float keep = exp2f(m - m_ref);
         total *= keep;
 #pragma unroll
@@ -1289,7 +1288,7 @@ combine_kernel(const AttnParams p) {
     float m_all = -INFINITY;
 #pragma unroll
     for (int w = 0; w < COMBINE_WARPS; ++w) m_all = fmaxf(m_all, s_m[w]);
-    const float m_ref = m_all == -INFINITY ? 0.f : m_all;
+    const float m_ref = max_ref(m_all);
     float f[COMBINE_WARPS], sum = 0.f;
 #pragma unroll
     for (int w = 0; w < COMBINE_WARPS; ++w) {

@@ -150,8 +150,8 @@ def test_gqa_wgmma_pv_kernel_matches_reference(emu, case, schedule):
 def test_wgmma_pv_rescales_when_the_max_grows(emu, schedule):
     """The pipelined kernel moves a row's reference max only when a tile's max exceeds it by
     more than 2^8 (RESCALE_LOG2); random keys rarely do after the first tile. Keys scaled up
-    along the sequence make every split's max jump past the margin several times, in some warps
-    and not others, so O's rescale runs mid-split (a kernel that skips it fails here)."""
+    along the sequence make each split's max jump past the margin again later on, so O's
+    rescale runs mid-split (a kernel that skips it fails here)."""
     emu.emu_configure(*SCHEDULES[schedule])
     pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
     ramp = lambda j: 1.0 + 0.04 * j               # scores' spread grows ~13x over 300 keys

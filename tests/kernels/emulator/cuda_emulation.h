@@ -510,7 +510,6 @@ inline unsigned __ballot_sync(unsigned, int predicate) {
     return bits;
 }
 inline int __any_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) != 0; }
-inline float __shfl_sync(unsigned, float v, int src) { return emu::shfl_from(v, src, false); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline void __syncwarp(unsigned = 0xFFFFFFFFu) { emu::warp_sync(); }
