@@ -4,20 +4,13 @@
 // harness/decode/tree_gpu.py's docstring):
 //     score descending (float64 sums of the clamped log-probs), then rank path ascending.
 // This kernel pops them one by one exactly as the heap does, with the heap replaced by a frontier
-// spread over the 32 lanes of one warp: a popped node (depth d, rank r, parent p) puts back its
-// next sibling (p, d, r+1) and its first child (node, d+1, 0), so after t pops the frontier holds
-// at most t+1 candidates: S = ceil(N / 32) slots per lane (N 64: 2), three registers each (the
-// order-preserving bits of the score, and the links). Each pop is
-//   1. the lane's own best slot (kept between pops), then the warp's best by __reduce_max_sync
-//      over the key words (score high 32 bits, then the low 32 bits, then the rank path
-//      inverted) one at a time, only while more than one lane is left (ties: bf16 log-probs);
-//   2. the winner's candidate broadcast by shuffles; every lane computes the two it puts back
-//      (scores from the log-prob table and the node scores in shared memory) and the winner's
-//      slot takes one, the next free slot the other;
-//   3. lane 0 records the node (parent, depth, rank, score, first child or next-sibling link),
-//      lanes 0..3 a word each of its rank path (lane w writes word w of every row, so it reads
-//      only its own stores; the tie step reads all lanes' after a __syncwarp).
-// Rank paths are compared as 16 8-bit digits, depth 1 most significant, zero padded: among
+// kept sorted across the 32 lanes of one warp (pop_nodes): a popped node (depth d, rank r,
+// parent p) puts back its next sibling (p, d, r+1) and its first child (node, d+1, 0), and the
+// next pop is always the array's first entry, so a pop needs no warp-wide search: the two new
+// candidates' places are counted by ballots and every entry moves by at most one place (one
+// shuffle up, one down). Every lane holds copies of the first two entries, so the chain from one
+// pop to the next has no shuffle in it. Ties (equal float64 scores: bf16 log-probs) are broken by
+// the rank path, compared as 16 8-bit digits, depth 1 most significant, zero padded: among
 // frontier entries (never an ancestor of one another) that is the heap's lexicographic order.
 // The sums are the torch path's, in its order (parent's score + log-prob), so scores are
 // bit-identical to tree_gpu's float64 ones, and so is every output: the tree is the heap's node
@@ -27,11 +20,10 @@
 // Why this shape: the per-depth beam formulation (tree_gpu._build_torch, the Triton kernel) needs
 // ~3 block-wide barriers per depth; as a CUDA kernel of 16 warps it took 59-63 us on the H200,
 // issue-latency bound on one SM with 38 % of its instructions per-depth bookkeeping
-// (kernels/NOTES.md). This one: 25.9 us at N 64, D 15 (graph replay, 256 threads). ncu: the pop
-// loop issues ~150 warp instructions a pop (9.8k for 64 pops), one warp one dependent step at a
-// time (14 cycles between two issued instructions, averaged over the CTA). Candidates carrying
-// their rank path and parent score in registers (no shared memory in the loop) measured slower
-// (28.0 us): more selects per slot update than the loads they save.
+// (kernels/NOTES.md). Popping from an unsorted frontier (each pop a __reduce_max_sync over the
+// lanes' best, then a broadcast of the winner) took 25.9 us at N 64, D 15 (graph replay, 256
+// threads): ~150 warp instructions a pop, each waiting on the one before. The sorted frontier
+// takes the search and the broadcast off that chain.
 
 // Outputs (harness/decode/tree_gpu.GpuTree): tokens, depths, parents, first_child, next_sibling,
 // scores, bits, visibility. Fewer candidates than N (a tiny vocabulary): the frontier runs empty
@@ -83,52 +75,36 @@ constexpr int MAX_THREADS = 256;   // (MAX_THREADS, 1): the popping warp may use
 constexpr double FLOOR = -1e30;     // = tree_gpu.LOG_PROB_FLOOR
 constexpr unsigned FULL = 0xFFFFFFFFu;
 
-// A frontier candidate (a node not popped yet whose parent has been), in three registers: the
-// order-preserving bits of its score (key[0] high, key[1] low; 0, 0: an empty slot) and
-// parent | previous sibling << 9 | depth << 18 | rank << 23. Its rank path, needed only when
-// two scores are equal, is its parent's row of the node paths in shared memory plus its rank.
+// A frontier candidate (a node not popped yet whose parent has been): its score (the torch
+// path's float64 sum; -inf: an empty slot, which sorts after every real one: the clamp keeps
+// every real score finite) and parent | previous sibling << 9 | depth << 18 | rank << 23 (0:
+// empty; a real candidate has depth >= 1). Its rank path, needed only when two scores are
+// equal, is its parent's row of the node paths in shared memory plus its rank.
 struct Cand {
-    uint32_t key[2];
+    double score;
     uint32_t meta;
 };
 
-__device__ __forceinline__ Cand no_cand() { return Cand{{0u, 0u}, 0u}; }
+__device__ __forceinline__ Cand no_cand() { return Cand{-__builtin_inf(), 0u}; }
 
-// Unsigned keys ordered like the doubles (finite ones: the clamp keeps every score finite);
-// +0.0 for -0.0 first, since they compare equal as doubles. Every finite key has key[0] > 0.
-__device__ __forceinline__ Cand make_cand(double score, uint32_t meta) {
-    const double s = score + 0.0;
-    uint64_t u;
-    memcpy(&u, &s, 8);
-    u = (u >> 63) ? ~u : (u | 0x8000000000000000ull);
-    return Cand{{static_cast<uint32_t>(u >> 32), static_cast<uint32_t>(u)}, meta};
-}
-
-__device__ __forceinline__ double score_of(uint32_t k0, uint32_t k1) {
-    uint64_t u = (static_cast<uint64_t>(k0) << 32) | k1;
-    u = (u >> 63) ? (u & 0x7FFFFFFFFFFFFFFFull) : ~u;
-    double s;
-    memcpy(&s, &u, 8);
-    return s;
-}
-
-__device__ __forceinline__ uint64_t key64(const Cand& c) { return (static_cast<uint64_t>(c.key[0]) << 32) | c.key[1]; }
+// + 0.0: -0.0 becomes +0.0 (they compare equal; the stored node score is the +0.0 one).
+__device__ __forceinline__ Cand make_cand(double score, uint32_t meta) { return Cand{score + 0.0, meta}; }
 
 // Word w of a candidate's rank path (8-bit digits, depth 1 in the top byte of word 0, zero
 // padded): its parent's path plus its own rank at its depth. Among frontier candidates (never
-// an ancestor of one another) this orders exactly like the heap's rank-path tuples.
+// an ancestor of one another) this orders exactly like the heap's rank-path tuples; a node and
+// its rank-0 child have the same padded words, so a popped node is never compared this way.
 __device__ __forceinline__ uint32_t path_word(const Cand& c, int w, const uint32_t* paths) {
     const int par = c.meta & 511, d = (c.meta >> 18) & 31, r = c.meta >> 23;
     const uint32_t own = w == (d - 1) >> 2 ? static_cast<uint32_t>(r) << (24 - 8 * ((d - 1) & 3)) : 0u;
     return paths[par * 4 + w] + own;
 }
 
-// Whether a pops before b: higher score, or equal score and smaller rank path. Equal scores
-// are rare except with bf16 log-probs; only then are the paths read.
+// Whether a pops before b: higher score, or equal score and smaller rank path (two empty slots:
+// neither). Equal scores are rare except with bf16 log-probs; only then are the paths read.
 __device__ __forceinline__ bool pops_before(const Cand& a, const Cand& b, const uint32_t* paths) {
-    const uint64_t ka = key64(a), kb = key64(b);
-    if (ka != kb) return ka > kb;
-    if (ka == 0) return false;        // two empty slots
+    if (a.score != b.score) return a.score > b.score;
+    if (a.meta == 0u) return false;
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
         const uint32_t pa = path_word(a, w, paths), pb = path_word(b, w, paths);
@@ -137,12 +113,15 @@ __device__ __forceinline__ bool pops_before(const Cand& a, const Cand& b, const 
     return false;
 }
 
+__device__ __forceinline__ Cand shfl_cand(const Cand& c, int src) {
+    return Cand{__shfl_sync(FULL, c.score, src), __shfl_sync(FULL, c.meta, src)};
+}
+
 // dst = c ? src : dst, field by field: `if (s == i) slot[s] = x` over an unrolled s is turned
 // back into slot[i] = x, and `c ? a : b` of two structs into a select of their addresses: both
 // put the candidates in local memory.
 __device__ __forceinline__ void assign_if(Cand& dst, bool c, const Cand& src) {
-    dst.key[0] = c ? src.key[0] : dst.key[0];
-    dst.key[1] = c ? src.key[1] : dst.key[1];
+    dst.score = c ? src.score : dst.score;
     dst.meta = c ? src.meta : dst.meta;
 }
 
@@ -191,94 +170,110 @@ struct Nodes {      // the popped nodes, in shared memory
     int16_t* ns;
 };
 
-// The pops, by the 32 lanes of one warp; S slots a lane (32 S >= N). Returns the real nodes.
+// The pops, by the 32 lanes of one warp. The frontier is kept sorted in pop order across the
+// lanes, S slots a lane, lane-major (entry i: lane i / S, slot i % S), so the next pop is always
+// entry 0 and no pop needs a warp-wide search for the best. Every lane also holds copies of
+// entries 0 and 1 (h0, h1). A pop takes h0 = x and puts back its first child and next sibling
+// (f, g: the earlier of the two first); the new entries 0 and 1 follow from h1, entry 2 (one
+// shuffle, issued before it is needed) and f, g by four comparisons, with no shuffle on the
+// chain from one pop to the next. Off that chain, each entry moves at most one place:
+//     new entry j = f or g where they land, else old entry j + 1 - (f, g landed before j),
+// the landing places counted by one ballot per slot and candidate, the neighbours read by one
+// shuffle up and one down. Only the N - t - 1 best entries after pop t can still be popped, and
+// the frontier then holds at most t + 2, so 32 S >= floor((N + 1) / 2) entries suffice: the
+// worst entry falls off when the array is full, never one that would pop.
+// Returns the real nodes (fewer than N when the frontier runs empty: a tiny vocabulary).
 template <int S>
 __device__ int pop_nodes(int N, int D, int KP, const double* lp, const Nodes nodes, int lane) {
     Cand slot[S];
 #pragma unroll
     for (int s = 0; s < S; ++s) slot[s] = no_cand();
-    if (lane == 0) slot[0] = make_cand(0.0 + lp[0], 1u << 18);   // rank 0 of depth 1, under the root
-    int size = 1;                     // frontier slots used so far, warp-wide (slot i: lane i % 32)
-    int best = 0;                     // this lane's best slot, and a copy of it: never slot[best],
-    Cand mine = slot[0];              // a dynamic index would put the slots in local memory
+    Cand h0 = make_cand(0.0 + lp[0], 1u << 18), h1 = no_cand();   // rank 0 of depth 1, under the root
+    if (lane == 0) slot[0] = h0;
 
     for (int t = 0; t < N; ++t) {
-        // 1. The warp's best: the high key word, then the low one and the rank path only while
-        // more than one lane is left.
-        const uint32_t top = __reduce_max_sync(FULL, mine.key[0]);
-        if (top == 0) return t;       // the frontier is empty (warp-uniform)
-        unsigned left = __ballot_sync(FULL, mine.key[0] == top);
-        if (left & (left - 1)) {
-            const bool in = (left >> lane) & 1u;
-            const uint32_t m = __reduce_max_sync(FULL, in ? mine.key[1] : 0u);
-            left &= __ballot_sync(FULL, in && mine.key[1] == m);
-            if (left & (left - 1)) {  // equal scores: the smallest rank path
-                __syncwarp();         // the path rows lane 0..3 wrote, visible to every lane
-#pragma unroll
-                for (int w = 0; w < 4; ++w) {
-                    if ((left & (left - 1)) == 0) break;
-                    const bool still = (left >> lane) & 1u;
-                    const uint32_t inv = still ? ~path_word(mine, w, nodes.path) : 0u;
-                    const uint32_t pm = __reduce_max_sync(FULL, inv);
-                    left &= __ballot_sync(FULL, still && inv == pm);
-                }
-            }
-        }
-        const int winner = __ffs(static_cast<int>(left)) - 1;
-
-        // 2. The popped node, and the two candidates it puts back: its next sibling and its
-        // first child, scored as the torch path sums (the parent's score + the log-prob).
-        const uint32_t k0 = __shfl_sync(FULL, mine.key[0], winner);
-        const uint32_t k1 = __shfl_sync(FULL, mine.key[1], winner);
-        const uint32_t meta = __shfl_sync(FULL, mine.meta, winner);
+        if (h0.meta == 0u) return t;  // the frontier is empty (h0 is the same in every lane)
+        const uint32_t meta = h0.meta;
         const int par = meta & 511, prev = (meta >> 9) & 511, d = (meta >> 18) & 31, r = meta >> 23;
         const int node = t + 1;
-        const double score = score_of(k0, k1);
-        __syncwarp();                 // node_score[par], written by lane 0 at an earlier pop
-        if (t + 1 < N) {              // the last pop puts nothing back
-            const bool has_sibling = r + 1 < KP, has_child = d < D;
-            const double lp_sibling = lp[has_sibling ? (d - 1) * KP + r + 1 : 0];
-            const double lp_child = lp[has_child ? d * KP : 0];
-            Cand sibling = make_cand(nodes.score[par] + lp_sibling,
-                                     static_cast<uint32_t>(par | node << 9 | d << 18 | (r + 1) << 23));
-            Cand child = make_cand(score + lp_child, static_cast<uint32_t>(node | (d + 1) << 18));
-            assign_if(sibling, !has_sibling, no_cand());
-            assign_if(child, !has_child, sibling);        // the popped slot's new candidate
-            // The popped slot takes the child (or the sibling); a second one goes to a new slot.
-            const bool append = has_child && has_sibling;
-            const bool replacing = lane == winner, appending = append && lane == (size & 31);
-#pragma unroll
-            for (int s = 0; s < S; ++s) {
-                assign_if(slot[s], replacing && s == best, child);
-                assign_if(slot[s], appending && s == (size >> 5), sibling);
-            }
-            size += append;
-        }
 
-        // 3. The node's record: lane 0 its links and score, lanes 0..3 a word of its rank path
-        // each (lane w writes word w of every row: it reads only its own stores).
+        // The node's record. Every lane writes the same score and rank path (so each reads back
+        // its own stores, with no __syncwarp); lane 0 the links, read only after the pops.
+        uint4 row = reinterpret_cast<const uint4*>(nodes.path)[par];
+        const uint32_t own = static_cast<uint32_t>(r) << (24 - 8 * ((d - 1) & 3));
+        const int word = (d - 1) >> 2;
+        row.x += word == 0 ? own : 0u;
+        row.y += word == 1 ? own : 0u;
+        row.z += word == 2 ? own : 0u;
+        row.w += word == 3 ? own : 0u;
+        reinterpret_cast<uint4*>(nodes.path)[node] = row;
+        nodes.score[node] = h0.score;
         if (lane == 0) {
-            nodes.score[node] = score;
             nodes.par[node] = static_cast<int16_t>(par);
             nodes.dr[node] = static_cast<uint16_t>(d << 8 | r);
             if (r == 0) nodes.fc[par] = static_cast<int16_t>(node);
             else nodes.ns[prev] = static_cast<int16_t>(node);
         }
-        if (lane < 4) {
-            const uint32_t own = lane == (d - 1) >> 2 ? static_cast<uint32_t>(r) << (24 - 8 * ((d - 1) & 3)) : 0u;
-            nodes.path[node * 4 + lane] = nodes.path[par * 4 + lane] + own;
-        }
-        if (t + 1 < N) {
-            if (S > 1) __syncwarp();  // the new path row, for a tie between this lane's slots
-            best = 0;
-            mine = slot[0];
+        if (t + 1 == N) break;        // the last pop puts nothing back
+
+        // Entry 2 and each slot's neighbours: they do not depend on this pop.
+        const Cand e2 = shfl_cand(slot[2 % S], 2 / S);
+        Cand up = Cand{__shfl_up_sync(FULL, slot[S - 1].score, 1), __shfl_up_sync(FULL, slot[S - 1].meta, 1)};
+        Cand down = Cand{__shfl_down_sync(FULL, slot[0].score, 1), __shfl_down_sync(FULL, slot[0].meta, 1)};
+        assign_if(down, lane == 31, no_cand());
+
+        // The two candidates, scored as the torch path sums (the parent's score + the log-prob).
+        const bool has_sibling = r + 1 < KP, has_child = d < D;
+        const double lp_sibling = lp[has_sibling ? (d - 1) * KP + r + 1 : 0];
+        const double lp_child = lp[has_child ? d * KP : 0];
+        Cand c = make_cand(h0.score + lp_child, static_cast<uint32_t>(node | (d + 1) << 18));
+        Cand s = make_cand(nodes.score[par] + lp_sibling,
+                           static_cast<uint32_t>(par | node << 9 | d << 18 | (r + 1) << 23));
+        assign_if(c, !has_child, no_cand());
+        assign_if(s, !has_sibling, no_cand());
+        const bool c_first = pops_before(c, s, nodes.path);
+        Cand f = s, g = c;
+        assign_if(f, c_first, c);
+        assign_if(g, c_first, s);
+
+        // Where f and g land among the old entries 1.. (entry 0 is x itself: skipped, since a
+        // rank-0 child's padded path equals its parent's). g lands after f.
+        int before_f = 0, before_g = 0;
 #pragma unroll
-            for (int s = 1; s < S; ++s)
-                if (pops_before(slot[s], mine, nodes.path)) {
-                    best = s;
-                    mine = slot[s];
-                }
+        for (int k = 0; k < S; ++k) {
+            const bool head = lane == 0 && k == 0;
+            before_f += __popc(__ballot_sync(FULL, !head && pops_before(slot[k], f, nodes.path)));
+            before_g += __popc(__ballot_sync(FULL, !head && pops_before(slot[k], g, nodes.path)));
         }
+        constexpr int NOWHERE = 1 << 20;
+        const int at_f = f.meta ? before_f : NOWHERE, at_g = g.meta ? before_g + 1 : NOWHERE;
+        Cand moved[S];
+#pragma unroll
+        for (int k = 0; k < S; ++k) {
+            const int j = lane * S + k;
+            const int shift = (at_f < j) + (at_g < j);      // 0: from j + 1, 1: stays, 2: from j - 1
+            moved[k] = down;
+            if (k + 1 < S) moved[k] = slot[k + 1 < S ? k + 1 : 0];
+            assign_if(moved[k], shift == 1, slot[k]);
+            if (k > 0) assign_if(moved[k], shift == 2, slot[k > 0 ? k - 1 : 0]);
+            else assign_if(moved[k], shift == 2, up);
+            assign_if(moved[k], j == at_f, f);
+            assign_if(moved[k], j == at_g, g);
+        }
+#pragma unroll
+        for (int k = 0; k < S; ++k) slot[k] = moved[k];
+
+        // The new entries 0 and 1, the same in every lane: the first two of the merge of
+        // (h1, e2, ...) with (f, g).
+        const bool f_first = pops_before(f, h1, nodes.path);
+        const bool g_second = pops_before(g, h1, nodes.path), f_second = pops_before(f, e2, nodes.path);
+        Cand n0 = h1, n1 = e2;
+        assign_if(n0, f_first, f);
+        assign_if(n1, !f_first && f_second, f);
+        assign_if(n1, f_first, h1);
+        assign_if(n1, f_first && g_second, g);
+        h0 = n0;
+        h1 = n1;
     }
     return N;
 }
@@ -416,10 +411,9 @@ using Kernel = void (*)(Params);
 
 // The kernel of N's frontier size, and its index among the four.
 static Kernel kernel_for(int N, int& which) {
-    const int S = (N + 31) / 32;
-    which = S <= 1 ? 0 : S <= 2 ? 1 : S <= 4 ? 2 : 3;
-    static const Kernel kernels[4] = {tree_build_kernel<1>, tree_build_kernel<2>, tree_build_kernel<4>,
-                                      tree_build_kernel<8>};
+    const int S = ((N + 1) / 2 + 31) / 32;   // pop_nodes: 32 S >= floor((N + 1) / 2)
+    which = S <= 1 ? 0 : S <= 2 ? 1 : 2;
+    static const Kernel kernels[3] = {tree_build_kernel<1>, tree_build_kernel<2>, tree_build_kernel<4>};
     return kernels[which];
 }
 
@@ -427,7 +421,7 @@ static Kernel kernel_for(int N, int& which) {
 // no stream work, so also fine during graph capture). Keyed by kernel too: every instance has the
 // same type, and a memo by type alone let the first kernel prepared mark all the others done.
 static cudaError_t prepare(Kernel kernel, int which, int smem) {
-    static int done[4][64] = {{0}};       // largest size set per kernel and device
+    static int done[3][64] = {{0}};       // largest size set per kernel and device
     static std::mutex lock;               // ctypes drops the GIL
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);

@@ -479,15 +479,22 @@ inline float __shfl_xor_sync(unsigned, float v, int mask) {
 // of up to 8 bytes travel in two 32-bit slots. Atomics need no care: fibers switch only at
 // barriers, so a read-modify-write is never interleaved with another thread's.
 namespace emu {
+enum class Shfl { index, xor_lane, up, down };
+
 template <typename T>
-inline T shfl_from(T v, int src_of_lane_xor, bool xor_mode) {
+inline T shfl_from(T v, int arg, Shfl mode) {
     static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
     uint32_t u[2] = {0, 0};
     std::memcpy(u, &v, sizeof(T));
     slot(lane())[0] = u[0];
     slot(lane())[1] = u[1];
     warp_sync();
-    const int src = xor_mode ? (lane() ^ src_of_lane_xor) & 31 : src_of_lane_xor & 31;
+    // up / down: a lane whose source falls outside the warp keeps its own value, as on the GPU.
+    const int me = lane();
+    const int src = mode == Shfl::xor_lane ? (me ^ arg) & 31
+                    : mode == Shfl::up     ? (me - arg >= 0 ? me - arg : me)
+                    : mode == Shfl::down   ? (me + arg < 32 ? me + arg : me)
+                                           : arg & 31;
     const uint32_t r[2] = {slot(src)[0], slot(src)[1]};
     warp_sync();
     T out;
@@ -495,12 +502,16 @@ inline T shfl_from(T v, int src_of_lane_xor, bool xor_mode) {
     return out;
 }
 }  // namespace emu
-inline int __shfl_xor_sync(unsigned, int v, int mask) { return emu::shfl_from(v, mask, true); }
-inline unsigned __shfl_xor_sync(unsigned, unsigned v, int mask) { return emu::shfl_from(v, mask, true); }
-inline double __shfl_xor_sync(unsigned, double v, int mask) { return emu::shfl_from(v, mask, true); }
-inline int __shfl_sync(unsigned, int v, int src) { return emu::shfl_from(v, src, false); }
-inline unsigned __shfl_sync(unsigned, unsigned v, int src) { return emu::shfl_from(v, src, false); }
-inline double __shfl_sync(unsigned, double v, int src) { return emu::shfl_from(v, src, false); }
+inline int __shfl_xor_sync(unsigned, int v, int mask) { return emu::shfl_from(v, mask, emu::Shfl::xor_lane); }
+inline unsigned __shfl_xor_sync(unsigned, unsigned v, int mask) { return emu::shfl_from(v, mask, emu::Shfl::xor_lane); }
+inline double __shfl_xor_sync(unsigned, double v, int mask) { return emu::shfl_from(v, mask, emu::Shfl::xor_lane); }
+inline int __shfl_sync(unsigned, int v, int src) { return emu::shfl_from(v, src, emu::Shfl::index); }
+inline unsigned __shfl_sync(unsigned, unsigned v, int src) { return emu::shfl_from(v, src, emu::Shfl::index); }
+inline double __shfl_sync(unsigned, double v, int src) { return emu::shfl_from(v, src, emu::Shfl::index); }
+inline unsigned __shfl_up_sync(unsigned, unsigned v, unsigned delta) { return emu::shfl_from(v, static_cast<int>(delta), emu::Shfl::up); }
+inline double __shfl_up_sync(unsigned, double v, unsigned delta) { return emu::shfl_from(v, static_cast<int>(delta), emu::Shfl::up); }
+inline unsigned __shfl_down_sync(unsigned, unsigned v, unsigned delta) { return emu::shfl_from(v, static_cast<int>(delta), emu::Shfl::down); }
+inline double __shfl_down_sync(unsigned, double v, unsigned delta) { return emu::shfl_from(v, static_cast<int>(delta), emu::Shfl::down); }
 inline unsigned __ballot_sync(unsigned, int predicate) {
     emu::slot(emu::lane())[0] = predicate ? 1u : 0u;
     emu::warp_sync();
