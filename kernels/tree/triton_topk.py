@@ -184,6 +184,13 @@ def _exact_candidates(x_row, V, KP, cand_v, cand_i, FB: tl.constexpr):
 
 
 @triton.jit
+def _rank_block(vi, ii, vj, ij, jm):
+    """Per i: #{j in the block (mask jm) : j precedes i in (value desc, id asc)}."""
+    before = (vj[None, :] > vi[:, None]) | ((vj[None, :] == vi[:, None]) & (ij[None, :] < ii[:, None]))
+    return tl.sum((before & jm[None, :]).to(tl.int32), 1)
+
+
+@triton.jit
 def _finish_kernel(
     X, PART_M, PART_S, COUNT, CAND_V, CAND_I, OUT_LP, OUT_ID,
     V, n1, stride0, stride1, P, KP, CAP,
@@ -191,26 +198,37 @@ def _finish_kernel(
 ):
     row = tl.program_id(0)
     r64 = row.to(tl.int64)
+    cand_v = CAND_V + r64 * CAP
+    cand_i = CAND_I + r64 * CAP
+
+    # Everything the common case needs is loaded at once, with no load waiting on another: the
+    # count, the first BJ candidate slots (slots past the count hold anything and are masked
+    # below) and the first PB span partials. The program is a chain of global round trips
+    # otherwise (6.6 us for 15 rows with the count, partials and candidates loaded in turn).
+    n = tl.load(COUNT + row)
+    j = tl.arange(0, BJ)
+    vj0 = tl.load(cand_v + j, mask=j < CAP, other=0.0)
+    ij0 = tl.load(cand_i + j, mask=j < CAP, other=0)
+    o = tl.arange(0, PB)
+    m = tl.load(PART_M + r64 * P + o, mask=o < P, other=float("-inf"))
+    s = tl.load(PART_S + r64 * P + o, mask=o < P, other=0.0)
 
     # log(sum exp(x)) = M + log S over the P span partials.
-    M = tl.full([], float("-inf"), tl.float32)
-    for p0 in range(0, P, PB):
+    M = tl.max(m, 0)
+    for p0 in range(PB, P, PB):
         o = p0 + tl.arange(0, PB)
         M = tl.maximum(M, tl.max(tl.load(PART_M + r64 * P + o, mask=o < P, other=float("-inf")), 0))
     M_safe = tl.where(M == float("-inf"), 0.0, M)
-    S = tl.zeros([], tl.float32)
-    for p0 in range(0, P, PB):
+    S = tl.sum(s * tl.exp(m - M_safe), 0)
+    for p0 in range(PB, P, PB):
         o = p0 + tl.arange(0, PB)
         m = tl.load(PART_M + r64 * P + o, mask=o < P, other=float("-inf"))
         s = tl.load(PART_S + r64 * P + o, mask=o < P, other=0.0)
         S += tl.sum(s * tl.exp(m - M_safe), 0)
     log_s = tl.log(S)
 
-    cand_v = CAND_V + r64 * CAP
-    cand_i = CAND_I + r64 * CAP
     # The candidates (all elements >= t) hold the top k' iff there are at least k' of them,
     # whatever t was; more than CAP did not fit. Either way: the exact selection instead.
-    n = tl.load(COUNT + row)
     fallback = (n > CAP) | (n < KP)
     if fallback:
         _exact_candidates(_row_ptr(X, row, n1, stride0, stride1), V, KP, cand_v, cand_i, FB)
@@ -219,22 +237,29 @@ def _finish_kernel(
 
     # Rank by counting: rank(i) = #{j : v_j > v_i or (v_j == v_i and id_j < id_i)}. Ids are
     # unique, so ranks are 0 .. n-1 and n >= k' of them: every output slot is written once.
-    for i0 in range(0, n, BI):
-        i = i0 + tl.arange(0, BI)
-        im = i < n
-        vi = tl.load(cand_v + i, mask=im, other=0.0)
-        ii = tl.load(cand_i + i, mask=im, other=0)
-        rank = tl.zeros([BI], tl.int32)
-        for j0 in range(0, n, BJ):
-            j = j0 + tl.arange(0, BJ)
-            jm = j < n
-            vj = tl.load(cand_v + j, mask=jm, other=0.0)
-            ij = tl.load(cand_i + j, mask=jm, other=0)
-            before = (vj[None, :] > vi[:, None]) | ((vj[None, :] == vi[:, None]) & (ij[None, :] < ii[:, None]))
-            rank += tl.sum((before & jm[None, :]).to(tl.int32), 1)
-        w = im & (rank < KP)
-        tl.store(OUT_LP + r64 * KP + rank, (vi - M) - log_s, mask=w)
-        tl.store(OUT_ID + r64 * KP + rank, ii.to(tl.int64), mask=w)
+    if (n <= BJ) & (~fallback):
+        # One block (the common case: ~1.3 k' candidates): rank the loaded slots among themselves.
+        jm = j < n
+        rank = _rank_block(vj0, ij0, vj0, ij0, jm)
+        w = jm & (rank < KP)
+        tl.store(OUT_LP + r64 * KP + rank, (vj0 - M) - log_s, mask=w)
+        tl.store(OUT_ID + r64 * KP + rank, ij0.to(tl.int64), mask=w)
+    else:
+        for i0 in range(0, n, BI):
+            i = i0 + tl.arange(0, BI)
+            im = i < n
+            vi = tl.load(cand_v + i, mask=im, other=0.0)
+            ii = tl.load(cand_i + i, mask=im, other=0)
+            rank = tl.zeros([BI], tl.int32)
+            for j0 in range(0, n, BJ):
+                jj = j0 + tl.arange(0, BJ)
+                jm = jj < n
+                vj = tl.load(cand_v + jj, mask=jm, other=0.0)
+                ij = tl.load(cand_i + jj, mask=jm, other=0)
+                rank += _rank_block(vi, ii, vj, ij, jm)
+            w = im & (rank < KP)
+            tl.store(OUT_LP + r64 * KP + rank, (vi - M) - log_s, mask=w)
+            tl.store(OUT_ID + r64 * KP + rank, ii.to(tl.int64), mask=w)
 
 
 # ---------------------------------------------------------------------------------------------
