@@ -87,8 +87,8 @@ struct Cand {
 
 __device__ __forceinline__ Cand no_cand() { return Cand{-__builtin_inf(), 0u}; }
 
-// + 0.0: -0.0 becomes +0.0 (they compare equal; the stored node score is the +0.0 one).
-__device__ __forceinline__ Cand make_cand(double score, uint32_t meta) { return Cand{score + 0.0, meta}; }
+// No score is -0.0: the root's is +0.0, and a sum is -0.0 only when both terms are.
+__device__ __forceinline__ Cand make_cand(double score, uint32_t meta) { return Cand{score, meta}; }
 
 // Word w of a candidate's rank path (8-bit digits, depth 1 in the top byte of word 0, zero
 // padded): its parent's path plus its own rank at its depth. Among frontier candidates (never
@@ -231,19 +231,43 @@ __device__ int pop_nodes(int N, int D, int KP, const double* lp, const Nodes nod
                            static_cast<uint32_t>(par | node << 9 | d << 18 | (r + 1) << 23));
         assign_if(c, !has_child, no_cand());
         assign_if(s, !has_sibling, no_cand());
-        const bool c_first = pops_before(c, s, nodes.path);
+        // The order, decided by the scores alone; where two of the compared scores are equal
+        // (rare: bf16 log-probs, a log-prob of 0) the whole pop is decided again with the rank
+        // paths, so the common pop runs no path comparison and no branch per comparison.
+        // Entry 0 is x itself and is skipped (a rank-0 child's padded path equals its parent's).
+        // g lands after f.
+        bool c_first = c.score > s.score;
+        bool tie = s.meta != 0u && c.score == s.score;
         Cand f = s, g = c;
         assign_if(f, c_first, c);
         assign_if(g, c_first, s);
-
-        // Where f and g land among the old entries 1.. (entry 0 is x itself: skipped, since a
-        // rank-0 child's padded path equals its parent's). g lands after f.
         int before_f = 0, before_g = 0;
 #pragma unroll
         for (int k = 0; k < S; ++k) {
-            const bool head = lane == 0 && k == 0;
-            before_f += __popc(__ballot_sync(FULL, !head && pops_before(slot[k], f, nodes.path)));
-            before_g += __popc(__ballot_sync(FULL, !head && pops_before(slot[k], g, nodes.path)));
+            const bool other = lane != 0 || k != 0;
+            before_f += __popc(__ballot_sync(FULL, other && slot[k].score > f.score));
+            before_g += __popc(__ballot_sync(FULL, other && slot[k].score > g.score));
+            tie |= other && ((f.meta != 0u && slot[k].score == f.score) || (g.meta != 0u && slot[k].score == g.score));
+        }
+        // The new entries 0 and 1 (below) need f against h1 and entry 2, g against h1: entries
+        // 1 and 2 are among the slots just compared, so their ties are caught above.
+        bool f_first = f.score > h1.score, g_second = g.score > h1.score, f_second = f.score > e2.score;
+        if (__any_sync(FULL, tie)) {
+            c_first = pops_before(c, s, nodes.path);
+            f = s;
+            g = c;
+            assign_if(f, c_first, c);
+            assign_if(g, c_first, s);
+            before_f = before_g = 0;
+#pragma unroll
+            for (int k = 0; k < S; ++k) {
+                const bool other = lane != 0 || k != 0;
+                before_f += __popc(__ballot_sync(FULL, other && pops_before(slot[k], f, nodes.path)));
+                before_g += __popc(__ballot_sync(FULL, other && pops_before(slot[k], g, nodes.path)));
+            }
+            f_first = pops_before(f, h1, nodes.path);
+            g_second = pops_before(g, h1, nodes.path);
+            f_second = pops_before(f, e2, nodes.path);
         }
         constexpr int NOWHERE = 1 << 20;
         const int at_f = f.meta ? before_f : NOWHERE, at_g = g.meta ? before_g + 1 : NOWHERE;
@@ -265,8 +289,6 @@ __device__ int pop_nodes(int N, int D, int KP, const double* lp, const Nodes nod
 
         // The new entries 0 and 1, the same in every lane: the first two of the merge of
         // (h1, e2, ...) with (f, g).
-        const bool f_first = pops_before(f, h1, nodes.path);
-        const bool g_second = pops_before(g, h1, nodes.path), f_second = pops_before(f, e2, nodes.path);
         Cand n0 = h1, n1 = e2;
         assign_if(n0, f_first, f);
         assign_if(n1, !f_first && f_second, f);

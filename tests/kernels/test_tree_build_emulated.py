@@ -93,6 +93,26 @@ def test_ties_break_like_torch_and_heap(emu, budget):
         assert_valid_tree(got, budget)
 
 
+def test_a_single_tie_in_a_pop(emu):
+    """Ties that come alone: the kernel decides a pop by scores and only re-decides it with the
+    rank paths when two compared scores are equal, so each kind of equal pair must be caught on
+    its own. Sequence 0 is hand-made: the first pop's child and sibling tie (-2 and -2) and
+    nothing else does (the child pops first: path (0, 0) before (1,)). The rest: few distinct
+    values on a coarse grid over a small tree, so most pops tie at most one pair."""
+    gen = torch.Generator().manual_seed(5)
+    lp = -torch.randint(1, 40, (96, 4, 6), generator=gen).double() / 8
+    lp[0] = torch.tensor([[-1.0, -2.0, -9.0, -9.5, -9.75, -9.875],
+                          [-1.0, -7.0, -7.5, -7.75, -7.875, -8.0],
+                          [-3.0, -9.1, -9.2, -9.3, -9.4, -9.6],
+                          [-4.0, -9.7, -9.8, -9.9, -10.0, -10.1]])
+    lp = lp.float().sort(-1, descending=True).values
+    ids = torch.stack([torch.randperm(100, generator=gen)[:6] for _ in range(96 * 4)]).view(96, 4, 6)
+    for budget in (6, 16):
+        got = emulated_build(emu, lp, ids, budget)
+        assert_equal_to_torch(got, lp, ids, budget)
+        assert_same_as_heap(got, lp, ids, budget)
+
+
 @pytest.mark.parametrize("budget", [64, 128])
 def test_bf16_logits_ties(emu, budget):
     """The realistic tie source: bf16 drafter logits (x8: many equal top values)."""
