@@ -23,7 +23,7 @@
 // (kernels/NOTES.md). Popping from an unsorted frontier (each pop a __reduce_max_sync over the
 // lanes' best, then a broadcast of the winner) took 25.9 us at N 64, D 15 (graph replay, 256
 // threads): ~150 warp instructions a pop, each waiting on the one before. The sorted frontier
-// takes the search and the broadcast off that chain.
+// takes the search and the broadcast off that chain: 21.95 us (kernels/NOTES.md, session 10).
 
 // Outputs (harness/decode/tree_gpu.GpuTree): tokens, depths, parents, first_child, next_sibling,
 // scores, bits, visibility. Fewer candidates than N (a tiny vocabulary): the frontier runs empty
