@@ -9,8 +9,7 @@
 // next pop is always the array's first entry, so a pop needs no warp-wide search: the two new
 // candidates' places are counted by ballots and every entry moves by at most one place (one
 // shuffle up, one down). Every lane holds copies of the first two entries, so the chain from one
-// pop to the next has no shuffle in it; a pop is decided by the scores alone, and again with
-// the rank paths only when two of the compared scores are equal. Ties (equal float64 scores: bf16 log-probs) are broken by
+// pop to the next has no shuffle in it. Ties (equal float64 scores: bf16 log-probs) are broken by
 // the rank path, compared as 16 8-bit digits, depth 1 most significant, zero padded: among
 // frontier entries (never an ancestor of one another) that is the heap's lexicographic order.
 // The sums are the torch path's, in its order (parent's score + log-prob), so scores are
@@ -198,15 +197,17 @@ __device__ int pop_nodes(int N, int D, int KP, const double* lp, const Nodes nod
         const int par = meta & 511, prev = (meta >> 9) & 511, d = (meta >> 18) & 31, r = meta >> 23;
         const int node = t + 1;
 
-        // The node's record. Every lane writes the same score (so each reads back its own store
-        // for the sibling scores, with no __syncwarp); lanes 0..3 a word each of its rank path
-        // (lane w writes word w of every row: it reads only its own stores; the tie step, which
-        // reads every word, starts with a __syncwarp); lane 0 the links, read after the pops.
+        // The node's record. Every lane writes the same score and rank path (so each reads back
+        // its own stores, with no __syncwarp); lane 0 the links, read only after the pops.
+        uint4 row = reinterpret_cast<const uint4*>(nodes.path)[par];
+        const uint32_t own = static_cast<uint32_t>(r) << (24 - 8 * ((d - 1) & 3));
+        const int word = (d - 1) >> 2;
+        row.x += word == 0 ? own : 0u;
+        row.y += word == 1 ? own : 0u;
+        row.z += word == 2 ? own : 0u;
+        row.w += word == 3 ? own : 0u;
+        reinterpret_cast<uint4*>(nodes.path)[node] = row;
         nodes.score[node] = h0.score;
-        if (lane < 4) {
-            const uint32_t own = lane == (d - 1) >> 2 ? static_cast<uint32_t>(r) << (24 - 8 * ((d - 1) & 3)) : 0u;
-            nodes.path[node * 4 + lane] = nodes.path[par * 4 + lane] + own;
-        }
         if (lane == 0) {
             nodes.par[node] = static_cast<int16_t>(par);
             nodes.dr[node] = static_cast<uint16_t>(d << 8 | r);
@@ -252,7 +253,6 @@ __device__ int pop_nodes(int N, int D, int KP, const double* lp, const Nodes nod
         // 1 and 2 are among the slots just compared, so their ties are caught above.
         bool f_first = f.score > h1.score, g_second = g.score > h1.score, f_second = f.score > e2.score;
         if (__any_sync(FULL, tie)) {
-            __syncwarp();             // the path rows lanes 0..3 wrote, visible to every lane
             c_first = pops_before(c, s, nodes.path);
             f = s;
             g = c;
