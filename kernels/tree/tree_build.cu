@@ -76,8 +76,8 @@ constexpr double FLOOR = -1e30;     // = tree_gpu.LOG_PROB_FLOOR
 constexpr unsigned FULL = 0xFFFFFFFFu;
 
 // A frontier candidate (a node not popped yet whose parent has been): its score (the torch
-// path's float64 sum; -inf: an empty slot, which sorts after every real one: the clamp keeps
-// every real score finite) and parent | previous sibling << 9 | depth << 18 | rank << 23 (0:
+// path's float64 sum, never -0.0: the root's is +0.0 and a sum is -0.0 only when both terms are;
+// -inf: an empty slot, which sorts after every real one: the clamp keeps every real score finite) and parent | previous sibling << 9 | depth << 18 | rank << 23 (0:
 // empty; a real candidate has depth >= 1). Its rank path, needed only when two scores are
 // equal, is its parent's row of the node paths in shared memory plus its rank.
 struct Cand {
@@ -86,9 +86,6 @@ struct Cand {
 };
 
 __device__ __forceinline__ Cand no_cand() { return Cand{-__builtin_inf(), 0u}; }
-
-// No score is -0.0: the root's is +0.0, and a sum is -0.0 only when both terms are.
-__device__ __forceinline__ Cand make_cand(double score, uint32_t meta) { return Cand{score, meta}; }
 
 // Word w of a candidate's rank path (8-bit digits, depth 1 in the top byte of word 0, zero
 // padded): its parent's path plus its own rank at its depth. Among frontier candidates (never
@@ -188,7 +185,7 @@ __device__ int pop_nodes(int N, int D, int KP, const double* lp, const Nodes nod
     Cand slot[S];
 #pragma unroll
     for (int s = 0; s < S; ++s) slot[s] = no_cand();
-    Cand h0 = make_cand(0.0 + lp[0], 1u << 18), h1 = no_cand();   // rank 0 of depth 1, under the root
+    Cand h0{0.0 + lp[0], 1u << 18}, h1 = no_cand();   // rank 0 of depth 1, under the root
     if (lane == 0) slot[0] = h0;
 
     for (int t = 0; t < N; ++t) {
@@ -226,9 +223,8 @@ __device__ int pop_nodes(int N, int D, int KP, const double* lp, const Nodes nod
         const bool has_sibling = r + 1 < KP, has_child = d < D;
         const double lp_sibling = lp[has_sibling ? (d - 1) * KP + r + 1 : 0];
         const double lp_child = lp[has_child ? d * KP : 0];
-        Cand c = make_cand(h0.score + lp_child, static_cast<uint32_t>(node | (d + 1) << 18));
-        Cand s = make_cand(nodes.score[par] + lp_sibling,
-                           static_cast<uint32_t>(par | node << 9 | d << 18 | (r + 1) << 23));
+        Cand c{h0.score + lp_child, static_cast<uint32_t>(node | (d + 1) << 18)};
+        Cand s{nodes.score[par] + lp_sibling, static_cast<uint32_t>(par | node << 9 | d << 18 | (r + 1) << 23)};
         assign_if(c, !has_child, no_cand());
         assign_if(s, !has_sibling, no_cand());
         // The order, decided by the scores alone; where two of the compared scores are equal
@@ -236,24 +232,13 @@ __device__ int pop_nodes(int N, int D, int KP, const double* lp, const Nodes nod
         // paths, so the common pop runs no path comparison and no branch per comparison.
         // Entry 0 is x itself and is skipped (a rank-0 child's padded path equals its parent's).
         // g lands after f.
-        bool c_first = c.score > s.score;
-        bool tie = s.meta != 0u && c.score == s.score;
-        Cand f = s, g = c;
-        assign_if(f, c_first, c);
-        assign_if(g, c_first, s);
-        int before_f = 0, before_g = 0;
-#pragma unroll
-        for (int k = 0; k < S; ++k) {
-            const bool other = lane != 0 || k != 0;
-            before_f += __popc(__ballot_sync(FULL, other && slot[k].score > f.score));
-            before_g += __popc(__ballot_sync(FULL, other && slot[k].score > g.score));
-            tie |= other && ((f.meta != 0u && slot[k].score == f.score) || (g.meta != 0u && slot[k].score == g.score));
-        }
-        // The new entries 0 and 1 (below) need f against h1 and entry 2, g against h1: entries
-        // 1 and 2 are among the slots just compared, so their ties are caught above.
-        bool f_first = f.score > h1.score, g_second = g.score > h1.score, f_second = f.score > e2.score;
-        if (__any_sync(FULL, tie)) {
-            c_first = pops_before(c, s, nodes.path);
+        bool c_first, f_first, g_second, f_second;
+        Cand f, g;
+        int before_f, before_g;
+        // One decision under an order `before(a, b)`: f, g, their places among the slots (entry
+        // 0 excluded), and f, g against h1 and entry 2 for the new entries 0 and 1.
+        const auto decide = [&](auto before) {
+            c_first = before(c, s);
             f = s;
             g = c;
             assign_if(f, c_first, c);
@@ -262,13 +247,23 @@ __device__ int pop_nodes(int N, int D, int KP, const double* lp, const Nodes nod
 #pragma unroll
             for (int k = 0; k < S; ++k) {
                 const bool other = lane != 0 || k != 0;
-                before_f += __popc(__ballot_sync(FULL, other && pops_before(slot[k], f, nodes.path)));
-                before_g += __popc(__ballot_sync(FULL, other && pops_before(slot[k], g, nodes.path)));
+                before_f += __popc(__ballot_sync(FULL, other && before(slot[k], f)));
+                before_g += __popc(__ballot_sync(FULL, other && before(slot[k], g)));
             }
-            f_first = pops_before(f, h1, nodes.path);
-            g_second = pops_before(g, h1, nodes.path);
-            f_second = pops_before(f, e2, nodes.path);
-        }
+            f_first = before(f, h1);
+            g_second = before(g, h1);
+            f_second = before(f, e2);
+        };
+        decide([](const Cand& a, const Cand& b) { return a.score > b.score; });
+        // A tie among the compared pairs: c and s, or f or g and a slot (entries 1 and 2, which
+        // f and g meet again for the new entries 0 and 1, are among the slots).
+        bool tie = s.meta != 0u && c.score == s.score;
+#pragma unroll
+        for (int k = 0; k < S; ++k)
+            tie |= (lane != 0 || k != 0) &&
+                   ((f.meta != 0u && slot[k].score == f.score) || (g.meta != 0u && slot[k].score == g.score));
+        if (__any_sync(FULL, tie))
+            decide([&](const Cand& a, const Cand& b) { return pops_before(a, b, nodes.path); });
         constexpr int NOWHERE = 1 << 20;
         const int at_f = f.meta ? before_f : NOWHERE, at_g = g.meta ? before_g + 1 : NOWHERE;
         Cand moved[S];
@@ -431,7 +426,7 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) tree_build_kernel(const Params
 
 using Kernel = void (*)(Params);
 
-// The kernel of N's frontier size, and its index among the four.
+// The kernel of N's frontier size, and its index among the three.
 static Kernel kernel_for(int N, int& which) {
     const int S = ((N + 1) / 2 + 31) / 32;   // pop_nodes: 32 S >= floor((N + 1) / 2)
     which = S <= 1 ? 0 : S <= 2 ? 1 : 2;
