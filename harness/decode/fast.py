@@ -346,29 +346,29 @@ class FastSpecDecoder(_StepsBehind):
 
     def _accept_gpu(self, logits: torch.Tensor):
         """Accepted node indices per depth [b, B] (padded with the last accepted node) and the
-        accepted length [b] (root included), with tensor ops only."""
+        accepted length [b] (root included), with tensor ops only: a fixed handful of kernels
+        whatever the tree's depth (a walk node by node would launch a few per depth)."""
         target_next = logits.argmax(-1)                                      # [b, T]
+        parent = self.parents.clamp(min=0)
         if self.synthetic:
-            # A drawn length along the drafter's best chain (first children), as on the host.
-            # The draws are cyclic, so a long run never indexes past them.
-            want = self.draws.index_select(0, self.step_index % self.draws.shape[0]).squeeze(0)
-            chain = [torch.zeros(self.b, dtype=torch.long, device=self.device)]
-            for _ in range(self.D):
-                prev = chain[-1]
-                nxt = self.first_child.gather(1, prev.clamp(min=0)[:, None]).squeeze(1)
-                chain.append(torch.where(prev >= 0, nxt, prev))
-            chain = torch.stack(chain, 1)                                    # [b, B]
-            ok = (chain >= 0) & (self.arange_B[None, :] < want[:, None])
+            # The drafter's best chain, as on the host: node i follows its parent iff it is
+            # the parent's first child (padding never is: nothing links to it).
+            follows = self.first_child.gather(1, parent) == self.arange_T
         else:
-            # Node i matches if its token is the target's argmax at its parent; accepted if
-            # it and all its ancestors match.
-            parent_next = target_next.gather(1, self.parents.clamp(min=0))
-            match = (self.tree_ids == parent_next)
-            match[:, 0] = True
-            on_path = ~(self.vis & ~match[:, None, :]).any(-1)               # [b, T]
-            per_depth = on_path[:, None, :] & (self.depth[:, None, :] == self.arange_B[None, :, None])
-            ok = per_depth.any(-1)                                           # [b, B], a prefix
-            chain = per_depth.to(torch.int8).argmax(-1)
+            # Node i follows its parent iff its token is the target's argmax there.
+            follows = self.tree_ids == target_next.gather(1, parent)
+        follows[:, 0] = True
+        # A node is on the path iff it and all its ancestors follow; those nodes form one
+        # chain from the root (siblings carry distinct tokens; one first child per node).
+        on_path = ~(self.vis & ~follows[:, None, :]).any(-1)                 # [b, T]
+        per_depth = on_path[:, None, :] & (self.depth[:, None, :] == self.arange_B[None, :, None])
+        ok = per_depth.any(-1)                                               # [b, B], a prefix
+        if self.synthetic:
+            # Cut at this step's drawn length (the draws are cyclic: a long run never indexes
+            # past them).
+            want = self.draws.index_select(0, self.step_index % self.draws.shape[0]).squeeze(0)
+            ok &= self.arange_B[None, :] < want[:, None]
+        chain = per_depth.to(torch.int8).argmax(-1)
         accepted = ok.sum(-1)                                                # [b] >= 1
         last = chain.gather(1, (accepted - 1)[:, None])
         idx = torch.where(ok, chain, last)
