@@ -185,6 +185,14 @@ class FastSpecDecoder(_StepsBehind):
         self.tree_ids, self.depth, self.parents, self.first_child = L(batch, T), L(batch, T), L(batch, T), L(batch, T)
         self.vis = torch.zeros(batch, T, T, dtype=torch.bool, device=dev)
         self.bits = torch.zeros(batch, T, (T + 31) // 32, dtype=torch.int32, device=dev)
+        if tree_build == "gpu":
+            # The GPU tree build writes straight into the step's buffers (node i + 1 is column
+            # i + 1 of tree_ids and depth; column 0 is the root's), no copies after it.
+            from harness.decode.tree_gpu import GpuTree
+            self.tree_out = GpuTree(
+                tokens=self.tree_ids[:, 1:], depths=self.depth[:, 1:], parents=self.parents,
+                first_child=self.first_child, next_sibling=L(batch, T), visibility=self.vis,
+                bits=self.bits, scores=torch.zeros(batch, tree_budget, device=dev))
         self.arange_T = torch.arange(T, device=dev)
         self.arange_B = torch.arange(self.B, device=dev)
         self.step_index = L(1)
@@ -232,6 +240,9 @@ class FastSpecDecoder(_StepsBehind):
         for t in (self.lengths, self.bonus, self.tree_ids, self.depth, self.parents,
                   self.first_child, self.vis, self.bits, self.step_index):
             t.zero_()
+        if self.tree_build == "gpu":
+            self.tree_out.next_sibling.zero_()
+            self.tree_out.scores.zero_()
         if self.synthetic:
             self.acceptance.reseed(seed)
             self.draws_host = self._draw()            # the host walk reads it; no graph does
@@ -312,13 +323,7 @@ class FastSpecDecoder(_StepsBehind):
         if self.tree_build == "gpu":
             from harness.decode import tree_gpu
             lp, ids = tree_gpu.topk_logprobs_batched(logits_d, self.N, impl=self.kernels.topk)
-            t = tree_gpu.build_tree_gpu(lp, ids, self.N, impl=self.tree_build_impl)
-            self.tree_ids[:, 1:] = t.tokens
-            self.depth[:, 1:] = t.depths
-            self.parents.copy_(t.parents)
-            self.first_child.copy_(t.first_child)
-            self.vis.copy_(t.visibility)
-            self.bits.copy_(t.bits)
+            tree_gpu.build_tree_gpu(lp, ids, self.N, out=self.tree_out, impl=self.tree_build_impl)
             return None
         trees = []
         for i in range(self.b):  # the reference heap, with its .tolist() syncs

@@ -165,14 +165,16 @@ def build_tree_gpu(log_probs: torch.Tensor, token_ids: torch.Tensor, budget: int
             build_tree = lambda lp, ids, n, o: triton_build(lp, ids, n, J, R, o)  # noqa: E731
         else:
             from harness.kernels.tree.cuda_tree_build import build_tree
-        fields = [getattr(out, f.name) for f in dataclasses.fields(GpuTree)]
-        if all(t.is_contiguous() for t in fields):
-            build_tree(log_probs, token_ids, budget, out)
-        else:  # the kernel writes rows densely: build, then copy into the caller's views
-            tmp = GpuTree.empty(b, budget, log_probs.device)
-            build_tree(log_probs, token_ids, budget, tmp)
-            for f in dataclasses.fields(GpuTree):
-                getattr(out, f.name).copy_(getattr(tmp, f.name))
+        # The kernels write rows densely: a field the caller passed as a strided view is built
+        # in a dense temporary and copied into it; the others are written in place.
+        strided = [f.name for f in dataclasses.fields(GpuTree)
+                   if not getattr(out, f.name).is_contiguous()]
+        dense = dataclasses.replace(out, **{n: torch.empty_like(getattr(out, n),
+                                                                memory_format=torch.contiguous_format)
+                                            for n in strided})
+        build_tree(log_probs, token_ids, budget, dense)
+        for n in strided:
+            getattr(out, n).copy_(getattr(dense, n))
         return out
     if impl != "torch":
         raise ValueError(f"impl must be auto, torch, triton or cuda (got {impl!r})")

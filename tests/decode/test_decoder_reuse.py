@@ -8,6 +8,7 @@ end are marked `gpu` (`pytest -m gpu`) and skipped elsewhere."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import weakref
 
@@ -48,6 +49,8 @@ def _value(v):
         return [_value(x) for x in v]
     if isinstance(v, dict):
         return {k: _value(x) for k, x in v.items()}
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):   # GpuTree: its tensors
+        return {f.name: _value(getattr(v, f.name)) for f in dataclasses.fields(v)}
     if hasattr(v, "rng"):                                   # SyntheticAcceptance
         return ("acceptance", v.weights, v.max_len, v.rng.getstate())
     return v

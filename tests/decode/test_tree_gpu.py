@@ -10,6 +10,8 @@ and CUDA-graph capture (`pytest -m gpu`), and the op workload times them (scenar
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -248,6 +250,31 @@ def _interpreted_build(lp, ids, budget: int) -> dict:
     return {f: getattr(out, f) for f in FIELDS}
 
 
+
+
+def _interpreted_build_into_views(lp, ids, budget: int) -> dict:
+    """The Triton build through build_tree_gpu into the decode loop's buffers: tokens and
+    depths are columns 1.. of [b, 1 + N] arrays (strided for b > 1), the rest dense."""
+    b = lp.shape[0]
+    out = GpuTree.empty(b, budget, "cpu")
+    wide = {f: torch.full((b, budget + 1), 77, dtype=torch.long) for f in ("tokens", "depths")}
+    out = dataclasses.replace(out, **{f: w[:, 1:] for f, w in wide.items()})
+    for f in FIELDS:
+        x = getattr(out, f)
+        x.fill_(True) if x.dtype == torch.bool else x.fill_(77)
+    build_tree_gpu(lp, ids, budget, out=out, impl="triton")
+    return {**{f: getattr(out, f) for f in FIELDS}, "root_columns": [w[:, 0] for w in wide.values()]}
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_build_writes_into_strided_views(interp, batch):
+    lp, ids = random_topk(batch, 7, 16, 1000, seed=batch)
+    want = build_tree_gpu(lp, ids, 16, impl="torch")
+    got = interp.apply(_interpreted_build_into_views, (lp, ids, 16))
+    for f in FIELDS:
+        assert torch.equal(got[f], getattr(want, f)), f
+    for col in got["root_columns"]:          # column 0 (the root's) is the caller's
+        assert (col == 77).all()
 
 
 @pytest.mark.parametrize("depth,k,budget,grid", [
