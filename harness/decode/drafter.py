@@ -18,7 +18,7 @@ from torch import nn
 from harness.decode import attention
 from harness.decode.kernel_choice import Kernels
 from harness.decode.model import (KVCache, Layer, RMSNorm, Target, TargetConfig, final_norm,
-                                  rope_tables, run_layers)
+                                  run_layers)
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,8 @@ class Drafter(nn.Module):
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         p = self.fc.weight
         t = self.target_cfg
-        return KVCache(self.cfg.layers, batch, t.kv_heads, max_len, t.head_dim, p.dtype, p.device)
+        return KVCache(self.cfg.layers, batch, t.kv_heads, max_len, t.head_dim, p.dtype, p.device,
+                       t.rope_theta)
 
     def ingest(self, cache: KVCache, target_hidden: torch.Tensor, positions: torch.Tensor,
                slots: torch.Tensor, kernels: Kernels = Kernels()) -> None:
@@ -60,8 +61,7 @@ class Drafter(nn.Module):
         target's captured hidden states of those tokens, at `positions` / `slots` [b, T];
         `kernels` the decoder's (only fused_ops matters here: there is no attention)."""
         feats = self.hidden_norm(self.fc(target_hidden))
-        t = self.target_cfg
-        rope = rope_tables(positions, t.head_dim, t.rope_theta, feats.dtype)
+        rope = cache.rope(positions)
         for i, layer in enumerate(self.layers):
             layer.self_attn.write_kv(feats, rope, cache, i, slots, fused=kernels.fused_ops)
 
@@ -81,8 +81,7 @@ class Drafter(nn.Module):
         mask = attention.Mask(lengths, torch.ones(b, B, B, dtype=torch.bool, device=bonus.device),
                               kv_len=kv_len, kernels=kernels)
         x = target.embed_tokens(ids)
-        t = self.target_cfg
-        rope = rope_tables(positions, t.head_dim, t.rope_theta, x.dtype)
+        rope = cache.rope(positions)
         h, residual, _ = run_layers(self.layers, x, rope, cache, positions, mask)
         logits = target.lm_head(final_norm(self.norm, h[:, 1:],
                                            None if residual is None else residual[:, 1:]))

@@ -43,8 +43,9 @@ class RMSNorm(nn.Module):
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos, sin [b, T, 1, d] for rotate-half RoPE at `positions` [b, T]. Computed once per
-    forward and shared by every layer (positions are the same in all of them)."""
+    """cos, sin [b, T, 1, d] for rotate-half RoPE at `positions` [b, T]. A KVCache keeps them
+    for every position it can hold (`KVCache.rope`); a forward gathers its rows once and
+    shares them with every layer (positions are the same in all of them)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
                                               dtype=torch.float32) / head_dim))
     angles = positions.to(torch.float32)[..., None] * inv_freq          # [b, T, d/2]
@@ -67,11 +68,23 @@ class KVCache:
     """
 
     def __init__(self, layers: int, batch: int, kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, rope_theta: float):
         shape = (layers, batch, kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
+        # The rotary tables of every position the cache can hold, computed once: a forward
+        # gathers its rows (a kernel each for cos and sin) where recomputing them took about
+        # ten small kernels, three forwards a decode step. The ops are elementwise, so a row
+        # equals what rope_tables computes for that position alone, bit for bit.
+        self.rope_table = rope_tables(torch.arange(max_len, device=device)[None], head_dim,
+                                      rope_theta, dtype)
+
+    def rope(self, positions: torch.Tensor):
+        """rope_tables(positions, ...) of the cache's model: cos, sin [b, T, 1, d] for
+        positions [b, T] (each below max_len, as every slot written is)."""
+        cos, sin = self.rope_table
+        return cos[0][positions], sin[0][positions]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [b, T, kv_heads, d] go to positions `slots` [b, T] of each sequence."""
@@ -231,7 +244,7 @@ class Target(nn.Module):
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         p = self.lm_head.weight
         return KVCache(self.cfg.layers, batch, self.cfg.kv_heads, max_len, self.cfg.head_dim,
-                       p.dtype, p.device)
+                       p.dtype, p.device, self.cfg.rope_theta)
 
     def forward(self, ids, positions, cache: KVCache, slots, mask: attention.Mask,
                 capture_layers: tuple[int, ...] = (), logits_for: torch.Tensor | None = None):
@@ -241,7 +254,7 @@ class Target(nn.Module):
         which keeps prefill from materialising T x V logits.
         """
         x = self.embed_tokens(ids)
-        rope = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        rope = cache.rope(positions)
         h, residual, captured = run_layers(self.layers, x, rope, cache, slots, mask, capture_layers)
         if logits_for is not None:
             rows = logits_for[..., None].expand(-1, -1, h.shape[-1])

@@ -12,7 +12,7 @@ from harness.decode.checkpoint import load_target, save_target
 from harness.decode.drafter import Drafter, DrafterConfig
 from harness.decode.kernel_choice import Kernels
 from harness.decode.loop import ARDecoder, SpecDecoder, SyntheticAcceptance
-from harness.decode.model import Target, TargetConfig, init_random_
+from harness.decode.model import KVCache, Target, TargetConfig, init_random_, rope_tables
 from harness.protocol import presets
 
 TINY = presets.PRESETS["tiny"]
@@ -173,3 +173,25 @@ def test_checkpoint_mismatch_is_a_clear_error(tmp_path):
                                                                  '"num_hidden_layers": 3'))
     with pytest.raises(ValueError, match="does not match"):
         load_target(tmp_path / "ckpt", torch.float32, torch.device("cpu"))
+
+
+def _cache_rope_equals_rope_tables(device):
+    """A cache's precomputed rotary rows are rope_tables' values at those positions, bit for
+    bit, so a forward that gathers them computes what one that recomputes them did."""
+    for dtype, head_dim, theta in ((torch.bfloat16, 128, 1e6), (torch.float32, 288, 5e4),
+                                   (torch.float64, 32, 1e4)):
+        cache = KVCache(1, 2, 1, 70000, head_dim, dtype, device, theta)
+        gen = torch.Generator().manual_seed(head_dim)
+        positions = torch.randint(0, 70000, (3, 65), generator=gen).to(device)
+        got, want = cache.rope(positions), rope_tables(positions, head_dim, theta, dtype)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape == (3, 65, 1, head_dim) and g.dtype == dtype
+            assert torch.equal(g, w), (dtype, head_dim)
+
+
+def test_cache_rope_rows_equal_rope_tables():
+    _cache_rope_equals_rope_tables(torch.device("cpu"))
+
+
+def test_cache_rope_rows_equal_rope_tables_on_the_gpu(cuda):
+    _cache_rope_equals_rope_tables(cuda)
