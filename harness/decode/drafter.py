@@ -48,6 +48,7 @@ class Drafter(nn.Module):
         self.norm = RMSNorm(target_cfg.hidden, target_cfg.rms_eps)
         # The last vocabulary id stands in for DFlash's mask token.
         self.mask_token_id = target_cfg.vocab_size - 1
+        self._block_vis: dict = {}     # (batch, device) -> the block's visibility and bitmasks
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
         p = self.fc.weight
@@ -78,8 +79,8 @@ class Drafter(nn.Module):
         positions = lengths[:, None] + offsets
         # The block's own keys/values go to the slots just past the context; the next ingest
         # overwrites them with committed tokens, so nothing stale is ever visible.
-        mask = attention.Mask(lengths, torch.ones(b, B, B, dtype=torch.bool, device=bonus.device),
-                              kv_len=kv_len, kernels=kernels)
+        vis, bits = self._block_visibility(b, bonus.device)
+        mask = attention.Mask(lengths, vis, kv_len=kv_len, kernels=kernels, bits=bits)
         x = target.embed_tokens(ids)
         rope = cache.rope(positions)
         h, residual, _ = run_layers(self.layers, x, rope, cache, positions, mask)
@@ -92,3 +93,14 @@ class Drafter(nn.Module):
         logits = logits.float()
         std, mean = torch.std_mean(logits, dim=-1, keepdim=True)
         return (logits - mean) / std * self.cfg.logit_scale
+
+    def _block_visibility(self, batch: int, device: torch.device):
+        """The block's visibility (all ones: non-causal inside the block) [b, B, B] and its
+        bitmasks, the same at every step: made at the first draft of a batch size on a device
+        (outside any graph capture: the warm-up's) instead of by a few kernels every step."""
+        key = (batch, str(device))
+        if key not in self._block_vis:
+            B = self.cfg.block_size
+            vis = torch.ones(batch, B, B, dtype=torch.bool, device=device)
+            self._block_vis[key] = (vis, attention.visibility_bits(vis))
+        return self._block_vis[key]
