@@ -46,7 +46,6 @@ class Mask:
     kernels: Kernels = Kernels()  # which kernels run this forward (the attention: .verify)
     bits: torch.Tensor | None = None   # [b, T, W] int32 ancestor bitmasks (made on demand)
     _bias: dict = field(default_factory=dict, repr=False)
-    _workspaces: dict = field(default_factory=dict, repr=False)
 
     def dense(self) -> torch.Tensor:
         """[b, 1, T, kv_len] bool: True where query i may attend key j."""
@@ -74,13 +73,6 @@ class Mask:
             self.bits = visibility_bits(self.new_vis)
         return self.bits
 
-    def workspace(self, key, make):
-        """A kernel's workspace shared by every layer of the forward this mask serves (they run
-        one after another on one stream), made by `make()` at the first."""
-        if key not in self._workspaces:
-            self._workspaces[key] = make()
-        return self._workspaces[key]
-
 
 def causal_mask(lengths: torch.Tensor, T: int, kv_len: int, kernels: Kernels = Kernels()) -> Mask:
     vis = torch.ones(T, T, dtype=torch.bool, device=lengths.device).tril()
@@ -98,7 +90,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
             from harness.kernels.verify.triton_verify import tree_verify_attention
             return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out)
         if verify == "custom":
-            return _custom(q, k, v, mask, out)
+            from harness.kernels.verify.custom_verify import tree_verify_attention
+            return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out,
+                                         impl=mask.kernels.custom_impl)
         return out.copy_(attend(q, k, v, mask))
     if verify == "sdpa":
         # Fold the G query heads that share a KV head into the query axis: one SDPA head per
@@ -114,18 +108,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
         from harness.kernels.verify.triton_verify import tree_verify_attention
         return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits())
     if verify == "custom":
-        return _custom(q, k, v, mask)
+        from harness.kernels.verify.custom_verify import tree_verify_attention
+        return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(),
+                                     impl=mask.kernels.custom_impl)
     if verify == "flex":
         from harness.decode.flex_verify import flex_tree_verify
         return flex_tree_verify(q, k, v, mask.lengths, mask.tree_bits())
     raise ValueError(f"unknown verify kernel '{verify}'")
-
-
-def _custom(q, k, v, mask: Mask, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The custom kernel, on one workspace for all the forward's layers: its split-merge
-    tickets are cleared once a forward, not once a layer (custom_verify.workspace_for)."""
-    from harness.kernels.verify import custom_verify as cv
-    impl = mask.kernels.custom_impl
-    ws = mask.workspace("custom", lambda: cv.workspace_for(q, k.shape[1], k.shape[2], impl=impl))
-    return cv.tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out, impl=impl,
-                                    workspace=ws)

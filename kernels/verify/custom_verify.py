@@ -11,8 +11,7 @@ keys lengths[b] + j (j < T) by the ancestor bitmask tree_bits[b, i] (bit j % 32 
 see harness.decode.attention.visibility_bits). bf16 in and out, fp32 accumulation.
 
 Calls never synchronise with the host and allocate only the output and the split-KV workspace
-(whose ticket counters, where a launch has them, are zeroed: a small memset; pass `out=` and
-`workspace=` from `alloc_workspace` to allocate and clear nothing), so they can be
+(pass `out=` and `workspace=` from `alloc_workspace` to allocate nothing), so they can be
 captured in a CUDA graph; make the first call outside the capture (it compiles and loads the
 library). The library is compiled on first use (kernels/build.py); importing this module works
 on a host without a GPU.
@@ -35,18 +34,13 @@ TILE_KEYS = 64               # keys per tile of the kernels (BN in verify_attent
 MAX_SPLITS = 1024            # chosen here at most
 MAX_REQUESTED_SPLITS = 4096  # asked for at most (each split adds a partial output to the workspace)
 MLA_DK, MLA_DV = 576, 512
-# Up to this many splits a GQA launch merges them in its last CTA of each row block instead of a
-# combine kernel (verify_attention.cu, merge_if_last; the same constant there). The merge runs
-# on one CTA per row block: with more splits the combine's spread over every multiprocessor wins.
-FUSED_MAX_SPLITS = 8
 
 
 class _Params(ctypes.Structure):
     """Mirror of tva::AttnParams (every field 8 bytes wide, so no padding questions)."""
 
     _fields_ = [(name, ctypes.c_void_p) for name in
-                ("q", "k", "v", "out", "lengths", "tree_bits", "page_table", "ws_o", "ws_lse",
-                 "tickets")] + \
+                ("q", "k", "v", "out", "lengths", "tree_bits", "page_table", "ws_o", "ws_lse")] + \
                [(name, ctypes.c_int64) for name in
                 ("lengths_int64", "batch", "heads_q", "heads_kv", "tokens", "num_splits", "page_size",
                  "q_sb", "q_sh", "q_st", "k_sb", "k_sh", "k_st", "v_sb", "v_sh", "v_st",
@@ -162,7 +156,7 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
         splits = _splits(num_splits, b * m_blocks, _sm_count(index), max_keys,
                          _overhead_keys(64, MLA_DV, MLA_DK * 2))
         return dict(num_warps=8, m_blocks=m_blocks, num_splits=splits, dv=MLA_DV,
-                    wgmma=_resolve_impl(impl, index, 8), tickets=0)
+                    wgmma=_resolve_impl(impl, index, 8))
     d = q.shape[-1]
     if impl == "wgmma_pv" and d != 128:
         # The pipelined kernel is built for 128 alone: the earlier single-stage kernel's d64
@@ -178,30 +172,15 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
     occupancy = _gqa_occupancy(index, d, warps, paged, wgmma)
     splits = _splits(num_splits, b * heads_kv * m_blocks, occupancy * _sm_count(index), max_keys,
                      _overhead_keys(16 * warps, d, 4 * d))
-    # One ticket counter per row block when the last split merges (merge_if_last).
-    tickets = b * heads_kv * m_blocks if 1 < splits <= FUSED_MAX_SPLITS else 0
-    return dict(num_warps=warps, m_blocks=m_blocks, num_splits=splits, dv=d, wgmma=wgmma,
-                tickets=tickets)
+    return dict(num_warps=warps, m_blocks=m_blocks, num_splits=splits, dv=d, wgmma=wgmma)
 
 
-def alloc_workspace(q: torch.Tensor, num_splits: int, dv: int, tickets: int = 0):
-    """Split-KV workspace for `num_splits` splits: partial outputs, their log2-sum-exp, and
-    `tickets` counters for the last split's merge (a plan's "tickets"; zeroed here, and every
-    launch leaves them at zero, so one workspace serves any number of calls in stream order)."""
+def alloc_workspace(q: torch.Tensor, num_splits: int, dv: int):
+    """Split-KV workspace for `num_splits` splits: partial outputs and their log2-sum-exp."""
     b, hq, T, _ = q.shape
     n = num_splits if num_splits > 1 else 0
     return (torch.empty(n * b * hq * T * dv, dtype=torch.float32, device=q.device),
-            torch.empty(n * b * hq * T, dtype=torch.float32, device=q.device),
-            torch.zeros(tickets, dtype=torch.int32, device=q.device))
-
-
-def workspace_for(q: torch.Tensor, heads_kv: int, max_keys: int, *, paged: bool = False,
-                  mla: bool = False, impl: str = DEFAULT_IMPL):
-    """`alloc_workspace` for the launch `plan` makes of these shapes: allocate it once (outside
-    a CUDA graph capture) and pass it as `workspace=` to every call of that shape, such as the
-    layers of one forward, which then allocate and clear nothing."""
-    pl = plan(q, heads_kv, max_keys, paged, mla=mla, impl=impl)
-    return alloc_workspace(q, pl["num_splits"], pl["dv"], pl["tickets"])
+            torch.empty(n * b * hq * T, dtype=torch.float32, device=q.device))
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,7 +218,6 @@ def _params(q, k, v, out, lengths, tree_bits, page_table, ws, heads_kv, splits, 
     p.lengths, p.tree_bits = lengths.data_ptr(), tree_bits.data_ptr()
     p.page_table = page_table.data_ptr() if page_table is not None else None
     p.ws_o, p.ws_lse = ws[0].data_ptr(), ws[1].data_ptr()
-    p.tickets = ws[2].data_ptr() if len(ws) > 2 and ws[2].numel() else None
     p.lengths_int64 = int(lengths.dtype == torch.int64)
     p.batch, p.heads_q, _, _ = q.shape
     p.tokens = q.shape[2]
@@ -262,27 +240,17 @@ def _prepare_out_ws(q, dv, pl, out, workspace):
           or out.data_ptr() % 4 or any(s % 2 for s in out.stride()[:-1])):
         raise ValueError(f"out must be bfloat16 [{b}, {hq}, {T}, {dv}] with a contiguous last dim")
     if workspace is None:
-        return out, alloc_workspace(q, pl["num_splits"], dv, pl["tickets"])
-    if pl["num_splits"] > 1:
+        workspace = alloc_workspace(q, pl["num_splits"], dv)
+    elif pl["num_splits"] > 1:
         need = pl["num_splits"] * b * hq * T
         if workspace[0].numel() < need * dv or workspace[1].numel() < need:
             raise ValueError("workspace too small (alloc_workspace with the same num_splits)")
-        # Partial outputs are written as float2 (8 bytes) and read by the merge as float4, lse
-        # as float.
+        # Partial outputs are written and read as float2 (8 bytes), lse as float.
         if (workspace[0].dtype != torch.float32 or workspace[1].dtype != torch.float32
-                or workspace[0].data_ptr() % 16 or not workspace[0].is_contiguous()
+                or workspace[0].data_ptr() % 8 or not workspace[0].is_contiguous()
                 or not workspace[1].is_contiguous()):
-            raise ValueError("workspace must be two contiguous float32 tensors, the first 16-byte "
-                             "aligned (alloc_workspace)")
-    if pl["tickets"]:
-        tickets = workspace[2] if len(workspace) > 2 else None
-        if (tickets is None or tickets.dtype != torch.int32 or not tickets.is_contiguous()
-                or tickets.numel() < pl["tickets"]):
-            raise ValueError(f"this launch merges its {pl['num_splits']} splits in its last CTAs and "
-                             f"needs {pl['tickets']} zeroed int32 tickets in the workspace "
-                             "(alloc_workspace(q, num_splits, dv, plan['tickets']))")
-    else:
-        workspace = workspace[:2]           # the combine kernel merges: no tickets passed
+            raise ValueError("workspace must be two contiguous float32 tensors, the first 8-byte aligned "
+                             "(alloc_workspace)")
     return out, workspace
 
 

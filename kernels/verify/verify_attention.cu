@@ -65,8 +65,6 @@ struct AttnParams {
     const int32_t* page_table;// [b, max_pages] int32 (paged layout only)
     float* ws_o;              // [splits, b, Hq, T, Dv] fp32 (splits > 1 only)
     float* ws_lse;            // [splits, b, Hq, T] fp32, log2 domain
-    int32_t* tickets;         // [b, Hkv, row blocks], zero before a launch: GQA splits merged by
-                              // their last CTA (merge_if_last); null: by combine_kernel
     int64_t lengths_int64;    // 1: lengths are int64
     int64_t batch, heads_q, heads_kv, tokens, num_splits, page_size;
     int64_t q_sb, q_sh, q_st;           // strides in elements
@@ -407,102 +405,6 @@ __device__ __forceinline__ void write_rows(const AttnParams& p, const float (&o)
     }
 }
 
-// ------------------------------------------------------------------------------------------
-// The merge by the last split (few splits: short contexts)
-// ------------------------------------------------------------------------------------------
-// With few splits, a row block's partials are merged by whichever of its CTAs finishes last
-// instead of by combine_kernel: no second launch, and the partials are read while they are
-// still in L2 (at 4k-16k keys, 65 tree tokens, the combine took ~6 us a call on the H200, 3 us
-// more than the merge here is expected to take). Each CTA writes its partial rows (write_rows), then draws
-// a ticket from its unit's counter (p.tickets[(b, KV head, row block)], zero before the launch);
-// the CTA that draws the last one merges the unit's rows and sets the counter back to zero, so
-// the next launch finds it ready. A __threadfence before the ticket makes a CTA's partials
-// visible to the one that draws the last ticket, which fences again before reading them (CUDA's
-// threadFenceReduction pattern). It is one CTA per row block, where combine_kernel spreads the
-// work over every multiprocessor: the host takes it only up to FUSED_MAX_SPLITS splits
-// (kernels/verify/custom_verify.py, FUSED_MAX_SPLITS).
-constexpr int FUSED_MAX_SPLITS = 8;
-
-// out = sum_s 2^(lse_s - m) O_s / sum_s 2^(lse_s - m) (combine_kernel's sum) for rows [r_begin,
-// r_end) of KV head h of sequence b. A thread takes 4 columns (a float4) of a row; it loads
-// PASSES rows with all their splits at once, so a CTA keeps ~32 KB of loads in flight (one
-// dependent round trip to L2 per PASSES rows instead of one per split).
-template <int D, int NT>
-__device__ __forceinline__ void merge_rows(const AttnParams& p, int b, int h, int r_begin, int r_end, int tid) {
-    constexpr int TPR = D / 4, RPP = NT / TPR, PASSES = 2;
-    static_assert(NT % TPR == 0, "whole rows per pass");
-    const int S = static_cast<int>(p.num_splits), T = static_cast<int>(p.tokens);
-    const int G = static_cast<int>(p.heads_q / p.heads_kv);
-    const int64_t rows = p.batch * p.heads_q * T;
-    const int c = tid % TPR;
-    for (int r = r_begin + tid / TPR; r < r_end; r += RPP * PASSES) {
-        float lse[PASSES][FUSED_MAX_SPLITS];
-        float4 x[PASSES][FUSED_MAX_SPLITS];
-#pragma unroll
-        for (int q = 0; q < PASSES; ++q) {
-            const int rq = r + q * RPP;
-            const int64_t row = (static_cast<int64_t>(b) * p.heads_q + h * G + rq / T) * T + rq % T;
-#pragma unroll
-            for (int sp = 0; sp < FUSED_MAX_SPLITS; ++sp) {
-                lse[q][sp] = -INFINITY;
-                x[q][sp] = make_float4(0.f, 0.f, 0.f, 0.f);
-                if (rq < r_end && sp < S) {
-                    lse[q][sp] = p.ws_lse[sp * rows + row];
-                    x[q][sp] = reinterpret_cast<const float4*>(p.ws_o + (sp * rows + row) * D)[c];
-                }
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < PASSES; ++q) {
-            const int rq = r + q * RPP;
-            if (rq >= r_end) continue;
-            float m = -INFINITY;
-#pragma unroll
-            for (int sp = 0; sp < FUSED_MAX_SPLITS; ++sp) m = fmaxf(m, lse[q][sp]);
-            // An empty split (or a row that saw nothing in it) has lse -inf: weight 0, O = 0.
-            const float m_ref = max_ref(m);
-            float total = 0.f;
-            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-            for (int sp = 0; sp < FUSED_MAX_SPLITS; ++sp) {
-                const float w = exp2f(lse[q][sp] - m_ref);
-                total += w;
-                acc.x += w * x[q][sp].x;
-                acc.y += w * x[q][sp].y;
-                acc.z += w * x[q][sp].z;
-                acc.w += w * x[q][sp].w;
-            }
-            const float inv = total > 0.f ? 1.f / total : 0.f;
-            const int g = rq / T, t = rq % T;
-            __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + (h * G + g) * p.o_sh + t * p.o_st;
-            uint2 v;
-            v.x = pack_bf16(acc.x * inv, acc.y * inv);
-            v.y = pack_bf16(acc.z * inv, acc.w * inv);
-            *reinterpret_cast<uint2*>(out + 4 * c) = v;
-        }
-    }
-}
-
-// After write_rows, in every CTA of a launch with p.tickets: the last CTA of the row block
-// (b, h, mblock) merges its rows. `flag`: a word of shared memory no copy is still writing.
-template <int D, int NT>
-__device__ __forceinline__ void merge_if_last(const AttnParams& p, int b, int h, int mblock, int BM, int M, int tid,
-                                              int* flag) {
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        const int m_blocks = (M + BM - 1) / BM;
-        int32_t* counter = p.tickets + (static_cast<int64_t>(b) * p.heads_kv + h) * m_blocks + mblock;
-        const bool last = atomicAdd(counter, 1) == static_cast<int>(p.num_splits) - 1;
-        if (last) *counter = 0;     // every split of the unit has drawn its ticket
-        *flag = last;
-    }
-    __syncthreads();
-    if (!*flag) return;
-    __threadfence();
-    merge_rows<D, NT>(p, b, h, mblock * BM, min(M, (mblock + 1) * BM), tid);
-}
-
 // Rows of the tree-verify mask for this thread's two rows r0 and r0 + 8 (the mma C layout); row
 // r of a KV head's M = G T rows is tree token r % T (rows past M: token 0, never written).
 __device__ __forceinline__ void tree_mask_rows(const AttnParams& p, int b, int r0, int M, const int32_t* (&rows)[2]) {
@@ -757,7 +659,6 @@ gqa_kernel(const AttnParams p) {
     cp_async_wait<0>();
 
     write_rows<D>(p, o, m_run, l_run, r0, b, h, split, lane & 3);
-    if (p.num_splits > 1 && p.tickets) merge_if_last<D, NT>(p, b, h, mblock, BM, M, tid, reinterpret_cast<int*>(smem));
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1038,7 +939,6 @@ gqa_pipelined_kernel(const AttnParams p) {
     cp_async_wait<0>();
 
     write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
-    if (p.num_splits > 1 && p.tickets) merge_if_last<D, NT>(p, b, h, mblock, BM, M, tid, reinterpret_cast<int*>(smem));
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1469,11 +1369,9 @@ static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_bl
     return launch_status(stream);
 }
 
-// The combine of a split launch, unless its last CTAs merged the splits (`merged`: GQA with
-// tickets; the MLA kernel always leaves them to the combine).
 template <int D>
-static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream, bool merged) {
-    if (p.num_splits == 1 || merged) return cudaSuccess;
+static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
+    if (p.num_splits == 1) return cudaSuccess;
     const int64_t rows = p.batch * p.heads_q * p.tokens;
     TVA_LAUNCH(combine_kernel<D>, dim3(static_cast<unsigned>(rows)), COMBINE_WARPS * 32, combine_smem_bytes(D), stream, p);
     return launch_status(stream);
@@ -1542,11 +1440,11 @@ int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int p
     if (head_dim == 64) {
         err = paged ? tva::dispatch_warps<64, true>(p, num_warps, wgmma, s)
                     : tva::dispatch_warps<64, false>(p, num_warps, wgmma, s);
-        if (err == cudaSuccess) err = tva::launch_combine<64>(p, s, p.tickets != nullptr);
+        if (err == cudaSuccess) err = tva::launch_combine<64>(p, s);
     } else if (head_dim == 128) {
         err = paged ? tva::dispatch_warps<128, true>(p, num_warps, wgmma, s)
                     : tva::dispatch_warps<128, false>(p, num_warps, wgmma, s);
-        if (err == cudaSuccess) err = tva::launch_combine<128>(p, s, p.tickets != nullptr);
+        if (err == cudaSuccess) err = tva::launch_combine<128>(p, s);
     } else {
         err = cudaErrorInvalidValue;
     }
@@ -1570,7 +1468,7 @@ int tva_mla_forward(const AttnParams* params, int paged, int wgmma, void* stream
     TVA_MLA(0, 0) TVA_MLA(0, 1) TVA_MLA(1, 0) TVA_MLA(1, 1)
 #undef TVA_MLA
     if (err == cudaSuccess) err = tva::launch_status(s);
-    if (err == cudaSuccess) err = tva::launch_combine<tva::mla::DV>(p, s, false);
+    if (err == cudaSuccess) err = tva::launch_combine<tva::mla::DV>(p, s);
     return static_cast<int>(err);
 }
 

@@ -40,10 +40,7 @@ def _point(attention="gqa", b=1, heads=4, kv_heads=1, T=16, d=64, layout="contig
 
 
 def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, wgmma=False, seed=0, lengths_dtype=torch.int32,
-         key_ramp=None, tickets=None):
-    """Relative error of one emulated launch against the float64 reference. `tickets`: zeroed
-    int32 counters, one per (sequence, KV head, row block): the splits are merged by their last
-    CTA (merge_if_last) instead of the combine kernel."""
+         key_ramp=None):
     inp = kw.make_inputs(pt, lengths, seed, torch.device("cpu"), torch.bfloat16)
     if key_ramp is not None:         # keys scaled along the sequence (contiguous cache): scores grow
         n = inp["k"].shape[2]
@@ -52,7 +49,7 @@ def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, wgmma=False, seed=0,
     b, T = pt.batch, pt.tokens
     out = torch.full((b, pt.heads, T, pt.dv), float("nan"), dtype=torch.bfloat16)
     ws = (torch.full((splits * b * pt.heads * T * pt.dv,), float("nan")),
-          torch.full((splits * b * pt.heads * T,), float("nan"))) + ((tickets,) if tickets is not None else ())
+          torch.full((splits * b * pt.heads * T,), float("nan")))
     table = inp.get("page_table")
     page_size = pt.page_size if table is not None else 1
     scale = 1.0 / math.sqrt(pt.dk)
@@ -147,54 +144,6 @@ def test_gqa_wgmma_pv_kernel_matches_reference(emu, case, schedule):
     emu.emu_configure(*SCHEDULES[schedule])
     pt, lengths, splits, warps = PV_CASES[case]
     assert _run(emu, pt, lengths, splits, warps=warps, wgmma=2) < 5e-3
-
-
-# The last split's merge (few splits): every GQA kernel, partial row blocks, paged, head dim 64.
-MERGE_CASES = {
-    "mma-d128-2splits-b2": (_point(b=2, heads=8, kv_heads=2, T=16, d=128), [300, 171], 2, None, 0),
-    "mma-d64-T65-8splits": (_point(b=2, heads=8, kv_heads=1, T=65, d=64), [97, 600], 8, None, 0),
-    "mma-paged-ps7-3splits": (_point(b=2, heads=4, kv_heads=2, T=33, d=64, layout="paged", ps=7), [90, 33], 3, None, 0),
-    "wgmma-d128-8warps-5splits": (_point(heads=16, kv_heads=4, T=64, d=128), [400], 5, 8, 1),
-    "pv-T65-5-row-blocks-6splits": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [500, 97], 6, 4, 2),
-    "pv-paged-ps16-8splits": (_point(b=2, heads=8, kv_heads=2, T=17, d=128, layout="paged"), [600, 77], 8, 4, 2),
-    "pv-more-splits-than-tiles": (_point(heads=4, kv_heads=1, T=16, d=128), [100], 7, 4, 2),
-}
-
-
-def _tickets(pt: kw.Point, warps: int) -> torch.Tensor:
-    rows = pt.heads // pt.kv_heads * pt.tokens
-    return torch.zeros(pt.batch * pt.kv_heads * math.ceil(rows / (16 * warps)), dtype=torch.int32)
-
-
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
-@pytest.mark.parametrize("case", list(MERGE_CASES))
-def test_the_last_split_merges_and_leaves_the_tickets_at_zero(emu, case, schedule):
-    """Each row block's last CTA merges the splits (the output is poisoned with NaN first, so a
-    launch that merged nothing fails), and every counter is zero again afterwards: a second
-    launch on the same workspace, with other inputs, merges as well. The emulator runs blocks
-    one after another, so this checks the tickets' arithmetic and the merge; the fences that
-    order them between concurrent CTAs are checked only by the GPU tests."""
-    emu.emu_configure(*SCHEDULES[schedule])
-    pt, lengths, splits, warps, wgmma = MERGE_CASES[case]
-    warps = warps or cv.gqa_warps(pt.heads // pt.kv_heads * pt.tokens)
-    tickets = _tickets(pt, warps)
-    for seed in (0, 1):
-        assert _run(emu, pt, lengths, splits, warps=warps, wgmma=wgmma, seed=seed, tickets=tickets) < 5e-3
-        assert not tickets.any()
-
-
-def test_merging_splits_is_planned_only_for_few_splits(monkeypatch):
-    """plan() asks for tickets (the last split's merge), one per row block, from 2 up to
-    FUSED_MAX_SPLITS splits of a GQA launch; with one split or more, and for MLA, none."""
-    monkeypatch.setattr(cv, "_sm_count", lambda index: 132)
-    monkeypatch.setattr(cv, "_gqa_occupancy", lambda *a: 2)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    q = torch.empty(2, 32, 65, 128)                 # 260 rows a KV head: 5 row blocks of 4 warps
-    tickets = {s: cv.plan(q, 8, 4096, False, num_splits=s, num_warps=4)["tickets"]
-               for s in (1, 2, cv.FUSED_MAX_SPLITS, cv.FUSED_MAX_SPLITS + 1)}
-    assert tickets == {1: 0, 2: 2 * 8 * 5, cv.FUSED_MAX_SPLITS: 2 * 8 * 5, cv.FUSED_MAX_SPLITS + 1: 0}
-    mla = torch.empty(1, 8, 16, cv.MLA_DK)
-    assert cv.plan(mla, 1, 4096, False, mla=True, num_splits=4)["tickets"] == 0
 
 
 @pytest.mark.parametrize("schedule", ["lockstep", "skewed"])

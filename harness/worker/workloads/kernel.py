@@ -178,19 +178,14 @@ def prepare(mode: str, pt: Point, inp: dict, out: torch.Tensor | None = None, *,
         if q.device.type != "cuda":
             raise RuntimeError("the custom kernel needs a CUDA device")
         from harness.kernels.verify import custom_verify as cv
-        # One workspace for every call, as the decode loop keeps one per forward: a call then
-        # allocates and clears nothing (its split-merge tickets stay zeroed between calls).
-        max_keys = table.shape[1] * k.shape[2] if table is not None else k.shape[2]
-        ws = cv.workspace_for(q, k.shape[1], max_keys, paged=table is not None, mla=pt.mla,
-                              impl=custom_impl)
         if pt.mla:
             return lambda: cv.mla_tree_verify_attention(q, k, lengths, bits, scale, page_table=table,
-                                                        impl=custom_impl, out=out, workspace=ws)
+                                                        impl=custom_impl, out=out)
         if table is not None:
             return lambda: cv.tree_verify_attention_paged(q, k, v, table, lengths, bits, scale,
-                                                          impl=custom_impl, out=out, workspace=ws)
+                                                          impl=custom_impl, out=out)
         return lambda: cv.tree_verify_attention(q, k, v, lengths, bits, scale, impl=custom_impl,
-                                                out=out, workspace=ws)
+                                                out=out)
 
     if mode == "triton":
         from harness.kernels.verify import triton_verify as tv

@@ -66,13 +66,6 @@ struct alignas(8) float2 {      // as CUDA's: an 8-byte vector type
     float x, y;
 };
 inline float2 make_float2(float x, float y) { return {x, y}; }
-struct alignas(16) float4 {     // as CUDA's: a 16-byte vector type
-    float x, y, z, w;
-};
-inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
-struct alignas(8) uint2 {       // as CUDA's: an 8-byte vector type
-    unsigned x, y;
-};
 inline int min(int a, int b) { return a < b ? a : b; }
 
 struct __nv_bfloat16 {
@@ -539,9 +532,6 @@ inline unsigned __reduce_max_sync(unsigned, unsigned value) {
     emu::warp_sync();
     return m;
 }
-// Blocks run one after another, each to its end: every store of an earlier block is already
-// visible, so a fence has nothing to order.
-inline void __threadfence() {}
 inline int atomicAdd(int* address, int value) {
     const int old = *address;
     *address = old + value;
