@@ -446,6 +446,7 @@ class FastARDecoder(_StepsBehind):
         self.lengths = torch.zeros(batch, dtype=torch.long, device=dev)
         self.bonus = torch.zeros(batch, dtype=torch.long, device=dev)
         self.one = torch.ones(batch, 1, 1, dtype=torch.bool, device=dev)
+        self.one_bits = attention.visibility_bits(self.one)     # the same every step
         self.steps_launched = 0
         self._init_behind(batch, 2, dev, phase, in_flight)
 
@@ -480,7 +481,8 @@ class FastARDecoder(_StepsBehind):
 
     def _device_step(self) -> None:
         pos = self.lengths[:, None]
-        mask = attention.Mask(self.lengths, self.one, self.max_len, kernels=self.kernels)
+        mask = attention.Mask(self.lengths, self.one, self.max_len, kernels=self.kernels,
+                              bits=self.one_bits)
         logits, _ = self.target(self.bonus[:, None], pos, self.cache, pos, mask)
         self.record[:, 0] = 1
         self.record[:, 1] = self.bonus
