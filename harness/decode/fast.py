@@ -434,9 +434,7 @@ class FastSpecDecoder(_StepsBehind):
         """Move the accepted KV to the front of the window, feed the drafter, advance."""
         src = self.lengths[:, None] + idx                                    # [b, B]
         dst = self.lengths[:, None] + self.arange_B
-        b_idx = torch.arange(self.b, device=self.device)[:, None]
-        for c in (self.cache.k, self.cache.v):
-            c[:, b_idx, :, dst] = c[:, b_idx, :, src]
+        self.cache.move_rows(src, dst, fused=self.kernels.fused_ops)
         feats = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
         self.drafter.ingest(self.draft_cache, feats, dst, dst, kernels=self.kernels)
         self.record[:, 0] = accepted

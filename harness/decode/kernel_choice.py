@@ -21,7 +21,8 @@ class Kernels:
       topk        the drafter's top-k log-probs (torch | triton, tree_gpu.topk_logprobs_batched)
       tree_build  the GPU tree build on a CUDA device (triton | cuda | torch); on any other
                   device the tree is built with torch, the only implementation there
-      fused_ops   the target and drafter forward on the fused Triton kernels (triton_fused.py)
+      fused_ops   the target and drafter forward, and the commit's KV compaction, on the
+                  fused Triton kernels (triton_fused.py)
       custom_impl the custom verify kernel's S = QK^T (mma | wgmma, custom_verify.py), where
                   verify is custom
 

@@ -92,6 +92,18 @@ class KVCache:
         self.k[layer][b_idx, :, slots] = k
         self.v[layer][b_idx, :, slots] = v
 
+    def move_rows(self, src: torch.Tensor, dst: torch.Tensor, fused: bool = False) -> None:
+        """For every sequence b and layer, copy slots src[b, j] to slots dst[b, j] (all read
+        before any is written): the accepted KV to the front of the window. `fused`: one
+        Triton launch (Kernels.fused_ops) where torch indexing takes four."""
+        if fused:
+            from harness.kernels.fused import triton_fused
+            triton_fused.move_kv(self.k, self.v, src, dst)
+            return
+        b_idx = torch.arange(src.shape[0], device=src.device)[:, None]
+        for c in (self.k, self.v):
+            c[:, b_idx, :, dst] = c[:, b_idx, :, src]
+
     def move(self, b: int, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy slots `src` to slots `dst` of sequence b in every layer (accepted-KV compaction)."""
         self.k[:, b, :, dst] = self.k[:, b, :, src]

@@ -10,6 +10,11 @@ for k). Per layer, three kernels replace them:
                          into the KV cache at their slots   (was: ~15 kernels and a scatter)
   silu_mul               SwiGLU's silu(gate) * up            (was: silu, mul)
 
+and per step, for the accepted path's keys and values:
+
+  move_kv                rows of every layer's K and V cache to their compacted slots
+                         (was: a gather, an index_put and two copies)
+
 Each reads its inputs once and computes in fp32; it rounds where the unfused torch code rounds
 (the residual sum and silu(gate) to the activation dtype) and otherwise only once at the end, so
 fused and unfused forwards agree to within bf16 rounding, not bit for bit. Both the baseline
@@ -105,6 +110,31 @@ def _silu_mul_kernel(GU, OUT, stride_g, stride_o, n_cols, BLOCK: tl.constexpr):
     tl.store(OUT + row * stride_o + cols, (s * u).to(OUT.dtype.element_ty), mask=ok)
 
 
+@triton.jit
+def _move_kv_kernel(K, V, SRC, DST, stride_l, stride_b, stride_h, stride_s, stride_ib, n_b, n_h, n_rows,
+                    D: tl.constexpr, ROWS: tl.constexpr, D_BLOCK: tl.constexpr):
+    """One (layer, sequence, KV head) per program: its rows SRC[b] of K and V to rows DST[b]."""
+    pid = tl.program_id(0)
+    h = pid % n_h
+    b = (pid // n_h) % n_b
+    layer = pid // (n_h * n_b)
+    base = layer.to(tl.int64) * stride_l + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+    j = tl.arange(0, ROWS)
+    cols = tl.arange(0, D_BLOCK)
+    ok = (j < n_rows)[:, None] & (cols < D)[None, :]
+    src = tl.load(SRC + b * stride_ib + j, mask=j < n_rows, other=0).to(tl.int64)
+    dst = tl.load(DST + b * stride_ib + j, mask=j < n_rows, other=0).to(tl.int64)
+    at_src = base + src[:, None] * stride_s + cols[None, :]
+    at_dst = base + dst[:, None] * stride_s + cols[None, :]
+    k = tl.load(K + at_src, mask=ok)
+    v = tl.load(V + at_src, mask=ok)
+    # A destination row may be another row's source (the accepted path moves towards the front
+    # of the window): every row is read before any is written.
+    tl.debug_barrier()
+    tl.store(K + at_dst, k, mask=ok)
+    tl.store(V + at_dst, v, mask=ok)
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x as [rows, cols] without a copy (the last dim must be contiguous)."""
     if x.stride(-1) != 1:
@@ -173,3 +203,19 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     _silu_mul_kernel[(n_rows, triton.cdiv(f, block))](g2, o2, g2.stride(0), o2.stride(0), f,
                                                       BLOCK=block, num_warps=4)
     return out
+
+
+def move_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """k_cache, v_cache [layers, b, kv_heads, S, d] (KVCache.k / .v, the same strides); src,
+    dst [b, n] int64 slots: in every layer and head, row src[b, j] of sequence b is copied to
+    row dst[b, j], all rows read before any is written (as `c[..., dst] = c[..., src]`)."""
+    L, b, h, S, d = k_cache.shape
+    if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride() or k_cache.stride(-1) != 1:
+        raise ValueError("k_cache and v_cache need the same shape and strides, last dim contiguous")
+    if src.shape != dst.shape or src.shape[0] != b or src.stride() != dst.stride() or src.stride(-1) != 1:
+        raise ValueError(f"src and dst must be [{b}, n] with the same strides, last dim contiguous")
+    n = src.shape[1]
+    _move_kv_kernel[(L * b * h,)](
+        k_cache, v_cache, src, dst, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        k_cache.stride(3), src.stride(0), b, h, n, D=d, ROWS=triton.next_power_of_2(n),
+        D_BLOCK=triton.next_power_of_2(d), num_warps=4)

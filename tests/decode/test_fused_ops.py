@@ -39,6 +39,29 @@ def run_qk(qkv, heads, qw, kw, eps, cos, sin, kc, vc, slots):
     return q, kc, vc
 
 
+def run_move_kv(kc, vc, src, dst):
+    _kernels().move_kv(kc, vc, src, dst)
+    return kc, vc
+
+
+@pytest.mark.parametrize("d", [128, 48])
+def test_move_kv_compacts_like_indexing(interp, d):
+    """Every layer's and head's rows src[b] moved to dst[b] as torch indexing moves them, where
+    destinations overlap sources (the accepted path compacted to the window's front: row j
+    from slot L + idx[j], idx increasing, to L + j); other slots untouched."""
+    L, b, h, S, n = 3, 2, 2, 64, 6
+    kc, vc = torch.randn(L, b, h, S, d), torch.randn(L, b, h, S, d)
+    lengths = torch.tensor([[20], [41]])
+    idx = torch.tensor([[0, 2, 3, 7, 8, 8], [0, 1, 4, 5, 9, 12]])         # padded with the last
+    src, dst = lengths + idx, lengths + torch.arange(n)
+    want_k, want_v = kc.clone(), vc.clone()
+    b_idx = torch.arange(b)[:, None]
+    for c in (want_k, want_v):
+        c[:, b_idx, :, dst] = c[:, b_idx, :, src]
+    got_k, got_v = interp.apply(run_move_kv, (kc, vc, src, dst))
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+
+
 @pytest.mark.parametrize("cols", [128, 100])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_add_rmsnorm(interp, cols, with_residual):

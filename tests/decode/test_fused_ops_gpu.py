@@ -156,3 +156,21 @@ def test_qwen3_shaped_verify_forward_fused_vs_unfused(cuda):
     agree = lambda a, b: float((a.argmax(-1) == b.argmax(-1)).float().mean())
     assert agree(fused, plain) >= 0.8
     assert agree(fused, ref) >= agree(plain, ref) - 0.1
+
+
+def test_move_kv_compacts_like_indexing(cuda):
+    """The accepted path's keys and values moved to the window's front in every layer and head
+    (destinations overlapping sources), exactly as torch indexing moves them."""
+    r = randn(cuda, 9)
+    L, b, S, n = 4, 2, 512, 16
+    kc, vc = r(L, b, KV_HEADS, S, HEAD_DIM).to(BF), r(L, b, KV_HEADS, S, HEAD_DIM).to(BF)
+    lengths = torch.tensor([[100], [333]], device=cuda)
+    idx = torch.tensor([[0, 1, 3, 6, 10, 15, 21, 28, 36, 45, 55, 64, 64, 64, 64, 64],
+                        [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30]], device=cuda)
+    src, dst = lengths + idx, lengths + torch.arange(n, device=cuda)
+    want_k, want_v = kc.clone(), vc.clone()
+    b_idx = torch.arange(b, device=cuda)[:, None]
+    for c in (want_k, want_v):
+        c[:, b_idx, :, dst] = c[:, b_idx, :, src]
+    triton_fused.move_kv(kc, vc, src, dst)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
