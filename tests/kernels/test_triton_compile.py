@@ -61,3 +61,13 @@ def test_silu_mul_compiles(arch):
     k = compile_for(fn, arch, typed(fn, {"GU": "*bf16", "OUT": "*bf16"}), dict(BLOCK=1024),
                     num_warps=4)
     assert k.asm["cubin"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("d,d_block", [(128, 128), (288, 512)])    # qwen3-8b; kimi's 288
+def test_move_kv_compiles(arch, d, d_block):
+    fn = triton_fused._move_kv_kernel
+    ptrs = {"K": "*bf16", "V": "*bf16", "SRC": "*i64", "DST": "*i64"}
+    k = compile_for(fn, arch, typed(fn, ptrs), dict(D=d, ROWS=16, D_BLOCK=d_block), num_warps=4)
+    assert k.asm["cubin"]
+    assert "bar.sync" in k.asm["ptx"]        # the barrier between the reads and the writes
