@@ -33,21 +33,6 @@ from harness.decode.loop import (PhaseFn, SyntheticAcceptance, host_tree_tensors
 from harness.decode.model import Target
 
 
-def argmax_rows(x: torch.Tensor) -> torch.Tensor:
-    """x.argmax(-1) over a long last dimension, in two passes. torch's one-pass reduction gives
-    each row a block of its own, so a verify step's 65 rows of 151936 logits leave most of an
-    H200 idle (24 us a step). The first pass takes the max of each of C chunks of a row (with
-    the first index of it), the second the first chunk holding the row's max: together the
-    first index of the max, as argmax (which counts NaN as the max; so do both passes)."""
-    V = x.shape[-1]
-    C = next((c for c in (16, 8, 4, 2) if V % c == 0 and V // c >= 2048), 1)
-    if C == 1:
-        return x.argmax(-1)
-    best, at = x.reshape(-1, C, V // C).max(-1)                         # [rows, C]
-    chunk = best.argmax(-1, keepdim=True)
-    return (chunk * (V // C) + at.gather(-1, chunk)).view(x.shape[:-1])
-
-
 # Steps the GPU may have queued beyond the one whose record the host reads: with two, the host
 # reads step k-2's record after queueing step k, so the GPU has step k-1 and step k ahead of it
 # while the host reads, and a late host (a page fault, a context switch) costs no idle.
@@ -368,7 +353,7 @@ class FastSpecDecoder(_StepsBehind):
         """Accepted node indices per depth [b, B] (padded with the last accepted node) and the
         accepted length [b] (root included), with tensor ops only: a fixed handful of kernels
         whatever the tree's depth (a walk node by node would launch a few per depth)."""
-        target_next = argmax_rows(logits)                                    # [b, T]
+        target_next = logits.argmax(-1)                                      # [b, T]
         parent = self.parents.clamp(min=0)
         if self.synthetic:
             # The drafter's best chain, as on the host: node i follows its parent iff it is
@@ -499,7 +484,7 @@ class FastARDecoder(_StepsBehind):
         logits, _ = self.target(self.bonus[:, None], pos, self.cache, pos, mask)
         self.record[:, 0] = 1
         self.record[:, 1] = self.bonus
-        self.bonus.copy_(argmax_rows(logits[:, -1]))
+        self.bonus.copy_(logits[:, -1].argmax(-1))
         self.lengths.add_(1)
 
     @torch.no_grad()

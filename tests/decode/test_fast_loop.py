@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 import torch
 
-from harness.decode.fast import IN_FLIGHT, FastARDecoder, FastSpecDecoder, argmax_rows
+from harness.decode.fast import IN_FLIGHT, FastARDecoder, FastSpecDecoder
 from harness.decode.loop import SpecDecoder
 from test_decode import OracleDrafter, ar_reference, make_models, prompts_for
 
@@ -108,18 +108,3 @@ def test_reads_any_steps_behind_give_the_same_tokens(in_flight):
     assert reported == [len(o) for o in dec.output] and min(reported) >= 12
     for out, want in zip(dec.output, ref):
         assert out == want[:len(out)]
-
-
-@pytest.mark.parametrize("vocab", [151936, 4096, 512, 1187])
-def test_argmax_rows_is_argmax_ties_and_nan_included(vocab):
-    """The two-pass argmax returns what argmax does: the first index of the max, across chunk
-    boundaries too (ties planted in several chunks of a row), and a NaN's index where a row has
-    one (argmax counts NaN as the max)."""
-    gen = torch.Generator().manual_seed(vocab)
-    x = torch.randint(-50, 50, (3, 5, vocab), generator=gen).to(torch.bfloat16)
-    x[0, 0, [7, vocab // 2, vocab - 1]] = 60          # a three-way tie
-    x[0, 1, [vocab - 3, vocab - 1]] = 60              # a tie inside the last chunk
-    x[1, 2, vocab // 3] = float("nan")
-    assert torch.equal(argmax_rows(x), x.argmax(-1))
-    assert argmax_rows(x)[0, 0] == 7
-    assert torch.equal(argmax_rows(x[:, -1]), x[:, -1].argmax(-1))
