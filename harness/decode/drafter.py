@@ -18,7 +18,7 @@ from torch import nn
 from harness.decode import attention
 from harness.decode.kernel_choice import Kernels
 from harness.decode.model import (KVCache, Layer, RMSNorm, Target, TargetConfig, final_norm,
-                                  run_layers)
+                                  linear, run_layers)
 
 
 @dataclass(frozen=True)
@@ -60,11 +60,11 @@ class Drafter(nn.Module):
                slots: torch.Tensor, kernels: Kernels = Kernels()) -> None:
         """Add committed tokens to the context cache. target_hidden [b, T, n*hidden] are the
         target's captured hidden states of those tokens, at `positions` / `slots` [b, T];
-        `kernels` the decoder's (only fused_ops matters here: there is no attention)."""
-        feats = self.hidden_norm(self.fc(target_hidden))
+        `kernels` the decoder's (its fused ops and GEMMs: there is no attention)."""
+        feats = self.hidden_norm(linear(self.fc, target_hidden, kernels))
         rope = cache.rope(positions)
         for i, layer in enumerate(self.layers):
-            layer.self_attn.write_kv(feats, rope, cache, i, slots, fused=kernels.fused_ops)
+            layer.self_attn.write_kv(feats, rope, cache, i, slots, kernels)
 
     def draft(self, target: Target, cache: KVCache, bonus: torch.Tensor,
               lengths: torch.Tensor, kv_len: int, kernels: Kernels = Kernels()) -> torch.Tensor:
@@ -84,8 +84,9 @@ class Drafter(nn.Module):
         x = target.embed_tokens(ids)
         rope = cache.rope(positions)
         h, residual, _ = run_layers(self.layers, x, rope, cache, positions, mask)
-        logits = target.lm_head(final_norm(self.norm, h[:, 1:],
-                                           None if residual is None else residual[:, 1:]))
+        logits = linear(target.lm_head, final_norm(self.norm, h[:, 1:],
+                                                   None if residual is None else residual[:, 1:]),
+                        kernels)
         if not self.cfg.logit_scale:
             return logits
         # float32 out: scaled logits near the top are ~40, where bf16's step (0.25) would tie

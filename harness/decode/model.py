@@ -17,6 +17,22 @@ from torch import nn
 from torch.nn import functional as F
 
 from harness.decode import attention
+from harness.decode.kernel_choice import Kernels
+
+def linear(layer: nn.Linear, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
+    """layer(x) (no bias), on the kernel `kernels.linear` picks (linear_weight)."""
+    return linear_weight(layer.weight, x, kernels)
+
+
+def linear_weight(weight: torch.Tensor, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
+    """F.linear(x, weight) on cuBLAS, or on the skinny Triton kernel, which takes forwards of
+    up to skinny_linear.MAX_ROWS rows (decode's 1, 16 or 65) and hands larger ones (prefill)
+    to cuBLAS itself."""
+    if kernels.linear == "triton":
+        from harness.kernels.linear import skinny_linear
+        return skinny_linear.linear(x, weight)
+    return F.linear(x, weight)
+
 
 @dataclass(frozen=True)
 class TargetConfig:
@@ -128,15 +144,16 @@ class Attention(nn.Module):
     def _store(self, k, v, rope, cache: KVCache, layer: int, slots) -> None:
         cache.write(layer, slots, apply_rope(self.k_norm(k), rope), v)
 
-    def write_kv(self, x, rope, cache: KVCache, layer: int, slots, fused: bool = False) -> None:
+    def write_kv(self, x, rope, cache: KVCache, layer: int, slots,
+                 kernels: Kernels = Kernels()) -> None:
         """Project x [b, T, hidden] to keys and values only (the k and v rows of qkv_proj) and
-        store them at `slots` [b, T]: the drafter's context features need no queries. `fused`:
-        norm, RoPE and the cache write in one Triton launch (Kernels.fused_ops)."""
+        store them at `slots` [b, T]: the drafter's context features need no queries. With
+        `kernels.fused_ops`, norm, RoPE and the cache write are one Triton launch."""
         b, T, _ = x.shape
         cfg = self.cfg
-        kv = F.linear(x, self.qkv_proj.weight[cfg.heads * cfg.head_dim:])
+        kv = linear_weight(self.qkv_proj.weight[cfg.heads * cfg.head_dim:], x, kernels)
         kv = kv.view(b, T, 2 * cfg.kv_heads, cfg.head_dim)
-        if fused:
+        if kernels.fused_ops:
             from harness.kernels.fused import triton_fused
             triton_fused.qk_norm_rope_store(kv, 0, None, self.k_norm.weight, cfg.rms_eps, *rope,
                                             cache.k[layer], cache.v[layer], slots)
@@ -147,13 +164,15 @@ class Attention(nn.Module):
     def forward(self, x, rope, cache: KVCache, layer: int, slots, mask: attention.Mask):
         b, T, _ = x.shape
         cfg = self.cfg
-        qkv = self.qkv_proj(x).view(b, T, cfg.heads + 2 * cfg.kv_heads, cfg.head_dim)
+        qkv = linear(self.qkv_proj, x, mask.kernels).view(b, T, cfg.heads + 2 * cfg.kv_heads,
+                                                          cfg.head_dim)
         q, k, v = qkv.split([cfg.heads, cfg.kv_heads, cfg.kv_heads], dim=2)
         q = apply_rope(self.q_norm(q), rope)
         self._store(k, v, rope, cache, layer, slots)
         S = mask.kv_len
         out = attention.attend(q.transpose(1, 2), cache.k[layer, :, :, :S], cache.v[layer, :, :, :S], mask)
-        return self.o_proj(out.transpose(1, 2).reshape(b, T, cfg.heads * cfg.head_dim))
+        return linear(self.o_proj, out.transpose(1, 2).reshape(b, T, cfg.heads * cfg.head_dim),
+                      mask.kernels)
 
     def forward_fused(self, x, rope, cache: KVCache, layer: int, slots, mask: attention.Mask):
         """`forward` on the fused kernels: q/k norms, RoPE and the cache write in one launch,
@@ -161,14 +180,15 @@ class Attention(nn.Module):
         from harness.kernels.fused import triton_fused
         b, T, _ = x.shape
         cfg = self.cfg
-        qkv = self.qkv_proj(x).view(b, T, cfg.heads + 2 * cfg.kv_heads, cfg.head_dim)
+        qkv = linear(self.qkv_proj, x, mask.kernels).view(b, T, cfg.heads + 2 * cfg.kv_heads,
+                                                          cfg.head_dim)
         q = triton_fused.qk_norm_rope_store(qkv, cfg.heads, self.q_norm.weight, self.k_norm.weight,
                                             cfg.rms_eps, *rope, cache.k[layer], cache.v[layer], slots)
         S = mask.kv_len
         out = torch.empty_like(q)
         attention.attend(q.transpose(1, 2), cache.k[layer, :, :, :S], cache.v[layer, :, :, :S], mask,
                          out=out.transpose(1, 2))
-        return self.o_proj(out.view(b, T, cfg.heads * cfg.head_dim))
+        return linear(self.o_proj, out.view(b, T, cfg.heads * cfg.head_dim), mask.kernels)
 
 
 class MLP(nn.Module):
@@ -177,13 +197,14 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden, 2 * cfg.ffn, bias=False)
         self.down_proj = nn.Linear(cfg.ffn, cfg.hidden, bias=False)
 
-    def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x, kernels: Kernels = Kernels()):
+        gate, up = linear(self.gate_up_proj, x, kernels).chunk(2, dim=-1)
+        return linear(self.down_proj, F.silu(gate) * up, kernels)
 
-    def forward_fused(self, x):
+    def forward_fused(self, x, kernels: Kernels = Kernels()):
         from harness.kernels.fused import triton_fused
-        return self.down_proj(triton_fused.silu_mul(self.gate_up_proj(x)))
+        return linear(self.down_proj, triton_fused.silu_mul(linear(self.gate_up_proj, x, kernels)),
+                      kernels)
 
 
 class Layer(nn.Module):
@@ -196,7 +217,7 @@ class Layer(nn.Module):
 
     def forward(self, x, rope, cache, layer, slots, mask):
         x = x + self.self_attn(self.input_layernorm(x), rope, cache, layer, slots, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), mask.kernels)
 
     def forward_fused(self, h, residual, rope, cache, layer, slots, mask):
         """`forward` on the fused kernels. The stream travels split, x = h + residual
@@ -206,7 +227,7 @@ class Layer(nn.Module):
         x, residual = triton_fused.add_rmsnorm(h, n1.weight, n1.eps, residual)
         h = self.self_attn.forward_fused(x, rope, cache, layer, slots, mask)
         x, residual = triton_fused.add_rmsnorm(h, n2.weight, n2.eps, residual)
-        return self.mlp.forward_fused(x), residual
+        return self.mlp.forward_fused(x, mask.kernels), residual
 
 
 def run_layers(layers, x, rope, cache: KVCache, slots, mask: attention.Mask,
@@ -272,7 +293,7 @@ class Target(nn.Module):
             rows = logits_for[..., None].expand(-1, -1, h.shape[-1])
             h = torch.gather(h, 1, rows)
             residual = None if residual is None else torch.gather(residual, 1, rows)
-        logits = self.lm_head(final_norm(self.norm, h, residual))
+        logits = linear(self.lm_head, final_norm(self.norm, h, residual), mask.kernels)
         hidden = torch.cat(captured, dim=-1) if captured else None
         return logits, hidden
 

@@ -21,7 +21,8 @@ from harness.protocol.workloads import (SEED_MAX, SPECS, Param, choice, flag, no
 from harness.protocol.workloads.calibrate import REPLAYS  # noqa: F401
 from harness.protocol.workloads.decode import (ACCEPTANCES, ACCEPTS, AUTO,  # noqa: F401
                                                AUTO_KERNELS, BEFORE_AUTO, CUSTOM_IMPLS,
-                                               GRAPH_CAPTURES, PRESETS, SPECULATIONS, TOPK_IMPLS,
+                                               GRAPH_CAPTURES, LINEAR_IMPLS, PRESETS,
+                                               SPECULATIONS, TOPK_IMPLS,
                                                TREE_BUILD_IMPLS, TREE_BUILDS, VERIFY_MODES,
                                                custom_auto, device_class, kernel_knobs,
                                                resolve_kernels)
@@ -136,11 +137,16 @@ def cell_kernels(cell: dict) -> tuple[str, ...]:
 def kernels_ran(result: dict) -> dict | None:
     """The kernels a result's cell ran, by knob ({} for a workload without any; None when it
     cannot be told): as the worker recorded them (`kernels`), else, for a result from before
-    workers recorded them, its cell's knobs, and BEFORE_AUTO for a knob its cell predates."""
+    workers recorded them, its cell's knobs; BEFORE_AUTO for a knob its result predates."""
     recorded = result.get("kernels")
-    if isinstance(recorded, dict):
-        return dict(recorded)
     cell = result.get("cell")
+    if isinstance(recorded, dict):
+        ran = dict(recorded)
+        if isinstance(cell, dict) and cell:
+            # A knob added after the result was made: it ran what the code did before the knob.
+            for k in cell_kernels(cell):
+                ran.setdefault(k, BEFORE_AUTO[k])
+        return ran
     if not isinstance(cell, dict) or not cell:
         return None
     ran = {k: cell.get(k, BEFORE_AUTO[k]) for k in cell_kernels(cell)}

@@ -146,8 +146,9 @@ def test_a_baseline_that_ran_other_kernels_is_not_compared(tmp_path):
     scenario = tmp_path / "s.yaml"
     scenario.write_text(TEXT)
     results = tmp_path / "results"
-    legacy = {"fused_ops": False, "topk_impl": "torch"}
+    legacy = {"fused_ops": False, "topk_impl": "torch", "linear_impl": "torch"}
     old = journal(results, "20260103-000000-000009", 100.0, ran_before_auto=legacy)
+    # Recorded by a worker from before linear_impl: it ran what came before the knob (torch).
     new = journal(results, "20260103-000000-000010", 150.0,
                   kernels={"fused_ops": True, "topk_impl": "triton"})
     code, out = harness("gate", scenario, "--baseline", f"run:{old.run_id}", "--run", new.run_id,

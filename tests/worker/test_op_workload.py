@@ -33,7 +33,7 @@ def quiet(**_):
     pass
 
 
-@pytest.mark.parametrize("family", ["topk", "tree_build", "fused_forward"])
+@pytest.mark.parametrize("family", ["topk", "tree_build", "fused_forward", "linear"])
 def test_each_family_checks_then_times_on_a_cpu(family):
     out = op.run(op_cell(op=family), quiet)
     m = out["metrics"]
@@ -138,12 +138,13 @@ def _run_in_interpreter(cell: dict) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("over", [{"op": "topk", "topk_impl": "triton"},
                                   {"op": "tree_build", "tree_build_impl": "triton"},
-                                  {"op": "fused_forward", "fused_ops": True}],
-                         ids=["topk", "tree_build", "fused_forward"])
+                                  {"op": "fused_forward", "fused_ops": True},
+                                  {"op": "linear", "linear_impl": "triton", "tree_budget": 15}],
+                         ids=["topk", "tree_build", "fused_forward", "linear"])
 def test_the_triton_kernels_pass_their_checks_under_the_interpreter(interp, over):
     # Small: the interpreter runs every program instance in Python.
-    cell = {**op_cell(op=over["op"]), **over, "repeats": 1, "warmup_steps": 0,
-            "context_length": 8, "batch_size": 1, "block_size": 4, "tree_budget": 6}
+    cell = {**op_cell(op=over["op"]), "repeats": 1, "warmup_steps": 0,
+            "context_length": 8, "batch_size": 1, "block_size": 4, "tree_budget": 6, **over}
     metrics = interp.apply(_run_in_interpreter, (cell,))
     assert metrics["check_error"] < 1e-4 and metrics["kernel_us"] > 0
 
@@ -152,11 +153,13 @@ def test_the_triton_kernels_pass_their_checks_under_the_interpreter(interp, over
 def test_the_ops_scenario_covers_every_family():
     scenario = load_scenario(REPO / "scenarios" / "ops.yaml")
     cells = scenario.cells()
-    assert len(cells) == 24 == len(set(scenario.cell_ids()))
+    assert len(cells) == 30 == len(set(scenario.cell_ids()))
     ops = {(c["op"], c[op.KNOBS[c["op"]]]) for c in cells if c["workload"] == "op"}
     assert ops == {("topk", "torch"), ("topk", "triton"), ("tree_build", "torch"),
                    ("tree_build", "triton"), ("tree_build", "cuda"), ("fused_forward", False),
-                   ("fused_forward", True)}
+                   ("fused_forward", True), ("linear", "torch"), ("linear", "triton")}
+    rows = {op.linear_rows(c) for c in cells if c["workload"] == "op" and c["op"] == "linear"}
+    assert rows == {1, 16, 65}
     verify = {(c["verify_mode"], c["layout"], c["attention"]) for c in cells if c["workload"] == "kernel"}
     assert {m for m, _, _ in verify} == {"custom", "triton", "sdpa", "flex"}
     assert ("custom", "paged", "gqa") in verify and ("custom", "contiguous", "mla") in verify
@@ -170,6 +173,9 @@ def test_op_ids_and_labels():
     fwd = params.canonical({"workload": "op", "op": "fused_forward", "fused_ops": True,
                             "model": "qwen3-8b", "tree_budget": 64, "context_length": 4096})
     assert params.SPECS["op"].cell_label(fwd) == "op fused_forward on qwen3-8b ctx=4096 T=65 verify=sdpa"
+    lin = params.canonical({"workload": "op", "op": "linear", "linear_impl": "triton",
+                            "model": "qwen3-8b", "speculation": "none"})
+    assert params.SPECS["op"].cell_label(lin) == "op linear triton qwen3-8b rows=1"
 
 
 @pytest.mark.parametrize("defaults, matrix, message", [

@@ -20,6 +20,7 @@ SPECULATIONS = ("ddtree", "none")
 TOPK_IMPLS = ("torch", "triton")            # the drafter's top-k log-probs
 TREE_BUILD_IMPLS = ("triton", "cuda", "torch")   # the kernel of tree_build: gpu
 CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv")  # the custom verify kernel: QK^T (and P V) on wgmma
+LINEAR_IMPLS = ("torch", "triton")          # the forward's weight GEMMs at decode's few rows
 PRESETS = ("tiny", "qwen3-8b", "kimi-k2.6-rank")  # shapes in harness/protocol/presets.py
 
 SHARED_PARAMS = (
@@ -57,6 +58,10 @@ IMPL_PARAMS = (
     # the custom verify kernel's S = QK^T (verify_mode: custom; kernels/verify/custom_verify.py):
     # mma.sync (any GPU from sm_80) or Hopper's warpgroup MMA
     choice("custom_impl", AUTO, (AUTO,) + CUSTOM_IMPLS),
+    # the target's and drafter's weight GEMMs (q/k/v, o, gate/up, down, lm_head, the drafter's
+    # fc) where a forward has few rows: cuBLAS, or the skinny Triton kernel
+    # (kernels/linear/skinny_linear.py; more rows than it takes always go to cuBLAS)
+    choice("linear_impl", AUTO, (AUTO,) + LINEAR_IMPLS),
 )
 IMPL_DEFAULTS = {p.name: p.default for p in IMPL_PARAMS}
 # What `auto` runs, by device. CUDA: the winners of the op and decode timings on an H200
@@ -67,16 +72,16 @@ IMPL_DEFAULTS = {p.name: p.default for p in IMPL_PARAMS}
 # 7), QK^T only elsewhere (its d64 P V fails the float64 check there); mma.sync on other GPUs.
 AUTO_KERNELS = {
     "cuda": {"fused_ops": True, "topk_impl": "triton", "tree_build_impl": "cuda",
-             "custom_impl": "mma"},
+             "custom_impl": "mma", "linear_impl": "torch"},
     "hopper": {"fused_ops": True, "topk_impl": "triton", "tree_build_impl": "cuda",
-               "custom_impl": "wgmma_pv"},
+               "custom_impl": "wgmma_pv", "linear_impl": "torch"},
     "cpu": {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "torch",
-            "custom_impl": "mma"},
+            "custom_impl": "mma", "linear_impl": "torch"},
 }
 # What a cell ran before the knobs had `auto`: a result that does not record its kernels ran
 # its cell's knobs, and these where its cell predates a knob.
 BEFORE_AUTO = {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "triton",
-               "custom_impl": "mma"}
+               "custom_impl": "mma", "linear_impl": "torch"}
 
 
 def device_class(cuda: bool, capability: tuple[int, int] | None = None) -> str:
@@ -114,13 +119,13 @@ def resolve_kernels(cell: dict, cuda: bool, capability: tuple[int, int] | None =
 
 
 def kernel_knobs(cell: dict) -> tuple[str, ...]:
-    """The knobs that pick a kernel this decode cell runs: the fused forward always, the
-    top-k where there is a tree, the tree build's kernel where the tree is built on the GPU."""
+    """The knobs that pick a kernel this decode cell runs: the fused forward and the weight
+    GEMMs always, the top-k where there is a tree, the tree build's kernel where the tree is built on the GPU."""
     custom = ("custom_impl",) if cell["verify_mode"] == "custom" else ()
     if cell["speculation"] == "none":
-        return ("fused_ops",) + custom
+        return ("fused_ops", "linear_impl") + custom
     return (("fused_ops", "topk_impl") + (("tree_build_impl",) if cell["tree_build"] == "gpu" else ())
-            + custom)
+            + custom + ("linear_impl",))
 
 
 # decode's own parameters (its cells only). check_tokens: after the timed windows, decode this

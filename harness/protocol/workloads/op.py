@@ -9,6 +9,9 @@ read the same knob:
   tree_build     tree_build_impl    DDTree of tree_budget nodes over [batch, block_size - 1, k]
   fused_forward  fused_ops          one verify forward of the target: 1 + tree_budget tokens over
                                     context_length (attention: verify_mode)
+  linear         linear_impl        the weight GEMMs of one target layer (q/k/v, o, gate/up, down)
+                                    at the rows of one forward: 1 + tree_budget a sequence (the
+                                    verify), 1 with speculation: none (plain decoding)
 
 The verify attention on its own is the kernel workload (custom / triton / sdpa / flex,
 contiguous and paged, GQA and MLA); scenarios/ops.yaml times every family, that one included.
@@ -19,13 +22,16 @@ from __future__ import annotations
 from harness.protocol import presets
 from harness.protocol.workloads import WorkloadSpec, choice, yaml_word
 
-OPS = ("topk", "tree_build", "fused_forward")
+OPS = ("topk", "tree_build", "fused_forward", "linear")
 # The knob of each family, and the values that run on a CPU host (torch, or no fusion).
-KNOBS = {"topk": "topk_impl", "tree_build": "tree_build_impl", "fused_forward": "fused_ops"}
-ON_CPU = {"topk_impl": "torch", "tree_build_impl": "torch", "fused_ops": False}
+KNOBS = {"topk": "topk_impl", "tree_build": "tree_build_impl", "fused_forward": "fused_ops",
+         "linear": "linear_impl"}
+ON_CPU = {"topk_impl": "torch", "tree_build_impl": "torch", "fused_ops": False,
+          "linear_impl": "torch"}
 # The knobs' defaults (decode's IMPL_PARAMS: `auto`, the kernel measured fastest on the cell's
 # device), restated: a spec imports no other spec's module.
-KNOB_DEFAULTS = {"fused_ops": "auto", "topk_impl": "auto", "tree_build_impl": "auto"}
+KNOB_DEFAULTS = {"fused_ops": "auto", "topk_impl": "auto", "tree_build_impl": "auto",
+                 "linear_impl": "auto"}
 
 PARAMS = (choice("op", "topk", OPS),)
 
@@ -62,14 +68,22 @@ def check_shape(cell: dict):
     return None
 
 
+def linear_rows(c: dict) -> int:
+    """The rows of the linear op's GEMMs: one forward's tokens, every sequence's."""
+    return c["batch_size"] * (1 if c["speculation"] == "none" else 1 + c["tree_budget"])
+
+
 def label(c: dict) -> str:
-    """e.g. `op topk triton qwen3-8b D=15 k=64` or `op fused_forward on qwen3-8b ctx=4096 T=65`."""
+    """e.g. `op topk triton qwen3-8b D=15 k=64`, `op fused_forward on qwen3-8b ctx=4096 T=65`
+    or `op linear triton qwen3-8b rows=65`."""
     knob = c[KNOBS[c["op"]]]
     impl = ("on" if knob else "off") if isinstance(knob, bool) else knob
     parts = ["op", c["op"], impl, c["model"]]
     if c["op"] == "fused_forward":
         parts += [f"ctx={c['context_length']}", f"T={1 + c['tree_budget']}",
                   f"verify={c['verify_mode']}"]
+    elif c["op"] == "linear":
+        return " ".join(parts + [f"rows={linear_rows(c)}"])
     else:
         parts += [f"D={c['block_size'] - 1}", f"k={c['tree_budget']}"]
     if c["batch_size"] != 1:

@@ -9,6 +9,9 @@ The families (harness/protocol/workloads/op.py), each called exactly as the deco
   fused_forward  the target's verify forward: 1 + N tree tokens (a random tree) over a KV cache
                  of context_length tokens, attention by verify_mode, on the fused Triton kernels
                  or the torch ops (fused_ops)
+  linear         model.linear_weight over one target layer's weight GEMMs (q/k/v, o, gate/up,
+                 down) at one forward's rows (protocol linear_rows), on cuBLAS or the skinny
+                 Triton kernel (linear_impl)
 
 The cell, in order (as the kernel workload's):
   1. Checks the kernel against its reference on fresh inputs; a wrong kernel fails the cell and
@@ -18,6 +21,7 @@ The cell, in order (as the kernel workload's):
      fused_forward: logits of the first CHECK_LAYERS layers of the model (same weights scheme)
      against the same forward in float64 on the torch ops, relative error at most 5e-2 in a
      16-bit dtype (1e-3 otherwise), and the fused forward no worse than 1.5x the unfused one.
+     linear: each GEMM's output against float64's, relative error at most LINEAR_TOLERANCE.
   2. Measures the host's ceilings (harness.worker.kerneltime).
   3. Times graph replays over input sets rotated to several times the L2 cache.
 
@@ -40,11 +44,11 @@ import torch
 from harness.decode import attention, tree_gpu
 from harness.decode.drafter import DrafterConfig
 from harness.decode.kernel_choice import Kernels
-from harness.decode.model import Target, TargetConfig, init_random_
+from harness.decode.model import Target, TargetConfig, init_random_, linear_weight
 from harness.decode.tree import build_tree_cpu
 from harness.kernels.verify import verify_reference as ref
 from harness.protocol import params, presets
-from harness.protocol.workloads.op import KNOBS, ON_CPU
+from harness.protocol.workloads.op import KNOBS, ON_CPU, linear_rows
 from harness.worker.kerneltime import MIN_LAUNCHES, ceilings, roofline_metrics, set_count, time_calls
 from harness.worker.workloads.decode import build_models, resolve_device, resolve_dtype
 
@@ -53,6 +57,7 @@ CHECK_LAYERS = 2               # layers of the fused-forward check model
 FORWARD_TOLERANCE = {16: 5e-2, 32: 1e-3, 64: 1e-3}   # relative logits error, by dtype bits
 FUSED_SLACK = 1.5              # the fused forward's error at most this times the unfused one's
 FORWARD_LAUNCHES = 2           # a forward is milliseconds: two per replay amortise the launch
+LINEAR_TOLERANCE = {16: 1e-2, 32: 1e-4, 64: 1e-4}    # relative output error, by dtype bits
 
 
 def _logits(b: int, depth: int, vocab: int, gen: torch.Generator, device) -> torch.Tensor:
@@ -240,6 +245,60 @@ class FusedForward:
         return self._sizes()[1] * torch.empty((), dtype=self.dtype).element_size()
 
 
+@dataclass
+class LayerLinear:
+    """One target layer's weight GEMMs at one forward's rows, as the forward calls them
+    (model.linear_weight), on the kernel `impl` (linear_impl) picks."""
+    impl: str
+    cell: dict
+    device: torch.device
+    dtype: torch.dtype
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """(N, K) of q/k/v, o, gate/up and down."""
+        t = TargetConfig(**presets.PRESETS[self.cell["model"]]["target"])
+        qkv = (t.heads + 2 * t.kv_heads) * t.head_dim
+        return [(qkv, t.hidden), (t.hidden, t.heads * t.head_dim), (2 * t.ffn, t.hidden),
+                (t.hidden, t.ffn)]
+
+    def inputs(self, seed: int) -> dict:
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        rows = linear_rows(self.cell)
+        # Drawn in float32 then rounded: the same values in every dtype; weights scaled as a
+        # trained model's (~0.02), so outputs stay O(1).
+        weights = [(torch.randn(n, k, generator=gen, device=self.device) * 0.02).to(self.dtype)
+                   for n, k in self.shapes()]
+        xs = [torch.randn(rows, k, generator=gen, device=self.device).to(self.dtype)
+              for _, k in self.shapes()]
+        return {"weights": weights, "xs": xs}
+
+    def call(self, inp: dict):
+        kernels = Kernels(linear=self.impl)
+        pairs = list(zip(inp["weights"], inp["xs"]))
+        return lambda: [linear_weight(w, x, kernels) for w, x in pairs]
+
+    def check(self, seed: int) -> float:
+        inp = self.inputs(seed)
+        got = self.call(inp)()
+        err = max(ref.relative_error(y.double(), x.double() @ w.double().T)
+                  for y, w, x in zip(got, inp["weights"], inp["xs"]))
+        tolerance = LINEAR_TOLERANCE[torch.finfo(self.dtype).bits]
+        if not err <= tolerance:
+            raise AssertionError(f"linear {self.impl} is wrong: outputs {err:.3g} from float64 "
+                                 f"(> {tolerance}); not timing it")
+        return err
+
+    def traffic(self) -> tuple[int, int]:
+        elt = torch.empty((), dtype=self.dtype).element_size()
+        rows = linear_rows(self.cell)
+        weights = sum(n * k for n, k in self.shapes())
+        acts = sum(rows * (n + k) for n, k in self.shapes())
+        return (weights + acts) * elt, 2 * weights * rows
+
+    def set_bytes(self) -> int:
+        return self.traffic()[0]
+
+
 def family(cell: dict, device: torch.device, dtype: torch.dtype):
     """The cell's family, with the kernel its knob picks."""
     op, model = cell["op"], presets.PRESETS[cell["model"]]["target"]
@@ -250,6 +309,8 @@ def family(cell: dict, device: torch.device, dtype: torch.dtype):
         return TreeBuild(cell["tree_build_impl"], b, depth, vocab, n, device)
     if op == "fused_forward":
         return FusedForward(cell["fused_ops"], cell["verify_mode"], cell, device, dtype)
+    if op == "linear":
+        return LayerLinear(cell["linear_impl"], cell, device, dtype)
     raise ValueError(f"unknown op '{op}'")
 
 
