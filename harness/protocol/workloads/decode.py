@@ -70,11 +70,14 @@ IMPL_DEFAULTS = {p.name: p.default for p in IMPL_PARAMS}
 # The custom verify kernel on Hopper (9.0): both products on wgmma at head_dim 128 (0.62-0.84x
 # the mma.sync variant's time at 64 and 65 tree tokens, 4k-64k, H200: kernels/NOTES.md, session
 # 7), QK^T only elsewhere (its d64 P V fails the float64 check there); mma.sync on other GPUs.
+# The skinny linear kernel on Hopper: graph-captured plain decoding of Qwen3-8B 2.1-2.8 % more
+# tokens/s at 4k-64k (442 -> 370 kernels a step), gpu/full 0.4 % shorter steps at 4k, level at
+# 64k (H200, results/h200/README.md, session 12); not measured on other GPUs.
 AUTO_KERNELS = {
     "cuda": {"fused_ops": True, "topk_impl": "triton", "tree_build_impl": "cuda",
              "custom_impl": "mma", "linear_impl": "torch"},
     "hopper": {"fused_ops": True, "topk_impl": "triton", "tree_build_impl": "cuda",
-               "custom_impl": "wgmma_pv", "linear_impl": "torch"},
+               "custom_impl": "wgmma_pv", "linear_impl": "triton"},
     "cpu": {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "torch",
             "custom_impl": "mma", "linear_impl": "torch"},
 }
