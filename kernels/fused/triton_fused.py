@@ -28,10 +28,13 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.kernels import pdl
+
 
 @triton.jit
 def _add_rmsnorm_kernel(X, R, W, OUT, RES_OUT, stride_x, stride_r, stride_o, stride_ro, n_cols, eps,
-                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait_then_release(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < n_cols
@@ -57,9 +60,10 @@ def _qk_norm_rope_store_kernel(
     stride_vb, stride_vh, stride_vs,
     stride_sb, stride_st,
     T, eps, HQ, HKV,
-    HALF: tl.constexpr, HALF_BLOCK: tl.constexpr,
+    HALF: tl.constexpr, HALF_BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """One (token, head) per program. Heads [0, HQ) are queries, [HQ, HQ+HKV) keys, then values."""
+    pdl.wait_then_release(PDL)
     bt = tl.program_id(0)
     head = tl.program_id(1)
     b = (bt // T).to(tl.int64)
@@ -100,7 +104,8 @@ def _qk_norm_rope_store_kernel(
 
 
 @triton.jit
-def _silu_mul_kernel(GU, OUT, stride_g, stride_o, n_cols, BLOCK: tl.constexpr):
+def _silu_mul_kernel(GU, OUT, stride_g, stride_o, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait_then_release(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < n_cols
@@ -112,8 +117,9 @@ def _silu_mul_kernel(GU, OUT, stride_g, stride_o, n_cols, BLOCK: tl.constexpr):
 
 @triton.jit
 def _move_kv_kernel(K, V, SRC, DST, stride_l, stride_b, stride_h, stride_s, stride_ib, n_b, n_h, n_rows,
-                    D: tl.constexpr, ROWS: tl.constexpr, D_BLOCK: tl.constexpr):
+                    D: tl.constexpr, ROWS: tl.constexpr, D_BLOCK: tl.constexpr, PDL: tl.constexpr):
     """One (layer, sequence, KV head) per program: its rows SRC[b] of K and V to rows DST[b]."""
+    pdl.wait_then_release(PDL)
     pid = tl.program_id(0)
     h = pid % n_h
     b = (pid // n_h) % n_b
@@ -159,7 +165,7 @@ def add_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     _add_rmsnorm_kernel[(n_rows,)](
         x2, r2, weight, o2, ro2, x2.stride(0), r2.stride(0), o2.stride(0), ro2.stride(0),
         n_cols, eps, HAS_RES=residual is not None, BLOCK=block,
-        num_warps=max(1, min(16, block // 512)))
+        num_warps=max(1, min(16, block // 512)), **pdl.launch_options(x.device))
     return out, res
 
 
@@ -188,7 +194,7 @@ def qk_norm_rope_store(qkv: torch.Tensor, heads: int, q_weight: torch.Tensor | N
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         slots.stride(0), slots.stride(1),
         T, eps, heads, kv_heads, HALF=d // 2, HALF_BLOCK=triton.next_power_of_2(d // 2),
-        num_warps=1 if d <= 128 else 2)
+        num_warps=1 if d <= 128 else 2, **pdl.launch_options(qkv.device))
     return q
 
 
@@ -201,7 +207,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     o2 = out.view(-1, f)
     block = min(1024, triton.next_power_of_2(f))
     _silu_mul_kernel[(n_rows, triton.cdiv(f, block))](g2, o2, g2.stride(0), o2.stride(0), f,
-                                                      BLOCK=block, num_warps=4)
+                                                      BLOCK=block, num_warps=4,
+                                                      **pdl.launch_options(gate_up.device))
     return out
 
 
@@ -218,4 +225,4 @@ def move_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, src: torch.Tensor, dst
     _move_kv_kernel[(L * b * h,)](
         k_cache, v_cache, src, dst, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_cache.stride(3), src.stride(0), b, h, n, D=d, ROWS=triton.next_power_of_2(n),
-        D_BLOCK=triton.next_power_of_2(d), num_warps=4)
+        D_BLOCK=triton.next_power_of_2(d), num_warps=4, **pdl.launch_options(k_cache.device))

@@ -29,6 +29,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from harness.kernels import pdl
+
 # The most rows the kernel takes: one MMA tile of token rows. At 65 rows (the verify) cuBLAS
 # measured faster on the H200 in every variant tried (kernels/NOTES.md): more go to cuBLAS.
 MAX_ROWS = 16
@@ -37,7 +39,8 @@ MAX_ROWS = 16
 @triton.jit
 def _skinny_kernel(X, W, Y, PART, LOCK, M, N, stride_xm, stride_wn, stride_ym, k_split,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                   SPLIT: tl.constexpr):
+                   SPLIT: tl.constexpr, PDL: tl.constexpr):
+    pdl.wait_then_release(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -157,7 +160,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, config: Config | None = None,
         x2, weight, y2, part, lock, M, N, x2.stride(0), weight.stride(0), y2.stride(0),
         K // config.split, BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_M=MAX_ROWS,
         SPLIT=config.split > 1, num_warps=config.num_warps,
-        num_stages=config.num_stages)
+        num_stages=config.num_stages, **pdl.launch_options(x.device))
     return y
 
 

@@ -43,6 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.kernels import pdl
+
 # Order-preserving int32 keys of float32 values (see _key): the keys of -inf and +inf.
 KEY_NEG_INF = tl.constexpr(-2139095041)
 KEY_POS_INF = tl.constexpr(2139095040)
@@ -75,8 +77,9 @@ def _row_ptr(X, row, n1, stride0, stride1):
 def _stats_kernel(
     X, MAXIMA, PART_M, PART_S, THRESH, COUNT, ARRIVE,
     V, n1, stride0, stride1, P, KP,
-    BLOCK: tl.constexpr, SUB: tl.constexpr, CP: tl.constexpr,
+    BLOCK: tl.constexpr, SUB: tl.constexpr, CP: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl.wait_then_release(PDL)
     p = tl.program_id(0)
     row = tl.program_id(1)
     r64 = row.to(tl.int64)
@@ -118,8 +121,9 @@ def _stats_kernel(
 def _gather_kernel(
     X, THRESH, COUNT, CAND_V, CAND_I,
     V, n1, stride0, stride1, CAP,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl.wait_then_release(PDL)
     p = tl.program_id(0)
     row = tl.program_id(1)
     r64 = row.to(tl.int64)
@@ -194,8 +198,9 @@ def _rank_block(vi, ii, vj, ij, jm):
 def _finish_kernel(
     X, PART_M, PART_S, COUNT, CAND_V, CAND_I, OUT_LP, OUT_ID,
     V, n1, stride0, stride1, P, KP, CAP,
-    PB: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, FB: tl.constexpr,
+    PB: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, FB: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl.wait_then_release(PDL)
     row = tl.program_id(0)
     r64 = row.to(tl.int64)
     cand_v = CAND_V + r64 * CAP
@@ -389,16 +394,17 @@ def topk_logprobs(logits: torch.Tensor, k: int,
         raise ValueError("workspace too small for these inputs (alloc_workspace with the same k and config)")
 
     grid = (p["P"], rows)
+    launch = pdl.launch_options(logits.device)
     _stats_kernel[grid](
         logits, ws.maxima, ws.part_m, ws.part_s, ws.thresh, ws.count, ws.arrive,
         V, n1, s0, s1, p["P"], kp,
-        BLOCK=p["BLOCK"], SUB=p["SUB"], CP=p["CP"], num_warps=p["num_warps"])
+        BLOCK=p["BLOCK"], SUB=p["SUB"], CP=p["CP"], num_warps=p["num_warps"], **launch)
     _gather_kernel[grid](
         logits, ws.thresh, ws.count, ws.cand_v, ws.cand_i,
         V, n1, s0, s1, p["CAP"],
-        BLOCK=p["BLOCK"], num_warps=p["num_warps"])
+        BLOCK=p["BLOCK"], num_warps=p["num_warps"], **launch)
     _finish_kernel[(rows,)](
         logits, ws.part_m, ws.part_s, ws.count, ws.cand_v, ws.cand_i, lp, ids,
         V, n1, s0, s1, p["P"], kp, p["CAP"],
-        PB=p["PB"], BI=p["BI"], BJ=p["BJ"], FB=p["FB"], num_warps=p["finish_warps"])
+        PB=p["PB"], BI=p["BI"], BJ=p["BJ"], FB=p["FB"], num_warps=p["finish_warps"], **launch)
     return lp, ids

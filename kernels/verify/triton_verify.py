@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from harness.kernels import pdl
+
 LOG2E = 1.4426950408889634
 MIN_CHUNK = 256      # keys per split at least, when num_splits is chosen here: fewer is all overhead
 
@@ -64,8 +66,9 @@ def _split_kernel(
     stride_bb, stride_bt, stride_bw,
     T, HKV, D, M_PAD, num_splits, min_chunk_tiles, qk_scale,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
+    pdl.wait_then_release(PDL)
     pid_m = tl.program_id(0)
     split = tl.program_id(1)            # 0: the tree chunk; s >= 1: prefix chunk s - 1
     bh = tl.program_id(2)
@@ -148,11 +151,12 @@ def _combine_kernel(
     stride_ob, stride_oh, stride_ot, stride_od,
     T, HKV, D, M_PAD, num_splits, min_chunk_tiles,
     G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
-    ROWS: tl.constexpr,
+    ROWS: tl.constexpr, PDL: tl.constexpr,
 ):
     # ROWS output rows per program, all of their partials loaded at once as a
     # [SPLIT_BLOCK, ROWS, BLOCK_D] tile: a few wide independent loads rather than a chain of
     # dependent ones, so the combine stays small next to the split kernel even at 4k context.
+    pdl.wait_then_release(PDL)
     pid_r = tl.program_id(0)
     bh = tl.program_id(1)
     bi = (bh // HKV).to(tl.int64)
@@ -302,11 +306,11 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
         *q.stride(), *k.stride(), *v.stride(), *tree_bits.stride(),
         T, hkv, d, p["M_PAD"], p["num_splits"], p["min_chunk_tiles"], scale,
         **tiles, DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
-        num_warps=p["num_warps"], num_stages=p["num_stages"])
+        num_warps=p["num_warps"], num_stages=p["num_stages"], **pdl.launch_options(q.device))
     _combine_kernel[(triton.cdiv(T * p["G"], p["COMBINE_ROWS"]), b * hkv)](
         acc, ml, lengths, out, *out.stride(),
         T, hkv, d, p["M_PAD"], p["num_splits"], p["min_chunk_tiles"],
         G=p["G"], BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"],
         SPLIT_BLOCK=min(32, triton.next_power_of_2(p["num_splits"] + 1)),
-        ROWS=p["COMBINE_ROWS"], num_warps=4)
+        ROWS=p["COMBINE_ROWS"], num_warps=4, **pdl.launch_options(q.device))
     return out

@@ -17,6 +17,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from harness.kernels.fused import triton_fused  # noqa: E402
+from harness.kernels.linear import skinny_linear  # noqa: E402
 
 ARCHS = [90, 120]
 
@@ -41,7 +42,7 @@ def typed(fn, pointers: dict[str, str], floats=("eps",), i64=()) -> dict[str, st
 def test_add_rmsnorm_compiles(arch, has_res):
     fn = triton_fused._add_rmsnorm_kernel
     types = typed(fn, {n: "*bf16" for n in ("X", "R", "W", "OUT", "RES_OUT")})
-    k = compile_for(fn, arch, types, dict(HAS_RES=has_res, BLOCK=4096), num_warps=8)
+    k = compile_for(fn, arch, types, dict(HAS_RES=has_res, BLOCK=4096, PDL=False), num_warps=8)
     assert k.asm["cubin"]
 
 
@@ -51,15 +52,16 @@ def test_qk_norm_rope_store_compiles(arch, half, half_block):
     fn = triton_fused._qk_norm_rope_store_kernel
     ptrs = {n: "*bf16" for n in ("QKV", "QW", "KW", "COS", "SIN", "Q_OUT", "KC", "VC")}
     ptrs["SLOTS"] = "*i64"
-    k = compile_for(fn, arch, typed(fn, ptrs), dict(HALF=half, HALF_BLOCK=half_block), num_warps=1)
+    k = compile_for(fn, arch, typed(fn, ptrs), dict(HALF=half, HALF_BLOCK=half_block, PDL=False),
+                    num_warps=1)
     assert k.asm["cubin"]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_silu_mul_compiles(arch):
     fn = triton_fused._silu_mul_kernel
-    k = compile_for(fn, arch, typed(fn, {"GU": "*bf16", "OUT": "*bf16"}), dict(BLOCK=1024),
-                    num_warps=4)
+    k = compile_for(fn, arch, typed(fn, {"GU": "*bf16", "OUT": "*bf16"}),
+                    dict(BLOCK=1024, PDL=False), num_warps=4)
     assert k.asm["cubin"]
 
 
@@ -68,6 +70,37 @@ def test_silu_mul_compiles(arch):
 def test_move_kv_compiles(arch, d, d_block):
     fn = triton_fused._move_kv_kernel
     ptrs = {"K": "*bf16", "V": "*bf16", "SRC": "*i64", "DST": "*i64"}
-    k = compile_for(fn, arch, typed(fn, ptrs), dict(D=d, ROWS=16, D_BLOCK=d_block), num_warps=4)
+    k = compile_for(fn, arch, typed(fn, ptrs), dict(D=d, ROWS=16, D_BLOCK=d_block, PDL=False),
+                    num_warps=4)
     assert k.asm["cubin"]
     assert "bar.sync" in k.asm["ptx"]        # the barrier between the reads and the writes
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("split", [False, True])
+def test_skinny_linear_compiles(arch, split):
+    fn = skinny_linear._skinny_kernel
+    ptrs = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "PART": "*fp32", "LOCK": "*i32"}
+    k = compile_for(fn, arch, typed(fn, ptrs), dict(BLOCK_N=64, BLOCK_K=128, BLOCK_M=16,
+                                                    SPLIT=split, PDL=False), num_warps=4)
+    assert k.asm["cubin"]
+    if split:   # the partials' arrival: an acq_rel atomic at GPU scope after a block barrier
+        assert "atom.global.gpu.acq_rel.add" in k.asm["ptx"] and "bar.sync" in k.asm["ptx"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_pdl_kernels_wait_before_any_access(arch):
+    """With PDL (Hopper and later) a kernel may start before the one ahead of it finishes: the
+    grid-dependency wait must come before the first global load or store."""
+    fn = triton_fused._add_rmsnorm_kernel
+    types = typed(fn, {n: "*bf16" for n in ("X", "R", "W", "OUT", "RES_OUT")})
+    ptx = compile_for(fn, arch, types, dict(HAS_RES=True, BLOCK=4096, PDL=True), num_warps=8).asm["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    assert "griddepcontrol.launch_dependents" in ptx
+    assert wait < ptx.index("ld.global") and wait < ptx.index("st.global")
+    fn = skinny_linear._skinny_kernel
+    ptrs = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "PART": "*fp32", "LOCK": "*i32"}
+    ptx = compile_for(fn, arch, typed(fn, ptrs), dict(BLOCK_N=64, BLOCK_K=128, BLOCK_M=16,
+                                                      SPLIT=True, PDL=True), num_warps=4).asm["ptx"]
+    wait = ptx.index("griddepcontrol.wait")
+    assert all(wait < ptx.index(op) for op in ("ld.global", "st.global", "cp.async") if op in ptx)

@@ -1,0 +1,56 @@
+"""Programmatic dependent launch (PDL) for the Triton kernels of the decode step.
+
+A decode step is hundreds of small kernels in one CUDA graph, and on an H200 the GPU idles
+~0.45 µs at each boundary while the next grid is launched (kernels/NOTES.md). A kernel launched
+with PDL (CUDA's programmatic stream serialization, Hopper and later) may be scheduled before the
+kernel ahead of it on the stream has finished: its programs start, wait at
+`griddepcontrol.wait` until that kernel has completed and its writes are visible, and only then
+read or write memory. So each PDL kernel here waits first thing (`wait_then_release`) and then
+lets the kernel after it launch early, which overlaps a launch with the tail of the kernel before.
+
+`launch_options(device)` is what a launch site adds: `launch_pdl` and the kernel's `PDL`
+constexpr, both off where PDL does not exist (CPUs, the Triton interpreter, GPUs before compute
+capability 9.0, a Triton without `gdc_wait`), so the same code runs everywhere.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def wait_then_release(PDL: tl.constexpr):
+    """First thing in a PDL kernel: wait for the kernel before (its writes are visible after
+    this), then let the kernel after this one launch (it waits in turn before any access)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@functools.lru_cache(maxsize=None)
+def _capable(index: int) -> bool:
+    try:
+        from triton.language.extra import cuda as tl_cuda
+    except ImportError:
+        return False
+    return (hasattr(tl_cuda, "gdc_wait") and hasattr(tl_cuda, "gdc_launch_dependents")
+            and torch.cuda.get_device_capability(index) >= (9, 0))
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether launches on `device` use PDL."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return _capable(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def launch_options(device: torch.device) -> dict:
+    """The keyword arguments a launch on `device` adds: the kernel's PDL constexpr and
+    Triton's launch_pdl."""
+    on = enabled(device)
+    return {"PDL": on, "launch_pdl": on} if on else {"PDL": False}
