@@ -176,6 +176,9 @@ def test_op_ids_and_labels():
     lin = params.canonical({"workload": "op", "op": "linear", "linear_impl": "triton",
                             "model": "qwen3-8b", "speculation": "none"})
     assert params.SPECS["op"].cell_label(lin) == "op linear triton qwen3-8b rows=1"
+    from harness.kernels.linear import skinny_linear
+    from harness.protocol.workloads import op as op_spec
+    assert op_spec.SKINNY_MAX_ROWS == skinny_linear.MAX_ROWS
 
 
 @pytest.mark.parametrize("defaults, matrix, message", [
@@ -191,6 +194,8 @@ def test_op_ids_and_labels():
     ("  op: fused_forward\n", "  context_length: [8190]\n",
      "context_length 8190 plus a tree of 17 tokens exceeds model 'tiny' limit 8192"),
     ("  op: attention\n", "  batch_size: [1]\n", "unknown op 'attention'"),
+    ("  op: linear\n  linear_impl: triton\n", "  tree_budget: [64]\n",
+     "linear_impl triton takes up to 16 rows and leaves more to cuBLAS; this cell's forward has 65"),
 ])
 def test_bad_op_cells_are_input_errors(defaults, matrix, message):
     text = "name: o\ndefaults:\n  workload: op\n" + defaults + "matrix:\n" + matrix

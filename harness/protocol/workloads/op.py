@@ -51,14 +51,26 @@ def check_knobs(cell: dict):
     return None
 
 
+# The skinny linear kernel's most rows (kernels/linear/skinny_linear.py MAX_ROWS, restated:
+# this module imports only the standard library); a forward of more runs cuBLAS.
+SKINNY_MAX_ROWS = 16
+
+
 def check_shape(cell: dict):
     """What the kernels take: the CUDA tree build keeps its state in shared memory (N <= 256,
-    D <= 16, kernels/tree/cuda_tree_build.py); a forward's tree must fit the model's context."""
+    D <= 16, kernels/tree/cuda_tree_build.py); a forward's tree must fit the model's context;
+    the skinny linear kernel takes up to SKINNY_MAX_ROWS rows (a cell of more would time
+    cuBLAS under the Triton kernel's name)."""
     if cell["op"] == "tree_build" and cell["tree_build_impl"] == "cuda" and (
             cell["tree_budget"] > 256 or cell["block_size"] - 1 > 16):
         return ("tree_budget", "block_size", "tree_build_impl"), (
             f"tree_build_impl cuda builds up to 256 nodes over up to 16 positions (got "
             f"tree_budget {cell['tree_budget']}, block_size {cell['block_size']})")
+    if (cell["op"] == "linear" and cell["linear_impl"] == "triton"
+            and linear_rows(cell) > SKINNY_MAX_ROWS):
+        return ("linear_impl", "tree_budget", "batch_size"), (
+            f"linear_impl triton takes up to {SKINNY_MAX_ROWS} rows and leaves more to cuBLAS; "
+            f"this cell's forward has {linear_rows(cell)} (linear_impl: torch times them)")
     if cell["op"] == "fused_forward":
         limit = presets.max_context(cell["model"])
         if cell["context_length"] + 1 + cell["tree_budget"] > limit:
