@@ -41,7 +41,29 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #define TVA_DYNAMIC_SMEM(name) extern __shared__ __align__(128) uint8_t name[]
-#define TVA_LAUNCH(kernel, grid, block, smem, stream, p) kernel<<<grid, block, smem, stream>>>(p)
+#define TVA_LAUNCH(kernel, grid, block, smem, stream, p) tva_launch(kernel, grid, block, smem, stream, p)
+
+// Programmatic dependent launch on sm_90+ (kernels/pdl.py, kernels/NOTES.md): the kernel may be
+// scheduled while the one before it on the stream finishes; each kernel here waits for it
+// first thing (wait_for_previous_kernel). Elsewhere a plain launch.
+template <typename Kernel, typename Params>
+static void tva_launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       const Params& p) {
+    int device = 0, major = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaLaunchAttribute pdl;
+    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &pdl;
+    cfg.numAttrs = major >= 9 ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, kernel, p);      // its error is the runtime's last error
+}
 #endif
 #include <stdint.h>
 #include <string.h>
@@ -50,6 +72,16 @@
 #include <type_traits>
 
 namespace tva {
+
+// First thing in every kernel of this file: wait until the kernel before it on the stream has
+// finished and its writes are visible (a no-op unless launched with PDL), then let the next
+// kernel launch early.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 // ------------------------------------------------------------------------------------------
 // Parameters (mirrored by ctypes structures in custom_verify.py: every field 8 bytes wide)
@@ -479,6 +511,7 @@ constexpr int gqa_smem_bytes() {
 template <int D, int NW, bool PAGED, bool WG>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_kernel(const AttnParams p) {
+    wait_for_previous_kernel();
     constexpr int BM = 16 * NW, CH = D / 8, NT = NW * 32, STAGES = GqaConfig<D>::STAGES;
     constexpr int TILE = GqaConfig<D>::TILE_BYTES;
     static_assert(!WG || NW % 4 == 0, "wgmma needs whole warpgroups");
@@ -681,6 +714,7 @@ gqa_kernel(const AttnParams p) {
 template <int D, int NW, bool PAGED>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_pipelined_kernel(const AttnParams p) {
+    wait_for_previous_kernel();
     constexpr int CH = D / 8, NT = NW * 32, STAGES = GqaConfig<D>::STAGES;
     constexpr int TILE = GqaConfig<D>::TILE_BYTES;
     constexpr int BM = 16 * NW;
@@ -967,6 +1001,7 @@ __device__ __forceinline__ uint32_t blk(int r, int c) {
 template <bool PAGED, bool WG>
 __global__ void __launch_bounds__(mla::NT, 1)
 mla_kernel(const AttnParams p) {
+    wait_for_previous_kernel();
     using namespace mla;
     TVA_DYNAMIC_SMEM(smem);
     const uint32_t sQ = (smem_addr(smem) + 1023u) & ~1023u;     // Q and KV tiles: 1024-byte aligned
@@ -1220,6 +1255,7 @@ __host__ __device__ constexpr int combine_smem_bytes(int dv) { return COMBINE_WA
 template <int DV>
 __global__ void __launch_bounds__(COMBINE_WARPS * 32)
 combine_kernel(const AttnParams p) {
+    wait_for_previous_kernel();
     static_assert(DV % 64 == 0, "a float2 per lane per 64 columns");
     constexpr int V = DV / 64;                     // float2 per lane and split: columns 2 (lane + 32 i)
     constexpr int CHUNK = 16 / V > 2 ? 16 / V : 2;  // splits in flight per warp: 16 float2 a lane
