@@ -10,7 +10,12 @@ lets the kernel after it launch early, which overlaps a launch with the tail of 
 
 `launch_options(device)` is what a launch site adds: `launch_pdl` and the kernel's `PDL`
 constexpr, both off where PDL does not exist (CPUs, the Triton interpreter, GPUs before compute
-capability 9.0, a Triton without `gdc_wait`), so the same code runs everywhere.
+capability 9.0, a Triton without `gdc_wait`), so the same code runs everywhere. The custom
+verify kernels do the same in CUDA C++ (verify_attention.cu, `tva_launch`).
+
+Measured on the H200 (kernels/NOTES.md, "Programmatic dependent launch"): graph-captured plain
+decoding of Qwen3-8B idles 0.3-0.4 % of a step instead of 2.3-3.3 % and its steps are 1.4-4.2 %
+shorter; the Triton top-k's three launches 18.05 -> 15.00 µs.
 """
 
 from __future__ import annotations
