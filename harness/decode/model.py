@@ -19,6 +19,7 @@ from torch.nn import functional as F
 from harness.decode import attention
 from harness.decode.kernel_choice import Kernels
 
+
 def linear(layer: nn.Linear, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
     """layer(x) (no bias), on the kernel `kernels.linear` picks (linear_weight)."""
     return linear_weight(layer.weight, x, kernels)
@@ -26,8 +27,8 @@ def linear(layer: nn.Linear, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
 
 def linear_weight(weight: torch.Tensor, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
     """F.linear(x, weight) on cuBLAS, or on the skinny Triton kernel, which takes forwards of
-    up to skinny_linear.MAX_ROWS rows (decode's 1, 16 or 65) and hands larger ones (prefill)
-    to cuBLAS itself."""
+    up to skinny_linear.MAX_ROWS rows (plain decoding's 1, the draft block's 16) and hands
+    larger ones (the verify's 65, prefill) to cuBLAS itself."""
     if kernels.linear == "triton":
         from harness.kernels.linear import skinny_linear
         return skinny_linear.linear(x, weight)

@@ -110,6 +110,18 @@ def test_a_forward_off_its_reference_is_refused(monkeypatch):
         op.run(op_cell(op="fused_forward"), quiet)
 
 
+def test_a_linear_off_its_reference_is_refused(monkeypatch):
+    real_call = op.LayerLinear.call
+
+    def one_percent_off(self, inp):
+        f = real_call(self, inp)
+        return lambda: [y * 1.01 for y in f()]
+
+    monkeypatch.setattr(op.LayerLinear, "call", one_percent_off)
+    with pytest.raises(AssertionError, match=r"linear torch is wrong: outputs 0.01 from float64"):
+        op.run(op_cell(op="linear"), quiet)
+
+
 def test_cuda_kernels_are_refused_on_a_cpu_rather_than_timed_as_torch():
     with pytest.raises(RuntimeError, match="topk_impl triton is a CUDA kernel"):
         op.run({**op_cell(), "topk_impl": "triton"}, quiet)

@@ -87,7 +87,7 @@ def linear_rows(c: dict) -> int:
 
 def label(c: dict) -> str:
     """e.g. `op topk triton qwen3-8b D=15 k=64`, `op fused_forward on qwen3-8b ctx=4096 T=65`
-    or `op linear triton qwen3-8b rows=65`."""
+    or `op linear triton qwen3-8b rows=16`."""
     knob = c[KNOBS[c["op"]]]
     impl = ("on" if knob else "off") if isinstance(knob, bool) else knob
     parts = ["op", c["op"], impl, c["model"]]
