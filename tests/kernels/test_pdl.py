@@ -1,0 +1,67 @@
+"""Programmatic dependent launch (kernels/pdl.py): where it is on, and that every kernel that
+may be launched with it waits for the kernel before first thing. A PDL kernel that touched
+memory before its wait would race the kernel ahead of it; these checks hold the convention for
+kernels added later. The PTX-level check is test_triton_compile.py's
+test_pdl_kernels_wait_before_any_access."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="Triton is needed (Linux wheels only)")
+from harness.kernels import pdl  # noqa: E402
+
+KERNELS = Path(__file__).resolve().parents[2] / "kernels"
+
+
+def test_off_where_it_does_not_exist(monkeypatch):
+    assert pdl.launch_options(torch.device("cpu")) == {"PDL": False}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not pdl.enabled(torch.device("cuda", 0))
+
+
+@pytest.mark.parametrize("path", ["fused/triton_fused.py", "linear/skinny_linear.py",
+                                  "verify/triton_verify.py", "tree/triton_topk.py"])
+def test_every_pdl_triton_kernel_waits_first(path):
+    tree = ast.parse((KERNELS / path).read_text())
+    kernels = [f for f in tree.body if isinstance(f, ast.FunctionDef)
+               and any(a.arg == "PDL" for a in f.args.args)]
+    assert kernels, f"no PDL kernel in {path}"
+    for fn in kernels:
+        body = [s for s in fn.body if not (isinstance(s, ast.Expr)
+                                           and isinstance(s.value, ast.Constant))]  # docstring
+        first = ast.unparse(body[0])
+        assert first == "pdl.wait_then_release(PDL)", f"{path}:{fn.lineno} {fn.name} starts {first!r}"
+
+
+def test_every_launch_passes_the_launch_options():
+    """A kernel with a PDL parameter launched without launch_options would miss the overlap;
+    one launched with launch_pdl but PDL=False would race. Every launch site passes both
+    together: `**pdl.launch_options(device)` (or a name bound to it)."""
+    for path in ("fused/triton_fused.py", "linear/skinny_linear.py", "verify/triton_verify.py",
+                 "tree/triton_topk.py"):
+        tree = ast.parse((KERNELS / path).read_text())
+        bound = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                 and "pdl.launch_options(" in ast.unparse(n.value) for t in n.targets}
+        launches = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                    and isinstance(n.func, ast.Subscript)
+                    and ast.unparse(n.func.value).endswith("_kernel")]
+        assert launches, path
+        for call in launches:
+            spread = [ast.unparse(k.value) for k in call.keywords if k.arg is None]
+            assert any(v.startswith("pdl.launch_options(") or v in bound for v in spread), \
+                f"{path}:{call.lineno} launches {ast.unparse(call.func.value)} without launch_options"
+
+
+def test_every_cuda_verify_kernel_waits_first():
+    src = (KERNELS / "verify" / "verify_attention.cu").read_text()
+    kernels = re.findall(r"__global__ void[^{]*?\b(\w+)\(const AttnParams p\) \{\n\s*(\S[^\n]*)", src)
+    assert len(kernels) == 4, kernels
+    for name, first in kernels:
+        assert first == "wait_for_previous_kernel();", (name, first)
+    assert "cudaLaunchAttributeProgrammaticStreamSerialization" in src
