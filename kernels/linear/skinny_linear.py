@@ -22,6 +22,7 @@ test_skinny_linear_gpu.py.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -95,6 +96,7 @@ class Config:
                 f"st{self.num_stages}")
 
 
+@functools.lru_cache(maxsize=None)       # a pure function of the shape, asked at every call
 def default_config(M: int, N: int, K: int, sm_count: int) -> Config:
     """Tiles of 64 weight rows, 128 deep, four warps, four stages; K split in two while there
     are programs for fewer than 2/3 of the multiprocessors, each split at least 1024 deep.
@@ -172,4 +174,9 @@ def _interpreting() -> bool:
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 132
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
