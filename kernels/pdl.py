@@ -21,7 +21,6 @@ shorter; the Triton top-k's three launches 18.05 -> 15.00 µs.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -49,7 +48,9 @@ def _capable(index: int) -> bool:
 
 def enabled(device: torch.device) -> bool:
     """Whether launches on `device` use PDL."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    # Under the interpreter triton.jit made plain functions (it read TRITON_INTERPRET when
+    # they were defined): ask ours, not the env, as the kernels' own modules do.
+    if device.type != "cuda" or not isinstance(wait_then_release, triton.runtime.JITFunction):
         return False
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 

@@ -85,15 +85,11 @@ def _skinny_kernel(X, W, Y, PART, LOCK, M, N, stride_xm, stride_wn, stride_ym, k
 class Config:
     """One launch configuration. `split`: K cut into this many ranges (1: none)."""
 
-    block_n: int = 128
-    block_k: int = 64
+    block_n: int = 64
+    block_k: int = 128
     split: int = 1
     num_warps: int = 4
     num_stages: int = 4
-
-    def __str__(self) -> str:
-        return (f"n{self.block_n} k{self.block_k} s{self.split} w{self.num_warps} "
-                f"st{self.num_stages}")
 
 
 @functools.lru_cache(maxsize=None)       # a pure function of the shape, asked at every call
@@ -167,8 +163,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, config: Config | None = None,
 
 
 def _interpreting() -> bool:
-    import os
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    # triton.jit read TRITON_INTERPRET when the kernel was defined: ask it, not the env.
+    return not isinstance(_skinny_kernel, triton.runtime.JITFunction)
 
 
 def _sm_count(device: torch.device) -> int:

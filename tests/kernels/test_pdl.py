@@ -19,10 +19,14 @@ from harness.kernels import pdl  # noqa: E402
 KERNELS = Path(__file__).resolve().parents[2] / "kernels"
 
 
-def test_off_where_it_does_not_exist(monkeypatch):
+def _enabled_on_cuda() -> bool:
+    return pdl.enabled(torch.device("cuda", 0))
+
+
+def test_off_where_it_does_not_exist(interp):
     assert pdl.launch_options(torch.device("cpu")) == {"PDL": False}
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not pdl.enabled(torch.device("cuda", 0))
+    # Under the interpreter, even for a CUDA device (and without asking CUDA anything).
+    assert interp.apply(_enabled_on_cuda, ()) is False
 
 
 @pytest.mark.parametrize("path", ["fused/triton_fused.py", "linear/skinny_linear.py",
