@@ -5,9 +5,10 @@ for token under greedy acceptance), rearranged so the host never has to wait for
 
   * every per-step tensor lives in a static buffer (fixed shapes), so steps can be captured;
   * tree_build=gpu builds the DDTree on the device (tree_gpu.py), no `.tolist()`;
-  * accept=gpu finds the accepted path with tensor ops: node i is accepted iff every node on
-    its root path matches the target's argmax at that node's parent (siblings carry distinct
-    tokens, so the accepted nodes form one path); KV compaction and bookkeeping stay on device;
+  * accept=gpu finds the accepted path on the device (tensor ops, `accept_path`, or two Triton
+    launches, Kernels.accept): node i is accepted iff every node on its root path matches the
+    target's argmax at that node's parent (siblings carry distinct tokens, so the accepted nodes
+    form one path); KV compaction and bookkeeping stay on device;
   * the host learns what was committed IN_FLIGHT (2) steps behind, from a ring of pinned
     buffers guarded by events, so reading it never stalls the GPU, which has the next two steps
     queued while the host reads;
@@ -151,6 +152,53 @@ class _StepsBehind:
         return graph
 
 
+_ARANGES: dict = {}
+
+
+def _arange(n: int, device: torch.device) -> torch.Tensor:
+    """torch.arange(n) on `device`, made once (at a warm-up, outside any graph capture)."""
+    key = (n, str(device))
+    if key not in _ARANGES:
+        _ARANGES[key] = torch.arange(n, device=device)
+    return _ARANGES[key]
+
+
+def accept_path(logits: torch.Tensor, tree_ids: torch.Tensor, parents: torch.Tensor,
+                first_child: torch.Tensor, depth: torch.Tensor, vis: torch.Tensor, B: int,
+                synthetic: bool = False, want: torch.Tensor | None = None):
+    """The accepted path of a tree [b, T] (root first; parents -1 at the root, vis[t, s]: s is t
+    or an ancestor of t) from the verify's logits [b, T, V], with tensor ops only: a fixed
+    handful of kernels whatever the tree's depth (a walk node by node would launch a few per
+    depth). Greedy: node i is accepted iff every node on its root path carries the target's
+    argmax at its parent. Synthetic: the drafter's best chain (first children), cut at `want`
+    [b]. Returns the accepted node at each depth [b, B] (padded with the last accepted one), the
+    accepted length [b] (root included) and the next bonus token [b]. The reference of the
+    Triton accept (kernels/accept/triton_accept.py)."""
+    arange_T, arange_B = _arange(tree_ids.shape[1], tree_ids.device), _arange(B, tree_ids.device)
+    target_next = logits.argmax(-1)                                          # [b, T]
+    parent = parents.clamp(min=0)
+    if synthetic:
+        # Node i follows its parent iff it is the parent's first child (padding never is:
+        # nothing links to it).
+        follows = first_child.gather(1, parent) == arange_T
+    else:
+        # Node i follows its parent iff its token is the target's argmax there.
+        follows = tree_ids == target_next.gather(1, parent)
+    follows[:, 0] = True
+    # A node is on the path iff it and all its ancestors follow; those nodes form one chain
+    # from the root (siblings carry distinct tokens; one first child per node).
+    on_path = ~(vis & ~follows[:, None, :]).any(-1)                          # [b, T]
+    per_depth = on_path[:, None, :] & (depth[:, None, :] == arange_B[None, :, None])
+    ok = per_depth.any(-1)                                                   # [b, B], a prefix
+    if want is not None:
+        ok &= arange_B[None, :] < want[:, None]
+    chain = per_depth.to(torch.int8).argmax(-1)
+    accepted = ok.sum(-1)                                                    # [b] >= 1
+    last = chain.gather(1, (accepted - 1)[:, None])
+    idx = torch.where(ok, chain, last)
+    return idx, accepted, target_next.gather(1, last).squeeze(1)
+
+
 class FastSpecDecoder(_StepsBehind):
     """`kernels` picks every kernel a step runs (kernel_choice.py); the decoder passes it to
     each forward (on the mask), top-k and tree build, so it is fixed for the decoder's life,
@@ -203,6 +251,7 @@ class FastSpecDecoder(_StepsBehind):
             self.draws_host = self._draw()
             self.draws = torch.tensor(self.draws_host, device=dev)
         self.steps_launched = 0
+        self._accept_ws = None          # the Triton accept's scratch and outputs, made at first use
 
         self._init_behind(batch, 1 + self.B, dev, phase, in_flight)
 
@@ -298,18 +347,20 @@ class FastSpecDecoder(_StepsBehind):
             else:
                 logits, hidden = self._verify()
         with self.phase("accept"):
-            idx, accepted = (self._accept_gpu(logits) if self.accept == "gpu"
-                             else self._accept_cpu(logits, host_trees))
+            if self.accept == "gpu":
+                idx, src, dst = self._accept_gpu(logits)
+            else:
+                idx, src, dst = self._book(*self._accept_cpu(logits, host_trees))
         with self.phase("commit"):
-            self._commit(idx, accepted, hidden)
+            self._commit(idx, src, dst, hidden)
 
     def _device_step(self):
         """The whole step with no host involvement: what graph_capture=full captures."""
         logits_d = self._draft()
         self._build_tree(logits_d)
         logits, hidden = self._verify()
-        idx, accepted = self._accept_gpu(logits)
-        self._commit(idx, accepted, hidden)
+        idx, src, dst = self._accept_gpu(logits)
+        self._commit(idx, src, dst, hidden)
 
     # -- phases --------------------------------------------------------------------------
     def _draft(self) -> torch.Tensor:
@@ -350,34 +401,33 @@ class FastSpecDecoder(_StepsBehind):
         return out
 
     def _accept_gpu(self, logits: torch.Tensor):
-        """Accepted node indices per depth [b, B] (padded with the last accepted node) and the
-        accepted length [b] (root included), with tensor ops only: a fixed handful of kernels
-        whatever the tree's depth (a walk node by node would launch a few per depth)."""
-        target_next = logits.argmax(-1)                                      # [b, T]
-        parent = self.parents.clamp(min=0)
+        """The accept on the device, then the step's bookkeeping (`_book`): the accepted node
+        at each depth [b, B] and the commit's KV slots (src, dst) [b, B]. On the Triton kernels
+        (kernels/accept/triton_accept.py: two launches) or with tensor ops (`_accept_torch`)."""
+        if self.kernels.accept != "triton":
+            return self._book(*self._accept_torch(logits))
+        from harness.kernels.accept import triton_accept
+        if self._accept_ws is None:     # the first call, outside any capture (the warm-up's)
+            self._accept_ws = triton_accept.alloc_workspace(self.b, self.T, logits.shape[-1],
+                                                            self.device)
+            self._idx, self._src, self._dst = (torch.zeros(self.b, self.B, dtype=torch.long,
+                                                           device=self.device) for _ in range(3))
+        triton_accept.accept(
+            logits, tree_ids=self.tree_ids, parents=self.parents, first_child=self.first_child,
+            depth=self.depth, vis=self.vis, lengths=self.lengths, step_index=self.step_index,
+            bonus=self.bonus, record=self.record, idx=self._idx, src=self._src, dst=self._dst,
+            draws=self.draws if self.synthetic else None, workspace=self._accept_ws)
+        return self._idx, self._src, self._dst
+
+    def _accept_torch(self, logits: torch.Tensor):
+        """`accept_path` on this step's tree: (idx, accepted), the bonus token written."""
+        want = None
         if self.synthetic:
-            # The drafter's best chain, as on the host: node i follows its parent iff it is
-            # the parent's first child (padding never is: nothing links to it).
-            follows = self.first_child.gather(1, parent) == self.arange_T
-        else:
-            # Node i follows its parent iff its token is the target's argmax there.
-            follows = self.tree_ids == target_next.gather(1, parent)
-        follows[:, 0] = True
-        # A node is on the path iff it and all its ancestors follow; those nodes form one
-        # chain from the root (siblings carry distinct tokens; one first child per node).
-        on_path = ~(self.vis & ~follows[:, None, :]).any(-1)                 # [b, T]
-        per_depth = on_path[:, None, :] & (self.depth[:, None, :] == self.arange_B[None, :, None])
-        ok = per_depth.any(-1)                                               # [b, B], a prefix
-        if self.synthetic:
-            # Cut at this step's drawn length (the draws are cyclic: a long run never indexes
-            # past them).
+            # This step's drawn length (the draws are cyclic: a long run never indexes past them).
             want = self.draws.index_select(0, self.step_index % self.draws.shape[0]).squeeze(0)
-            ok &= self.arange_B[None, :] < want[:, None]
-        chain = per_depth.to(torch.int8).argmax(-1)
-        accepted = ok.sum(-1)                                                # [b] >= 1
-        last = chain.gather(1, (accepted - 1)[:, None])
-        idx = torch.where(ok, chain, last)
-        self.bonus.copy_(target_next.gather(1, last).squeeze(1))
+        idx, accepted, bonus = accept_path(logits, self.tree_ids, self.parents, self.first_child,
+                                           self.depth, self.vis, self.B, self.synthetic, want)
+        self.bonus.copy_(bonus)
         return idx, accepted
 
     def _accept_cpu(self, logits: torch.Tensor, host_trees):
@@ -415,17 +465,25 @@ class FastSpecDecoder(_StepsBehind):
                                      first_child=first[i], next_sibling=[], child_maps=maps))
         return trees
 
-    def _commit(self, idx: torch.Tensor, accepted: torch.Tensor, hidden: torch.Tensor) -> None:
-        """Move the accepted KV to the front of the window, feed the drafter, advance."""
+    def _book(self, idx: torch.Tensor, accepted: torch.Tensor):
+        """The step's bookkeeping with tensor ops (the Triton accept does it in its kernel):
+        the record, the next lengths and step index, and the commit's KV slots, which are
+        taken from the lengths before they advance. Returns (idx, src, dst)."""
         src = self.lengths[:, None] + idx                                    # [b, B]
         dst = self.lengths[:, None] + self.arange_B
-        self.cache.move_rows(src, dst, fused=self.kernels.fused_ops)
-        feats = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
-        self.drafter.ingest(self.draft_cache, feats, dst, dst, kernels=self.kernels)
         self.record[:, 0] = accepted
         self.record[:, 1:] = self.tree_ids.gather(1, idx)
         self.lengths.add_(accepted)
         self.step_index.add_(1)
+        return idx, src, dst
+
+    def _commit(self, idx: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,
+                hidden: torch.Tensor) -> None:
+        """Move the accepted KV (slots src) to the front of the window (dst), feed the
+        drafter the accepted nodes' hidden states."""
+        self.cache.move_rows(src, dst, fused=self.kernels.fused_ops)
+        feats = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
+        self.drafter.ingest(self.draft_cache, feats, dst, dst, kernels=self.kernels)
 
 
 class FastARDecoder(_StepsBehind):

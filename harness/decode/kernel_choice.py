@@ -27,6 +27,8 @@ class Kernels:
                   verify is custom
       linear      the forward's weight GEMMs (torch | triton): cuBLAS, or the skinny Triton
                   kernel for forwards of few rows (kernels/linear/skinny_linear.py; model.linear)
+      accept      the GPU accept's argmax, path and bookkeeping (torch | triton): tensor ops, or
+                  two Triton launches (kernels/accept/triton_accept.py)
 
     The defaults are the plain torch code (what a library caller gets); a cell's knobs default
     to `auto`, the kernels measured fastest on its device (`from_cell`).
@@ -43,12 +45,14 @@ class Kernels:
     fused_ops: bool = False
     custom_impl: str = "mma"
     linear: str = "torch"
+    accept: str = "torch"
 
     def __post_init__(self):
         for name, allowed in (("verify", params.VERIFY_MODES), ("topk", params.TOPK_IMPLS),
                               ("tree_build", params.TREE_BUILD_IMPLS),
                               ("custom_impl", params.CUSTOM_IMPLS),
-                              ("linear", params.LINEAR_IMPLS)):
+                              ("linear", params.LINEAR_IMPLS),
+                              ("accept", params.ACCEPT_IMPLS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Kernels.{name} must be one of {', '.join(allowed)} "
                                  f"(got {getattr(self, name)!r})")
@@ -73,4 +77,5 @@ class Kernels:
                 raise ValueError(f"{named} pick CUDA kernels; this cell runs on {device}")
         return cls(verify=cell["verify_mode"], topk=k["topk_impl"],
                    tree_build=k["tree_build_impl"], fused_ops=k["fused_ops"],
-                   custom_impl=k["custom_impl"], linear=k["linear_impl"])
+                   custom_impl=k["custom_impl"], linear=k["linear_impl"],
+                   accept=k["accept_impl"])

@@ -8,7 +8,8 @@ are accepted and, where the right token is ranked second, the accepted path leav
 drafter's best chain for a sibling branch (KV compaction). The committed tokens must equal
 plain greedy decoding (ARDecoder, default kernels: independent of the kernels under test).
 Two kernel sets: the defaults in float64 (no argmax can flip on rounding), and every switch on
-(Triton verify, Triton top-k, the CUDA tree build, the fused forward) in float32. The oracle
+(Triton verify, Triton top-k, the CUDA tree build, the fused forward, the Triton accept) in
+float32. The oracle
 here reads the decoder's lengths on the device, so a full-step graph can capture it
 (tests/decode/test_decode.py's OracleDrafter reads them on the host). test_fast_loop.py runs the
 graph-free modes on CPU; the loop's speed is the decode workload's (scenarios/decode-modes.yaml).
@@ -36,8 +37,8 @@ MODES = [  # (tree_build, accept, graph_capture) of FastSpecDecoder; the baselin
     ("gpu", "gpu", "none"), ("gpu", "gpu", "verify"), ("gpu", "gpu", "full")]
 KERNELS = {
     "defaults-f64": (DEFAULT_KERNELS, torch.float64),
-    "every-switch-f32": (Kernels(verify="triton", topk="triton", tree_build="cuda", fused_ops=True),
-                         torch.float32),
+    "every-switch-f32": (Kernels(verify="triton", topk="triton", tree_build="cuda", fused_ops=True,
+                                 accept="triton"), torch.float32),
 }
 
 

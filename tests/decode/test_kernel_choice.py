@@ -33,7 +33,8 @@ def test_defaults_are_the_cell_defaults():
 
 @pytest.mark.parametrize("field,value", [("verify", "fast"), ("verify", "SDPA"), ("topk", "cuda"),
                                          ("tree_build", "auto"), ("tree_build", "metal"),
-                                         ("fused_ops", "true"), ("fused_ops", 1)])
+                                         ("fused_ops", "true"), ("fused_ops", 1),
+                                         ("accept", "cuda")])
 def test_bad_values_are_refused(field, value):
     with pytest.raises(ValueError, match=f"Kernels.{field} must be"):
         Kernels(**{field: value})
@@ -51,7 +52,8 @@ def test_from_cell_maps_the_knobs():
     hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
     assert Kernels.from_cell(cell, torch.device("cuda")) == \
         Kernels(verify="custom", topk="triton", tree_build="cuda", fused_ops=True,
-                custom_impl="wgmma" if hopper else "mma")
+                custom_impl="wgmma" if hopper else "mma", accept="triton",
+                linear="triton" if hopper else "torch")
     assert Kernels.from_cell(params.canonical({"tree_build_impl": "torch"}), "cuda").tree_build == "torch"
     named = params.canonical({"verify_mode": "custom", "custom_impl": "wgmma"})
     assert Kernels.from_cell(named, "cuda").custom_impl == "wgmma"
@@ -60,7 +62,7 @@ def test_from_cell_maps_the_knobs():
 
 
 @pytest.mark.parametrize("knob,value", [("topk_impl", "triton"), ("tree_build_impl", "cuda"),
-                                        ("fused_ops", True)])
+                                        ("fused_ops", True), ("accept_impl", "triton")])
 def test_a_cuda_kernel_on_a_cpu_device_is_refused(knob, value):
     with pytest.raises(ValueError, match="pick CUDA kernels; this cell runs on cpu"):
         Kernels.from_cell(params.canonical({knob: value}), torch.device("cpu"))

@@ -30,7 +30,8 @@ def test_off_where_it_does_not_exist(interp):
 
 
 @pytest.mark.parametrize("path", ["fused/triton_fused.py", "linear/skinny_linear.py",
-                                  "verify/triton_verify.py", "tree/triton_topk.py"])
+                                  "verify/triton_verify.py", "tree/triton_topk.py",
+                                  "accept/triton_accept.py"])
 def test_every_pdl_triton_kernel_waits_first(path):
     tree = ast.parse((KERNELS / path).read_text())
     kernels = [f for f in tree.body if isinstance(f, ast.FunctionDef)
@@ -48,7 +49,7 @@ def test_every_launch_passes_the_launch_options():
     one launched with launch_pdl but PDL=False would race. Every launch site passes both
     together: `**pdl.launch_options(device)` (or a name bound to it)."""
     for path in ("fused/triton_fused.py", "linear/skinny_linear.py", "verify/triton_verify.py",
-                 "tree/triton_topk.py"):
+                 "tree/triton_topk.py", "accept/triton_accept.py"):
         tree = ast.parse((KERNELS / path).read_text())
         bound = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign)
                  and "pdl.launch_options(" in ast.unparse(n.value) for t in n.targets}

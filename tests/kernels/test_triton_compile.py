@@ -18,6 +18,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from harness.kernels.fused import triton_fused  # noqa: E402
 from harness.kernels.linear import skinny_linear  # noqa: E402
+from harness.kernels.accept import triton_accept  # noqa: E402
 
 ARCHS = [90, 120]
 
@@ -86,6 +87,25 @@ def test_skinny_linear_compiles(arch, split):
     assert k.asm["cubin"]
     if split:   # the partials' arrival: an acq_rel atomic at GPU scope after a block barrier
         assert "atom.global.gpu.acq_rel.add" in k.asm["ptx"] and "bar.sync" in k.asm["ptx"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("synthetic", [False, True])
+def test_accept_kernels_compile(arch, synthetic):
+    fn = triton_accept._argmax_kernel
+    k = compile_for(fn, arch, typed(fn, {"X": "*bf16", "PART_V": "*fp32", "PART_I": "*i32"}),
+                    dict(BLOCK=triton_accept.BLOCK, PDL=True), num_warps=8)
+    assert k.asm["cubin"]
+    fn = triton_accept._accept_kernel
+    ptrs = {n: "*i64" for n in ("NEXT", "TREE_IDS", "PARENTS", "FIRST_CHILD", "DEPTH", "DRAWS",
+                                "LENGTHS", "STEP", "BONUS", "RECORD", "IDX", "SRC", "DST")}
+    ptrs.update(PART_V="*fp32", PART_I="*i32", VIS="*i1")
+    k = compile_for(fn, arch, typed(fn, ptrs), dict(TB=128, PB=32, BP=16, SYNTHETIC=synthetic,
+                                                    PDL=True), num_warps=4)
+    ptx = k.asm["ptx"]
+    # The argmax is stored by some threads and gathered by others: a barrier between.
+    assert "bar.sync" in ptx
+    assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
 
 
 @pytest.mark.parametrize("arch", ARCHS)

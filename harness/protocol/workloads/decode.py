@@ -21,6 +21,7 @@ TOPK_IMPLS = ("torch", "triton")            # the drafter's top-k log-probs
 TREE_BUILD_IMPLS = ("triton", "cuda", "torch")   # the kernel of tree_build: gpu
 CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv")  # the custom verify kernel: QK^T (and P V) on wgmma
 LINEAR_IMPLS = ("torch", "triton")          # the forward's weight GEMMs at decode's few rows
+ACCEPT_IMPLS = ("torch", "triton")          # the accept's argmax, path and bookkeeping (accept: gpu)
 PRESETS = ("tiny", "qwen3-8b", "kimi-k2.6-rank")  # shapes in harness/protocol/presets.py
 
 SHARED_PARAMS = (
@@ -62,6 +63,9 @@ IMPL_PARAMS = (
     # fc) where a forward has few rows: cuBLAS, or the skinny Triton kernel
     # (kernels/linear/skinny_linear.py; more rows than it takes always go to cuBLAS)
     choice("linear_impl", AUTO, (AUTO,) + LINEAR_IMPLS),
+    # accept: gpu's argmax over the tree's logits, accepted path and step bookkeeping: tensor
+    # ops, or two Triton launches (kernels/accept/triton_accept.py)
+    choice("accept_impl", AUTO, (AUTO,) + ACCEPT_IMPLS),
 )
 IMPL_DEFAULTS = {p.name: p.default for p in IMPL_PARAMS}
 # What `auto` runs, by device. CUDA: the winners of the op and decode timings on an H200
@@ -73,18 +77,19 @@ IMPL_DEFAULTS = {p.name: p.default for p in IMPL_PARAMS}
 # The skinny linear kernel on Hopper: graph-captured plain decoding of Qwen3-8B 2.1-2.8 % more
 # tokens/s at 4k-64k (442 -> 370 kernels a step), gpu/full 0.4 % shorter steps at 4k, level at
 # 64k (H200, results/h200/README.md, session 12); not measured on other GPUs.
+# The Triton accept: two launches for ~30 (see kernels/accept/triton_accept.py) on any CUDA GPU.
 AUTO_KERNELS = {
     "cuda": {"fused_ops": True, "topk_impl": "triton", "tree_build_impl": "cuda",
-             "custom_impl": "mma", "linear_impl": "torch"},
+             "custom_impl": "mma", "linear_impl": "torch", "accept_impl": "triton"},
     "hopper": {"fused_ops": True, "topk_impl": "triton", "tree_build_impl": "cuda",
-               "custom_impl": "wgmma_pv", "linear_impl": "triton"},
+               "custom_impl": "wgmma_pv", "linear_impl": "triton", "accept_impl": "triton"},
     "cpu": {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "torch",
-            "custom_impl": "mma", "linear_impl": "torch"},
+            "custom_impl": "mma", "linear_impl": "torch", "accept_impl": "torch"},
 }
 # What a cell ran before the knobs had `auto`: a result that does not record its kernels ran
 # its cell's knobs, and these where its cell predates a knob.
 BEFORE_AUTO = {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "triton",
-               "custom_impl": "mma", "linear_impl": "torch"}
+               "custom_impl": "mma", "linear_impl": "torch", "accept_impl": "torch"}
 
 
 def device_class(cuda: bool, capability: tuple[int, int] | None = None) -> str:
@@ -123,12 +128,13 @@ def resolve_kernels(cell: dict, cuda: bool, capability: tuple[int, int] | None =
 
 def kernel_knobs(cell: dict) -> tuple[str, ...]:
     """The knobs that pick a kernel this decode cell runs: the fused forward and the weight
-    GEMMs always, the top-k where there is a tree, the tree build's kernel where the tree is built on the GPU."""
+    GEMMs always, the top-k where there is a tree, the tree build's kernel where the tree is
+    built on the GPU, the accept's where the accept runs there."""
     custom = ("custom_impl",) if cell["verify_mode"] == "custom" else ()
     if cell["speculation"] == "none":
         return ("fused_ops", "linear_impl") + custom
     return (("fused_ops", "topk_impl") + (("tree_build_impl",) if cell["tree_build"] == "gpu" else ())
-            + custom + ("linear_impl",))
+            + custom + ("linear_impl",) + (("accept_impl",) if cell["accept"] == "gpu" else ()))
 
 
 # decode's own parameters (its cells only). check_tokens: after the timed windows, decode this

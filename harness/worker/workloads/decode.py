@@ -274,7 +274,7 @@ def _run(cell: dict, progress) -> dict:
     # What ran, `auto` resolved: the gate compares a cell only with a baseline that ran these.
     ran = {"fused_ops": kernels.fused_ops, "topk_impl": kernels.topk,
            "tree_build_impl": kernels.tree_build, "custom_impl": kernels.custom_impl,
-           "linear_impl": kernels.linear}
+           "linear_impl": kernels.linear, "accept_impl": kernels.accept}
     return {"metrics": metrics, "samples": samples, **extra,
             "kernels": {k: ran[k] for k in params.cell_kernels(cell)},
             "reuse": {"model": model_kept, "decoder": decoder_kept}, "timing": timing}

@@ -1,0 +1,128 @@
+"""The Triton accept (harness.kernels.accept.triton_accept) under the Triton interpreter, on CPU,
+against the tensor-op accept it replaces (harness.decode.fast.accept_path) and the bookkeeping
+the decoder does with tensor ops (FastSpecDecoder._book).
+
+Trees come from the torch tree build on random drafter log-probs (padding included where the
+budget exceeds what the drafter offers); the target's logits are random with the tree's path
+planted for a random number of levels, so accepted lengths vary from 1 to the tree's depth, and
+with the planted maxima repeated later in the row (and in later spans), so the argmax's tie rule
+(the first maximal column, torch's) decides the bonus token. Every output starts as garbage, so
+a slot the kernel skips fails. bf16 logits and the decode loop are checked on the GPU
+(tests/kernels/test_triton_accept_gpu.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="Triton is needed (Linux wheels only)")
+
+from harness.decode import tree_gpu  # noqa: E402
+from harness.decode.fast import accept_path  # noqa: E402
+
+
+def make_case(seed: int, b: int, budget: int, D: int, k: int, V: int, ties: bool):
+    """A batch of trees and target logits [b, T, V] that follow each tree for a while."""
+    g = torch.Generator().manual_seed(seed)
+    lp = torch.randn(b, D, k, generator=g).sort(-1, descending=True).values.log_softmax(-1)
+    ids = torch.stack([torch.randperm(V - 1, generator=g)[:k] for _ in range(b * D)]).view(b, D, k)
+    tree = tree_gpu.build_tree_gpu(lp, ids, budget, impl="torch")
+    T = budget + 1
+    bonus = torch.randint(0, V, (b,), generator=g)
+    tree_ids = torch.cat([bonus[:, None], tree.tokens], 1)
+    depth = torch.cat([torch.zeros(b, 1, dtype=torch.long), tree.depths], 1)
+    logits = torch.randn(b, T, V, generator=g)
+    for i in range(b):
+        # Plant the first child's token as the argmax at a random number of nodes down the
+        # drafter's best chain: the path is accepted that far, then the target disagrees.
+        node, levels = 0, int(torch.randint(0, D + 1, (1,), generator=g))
+        for _ in range(levels):
+            child = int(tree.first_child[i, node])
+            if child < 0:
+                break
+            logits[i, node, tree_ids[i, child]] = 10.0
+            node = child
+    if ties:
+        # The row's maximum again at a later column: the first one must win.
+        top, at = logits.max(-1)
+        later = (at + 1 + torch.randint(0, V, at.shape, generator=g)) % V
+        later = torch.maximum(later, at)
+        logits.scatter_(-1, later[..., None], top[..., None])
+    return dict(logits=logits, tree_ids=tree_ids, parents=tree.parents.clone(),
+                first_child=tree.first_child.clone(), depth=depth, vis=tree.visibility.clone())
+
+
+def _run_triton(case, B, lengths, step, draws):
+    from harness.kernels.accept import triton_accept
+    b, T, V = case["logits"].shape
+    out = dict(bonus=torch.full((b,), -5, dtype=torch.long),
+               record=torch.full((b, 1 + B), -5, dtype=torch.long),
+               idx=torch.full((b, B), -5, dtype=torch.long),
+               src=torch.full((b, B), -5, dtype=torch.long),
+               dst=torch.full((b, B), -5, dtype=torch.long),
+               lengths=lengths.clone(), step_index=torch.tensor([step]))
+    ws = triton_accept.alloc_workspace(b, T, V, "cpu")
+    ws.part_v.fill_(float("nan"))
+    ws.part_i.fill_(-9)
+    ws.next.fill_(-9)
+    triton_accept.accept(case["logits"], tree_ids=case["tree_ids"], parents=case["parents"],
+                         first_child=case["first_child"], depth=case["depth"], vis=case["vis"],
+                         draws=draws, workspace=ws, **out)
+    return {**out, "next": ws.next}
+
+
+def expected(case, B, lengths, step, draws):
+    """The tensor-op accept and the decoder's tensor-op bookkeeping."""
+    want = None if draws is None else draws[step % draws.shape[0]]
+    idx, accepted, bonus = accept_path(case["logits"], case["tree_ids"], case["parents"],
+                                       case["first_child"], case["depth"], case["vis"], B,
+                                       synthetic=draws is not None, want=want)
+    arange_B = torch.arange(B, device=lengths.device)
+    return dict(bonus=bonus, idx=idx,
+                record=torch.cat([accepted[:, None], case["tree_ids"].gather(1, idx)], 1),
+                src=lengths[:, None] + idx, dst=lengths[:, None] + arange_B,
+                lengths=lengths + accepted, step_index=torch.tensor([step + 1], device=lengths.device),
+                next=case["logits"].argmax(-1))
+
+
+CASES = [
+    # seed, batch, budget, depth D, k, vocabulary, ties
+    (1, 1, 16, 7, 4, 300, False),
+    (2, 3, 64, 15, 8, 20000, True),     # three argmax spans a row, the planted max tied later
+    (3, 2, 40, 15, 2, 500, True),       # a narrow drafter: padding nodes past the real ones
+    (4, 2, 130, 6, 64, 9000, False),    # T = 131 > one 128-node block
+]
+
+
+@pytest.mark.parametrize("case_args", CASES, ids=[f"seed{c[0]}" for c in CASES])
+@pytest.mark.parametrize("synthetic", [False, True])
+def test_triton_accept_equals_the_tensor_ops(interp, case_args, synthetic):
+    seed, b, budget, D, k, V, ties = case_args
+    case = make_case(seed, b, budget, D, k, V, ties)
+    B = D + 1
+    lengths = torch.randint(100, 1000, (b,), generator=torch.Generator().manual_seed(seed))
+    draws = None
+    if synthetic:
+        draws = torch.randint(1, B + 1, (5, b), generator=torch.Generator().manual_seed(seed + 1))
+    step = 7
+    got = interp.apply(_run_triton, (case, B, lengths, step, draws))
+    want = expected(case, B, lengths, step, draws)
+    for name, value in want.items():
+        assert torch.equal(got[name], value), (name, got[name], value)
+    if not synthetic:
+        # The planted paths make the accepted lengths vary (not all 1, not all the same).
+        assert int(want["record"][:, 0].max()) > 1
+
+
+def test_a_workspace_of_another_shape_is_refused():
+    from harness.kernels.accept import triton_accept
+    case = make_case(1, 1, 16, 7, 4, 300, False)
+    ws = triton_accept.alloc_workspace(2, 17, 300, "cpu")
+    z = lambda *s: torch.zeros(*s, dtype=torch.long)  # noqa: E731
+    with pytest.raises(ValueError, match="workspace of another shape"):
+        triton_accept.accept(case["logits"], tree_ids=case["tree_ids"], parents=case["parents"],
+                             first_child=case["first_child"], depth=case["depth"],
+                             vis=case["vis"], lengths=z(1), step_index=z(1), bonus=z(1),
+                             record=z(1, 9), idx=z(1, 8), src=z(1, 8), dst=z(1, 8), draws=None,
+                             workspace=ws)
