@@ -414,7 +414,7 @@ class FastSpecDecoder(_StepsBehind):
                                                            device=self.device) for _ in range(3))
         triton_accept.accept(
             logits, tree_ids=self.tree_ids, parents=self.parents, first_child=self.first_child,
-            depth=self.depth, vis=self.vis, lengths=self.lengths, step_index=self.step_index,
+            depth=self.depth, bits=self.bits, lengths=self.lengths, step_index=self.step_index,
             bonus=self.bonus, record=self.record, idx=self._idx, src=self._src, dst=self._dst,
             draws=self.draws if self.synthetic else None, workspace=self._accept_ws)
         return self._idx, self._src, self._dst

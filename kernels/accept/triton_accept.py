@@ -11,8 +11,9 @@ each, plus torch's argmax over the 65 x 151936 logits (24 µs), each boundary id
      of its row and writes the span's largest value and the first column holding it.
   2. `_accept_kernel`, one program for the whole batch: per sequence, the row's argmax from the
      partials (the largest value; among equal ones the lowest column, which is torch.argmax's
-     first maximal value), then the path, exactly as `FastSpecDecoder._accept_torch` computes it
-     with tensor ops (the reference this is tested against), then the bookkeeping: the bonus
+     first maximal value), then the path, exactly as `harness.decode.fast.accept_path` computes
+     it with tensor ops (the reference this is tested against; the ancestor test on the verify's
+     tree-mask bits instead of the [T, T] visibility), then the bookkeeping: the bonus
      token, the record [accepted, tokens...], the commit's source and destination slots, and the
      lengths and step index advanced. One program because the step index is read by every
      sequence (synthetic acceptance) and advanced once, and a batch is a few sequences.
@@ -66,15 +67,16 @@ def _follows(s, b, T, TREE_IDS, PARENTS, FIRST_CHILD, NEXT, SYNTHETIC: tl.conste
 
 
 @triton.jit
-def _accept_kernel(PART_V, PART_I, NEXT, TREE_IDS, PARENTS, FIRST_CHILD, DEPTH, VIS, DRAWS,
+def _accept_kernel(PART_V, PART_I, NEXT, TREE_IDS, PARENTS, FIRST_CHILD, DEPTH, BITS, DRAWS,
                    LENGTHS, STEP, BONUS, RECORD, IDX, SRC, DST,
-                   nb, T, B, P, n_draws,
+                   nb, T, W, B, P, n_draws,
                    TB: tl.constexpr, PB: tl.constexpr, BP: tl.constexpr,
                    SYNTHETIC: tl.constexpr, PDL: tl.constexpr):
     pdl.wait_then_release(PDL)
     step = tl.load(STEP)
     d = tl.arange(0, BP)
     pp = tl.arange(0, PB)
+    WB: tl.constexpr = TB // 32               # ancestor-mask words of a block of TB nodes
     for b in range(0, nb):
         # The target's argmax at every node, from the spans' partials.
         for t0 in range(0, T, TB):
@@ -88,9 +90,11 @@ def _accept_kernel(PART_V, PART_I, NEXT, TREE_IDS, PARENTS, FIRST_CHILD, DEPTH, 
             tl.store(NEXT + b * T + t, nxt.to(tl.int64), mask=t < T)
         tl.debug_barrier()          # the gathers below read other threads' NEXT
 
-        # On the path iff the node and all its ancestors follow (vis[t, s]: s is t or an
-        # ancestor); those nodes form one chain from the root. Per depth: whether the chain
-        # reaches it, and its node there (the first such node; 0 when none, as argmax of zeros).
+        # On the path iff the node and all its ancestors follow: no bit of its ancestor mask
+        # (BITS, the verify's tree mask: bit s of row t set iff s is t or an ancestor) falls on
+        # a node that does not follow. Those nodes form one chain from the root. Per depth:
+        # whether the chain reaches it, and its node there (the first such node; 0 when none,
+        # as argmax of zeros).
         reach = tl.zeros([BP], tl.int32)
         chain = tl.full([BP], BIG, tl.int32)
         for t0 in range(0, T, TB):
@@ -99,9 +103,13 @@ def _accept_kernel(PART_V, PART_I, NEXT, TREE_IDS, PARENTS, FIRST_CHILD, DEPTH, 
             for s0 in range(0, T, TB):
                 s = s0 + tl.arange(0, TB)
                 fol = _follows(s, b, T, TREE_IDS, PARENTS, FIRST_CHILD, NEXT, SYNTHETIC)
-                vis = tl.load(VIS + (b * T + t)[:, None].to(tl.int64) * T + s[None, :],
-                              mask=(t < T)[:, None] & (s < T)[None, :], other=0)
-                bad |= tl.max(((vis != 0) & ~fol[None, :]).to(tl.int32), 1)
+                # The block's "does not follow" bits as WB words (distinct bits: sum == or).
+                lost = tl.reshape((~fol & (s < T)).to(tl.int32), (WB, 32))
+                words = tl.sum(lost << tl.arange(0, 32)[None, :], 1)
+                w = s0 // 32 + tl.arange(0, WB)
+                mask = tl.load(BITS + (b * T + t)[:, None].to(tl.int64) * W + w[None, :],
+                               mask=(t < T)[:, None] & (w < W)[None, :], other=0)
+                bad |= tl.max(((mask & words[None, :]) != 0).to(tl.int32), 1)
             on = (bad == 0) & (t < T)
             depth = tl.load(DEPTH + b * T + t, mask=t < T, other=-1)
             hit = on[None, :] & (depth[None, :] == d[:, None])                 # [BP, TB]
@@ -144,13 +152,14 @@ def alloc_workspace(batch: int, T: int, V: int, device) -> Workspace:
                      next=torch.empty(batch, T, dtype=torch.long, device=device))
 
 
-def accept(logits: torch.Tensor, *, tree_ids, parents, first_child, depth, vis, lengths,
+def accept(logits: torch.Tensor, *, tree_ids, parents, first_child, depth, bits, lengths,
            step_index, bonus, record, idx, src, dst, draws: torch.Tensor | None,
            workspace: Workspace) -> None:
     """The accept and the commit's bookkeeping of one step, in place (no host sync).
 
     In: logits [b, T, V] (last dim contiguous), the tree [b, T] (tree_ids, parents (root -1),
-    first_child, depth) and vis [b, T, T] (vis[t, s]: s is t or an ancestor of t), int64 lengths
+    first_child, depth) and its ancestor masks bits [b, T, ceil(T / 32)] int32 (bit s of row t:
+    s is t or an ancestor of t; attention.visibility_bits, the verify's tree mask), int64 lengths
     [b] and step_index [1], draws [n, b] (synthetic acceptance; None: greedy). Out: bonus [b],
     record [b, 1 + B] (accepted length, then the tokens of idx), idx [b, B] (the accepted node at
     each depth, padded with the last one), src / dst [b, B] (the KV slots lengths + idx and
@@ -161,7 +170,7 @@ def accept(logits: torch.Tensor, *, tree_ids, parents, first_child, depth, vis, 
         raise ValueError("logits need a contiguous last dimension")
     for name, t, shape in (("tree_ids", tree_ids, (b, T)), ("parents", parents, (b, T)),
                            ("first_child", first_child, (b, T)), ("depth", depth, (b, T)),
-                           ("vis", vis, (b, T, T)), ("lengths", lengths, (b,)),
+                           ("bits", bits, (b, T, (T + 31) // 32)), ("lengths", lengths, (b,)),
                            ("step_index", step_index, (1,)), ("bonus", bonus, (b,)),
                            ("record", record, (b, 1 + B)), ("idx", idx, (b, B)),
                            ("src", src, (b, B)), ("dst", dst, (b, B))):
@@ -176,8 +185,8 @@ def accept(logits: torch.Tensor, *, tree_ids, parents, first_child, depth, vis, 
                                BLOCK=BLOCK, num_warps=8, **launch)
     synthetic = draws is not None
     _accept_kernel[(1,)](workspace.part_v, workspace.part_i, workspace.next, tree_ids, parents,
-                         first_child, depth, vis, draws if synthetic else lengths,
+                         first_child, depth, bits, draws if synthetic else lengths,
                          lengths, step_index, bonus, record, idx, src, dst,
-                         b, T, B, P, draws.shape[0] if synthetic else 1,
-                         TB=min(triton.next_power_of_2(T), 128), PB=triton.next_power_of_2(P),
+                         b, T, bits.shape[2], B, P, draws.shape[0] if synthetic else 1,
+                         TB=max(32, min(triton.next_power_of_2(T), 128)), PB=triton.next_power_of_2(P),
                          BP=triton.next_power_of_2(B), SYNTHETIC=synthetic, num_warps=4, **launch)

@@ -19,6 +19,7 @@ import torch
 pytest.importorskip("triton", reason="Triton is needed (Linux wheels only)")
 
 from harness.decode import tree_gpu  # noqa: E402
+from harness.decode.attention import visibility_bits  # noqa: E402
 from harness.decode.fast import accept_path  # noqa: E402
 
 
@@ -36,13 +37,20 @@ def make_case(seed: int, b: int, budget: int, D: int, k: int, V: int, ties: bool
     for i in range(b):
         # Plant the first child's token as the argmax at a random number of nodes down the
         # drafter's best chain: the path is accepted that far, then the target disagrees.
-        node, levels = 0, int(torch.randint(0, D + 1, (1,), generator=g))
+        node, levels, chain = 0, int(torch.randint(0, D + 1, (1,), generator=g)), {0}
         for _ in range(levels):
             child = int(tree.first_child[i, node])
             if child < 0:
                 break
             logits[i, node, tree_ids[i, child]] = 10.0
             node = child
+            chain.add(node)
+        # And at half the nodes off it: children that follow under a parent that is not on
+        # the path (they must stay off it: every ancestor's bit counts).
+        for n in range(T):
+            child = int(tree.first_child[i, n])
+            if n not in chain and child >= 0 and torch.rand(1, generator=g) < 0.5:
+                logits[i, n, tree_ids[i, child]] = 10.0
     if ties:
         # The row's maximum again at a later column: the first one must win.
         top, at = logits.max(-1)
@@ -51,6 +59,39 @@ def make_case(seed: int, b: int, budget: int, D: int, k: int, V: int, ties: bool
         logits.scatter_(-1, later[..., None], top[..., None])
     return dict(logits=logits, tree_ids=tree_ids, parents=tree.parents.clone(),
                 first_child=tree.first_child.clone(), depth=depth, vis=tree.visibility.clone())
+
+
+def random_tree_case(seed: int, b: int, T: int, D: int, V: int):
+    """Trees of T nodes with random shapes (node i's parent any earlier node of depth < D, so
+    late nodes have children too) and logits in which the argmax at every other node is one
+    of its children: nodes that follow under parents that do not, at every index, so each
+    ancestor bit of the tree mask counts."""
+    g = torch.Generator().manual_seed(seed)
+    parents = torch.full((b, T), -1, dtype=torch.long)
+    depth = torch.zeros(b, T, dtype=torch.long)
+    first_child = torch.full((b, T), -1, dtype=torch.long)
+    tree_ids = torch.zeros(b, T, dtype=torch.long)
+    vis = torch.zeros(b, T, T, dtype=torch.bool)
+    logits = torch.randn(b, T, V, generator=g)
+    for i in range(b):
+        vis[i, 0, 0] = True
+        tree_ids[i, 0] = int(torch.randint(0, V, (1,), generator=g))
+        children: dict[int, list[int]] = {}
+        for n in range(1, T):
+            open_ = [m for m in range(n) if depth[i, m] < D]
+            p = open_[int(torch.randint(0, len(open_), (1,), generator=g))]
+            parents[i, n], depth[i, n] = p, depth[i, p] + 1
+            children.setdefault(p, []).append(n)
+            vis[i, n] = vis[i, p]
+            vis[i, n, n] = True
+        for p, kids in children.items():
+            first_child[i, p] = kids[0]
+            tokens = torch.randperm(V, generator=g)[:len(kids)]
+            tree_ids[i, kids] = tokens
+            if torch.rand(1, generator=g) < 0.6:
+                logits[i, p, tokens[int(torch.randint(0, len(kids), (1,), generator=g))]] = 10.0
+    return dict(logits=logits, tree_ids=tree_ids, parents=parents, first_child=first_child,
+                depth=depth, vis=vis)
 
 
 def _run_triton(case, B, lengths, step, draws):
@@ -67,7 +108,7 @@ def _run_triton(case, B, lengths, step, draws):
     ws.part_i.fill_(-9)
     ws.next.fill_(-9)
     triton_accept.accept(case["logits"], tree_ids=case["tree_ids"], parents=case["parents"],
-                         first_child=case["first_child"], depth=case["depth"], vis=case["vis"],
+                         first_child=case["first_child"], depth=case["depth"], bits=visibility_bits(case["vis"]),
                          draws=draws, workspace=ws, **out)
     return {**out, "next": ws.next}
 
@@ -93,6 +134,19 @@ CASES = [
     (3, 2, 40, 15, 2, 500, True),       # a narrow drafter: padding nodes past the real ones
     (4, 2, 130, 6, 64, 9000, False),    # T = 131 > one 128-node block
 ]
+
+
+@pytest.mark.parametrize("seed,b,T,D,V", [(8, 2, 100, 6, 300), (10, 2, 65, 15, 400)])
+@pytest.mark.parametrize("synthetic", [False, True])
+def test_triton_accept_equals_the_tensor_ops_on_random_shapes(interp, seed, b, T, D, V, synthetic):
+    case = random_tree_case(seed, b, T, D, V)
+    B = D + 1
+    lengths = torch.arange(b) * 1000 + 17
+    draws = torch.randint(1, B + 1, (4, b), generator=torch.Generator().manual_seed(seed)) if synthetic else None
+    got = interp.apply(_run_triton, (case, B, lengths, 3, draws))
+    want = expected(case, B, lengths, 3, draws)
+    for name, value in want.items():
+        assert torch.equal(got[name], value), (name, got[name], value)
 
 
 @pytest.mark.parametrize("case_args", CASES, ids=[f"seed{c[0]}" for c in CASES])
@@ -123,6 +177,6 @@ def test_a_workspace_of_another_shape_is_refused():
     with pytest.raises(ValueError, match="workspace of another shape"):
         triton_accept.accept(case["logits"], tree_ids=case["tree_ids"], parents=case["parents"],
                              first_child=case["first_child"], depth=case["depth"],
-                             vis=case["vis"], lengths=z(1), step_index=z(1), bonus=z(1),
+                             bits=visibility_bits(case["vis"]), lengths=z(1), step_index=z(1), bonus=z(1),
                              record=z(1, 9), idx=z(1, 8), src=z(1, 8), dst=z(1, 8), draws=None,
                              workspace=ws)

@@ -15,6 +15,7 @@ from cuda_checks import capture, no_host_sync
 from test_triton_accept import expected, make_case
 
 pytest.importorskip("triton", reason="Triton is needed (Linux wheels only)")
+from harness.decode.attention import visibility_bits  # noqa: E402
 from harness.kernels.accept import triton_accept  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -37,7 +38,7 @@ def run(case, B, lengths, step, draws, ws=None):
                lengths=lengths.clone(), step_index=torch.tensor([step], device=dev))
     ws = ws or triton_accept.alloc_workspace(b, T, V, dev)
     triton_accept.accept(case["logits"], tree_ids=case["tree_ids"], parents=case["parents"],
-                         first_child=case["first_child"], depth=case["depth"], vis=case["vis"],
+                         first_child=case["first_child"], depth=case["depth"], bits=visibility_bits(case["vis"]),
                          draws=draws, workspace=ws, **out)
     return {**out, "next": ws.next}
 
@@ -58,22 +59,23 @@ def test_equals_the_tensor_ops_at_the_loops_shape(cuda, b, synthetic):
 def test_no_host_sync_and_graph_replays_equal_eager_calls(cuda):
     b, B = 2, D + 1
     case = on(make_case(20, b, BUDGET, D, 64, VOCAB, ties=True), cuda)
-    lengths = torch.full((b,), 4096, device=cuda)
+    bits = visibility_bits(case["vis"])
     ws = triton_accept.alloc_workspace(b, BUDGET + 1, VOCAB, cuda)
-    outs = run(case, B, lengths, 0, None, ws)               # compiles, outside the check
-    with no_host_sync():
-        run(case, B, lengths, 0, None, ws)
+    outs = run(case, B, torch.full((b,), 4096, device=cuda), 0, None, ws)   # compiles
     keep = {k: v for k, v in outs.items() if k != "next"}
 
     def call():
         triton_accept.accept(case["logits"], tree_ids=case["tree_ids"], parents=case["parents"],
                              first_child=case["first_child"], depth=case["depth"],
-                             vis=case["vis"], draws=None, workspace=ws, **keep)
+                             bits=bits, draws=None, workspace=ws, **keep)
+    with no_host_sync():
+        call()
     graph = capture(call)
     for seed in (21, 22, 23):
         new = on(make_case(seed, b, BUDGET, D, 64, VOCAB, ties=True), cuda)
-        for name in ("logits", "tree_ids", "parents", "first_child", "depth", "vis"):
+        for name in ("logits", "tree_ids", "parents", "first_child", "depth"):
             case[name].copy_(new[name])
+        bits.copy_(visibility_bits(new["vis"]))
         keep["lengths"].fill_(4096)
         keep["step_index"].zero_()
         graph.replay()
