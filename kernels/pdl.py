@@ -55,8 +55,11 @@ def enabled(device: torch.device) -> bool:
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def launch_options(device: torch.device) -> dict:
+def launch_options(device: torch.device, overlap: bool = True) -> dict:
     """The keyword arguments a launch on `device` adds: the kernel's PDL constexpr and
-    Triton's launch_pdl."""
-    on = enabled(device)
+    Triton's launch_pdl. `overlap` False: a plain launch, for a kernel right after one that does
+    not let its dependents launch early (a cuBLAS GEMM, a torch kernel): there a PDL launch
+    only waits longer, ~0.3 µs a boundary after a 65-row cuBLAS GEMM on the H200
+    (kernels/NOTES.md, "Plain launches after cuBLAS")."""
+    on = overlap and enabled(device)
     return {"PDL": on, "launch_pdl": on} if on else {"PDL": False}

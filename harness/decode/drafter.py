@@ -18,7 +18,7 @@ from torch import nn
 from harness.decode import attention
 from harness.decode.kernel_choice import Kernels
 from harness.decode.model import (KVCache, Layer, RMSNorm, Target, TargetConfig, final_norm,
-                                  linear, run_layers)
+                                  linear, overlaps_gemm, run_layers)
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,8 @@ class Drafter(nn.Module):
         rope = cache.rope(positions)
         h, residual, _ = run_layers(self.layers, x, rope, cache, positions, mask)
         logits = linear(target.lm_head, final_norm(self.norm, h[:, 1:],
-                                                   None if residual is None else residual[:, 1:]),
+                                                   None if residual is None else residual[:, 1:],
+                                                   overlaps_gemm(h, kernels)),
                         kernels)
         if not self.cfg.logit_scale:
             return logits

@@ -31,7 +31,7 @@ from harness.decode.drafter import Drafter
 from harness.decode.kernel_choice import Kernels
 from harness.decode.loop import (PhaseFn, SyntheticAcceptance, host_tree_tensors, no_phase,
                                  prefill)
-from harness.decode.model import Target
+from harness.decode.model import Target, gemm_overlaps
 
 
 # Steps the GPU may have queued beyond the one whose record the host reads: with two, the host
@@ -416,7 +416,8 @@ class FastSpecDecoder(_StepsBehind):
             logits, tree_ids=self.tree_ids, parents=self.parents, first_child=self.first_child,
             depth=self.depth, bits=self.bits, lengths=self.lengths, step_index=self.step_index,
             bonus=self.bonus, record=self.record, idx=self._idx, src=self._src, dst=self._dst,
-            draws=self.draws if self.synthetic else None, workspace=self._accept_ws)
+            draws=self.draws if self.synthetic else None, workspace=self._accept_ws,
+            overlap=gemm_overlaps(self.b * self.T, self.target.cfg.hidden, self.kernels))
         return self._idx, self._src, self._dst
 
     def _accept_torch(self, logits: torch.Tensor):

@@ -35,6 +35,21 @@ def linear_weight(weight: torch.Tensor, x: torch.Tensor, kernels: Kernels) -> to
     return F.linear(x, weight)
 
 
+def overlaps_gemm(x: torch.Tensor, kernels: Kernels) -> bool:
+    """Whether a kernel right after the weight GEMM of input x (or of as many rows) launches
+    with PDL: the skinny Triton kernel lets the kernel after it launch early; cuBLAS's GEMMs do
+    not, and after them a plain launch is faster (pdl.launch_options)."""
+    return gemm_overlaps(x.numel() // x.shape[-1], x.shape[-1], kernels)
+
+
+def gemm_overlaps(rows: int, K: int, kernels: Kernels) -> bool:
+    """`overlaps_gemm` for a GEMM of `rows` rows of depth K."""
+    if kernels.linear != "triton":
+        return False
+    from harness.kernels.linear import skinny_linear
+    return skinny_linear.takes(rows, K)
+
+
 @dataclass(frozen=True)
 class TargetConfig:
     vocab_size: int
@@ -157,7 +172,8 @@ class Attention(nn.Module):
         if kernels.fused_ops:
             from harness.kernels.fused import triton_fused
             triton_fused.qk_norm_rope_store(kv, 0, None, self.k_norm.weight, cfg.rms_eps, *rope,
-                                            cache.k[layer], cache.v[layer], slots)
+                                            cache.k[layer], cache.v[layer], slots,
+                                            overlap=overlaps_gemm(x, kernels))
             return
         k, v = kv.split(cfg.kv_heads, dim=2)
         self._store(k, v, rope, cache, layer, slots)
@@ -184,7 +200,8 @@ class Attention(nn.Module):
         qkv = linear(self.qkv_proj, x, mask.kernels).view(b, T, cfg.heads + 2 * cfg.kv_heads,
                                                           cfg.head_dim)
         q = triton_fused.qk_norm_rope_store(qkv, cfg.heads, self.q_norm.weight, self.k_norm.weight,
-                                            cfg.rms_eps, *rope, cache.k[layer], cache.v[layer], slots)
+                                            cfg.rms_eps, *rope, cache.k[layer], cache.v[layer], slots,
+                                            overlap=overlaps_gemm(x, mask.kernels))
         S = mask.kv_len
         out = torch.empty_like(q)
         attention.attend(q.transpose(1, 2), cache.k[layer, :, :, :S], cache.v[layer, :, :, :S], mask,
@@ -204,7 +221,8 @@ class MLP(nn.Module):
 
     def forward_fused(self, x, kernels: Kernels = Kernels()):
         from harness.kernels.fused import triton_fused
-        return linear(self.down_proj, triton_fused.silu_mul(linear(self.gate_up_proj, x, kernels)),
+        gate_up = linear(self.gate_up_proj, x, kernels)
+        return linear(self.down_proj, triton_fused.silu_mul(gate_up, overlaps_gemm(x, kernels)),
                       kernels)
 
 
@@ -225,9 +243,10 @@ class Layer(nn.Module):
         (residual None: x = h), so each sublayer's residual add happens inside the next norm."""
         from harness.kernels.fused import triton_fused
         n1, n2 = self.input_layernorm, self.post_attention_layernorm
-        x, residual = triton_fused.add_rmsnorm(h, n1.weight, n1.eps, residual)
+        overlap = overlaps_gemm(h, mask.kernels)   # each norm follows a GEMM of these rows
+        x, residual = triton_fused.add_rmsnorm(h, n1.weight, n1.eps, residual, overlap)
         h = self.self_attn.forward_fused(x, rope, cache, layer, slots, mask)
-        x, residual = triton_fused.add_rmsnorm(h, n2.weight, n2.eps, residual)
+        x, residual = triton_fused.add_rmsnorm(h, n2.weight, n2.eps, residual, overlap)
         return self.mlp.forward_fused(x, mask.kernels), residual
 
 
@@ -253,12 +272,14 @@ def run_layers(layers, x, rope, cache: KVCache, slots, mask: attention.Mask,
     return h, residual, captured
 
 
-def final_norm(norm: RMSNorm, h: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-    """norm(h + residual), the add fused into the norm (see `run_layers`)."""
+def final_norm(norm: RMSNorm, h: torch.Tensor, residual: torch.Tensor | None,
+               overlap: bool = True) -> torch.Tensor:
+    """norm(h + residual), the add fused into the norm (see `run_layers`); `overlap` as
+    triton_fused's (false after a kernel that does not trigger its dependents)."""
     if residual is None:
         return norm(h)
     from harness.kernels.fused import triton_fused
-    return triton_fused.add_rmsnorm(h, norm.weight, norm.eps, residual)[0]
+    return triton_fused.add_rmsnorm(h, norm.weight, norm.eps, residual, overlap)[0]
 
 
 class Target(nn.Module):
@@ -294,7 +315,9 @@ class Target(nn.Module):
             rows = logits_for[..., None].expand(-1, -1, h.shape[-1])
             h = torch.gather(h, 1, rows)
             residual = None if residual is None else torch.gather(residual, 1, rows)
-        logits = linear(self.lm_head, final_norm(self.norm, h, residual), mask.kernels)
+        # After the last down_proj, or after the gathers of `logits_for` (torch kernels).
+        overlap = logits_for is None and overlaps_gemm(h, mask.kernels)
+        logits = linear(self.lm_head, final_norm(self.norm, h, residual, overlap), mask.kernels)
         hidden = torch.cat(captured, dim=-1) if captured else None
         return logits, hidden
 

@@ -154,7 +154,7 @@ def alloc_workspace(batch: int, T: int, V: int, device) -> Workspace:
 
 def accept(logits: torch.Tensor, *, tree_ids, parents, first_child, depth, bits, lengths,
            step_index, bonus, record, idx, src, dst, draws: torch.Tensor | None,
-           workspace: Workspace) -> None:
+           workspace: Workspace, overlap: bool = True) -> None:
     """The accept and the commit's bookkeeping of one step, in place (no host sync).
 
     In: logits [b, T, V] (last dim contiguous), the tree [b, T] (tree_ids, parents (root -1),
@@ -163,7 +163,9 @@ def accept(logits: torch.Tensor, *, tree_ids, parents, first_child, depth, bits,
     [b] and step_index [1], draws [n, b] (synthetic acceptance; None: greedy). Out: bonus [b],
     record [b, 1 + B] (accepted length, then the tokens of idx), idx [b, B] (the accepted node at
     each depth, padded with the last one), src / dst [b, B] (the KV slots lengths + idx and
-    lengths + d the commit moves), lengths advanced by the accepted length, step_index by one."""
+    lengths + d the commit moves), lengths advanced by the accepted length, step_index by one.
+    `overlap`: whether the first launch may overlap the kernel before (pdl.launch_options;
+    false after the verify's lm_head on cuBLAS, which does not trigger its dependents)."""
     b, T, V = logits.shape
     B = idx.shape[1]
     if logits.stride(-1) != 1:
@@ -181,8 +183,8 @@ def accept(logits: torch.Tensor, *, tree_ids, parents, first_child, depth, bits,
         raise ValueError("workspace of another shape (alloc_workspace with this batch, T and V)")
     launch = pdl.launch_options(logits.device)
     _argmax_kernel[(P, b * T)](logits, workspace.part_v, workspace.part_i, V, T,
-                               logits.stride(0), logits.stride(1), P,
-                               BLOCK=BLOCK, num_warps=8, **launch)
+                               logits.stride(0), logits.stride(1), P, BLOCK=BLOCK, num_warps=8,
+                               **pdl.launch_options(logits.device, overlap))
     synthetic = draws is not None
     _accept_kernel[(1,)](workspace.part_v, workspace.part_i, workspace.next, tree_ids, parents,
                          first_child, depth, bits, draws if synthetic else lengths,

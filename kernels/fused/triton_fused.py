@@ -149,8 +149,11 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def add_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(h) * weight, h) with h = x + residual (h = x when residual is None)."""
+                residual: torch.Tensor | None = None,
+                overlap: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(h) * weight, h) with h = x + residual (h = x when residual is None).
+    `overlap`, here and in every launcher below: whether the launch may overlap the kernel
+    before (pdl.launch_options: false after a kernel that does not trigger its dependents)."""
     x2 = _rows(x)
     n_rows, n_cols = x2.shape
     out = torch.empty_like(x)
@@ -165,14 +168,14 @@ def add_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     _add_rmsnorm_kernel[(n_rows,)](
         x2, r2, weight, o2, ro2, x2.stride(0), r2.stride(0), o2.stride(0), ro2.stride(0),
         n_cols, eps, HAS_RES=residual is not None, BLOCK=block,
-        num_warps=max(1, min(16, block // 512)), **pdl.launch_options(x.device))
+        num_warps=max(1, min(16, block // 512)), **pdl.launch_options(x.device, overlap))
     return out, res
 
 
 def qk_norm_rope_store(qkv: torch.Tensor, heads: int, q_weight: torch.Tensor | None,
                        k_weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor,
                        k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       slots: torch.Tensor) -> torch.Tensor | None:
+                       slots: torch.Tensor, overlap: bool = True) -> torch.Tensor | None:
     """qkv [b, T, heads + 2 kv_heads, d] (heads may be 0: keys and values only); cos, sin
     [b, T, 1, d] (model.rope_tables); k_cache, v_cache [b, kv_heads, S, d]; slots [b, T].
     Writes normed, rotated keys and the values to the cache at `slots`; returns the normed,
@@ -194,11 +197,11 @@ def qk_norm_rope_store(qkv: torch.Tensor, heads: int, q_weight: torch.Tensor | N
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         slots.stride(0), slots.stride(1),
         T, eps, heads, kv_heads, HALF=d // 2, HALF_BLOCK=triton.next_power_of_2(d // 2),
-        num_warps=1 if d <= 128 else 2, **pdl.launch_options(qkv.device))
+        num_warps=1 if d <= 128 else 2, **pdl.launch_options(qkv.device, overlap))
     return q
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, overlap: bool = True) -> torch.Tensor:
     """[..., 2F] (gate then up, as MLP.gate_up_proj stacks them) -> silu(gate) * up [..., F]."""
     g2 = _rows(gate_up)
     n_rows, two_f = g2.shape
@@ -208,7 +211,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(f))
     _silu_mul_kernel[(n_rows, triton.cdiv(f, block))](g2, o2, g2.stride(0), o2.stride(0), f,
                                                       BLOCK=block, num_warps=4,
-                                                      **pdl.launch_options(gate_up.device))
+                                                      **pdl.launch_options(gate_up.device, overlap))
     return out
 
 

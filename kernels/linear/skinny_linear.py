@@ -37,6 +37,11 @@ from harness.kernels import pdl
 MAX_ROWS = 16
 
 
+def takes(rows: int, K: int) -> bool:
+    """Whether `linear` runs this kernel for `rows` rows of depth K (else cuBLAS)."""
+    return rows <= MAX_ROWS and K % 16 == 0
+
+
 @triton.jit
 def _skinny_kernel(X, W, Y, PART, LOCK, M, N, stride_xm, stride_wn, stride_ym, k_split,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -139,7 +144,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, config: Config | None = None,
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     M, N = x2.shape[0], weight.shape[0]
-    if M > MAX_ROWS or K % 16 or x.device.type != "cuda" and not _interpreting():
+    if not takes(M, K) or x.device.type != "cuda" and not _interpreting():
         return F.linear(x, weight)
     if x2.stride(-1) != 1 or weight.stride(-1) != 1 or weight.shape[1] != K:
         raise ValueError("x and weight need the same, contiguous last dimension")

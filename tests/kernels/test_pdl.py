@@ -70,3 +70,16 @@ def test_every_cuda_verify_kernel_waits_first():
     for name, first in kernels:
         assert first == "wait_for_previous_kernel();", (name, first)
     assert "cudaLaunchAttributeProgrammaticStreamSerialization" in src
+
+
+def test_a_kernel_after_a_cublas_gemm_launches_plainly():
+    """PDL only where the kernel before triggers its dependents (ours do, first thing): after
+    cuBLAS's GEMMs (the verify's 65 rows, or linear_impl torch) a plain launch."""
+    from harness.decode.kernel_choice import Kernels
+    from harness.decode.model import gemm_overlaps
+    assert pdl.launch_options(torch.device("cuda"), overlap=False) == {"PDL": False}
+    skinny, cublas = Kernels(linear="triton"), Kernels(linear="torch")
+    assert gemm_overlaps(1, 4096, skinny) and gemm_overlaps(16, 12288, skinny)
+    assert not gemm_overlaps(65, 4096, skinny)          # more rows than the skinny kernel takes
+    assert not gemm_overlaps(16, 4100, skinny)          # a depth it hands to cuBLAS
+    assert not gemm_overlaps(1, 4096, cublas)
