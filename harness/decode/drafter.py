@@ -92,6 +92,10 @@ class Drafter(nn.Module):
             return logits
         # float32 out: scaled logits near the top are ~40, where bf16's step (0.25) would tie
         # the candidates the tree ranks.
+        if kernels.fused_ops:
+            from harness.kernels.fused import triton_fused
+            return triton_fused.standardise(logits, self.cfg.logit_scale,
+                                            overlaps_gemm(h, kernels))
         logits = logits.float()
         std, mean = torch.std_mean(logits, dim=-1, keepdim=True)
         return (logits - mean) / std * self.cfg.logit_scale

@@ -116,6 +116,31 @@ def _silu_mul_kernel(GU, OUT, stride_g, stride_o, n_cols, BLOCK: tl.constexpr, P
 
 
 @triton.jit
+def _standardise_kernel(X, OUT, stride_x, stride_o, n_cols, scale, BLOCK: tl.constexpr,
+                        PDL: tl.constexpr):
+    """One row: (x - mean) / std * scale in float32, std with Bessel's correction (as
+    torch.std_mean). Two passes for the moments (the mean first, then the squares about it),
+    a third for the output; the row (a drafter's logits, just written) is read from L2."""
+    pdl.wait_then_release(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for c in range(0, n_cols, BLOCK):
+        cols = c + tl.arange(0, BLOCK)
+        acc += tl.load(X + row * stride_x + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    mean = tl.sum(acc, 0) / n_cols
+    acc = tl.zeros([BLOCK], tl.float32)
+    for c in range(0, n_cols, BLOCK):
+        cols = c + tl.arange(0, BLOCK)
+        x = tl.load(X + row * stride_x + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        acc += tl.where(cols < n_cols, (x - mean) * (x - mean), 0.0)
+    std = tl.sqrt(tl.sum(acc, 0) / (n_cols - 1))
+    for c in range(0, n_cols, BLOCK):
+        cols = c + tl.arange(0, BLOCK)
+        x = tl.load(X + row * stride_x + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+        tl.store(OUT + row * stride_o + cols, (x - mean) / std * scale, mask=cols < n_cols)
+
+
+@triton.jit
 def _move_kv_kernel(K, V, SRC, DST, stride_l, stride_b, stride_h, stride_s, stride_ib, n_b, n_h, n_rows,
                     D: tl.constexpr, ROWS: tl.constexpr, D_BLOCK: tl.constexpr, PDL: tl.constexpr):
     """One (layer, sequence, KV head) per program: its rows SRC[b] of K and V to rows DST[b]."""
@@ -212,6 +237,20 @@ def silu_mul(gate_up: torch.Tensor, overlap: bool = True) -> torch.Tensor:
     _silu_mul_kernel[(n_rows, triton.cdiv(f, block))](g2, o2, g2.stride(0), o2.stride(0), f,
                                                       BLOCK=block, num_warps=4,
                                                       **pdl.launch_options(gate_up.device, overlap))
+    return out
+
+
+def standardise(logits: torch.Tensor, scale: float, overlap: bool = True) -> torch.Tensor:
+    """float32 (x - mean) / std * scale along the last dim of logits [..., V] (any float dtype,
+    V >= 2), std with Bessel's correction: what the random drafter does to its logits
+    (drafter.DrafterConfig.logit_scale) with torch.std_mean's five kernels, in one."""
+    x2 = _rows(logits)
+    n_rows, n_cols = x2.shape
+    out = torch.empty(*logits.shape, dtype=torch.float32, device=logits.device)
+    o2 = out.view(-1, n_cols)
+    _standardise_kernel[(n_rows,)](x2, o2, x2.stride(0), o2.stride(0), n_cols, float(scale),
+                                   BLOCK=min(4096, triton.next_power_of_2(n_cols)), num_warps=16,
+                                   **pdl.launch_options(logits.device, overlap))
     return out
 
 

@@ -83,6 +83,21 @@ def test_silu_mul(interp):
     torch.testing.assert_close(out, torch.nn.functional.silu(gate) * up, **TOL)
 
 
+def run_standardise(x, scale):
+    from harness.kernels.fused import triton_fused
+    return triton_fused.standardise(x, scale)
+
+
+@pytest.mark.parametrize("cols", [5000, 300])          # two blocks and a ragged one; one block
+def test_standardise(interp, cols):
+    g = torch.Generator().manual_seed(cols)
+    x = torch.randn(3, 2, cols, generator=g) * 3 - 7
+    out = interp.apply(run_standardise, (x, 32.0))
+    std, mean = torch.std_mean(x.double(), dim=-1, keepdim=True)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), (x.double() - mean) / std * 32.0, atol=2e-4, rtol=1e-5)
+
+
 @pytest.mark.parametrize("heads,kv_heads,d", [(4, 2, 32), (2, 1, 24), (0, 2, 16)])
 def test_qk_norm_rope_store(interp, heads, kv_heads, d):
     """Queries returned normed and rotated; keys normed, rotated and values copied into the
@@ -181,7 +196,7 @@ def run_fast_loop_switched_on():
     from harness.decode.fast import FastSpecDecoder
     from test_decode import OracleDrafter, ar_reference, make_models, prompts_for
 
-    every = Kernels(verify="triton", topk="triton", fused_ops=True)
+    every = Kernels(verify="triton", topk="triton", fused_ops=True, accept="triton")
     target, drafter = make_models(11, block=6, dtype=torch.float32)
     prompts = prompts_for(11, [9, 20])
     ref = ar_reference(target, prompts, 40)

@@ -67,6 +67,14 @@ def test_silu_mul_compiles(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_standardise_compiles(arch):
+    fn = triton_fused._standardise_kernel
+    k = compile_for(fn, arch, typed(fn, {"X": "*bf16", "OUT": "*fp32"}, floats=("scale",)),
+                    dict(BLOCK=4096, PDL=True), num_warps=16)
+    assert k.asm["cubin"]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("d,d_block", [(128, 128), (288, 512)])    # qwen3-8b; kimi's 288
 def test_move_kv_compiles(arch, d, d_block):
     fn = triton_fused._move_kv_kernel
