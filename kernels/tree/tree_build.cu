@@ -43,7 +43,30 @@
 #else
 #include <cuda_runtime.h>
 #define TTB_DYNAMIC_SMEM(name) extern __shared__ __align__(128) uint8_t name[]
-#define TTB_LAUNCH(kernel, grid, block, smem, stream, p) kernel<<<grid, block, smem, stream>>>(p)
+#define TTB_LAUNCH(kernel, grid, block, smem, stream, p) ttb_launch(kernel, grid, block, smem, stream, p)
+
+// Programmatic dependent launch on sm_90+ (kernels/pdl.py): the build may be scheduled while the
+// kernel before it (the Triton top-k's last, which lets its dependents launch first thing)
+// finishes; the kernel waits for it first thing (wait_for_previous_kernel). Elsewhere a plain
+// launch. As verify_attention.cu's tva_launch.
+template <typename Kernel, typename Params>
+static void ttb_launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       const Params& p) {
+    int device = 0, major = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaLaunchAttribute pdl;
+    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &pdl;
+    cfg.numAttrs = major >= 9 ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, kernel, p);      // its error is the runtime's last error
+}
 #endif
 #include <stdint.h>
 #include <string.h>
@@ -51,6 +74,15 @@
 #include <mutex>
 
 namespace ttb {
+
+// First thing in the kernel: wait until the kernel before it on the stream has finished and its
+// writes are visible (a no-op unless launched with PDL), then let the next kernel launch early.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 // Mirrored by a ctypes structure in kernels/tree/cuda_tree_build.py: every field 8 bytes wide.
 struct Params {
@@ -299,6 +331,7 @@ __device__ int pop_nodes(int N, int D, int KP, const double* lp, const Nodes nod
 // inlined into one kernel, the largest S set the register budget of all and spilled.
 template <int S>
 __global__ void __launch_bounds__(MAX_THREADS, 1) tree_build_kernel(const Params p) {
+    wait_for_previous_kernel();
     TTB_DYNAMIC_SMEM(smem);
     const float NEG = -__builtin_inff();
     const int N = static_cast<int>(p.budget), D = static_cast<int>(p.depth), KP = static_cast<int>(p.kp);

@@ -83,3 +83,10 @@ def test_a_kernel_after_a_cublas_gemm_launches_plainly():
     assert not gemm_overlaps(65, 4096, skinny)          # more rows than the skinny kernel takes
     assert not gemm_overlaps(16, 4100, skinny)          # a depth it hands to cuBLAS
     assert not gemm_overlaps(1, 4096, cublas)
+
+
+def test_the_cuda_tree_build_waits_first():
+    src = (KERNELS / "tree" / "tree_build.cu").read_text()
+    first = re.findall(r"__global__ void[^{]*?\btree_build_kernel\(const Params p\) \{\n\s*(\S[^\n]*)", src)
+    assert first == ["wait_for_previous_kernel();"], first
+    assert "cudaLaunchAttributeProgrammaticStreamSerialization" in src
