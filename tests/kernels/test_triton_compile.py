@@ -68,9 +68,13 @@ def test_silu_mul_compiles(arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_standardise_compiles(arch):
+    fn = triton_fused._span_moments_kernel
+    k = compile_for(fn, arch, typed(fn, {"X": "*bf16", "MOMENTS": "*fp32"}),
+                    dict(BLOCK=4096, PDL=True), num_warps=8)
+    assert k.asm["cubin"]
     fn = triton_fused._standardise_kernel
-    k = compile_for(fn, arch, typed(fn, {"X": "*bf16", "OUT": "*fp32"}, floats=("scale",)),
-                    dict(BLOCK=4096, PDL=True), num_warps=16)
+    k = compile_for(fn, arch, typed(fn, {"X": "*bf16", "OUT": "*fp32", "MOMENTS": "*fp32"},
+                                    floats=("scale",)), dict(BLOCK=4096, PB=64, PDL=True), num_warps=8)
     assert k.asm["cubin"]
 
 
@@ -107,7 +111,7 @@ def test_accept_kernels_compile(arch, synthetic):
     fn = triton_accept._accept_kernel
     ptrs = {n: "*i64" for n in ("NEXT", "TREE_IDS", "PARENTS", "FIRST_CHILD", "DEPTH", "DRAWS",
                                 "LENGTHS", "STEP", "BONUS", "RECORD", "IDX", "SRC", "DST")}
-    ptrs.update(PART_V="*fp32", PART_I="*i32", VIS="*i1")
+    ptrs.update(PART_V="*fp32", PART_I="*i32", BITS="*i32")
     k = compile_for(fn, arch, typed(fn, ptrs), dict(TB=128, PB=32, BP=16, SYNTHETIC=synthetic,
                                                     PDL=True), num_warps=4)
     ptx = k.asm["ptx"]
