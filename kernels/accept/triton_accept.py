@@ -33,7 +33,7 @@ import triton.language as tl
 
 from harness.kernels import pdl
 
-BLOCK = 8192          # columns per argmax program: 19 spans a row at V = 151936
+BLOCK = 4096          # columns per argmax program: 38 spans a row at V = 151936 (kernels/NOTES.md)
 BIG = tl.constexpr(2147483647)
 
 
@@ -183,7 +183,7 @@ def accept(logits: torch.Tensor, *, tree_ids, parents, first_child, depth, bits,
         raise ValueError("workspace of another shape (alloc_workspace with this batch, T and V)")
     launch = pdl.launch_options(logits.device)
     _argmax_kernel[(P, b * T)](logits, workspace.part_v, workspace.part_i, V, T,
-                               logits.stride(0), logits.stride(1), P, BLOCK=BLOCK, num_warps=8,
+                               logits.stride(0), logits.stride(1), P, BLOCK=BLOCK, num_warps=4,
                                **pdl.launch_options(logits.device, overlap))
     synthetic = draws is not None
     _accept_kernel[(1,)](workspace.part_v, workspace.part_i, workspace.next, tree_ids, parents,
