@@ -199,6 +199,21 @@ def accept_path(logits: torch.Tensor, tree_ids: torch.Tensor, parents: torch.Ten
     return idx, accepted, target_next.gather(1, last).squeeze(1)
 
 
+def book(idx: torch.Tensor, accepted: torch.Tensor, tree_ids: torch.Tensor,
+         lengths: torch.Tensor, step_index: torch.Tensor, record: torch.Tensor):
+    """A step's bookkeeping with tensor ops, after `accept_path` (the Triton accept does it in
+    its kernel): the record [accepted, the accepted tokens], the lengths and step index
+    advanced in place, and the commit's KV slots (src, dst) [b, B], taken from the lengths
+    before they advance."""
+    src = lengths[:, None] + idx                                             # [b, B]
+    dst = lengths[:, None] + _arange(idx.shape[1], idx.device)
+    record[:, 0] = accepted
+    record[:, 1:] = tree_ids.gather(1, idx)
+    lengths.add_(accepted)
+    step_index.add_(1)
+    return src, dst
+
+
 class FastSpecDecoder(_StepsBehind):
     """`kernels` picks every kernel a step runs (kernel_choice.py); the decoder passes it to
     each forward (on the mask), top-k and tree build, so it is fixed for the decoder's life,
@@ -242,7 +257,6 @@ class FastSpecDecoder(_StepsBehind):
                 first_child=self.first_child, next_sibling=L(batch, T), visibility=self.vis,
                 bits=self.bits, scores=torch.zeros(batch, tree_budget, device=dev))
         self.arange_T = torch.arange(T, device=dev)
-        self.arange_B = torch.arange(self.B, device=dev)
         self.step_index = L(1)
         self.synthetic = acceptance == "synthetic"
         self.max_steps = max_steps
@@ -467,15 +481,8 @@ class FastSpecDecoder(_StepsBehind):
         return trees
 
     def _book(self, idx: torch.Tensor, accepted: torch.Tensor):
-        """The step's bookkeeping with tensor ops (the Triton accept does it in its kernel):
-        the record, the next lengths and step index, and the commit's KV slots, which are
-        taken from the lengths before they advance. Returns (idx, src, dst)."""
-        src = self.lengths[:, None] + idx                                    # [b, B]
-        dst = self.lengths[:, None] + self.arange_B
-        self.record[:, 0] = accepted
-        self.record[:, 1:] = self.tree_ids.gather(1, idx)
-        self.lengths.add_(accepted)
-        self.step_index.add_(1)
+        """`book` on this decoder's state. Returns (idx, src, dst)."""
+        src, dst = book(idx, accepted, self.tree_ids, self.lengths, self.step_index, self.record)
         return idx, src, dst
 
     def _commit(self, idx: torch.Tensor, src: torch.Tensor, dst: torch.Tensor,

@@ -20,7 +20,7 @@ pytest.importorskip("triton", reason="Triton is needed (Linux wheels only)")
 
 from harness.decode import tree_gpu  # noqa: E402
 from harness.decode.attention import visibility_bits  # noqa: E402
-from harness.decode.fast import accept_path  # noqa: E402
+from harness.decode.fast import accept_path, book  # noqa: E402
 
 
 def make_case(seed: int, b: int, budget: int, D: int, k: int, V: int, ties: bool):
@@ -114,17 +114,18 @@ def _run_triton(case, B, lengths, step, draws):
 
 
 def expected(case, B, lengths, step, draws):
-    """The tensor-op accept and the decoder's tensor-op bookkeeping."""
+    """The tensor-op accept and bookkeeping the decoder runs with accept_impl torch."""
     want = None if draws is None else draws[step % draws.shape[0]]
     idx, accepted, bonus = accept_path(case["logits"], case["tree_ids"], case["parents"],
                                        case["first_child"], case["depth"], case["vis"], B,
                                        synthetic=draws is not None, want=want)
-    arange_B = torch.arange(B, device=lengths.device)
-    return dict(bonus=bonus, idx=idx,
-                record=torch.cat([accepted[:, None], case["tree_ids"].gather(1, idx)], 1),
-                src=lengths[:, None] + idx, dst=lengths[:, None] + arange_B,
-                lengths=lengths + accepted, step_index=torch.tensor([step + 1], device=lengths.device),
-                next=case["logits"].argmax(-1))
+    b = lengths.shape[0]
+    lengths = lengths.clone()
+    step_index = torch.tensor([step], device=lengths.device)
+    record = torch.zeros(b, 1 + B, dtype=torch.long, device=lengths.device)
+    src, dst = book(idx, accepted, case["tree_ids"], lengths, step_index, record)
+    return dict(bonus=bonus, idx=idx, record=record, src=src, dst=dst, lengths=lengths,
+                step_index=step_index, next=case["logits"].argmax(-1))
 
 
 CASES = [

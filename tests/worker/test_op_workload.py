@@ -33,7 +33,7 @@ def quiet(**_):
     pass
 
 
-@pytest.mark.parametrize("family", ["topk", "tree_build", "fused_forward", "linear"])
+@pytest.mark.parametrize("family", ["topk", "tree_build", "fused_forward", "linear", "accept"])
 def test_each_family_checks_then_times_on_a_cpu(family):
     out = op.run(op_cell(op=family), quiet)
     m = out["metrics"]
@@ -122,6 +122,18 @@ def test_a_linear_off_its_reference_is_refused(monkeypatch):
         op.run(op_cell(op="linear"), quiet)
 
 
+def test_an_accept_off_the_tensor_ops_is_refused(monkeypatch):
+    real_call = op.Accept.call
+
+    def one_long(self, inp):
+        f = real_call(self, inp)
+        return lambda: (f(), inp["lengths"].add_(1))
+
+    monkeypatch.setattr(op.Accept, "call", one_long)
+    with pytest.raises(AssertionError, match=r"accept torch is wrong: lengths differ from the host walk"):
+        op.run(op_cell(op="accept"), quiet)
+
+
 def test_cuda_kernels_are_refused_on_a_cpu_rather_than_timed_as_torch():
     with pytest.raises(RuntimeError, match="topk_impl triton is a CUDA kernel"):
         op.run({**op_cell(), "topk_impl": "triton"}, quiet)
@@ -151,8 +163,9 @@ def _run_in_interpreter(cell: dict) -> dict:
 @pytest.mark.parametrize("over", [{"op": "topk", "topk_impl": "triton"},
                                   {"op": "tree_build", "tree_build_impl": "triton"},
                                   {"op": "fused_forward", "fused_ops": True},
-                                  {"op": "linear", "linear_impl": "triton", "tree_budget": 15}],
-                         ids=["topk", "tree_build", "fused_forward", "linear"])
+                                  {"op": "linear", "linear_impl": "triton", "tree_budget": 15},
+                                  {"op": "accept", "accept_impl": "triton"}],
+                         ids=["topk", "tree_build", "fused_forward", "linear", "accept"])
 def test_the_triton_kernels_pass_their_checks_under_the_interpreter(interp, over):
     # Small: the interpreter runs every program instance in Python.
     cell = {**op_cell(op=over["op"]), "repeats": 1, "warmup_steps": 0,
@@ -165,11 +178,12 @@ def test_the_triton_kernels_pass_their_checks_under_the_interpreter(interp, over
 def test_the_ops_scenario_covers_every_family():
     scenario = load_scenario(REPO / "scenarios" / "ops.yaml")
     cells = scenario.cells()
-    assert len(cells) == 29 == len(set(scenario.cell_ids()))
+    assert len(cells) == 31 == len(set(scenario.cell_ids()))
     ops = {(c["op"], c[op.KNOBS[c["op"]]]) for c in cells if c["workload"] == "op"}
     assert ops == {("topk", "torch"), ("topk", "triton"), ("tree_build", "torch"),
                    ("tree_build", "triton"), ("tree_build", "cuda"), ("fused_forward", False),
-                   ("fused_forward", True), ("linear", "torch"), ("linear", "triton")}
+                   ("fused_forward", True), ("linear", "torch"), ("linear", "triton"),
+                   ("accept", "torch"), ("accept", "triton")}
     rows = {op.linear_rows(c) for c in cells if c["workload"] == "op" and c["op"] == "linear"}
     assert rows == {1, 16, 65}
     verify = {(c["verify_mode"], c["layout"], c["attention"]) for c in cells if c["workload"] == "kernel"}

@@ -12,6 +12,9 @@ read the same knob:
   linear         linear_impl        the weight GEMMs of one target layer (q/k/v, o, gate/up, down)
                                     at the rows of one forward: 1 + tree_budget a sequence (the
                                     verify), 1 with speculation: none (plain decoding)
+  accept         accept_impl        the verify's logits [batch, 1 + tree_budget, vocab] over a tree
+                                    of tree_budget nodes -> the accepted path and the step's
+                                    bookkeeping (greedy acceptance)
 
 The verify attention on its own is the kernel workload (custom / triton / sdpa / flex,
 contiguous and paged, GQA and MLA); scenarios/ops.yaml times every family, that one included.
@@ -22,16 +25,16 @@ from __future__ import annotations
 from harness.protocol import presets
 from harness.protocol.workloads import WorkloadSpec, choice, yaml_word
 
-OPS = ("topk", "tree_build", "fused_forward", "linear")
+OPS = ("topk", "tree_build", "fused_forward", "linear", "accept")
 # The knob of each family, and the values that run on a CPU host (torch, or no fusion).
 KNOBS = {"topk": "topk_impl", "tree_build": "tree_build_impl", "fused_forward": "fused_ops",
-         "linear": "linear_impl"}
+         "linear": "linear_impl", "accept": "accept_impl"}
 ON_CPU = {"topk_impl": "torch", "tree_build_impl": "torch", "fused_ops": False,
-          "linear_impl": "torch"}
+          "linear_impl": "torch", "accept_impl": "torch"}
 # The knobs' defaults (decode's IMPL_PARAMS: `auto`, the kernel measured fastest on the cell's
 # device), restated: a spec imports no other spec's module.
 KNOB_DEFAULTS = {"fused_ops": "auto", "topk_impl": "auto", "tree_build_impl": "auto",
-                 "linear_impl": "auto"}
+                 "linear_impl": "auto", "accept_impl": "auto"}
 
 PARAMS = (choice("op", "topk", OPS),)
 
@@ -96,6 +99,8 @@ def label(c: dict) -> str:
                   f"verify={c['verify_mode']}"]
     elif c["op"] == "linear":
         return " ".join(parts + [f"rows={linear_rows(c)}"])
+    elif c["op"] == "accept":
+        parts += [f"T={1 + c['tree_budget']}"]
     else:
         parts += [f"D={c['block_size'] - 1}", f"k={c['tree_budget']}"]
     if c["batch_size"] != 1:

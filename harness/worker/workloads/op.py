@@ -12,6 +12,9 @@ The families (harness/protocol/workloads/op.py), each called exactly as the deco
   linear         model.linear_weight over one target layer's weight GEMMs (q/k/v, o, gate/up,
                  down) at one forward's rows (protocol linear_rows), on cuBLAS or the skinny
                  Triton kernel (linear_impl)
+  accept         the accept of a step (accept: gpu) over the verify's logits [b, 1 + N, V] and
+                 a tree built from random drafter logits: fast.accept_path + fast.book (tensor
+                 ops), or kernels/accept/triton_accept.py (accept_impl)
 
 The cell, in order (as the kernel workload's):
   1. Checks the kernel against its reference on fresh inputs; a wrong kernel fails the cell and
@@ -22,6 +25,8 @@ The cell, in order (as the kernel workload's):
      against the same forward in float64 on the torch ops, relative error at most 5e-2 in a
      16-bit dtype (1e-3 otherwise), and the fused forward no worse than 1.5x the unfused one.
      linear: each GEMM's output against float64's, relative error at most LINEAR_TOLERANCE.
+     accept: every output (path, bonus, record, slots, lengths) equal to the baseline loop's
+     walk on the host.
   2. Measures the host's ceilings (harness.worker.kerneltime).
   3. Times graph replays over input sets rotated to several times the L2 cache.
 
@@ -41,10 +46,10 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.decode import attention, tree_gpu
+from harness.decode import attention, fast, tree_gpu
 from harness.decode.drafter import DrafterConfig
 from harness.decode.kernel_choice import Kernels
-from harness.decode.model import Target, TargetConfig, init_random_, linear_weight
+from harness.decode.model import Target, TargetConfig, gemm_overlaps, init_random_, linear_weight
 from harness.decode.tree import build_tree_cpu
 from harness.kernels.verify import verify_reference as ref
 from harness.protocol import params, presets
@@ -299,6 +304,116 @@ class LayerLinear:
         return self.traffic()[0]
 
 
+@dataclass
+class Accept:
+    """The accept of one step as the decode loop runs it (FastSpecDecoder._accept_gpu with
+    greedy acceptance): the verify's logits [b, T, V] over a tree of T = 1 + N nodes in, the
+    accepted path, the bonus token, the record, the commit's slots and the advanced lengths
+    out, on the tensor ops or the Triton accept (accept_impl)."""
+    impl: str
+    cell: dict
+    device: torch.device
+    dtype: torch.dtype
+
+    def _dims(self) -> tuple[int, int, int, int]:
+        c, vocab = self.cell, presets.PRESETS[self.cell["model"]]["target"]["vocab_size"]
+        return c["batch_size"], 1 + c["tree_budget"], c["block_size"], vocab
+
+    def inputs(self, seed: int) -> dict:
+        b, T, B, V = self._dims()
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        lp, ids = tree_gpu.topk_logprobs_batched(_logits(b, B - 1, V, gen, self.device), T - 1)
+        tree = tree_gpu.build_tree_gpu(lp, ids, T - 1, impl="torch")
+        tree_ids = torch.cat([torch.randint(0, V, (b, 1), generator=gen, device=self.device),
+                              tree.tokens], 1)
+        logits = torch.randn(b, T, V, generator=gen, device=self.device)
+        # The target agrees with the drafter's best chain for half its depth: a path of a
+        # few nodes, as a trained pair accepts.
+        node = torch.zeros(b, dtype=torch.long, device=self.device)
+        rows = torch.arange(b, device=self.device)
+        for _ in range((B - 1) // 2):
+            child = tree.first_child[rows, node].clamp(min=0)
+            logits[rows, node, tree_ids[rows, child]] = 10.0
+            node = child
+        z = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=self.device)  # noqa: E731
+        state = dict(lengths=torch.full((b,), self.cell["context_length"], dtype=torch.long,
+                                        device=self.device),
+                     step_index=z(1), bonus=z(b), record=z(b, 1 + B), idx=z(b, B), src=z(b, B),
+                     dst=z(b, B))
+        inp = dict(logits=logits.to(self.dtype), tree_ids=tree_ids, parents=tree.parents,
+                   first_child=tree.first_child, depth=torch.cat([z(b, 1), tree.depths], 1),
+                   vis=tree.visibility, bits=tree.bits, **state)
+        if self.impl == "triton":
+            from harness.kernels.accept import triton_accept
+            inp["workspace"] = triton_accept.alloc_workspace(b, T, V, self.device)
+        return inp
+
+    def call(self, inp: dict):
+        b, T, B, V = self._dims()
+        if self.impl == "triton":
+            from harness.kernels.accept import triton_accept
+            hidden = presets.PRESETS[self.cell["model"]]["target"]["hidden"]
+            overlap = gemm_overlaps(b * T, hidden, Kernels(linear=self.cell["linear_impl"]))
+            args = {k: inp[k] for k in ("tree_ids", "parents", "first_child", "depth", "bits",
+                                        "lengths", "step_index", "bonus", "record", "idx",
+                                        "src", "dst", "workspace")}
+            return lambda: triton_accept.accept(inp["logits"], draws=None, overlap=overlap, **args)
+
+        def tensor_ops():
+            idx, accepted, bonus = fast.accept_path(inp["logits"], inp["tree_ids"], inp["parents"],
+                                                    inp["first_child"], inp["depth"], inp["vis"], B)
+            inp["bonus"].copy_(bonus)
+            src, dst = fast.book(idx, accepted, inp["tree_ids"], inp["lengths"],
+                                 inp["step_index"], inp["record"])
+            inp["idx"].copy_(idx)
+            inp["src"].copy_(src)
+            inp["dst"].copy_(dst)
+        return tensor_ops
+
+    def check(self, seed: int) -> float:
+        inp = self.inputs(seed)
+        want = self._host_walk(inp)
+        self.call(inp)()
+        wrong = [k for k, v in want.items() if not torch.equal(inp[k].cpu(), v)]
+        if wrong:
+            raise AssertionError(f"accept {self.impl} is wrong: {', '.join(wrong)} differ from "
+                                 f"the host walk's; not timing it")
+        return 0.0
+
+    def _host_walk(self, inp: dict) -> dict:
+        """The reference: the baseline loop's walk on the host (from the root, follow the child
+        whose token is the target's argmax, until there is none), and its bookkeeping."""
+        b, T, B, V = self._dims()
+        nxt = inp["logits"].float().argmax(-1).tolist()
+        parents, tokens = inp["parents"].tolist(), inp["tree_ids"].tolist()
+        lengths = inp["lengths"].cpu()
+        out = {k: torch.zeros(b, n, dtype=torch.long) for k, n in
+               (("idx", B), ("record", 1 + B), ("src", B), ("dst", B))}
+        bonus = torch.zeros(b, dtype=torch.long)
+        for i in range(b):
+            children = {(parents[i][n], tokens[i][n]): n for n in range(1, T) if parents[i][n] >= 0}
+            path = [0]
+            while len(path) < B and (path[-1], nxt[i][path[-1]]) in children:
+                path.append(children[(path[-1], nxt[i][path[-1]])])
+            idx = torch.tensor(path + [path[-1]] * (B - len(path)))
+            out["idx"][i] = idx
+            out["record"][i] = torch.tensor([len(path)] + [tokens[i][n] for n in idx.tolist()])
+            out["src"][i] = lengths[i] + idx
+            out["dst"][i] = lengths[i] + torch.arange(B)
+            bonus[i] = nxt[i][path[-1]]
+        return {**out, "bonus": bonus, "lengths": lengths + out["record"][:, 0],
+                "step_index": inp["step_index"].cpu() + 1}
+
+    def traffic(self) -> tuple[int, int]:
+        b, T, B, V = self._dims()
+        elt = torch.empty((), dtype=self.dtype).element_size()
+        tree = b * T * (4 * 8 + T // 8) + b * (1 + B) * 8 * 4
+        return b * T * V * elt + tree, 0
+
+    def set_bytes(self) -> int:
+        return self.traffic()[0]
+
+
 def family(cell: dict, device: torch.device, dtype: torch.dtype):
     """The cell's family, with the kernel its knob picks."""
     op, model = cell["op"], presets.PRESETS[cell["model"]]["target"]
@@ -311,6 +426,8 @@ def family(cell: dict, device: torch.device, dtype: torch.dtype):
         return FusedForward(cell["fused_ops"], cell["verify_mode"], cell, device, dtype)
     if op == "linear":
         return LayerLinear(cell["linear_impl"], cell, device, dtype)
+    if op == "accept":
+        return Accept(cell["accept_impl"], cell, device, dtype)
     raise ValueError(f"unknown op '{op}'")
 
 
