@@ -72,11 +72,13 @@ def test_every_cuda_verify_kernel_waits_first():
     assert "cudaLaunchAttributeProgrammaticStreamSerialization" in src
 
 
-def test_a_kernel_after_a_cublas_gemm_launches_plainly():
+def test_a_kernel_after_a_cublas_gemm_launches_plainly(monkeypatch):
     """PDL only where the kernel before triggers its dependents (ours do, first thing): after
     cuBLAS's GEMMs (the verify's 65 rows, or linear_impl torch) a plain launch."""
     from harness.decode.kernel_choice import Kernels
     from harness.decode.model import gemm_overlaps
+    monkeypatch.setattr(pdl, "enabled", lambda device: True)     # as on a Hopper GPU
+    assert pdl.launch_options(torch.device("cuda")) == {"PDL": True, "launch_pdl": True}
     assert pdl.launch_options(torch.device("cuda"), overlap=False) == {"PDL": False}
     skinny, cublas = Kernels(linear="triton"), Kernels(linear="torch")
     assert gemm_overlaps(1, 4096, skinny) and gemm_overlaps(16, 12288, skinny)
