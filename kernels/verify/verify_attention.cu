@@ -1236,49 +1236,41 @@ mla_kernel(const AttnParams p) {
 }
 
 // ------------------------------------------------------------------------------------------
-// Combine: out[row] = sum_s 2^(lse_s - m) O_s / sum_s 2^(lse_s - m). One CTA of COMBINE_WARPS
-// warps per output row; warp w takes splits w, w + COMBINE_WARPS, ... and each lane DV / 32 of the
-// columns. A warp loads a chunk of its splits' partial rows and lse values at once (all in
-// flight), then folds them into its own running max, sum and accumulator (an online softmax over
-// chunks), so a row of up to COMBINE_WARPS x CHUNK splits costs one round trip to L2; the four
-// warps meet once, through shared memory, at the end. The earlier combine read every lse and
-// reduced their max over the block before it issued a load of O (two barriers and two dependent
-// round trips: 6-8 us under ncu for 8-13 MB of partials); one warp per row with a shuffle per split
-// was slower still (17 us at 16 tree tokens, 16384 keys: too few loads in flight).
+// Combine: out[row] = sum_s 2^(lse_s - m) O_s / sum_s 2^(lse_s - m). One warp per output row,
+// COMBINE_ROWS rows a CTA, lane l taking the columns 2 (l + 32 i). A warp loads a chunk of up to
+// CHUNK splits at once (every lane the chunk's lse values, one broadcast transaction each, and its
+// share of their partial rows), then folds the chunk into its running max, sum and accumulator
+// (an online softmax over chunks): at a 128-wide row, up to 16 splits cost one round trip to L2,
+// with no shared memory and no barrier. Tried before (kernels/NOTES.md): four warps a row meeting
+// through shared memory (6-8 us under ncu for 8-13 MB of partials, the kernel this replaced),
+// and one warp a row with four splits in flight and the weights broadcast by shuffle (slower).
 // ------------------------------------------------------------------------------------------
 
-constexpr int COMBINE_WARPS = 4;
-
-// The warps' accumulators (float2 first: 8-byte aligned), then their maxima and sums.
-__host__ __device__ constexpr int combine_smem_bytes(int dv) { return COMBINE_WARPS * (dv + 2) * 4; }
+constexpr int COMBINE_ROWS = 4;
 
 template <int DV>
-__global__ void __launch_bounds__(COMBINE_WARPS * 32)
+__global__ void __launch_bounds__(COMBINE_ROWS * 32)
 combine_kernel(const AttnParams p) {
     wait_for_previous_kernel();
     static_assert(DV % 64 == 0, "a float2 per lane per 64 columns");
     constexpr int V = DV / 64;                     // float2 per lane and split: columns 2 (lane + 32 i)
-    constexpr int CHUNK = 16 / V > 2 ? 16 / V : 2;  // splits in flight per warp: 16 float2 a lane
-    TVA_DYNAMIC_SMEM(smem);
-    float2 (*s_acc)[DV / 2] = reinterpret_cast<float2 (*)[DV / 2]>(smem);     // [warps][DV / 2]
-    float* s_m = reinterpret_cast<float*>(smem + COMBINE_WARPS * DV * 4);     // [warps]
-    float* s_tot = s_m + COMBINE_WARPS;                                        // [warps]
-
+    constexpr int CHUNK = 32 / V > 2 ? 32 / V : 2;  // splits in flight: 32 float2 a lane
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int S = static_cast<int>(p.num_splits), T = static_cast<int>(p.tokens), H = static_cast<int>(p.heads_q);
-    const int64_t rows = p.batch * H * T, row = blockIdx.x;
+    const int64_t rows = p.batch * H * T, row = static_cast<int64_t>(blockIdx.x) * COMBINE_ROWS + warp;
+    if (row >= rows) return;                       // the last CTA's spare warps
     const int t = row % T, hq = (row / T) % H, b = row / (static_cast<int64_t>(T) * H);
 
     float m = -INFINITY, total = 0.f;
     float2 acc[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) acc[i] = make_float2(0.f, 0.f);
-    for (int c0 = warp; c0 < S; c0 += COMBINE_WARPS * CHUNK) {
+    for (int c0 = 0; c0 < S; c0 += CHUNK) {
         float lse[CHUNK];
         float2 x[CHUNK][V];
 #pragma unroll
         for (int j = 0; j < CHUNK; ++j) {
-            const int s = c0 + j * COMBINE_WARPS;
+            const int s = c0 + j;
             lse[j] = -INFINITY;
 #pragma unroll
             for (int i = 0; i < V; ++i) x[j][i] = make_float2(0.f, 0.f);
@@ -1313,35 +1305,11 @@ combine_kernel(const AttnParams p) {
         }
         m = m_new;
     }
-    if (lane == 0) {
-        s_m[warp] = m;
-        s_tot[warp] = total;
-    }
-#pragma unroll
-    for (int i = 0; i < V; ++i) s_acc[warp][lane + 32 * i] = acc[i];
-    __syncthreads();
-
-    float m_all = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < COMBINE_WARPS; ++w) m_all = fmaxf(m_all, s_m[w]);
-    const float m_ref = max_ref(m_all);
-    float f[COMBINE_WARPS], sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < COMBINE_WARPS; ++w) {
-        f[w] = exp2f(s_m[w] - m_ref);
-        sum += f[w] * s_tot[w];
-    }
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float inv = total > 0.f ? 1.f / total : 0.f;
     __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hq * p.o_sh + t * p.o_st;
-    for (int c = threadIdx.x; c < DV / 2; c += COMBINE_WARPS * 32) {
-        float2 v = make_float2(0.f, 0.f);
 #pragma unroll
-        for (int w = 0; w < COMBINE_WARPS; ++w) {
-            v.x += f[w] * s_acc[w][c].x;
-            v.y += f[w] * s_acc[w][c].y;
-        }
-        *reinterpret_cast<uint32_t*>(out + 2 * c) = pack_bf16(v.x * inv, v.y * inv);
-    }
+    for (int i = 0; i < V; ++i)
+        *reinterpret_cast<uint32_t*>(out + 2 * (lane + 32 * i)) = pack_bf16(acc[i].x * inv, acc[i].y * inv);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1409,7 +1377,8 @@ template <int D>
 static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
     if (p.num_splits == 1) return cudaSuccess;
     const int64_t rows = p.batch * p.heads_q * p.tokens;
-    TVA_LAUNCH(combine_kernel<D>, dim3(static_cast<unsigned>(rows)), COMBINE_WARPS * 32, combine_smem_bytes(D), stream, p);
+    const auto ctas = static_cast<unsigned>((rows + COMBINE_ROWS - 1) / COMBINE_ROWS);
+    TVA_LAUNCH(combine_kernel<D>, dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
     return launch_status(stream);
 }
 
