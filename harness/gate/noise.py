@@ -119,6 +119,24 @@ def host_notes(results: list[dict]) -> list[str]:
     return seen
 
 
+def graph_state_notes(per_side: dict[str, list[dict]]) -> list[str]:
+    """A line when the sides' GPU results were timed in different CUDA graph states: one side's
+    worker settled its process (env.cuda_graphs_settled, harness/worker/graphstate.py) and the
+    other's did not, as before that existed. On the H200 that alone moved a graph-replayed decode
+    step by ~2 % and its idle from 0.65 to 2.7 %, so such a pair's difference is not all code."""
+    states = {side: {(r.get("env") or {}).get("cuda_graphs_settled") for r in results
+                     if (r.get("env") or {}).get("gpu")}
+              for side, results in per_side.items()}
+    seen = set().union(*states.values()) if states else set()
+    if len(seen) < 2:
+        return []
+    words = ", ".join(f"{side} " + " and ".join(
+        "unsettled" if s is None else f"settled ({s} graphs)" for s in sorted(
+            found, key=lambda v: -1 if v is None else v)) for side, found in states.items() if found)
+    return [f"CUDA graph state differs between the sides ({words}): graph-replayed timings can "
+            f"move ~2 % from that alone (harness/worker/graphstate.py)"]
+
+
 # Reading a result's host facts (harness/worker/hostfacts.py's summary of what the host was
 # doing): reasons that say nothing about measurement noise are an idle GPU (between cells, or
 # the host side of a step) and clocks pinned by the operator.

@@ -71,6 +71,9 @@ def environment() -> dict:
         env.update(_torch_version_file())
         env.update(hostfacts.gpu_identity())
         return env
+    graphs = sys.modules.get("harness.worker.graphstate")
+    if graphs is not None and graphs.settled():      # harness/worker/graphstate.py says why
+        env["cuda_graphs_settled"] = graphs.settled()
     env["torch"] = torch.__version__
     env["cuda"] = torch.version.cuda
     env["threads"] = torch.get_num_threads()

@@ -41,7 +41,7 @@ import time
 
 import torch
 
-from harness.worker import idle, measure
+from harness.worker import graphstate, idle, measure
 from harness.worker.measure import PHASE_PREFIX
 from harness.worker.workloads.decode import resolve_device
 
@@ -148,6 +148,7 @@ def run(cell: dict, progress) -> dict:
     pacer = HostPacer(period_s)
 
     progress(stage="prepare", device=str(device), work_us=cell["work_us"])
+    graphstate.settle(device)                   # the state the cells it calibrates time in
     if on_gpu:
         from harness.kernels.calibrate.spin import SpinWork
         spin = SpinWork(cell["work_us"], device)

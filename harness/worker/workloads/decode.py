@@ -36,7 +36,7 @@ from harness.decode.kernel_choice import Kernels
 from harness.decode.loop import SpecDecoder
 from harness.decode.model import Target, TargetConfig, init_random_
 from harness.protocol import params, presets
-from harness.worker import idle, measure, syncaudit
+from harness.worker import graphstate, idle, measure, syncaudit
 
 PHASES = ("draft", "tree", "verify", "accept", "commit")
 AUDIT_STEPS = 3   # steps under the sync audit (GPU only; its own untimed, unprofiled window)
@@ -146,6 +146,7 @@ def _run(cell: dict, progress) -> dict:
     device = resolve_device(cell)
     dtype = resolve_dtype(cell, device)
     kernels = Kernels.from_cell(cell, device)   # handed to the decoder, which passes it down
+    graphstate.settle(device)                   # every cell times in the same graph state
     torch.manual_seed(cell["seed"])
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     # Seconds of this run by part, summed over the repeats: window_s is the timed windows,

@@ -45,6 +45,7 @@ from torch.nn import functional as F
 
 from harness.kernels.verify import verify_reference as ref
 from harness.protocol import params
+from harness.worker import graphstate
 from harness.worker.kerneltime import ceilings, roofline_metrics, set_count, time_calls
 from harness.worker.workloads.decode import resolve_device, resolve_dtype
 
@@ -284,6 +285,7 @@ def measure_mode(mode: str, pt: Point, sets: list[dict], cell: dict, device, *,
 
 def run(cell: dict, progress) -> dict:
     device, dtype = _resolve(cell)
+    graphstate.settle(device)                   # every cell times in the same graph state
     pt = Point.from_cell(cell)
     mode = cell["verify_mode"]
     elem = torch.empty((), dtype=dtype).element_size()

@@ -54,6 +54,7 @@ from harness.decode.tree import build_tree_cpu
 from harness.kernels.verify import verify_reference as ref
 from harness.protocol import params, presets
 from harness.protocol.workloads.op import KNOBS, ON_CPU, linear_rows
+from harness.worker import graphstate
 from harness.worker.kerneltime import MIN_LAUNCHES, ceilings, roofline_metrics, set_count, time_calls
 from harness.worker.workloads.decode import build_models, resolve_device, resolve_dtype
 
@@ -449,6 +450,7 @@ def run(cell: dict, progress) -> dict:
     dtype = resolve_dtype(cell, device)
     cell = {**cell, **params.resolve_kernels(cell, device.type == "cuda")}   # auto: this device's
     _needs_cuda(cell, device)
+    graphstate.settle(device)                   # every cell times in the same graph state
     fam = family(cell, device, dtype)
     seed = cell["seed"]
 

@@ -1,0 +1,93 @@
+"""harness/worker/graphstate.py: every workload that times graph replays settles the process's
+CUDA graph state before it times anything, and a GPU result says it did.
+
+On a CPU there is no graph state: `settle` does nothing and the result says nothing. The wiring
+is checked on the CPU by recording the calls; the settling itself on a GPU (skipped without
+one). What the state does to a decode step was measured on the H200 (kernels/NOTES.md, "The
+process's graph count"), a number for a benchmark to record, not for a test to assert.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.protocol import params
+from harness.worker import graphstate
+from harness.worker import main as worker
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    seen = []
+    real = graphstate.settle
+
+    def record(device):
+        seen.append(str(device))
+        return real(device)
+    monkeypatch.setattr(graphstate, "settle", record)
+    return seen
+
+
+def test_a_cpu_has_no_graph_state_to_settle():
+    assert graphstate.settle(torch.device("cpu")) == 0
+    assert graphstate.settled() is None
+
+
+DECODE = {"workload": "decode", "model": "tiny", "device": "cpu", "context_length": 32, "steps": 2,
+          "repeats": 1, "warmup_steps": 0, "profile_steps": 0}
+OP = {"workload": "op", "op": "tree_build", "tree_build_impl": "torch", "device": "cpu",
+      "model": "tiny", "block_size": 6, "tree_budget": 12, "context_length": 40, "repeats": 2,
+      "warmup_steps": 1}
+KERNEL = {"workload": "kernel", "device": "cpu", "verify_mode": "sdpa", "context_length": 70,
+          "tree_tokens": 9, "heads": 4, "kv_heads": 2, "head_dim": 32, "repeats": 2,
+          "warmup_steps": 1}
+CALIBRATE = {"workload": "calibrate", "device": "cpu", "work_us": 200, "idle_target": 0.2,
+             "steps": 20, "repeats": 1}
+
+
+@pytest.mark.parametrize("cell", [DECODE, OP, KERNEL, CALIBRATE],
+                         ids=["decode", "op", "kernel", "calibrate"])
+def test_every_timing_workload_settles_its_device_first(calls, cell):
+    result = worker.run_cell(params.canonical(cell))
+    assert result["status"] == "ok", result["error"]
+    assert calls == ["cpu"]
+    assert "cuda_graphs_settled" not in result["env"]        # nothing was settled on a CPU
+
+
+def test_a_noop_cell_imports_no_torch_to_settle_anything(calls):
+    result = worker.run_cell(params.canonical({"workload": "noop"}))
+    assert result["status"] == "ok" and calls == []
+
+
+@pytest.mark.gpu
+def test_settling_instantiates_the_graphs_once_and_the_result_says_so(cuda, monkeypatch):
+    made = []
+    real = torch.cuda.CUDAGraph
+
+    def counted(*a, **k):
+        made.append(1)
+        return real(*a, **k)
+    monkeypatch.setattr(graphstate, "_settled", {})
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", counted)
+    device = torch.device("cuda")
+    assert graphstate.settle(device) == graphstate.SETTLE_GRAPHS == len(made)
+    assert graphstate.settle(device) == graphstate.SETTLE_GRAPHS == len(made)   # once a process
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", real)
+    result = worker.run_cell(params.canonical({**DECODE, "device": "cuda", "graph_capture": "full",
+                                               "speculation": "none"}))
+    assert result["status"] == "ok", result["error"]
+    assert result["env"]["cuda_graphs_settled"] == graphstate.SETTLE_GRAPHS
+
+
+def test_the_gate_warns_when_the_sides_were_timed_in_different_graph_states():
+    from harness.gate.noise import graph_state_notes
+
+    gpu = {"gpu": "NVIDIA H200"}
+    settled = {"env": {**gpu, "cuda_graphs_settled": 8}}
+    (line,) = graph_state_notes({"base": [{"env": gpu}, {"env": gpu}], "head": [settled]})
+    assert "base unsettled, head settled (8 graphs)" in line
+    assert graph_state_notes({"base": [settled], "head": [settled, settled]}) == []
+    assert graph_state_notes({"base": [{"env": gpu}], "head": [{"env": gpu}]}) == []
+    # CPU results have no graph state: a CPU pair never warns, settled or not.
+    assert graph_state_notes({"base": [{"env": {}}], "head": [{"env": {"cuda_graphs_settled": 8}}]}) == []
