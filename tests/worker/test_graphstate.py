@@ -44,11 +44,15 @@ KERNEL = {"workload": "kernel", "device": "cpu", "verify_mode": "sdpa", "context
           "warmup_steps": 1}
 CALIBRATE = {"workload": "calibrate", "device": "cpu", "work_us": 200, "idle_target": 0.2,
              "steps": 20, "repeats": 1}
+PEER = {"workload": "peer", "model": "tiny", "context_length": 24, "steps": 4, "repeats": 1,
+        "warmup_steps": 1, "device": "cpu", "peer_cache": "static"}
 
 
-@pytest.mark.parametrize("cell", [DECODE, OP, KERNEL, CALIBRATE],
-                         ids=["decode", "op", "kernel", "calibrate"])
+@pytest.mark.parametrize("cell", [DECODE, OP, KERNEL, CALIBRATE, PEER],
+                         ids=["decode", "op", "kernel", "calibrate", "peer"])
 def test_every_timing_workload_settles_its_device_first(calls, cell):
+    if cell is PEER:
+        pytest.importorskip("transformers", reason="the peer workload runs transformers")
     result = worker.run_cell(params.canonical(cell))
     assert result["status"] == "ok", result["error"]
     assert calls == ["cpu"]

@@ -17,7 +17,7 @@ import torch
 
 from harness.protocol import presets
 from harness.protocol.workloads.peer import SHORT
-from harness.worker import measure
+from harness.worker import graphstate, measure
 from harness.worker.workloads.decode import resolve_device, resolve_dtype
 
 _MODEL: dict = {}      # (model, checkpoint, seed, device, dtype) -> the transformers model
@@ -74,6 +74,7 @@ def run(cell: dict, progress) -> dict:
     device = resolve_device(cell)
     dtype = resolve_dtype(cell, device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    graphstate.settle(device)        # the state our own cells time in: a fair comparison
     progress(stage="build", device=str(device), dtype=str(dtype).removeprefix("torch."))
     model = build_model(cell, device, dtype)
     b, ctx, steps = cell["batch_size"], cell["context_length"], cell["steps"]
