@@ -274,6 +274,7 @@ def test_gpu_path_bookkeeping_with_a_simulated_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "harness.kernels.calibrate.spin", fake_module)
     monkeypatch.setattr(calibrate, "resolve_device", lambda cell: torch.device("cuda"))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(calibrate.graphstate, "settle", lambda device: 0)   # no graphs to settle
     profiled = {}
 
     def fake_profile_window(step_fn, steps, *, warmup=1):
