@@ -130,9 +130,10 @@ def graph_state_notes(per_side: dict[str, list[dict]]) -> list[str]:
     seen = set().union(*states.values()) if states else set()
     if len(seen) < 2:
         return []
-    words = ", ".join(f"{side} " + " and ".join(
-        "unsettled" if s is None else f"settled ({s} graphs)" for s in sorted(
-            found, key=lambda v: -1 if v is None else v)) for side, found in states.items() if found)
+    def said(state) -> str:
+        return "unsettled" if state is None else f"settled ({state} graphs)"
+    words = ", ".join(f"{side} " + " and ".join(sorted(map(said, found)))
+                      for side, found in states.items() if found)
     return [f"CUDA graph state differs between the sides ({words}): graph-replayed timings can "
             f"move ~2 % from that alone (harness/worker/graphstate.py)"]
 
