@@ -72,8 +72,9 @@ def environment() -> dict:
         env.update(hostfacts.gpu_identity())
         return env
     graphs = sys.modules.get("harness.worker.graphstate")
-    if graphs is not None and graphs.settled():      # harness/worker/graphstate.py says why
-        env["cuda_graphs_settled"] = graphs.settled()
+    settled = graphs.settled() if graphs is not None else None
+    if settled:                                        # harness/worker/graphstate.py says why
+        env["cuda_graphs_settled"] = settled
     env["torch"] = torch.__version__
     env["cuda"] = torch.version.cuda
     env["threads"] = torch.get_num_threads()

@@ -18,7 +18,13 @@ from harness.worker import main as worker
 
 
 @pytest.fixture
-def calls(monkeypatch):
+def fresh(monkeypatch):
+    """This process as if nothing had settled it yet (on a GPU host other tests may have)."""
+    monkeypatch.setattr(graphstate, "_settled", {})
+
+
+@pytest.fixture
+def calls(monkeypatch, fresh):
     seen = []
     real = graphstate.settle
 
@@ -29,7 +35,7 @@ def calls(monkeypatch):
     return seen
 
 
-def test_a_cpu_has_no_graph_state_to_settle():
+def test_a_cpu_has_no_graph_state_to_settle(fresh):
     assert graphstate.settle(torch.device("cpu")) == 0
     assert graphstate.settled() is None
 
@@ -65,7 +71,7 @@ def test_a_noop_cell_imports_no_torch_to_settle_anything(calls):
 
 
 @pytest.mark.gpu
-def test_settling_instantiates_the_graphs_once_and_the_result_says_so(cuda, monkeypatch):
+def test_settling_instantiates_the_graphs_once_and_the_result_says_so(cuda, monkeypatch, fresh):
     made = []
     real = torch.cuda.CUDAGraph
 
@@ -73,7 +79,6 @@ def test_settling_instantiates_the_graphs_once_and_the_result_says_so(cuda, monk
         def __init__(self, *a, **k):
             made.append(1)
             super().__init__(*a, **k)
-    monkeypatch.setattr(graphstate, "_settled", {})
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Counted)
     device = torch.device("cuda")
     assert graphstate.settle(device) == graphstate.SETTLE_GRAPHS == len(made)
