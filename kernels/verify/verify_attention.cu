@@ -694,177 +694,6 @@ gqa_kernel(const AttnParams p) {
     write_rows<D>(p, o, m_run, l_run, r0, b, h, split, lane & 3);
 }
 
-// Byte offset of 16-byte chunk c of row r in a tile of ROWS rows stored as 64-column blocks of
-// 128-byte rows, swizzled: the layout wgmma's 128-byte-swizzle descriptors read (block base
-// 1024-byte aligned), and one ldmatrix reads without bank conflicts.
-template <int ROWS>
-__device__ __forceinline__ uint32_t blk(int r, int c) {
-    return static_cast<uint32_t>((c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-
-// ------------------------------------------------------------------------------------------
-// The last row block of a KV head when it holds at most 16 query rows
-// ------------------------------------------------------------------------------------------
-// 65 tree tokens x 4 query heads are 4 x 64 + 4 rows. Run as a fifth 64-row block of the
-// pipelined loop, those 4 rows cost a whole block's time (its per-tile chain does not shorten
-// with the rows): a fifth of the grid's work at 65 tree tokens. Two earlier tries kept the rows
-// on the per-tile chain (folded into the four blocks; a few-row loop with a barrier a tile) and
-// lost (kernels/NOTES.md, session 8). Here the block's 4 warps share each 64-key tile by keys:
-// warp w takes keys 16 w .. 16 w + 15 for all 16 rows on mma.sync (16 MMAs for S and 16 for
-// P V a tile, a quarter of a whole block's per warp) with an online softmax of its own, so the
-// warps never exchange anything per tile; their four partial results merge once, at the end,
-// through shared memory. Tiles stream through the same rings (K and V of a tile in one commit
-// group, two tiles ahead).
-
-constexpr int TAIL_ROWS = 16;
-
-template <int D, typename CopyKV>
-__device__ __forceinline__ void gqa_tail_block(const AttnParams& p, uint8_t* smem, uint32_t sK, uint32_t sV,
-                                               uint32_t sQ, int b, int h, int split, int r_first,
-                                               const SplitRange& sr, int L, CopyKV copy_kv) {
-    constexpr int STAGES = GqaConfig<D>::STAGES, TILE = GqaConfig<D>::TILE_BYTES, NW = 4;
-    static_assert(BN == NW * 16, "a warp's 16 keys of each tile");
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
-    const int n = sr.tiles, M = static_cast<int>(p.heads_q / p.heads_kv * p.tokens);
-
-    // Prologue: {Q, K_0, V_0}, {K_1, V_1}; the loop's iteration t copies tile t + 2 into tile
-    // t - 1's stage, free once every warp has passed iteration t's barrier.
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-        if (t < n) copy_kv(t);
-        cp_async_commit();
-    }
-    cp_async_wait<1>();
-    __syncthreads();
-
-    uint32_t qa[D / 16][4];
-    load_q_fragments<D>(qa, sQ, 0, lane);                  // every warp: the block's rows 0..15
-    const float scale = static_cast<float>(p.sm_scale) * LOG2E;
-    const int r0 = r_first + gid;                          // this thread's rows: r0, r0 + 8
-    const int32_t* bits_row[2];
-    tree_mask_rows(p, b, r0, M, bits_row);
-
-    float o[D / 8][4];
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-
-    for (int tile = 0; tile < n; ++tile) {
-        if (tile > 0) {
-            cp_async_wait<1>();
-            __syncthreads();      // tile `tile` landed; every warp is done with tile - 1's stage
-        }
-        if (tile + 2 < n) copy_kv(tile + 2);
-        cp_async_commit();
-        const uint32_t k_s = sK + (tile % STAGES) * TILE, v_s = sV + (tile % STAGES) * TILE;
-        const int key0 = warp * 16, kb = sr.begin + tile * BN + key0;
-
-        // S = Q K^T: 16 rows x this warp's 16 keys.
-        float s[2][4];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk += 2)
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4(b0, b1, b2, b3, k_s + blk<BN>(key0 + nt * 8 + (lane & 7), 2 * kk + (lane >> 3)));
-                mma16816(s[nt], qa[kk], b0, b1);
-                mma16816(s[nt], qa[kk + 1], b2, b3);
-            }
-        mask_tile<16>(s, kb, L, sr.end, bits_row, tig);
-
-        // Online softmax over this warp's keys (fp32, log2 domain, the scale in the exponent).
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            float mx = fmaxf(fmaxf(s[0][2 * hf], s[0][2 * hf + 1]), fmaxf(s[1][2 * hf], s[1][2 * hf + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m_run[hf], mx * scale);
-            const float m_use = max_ref(m_new);
-            const float alpha = fast_exp2(m_run[hf] - m_use);
-            m_run[hf] = m_new;
-            float sum = 0.f;
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    s[nt][2 * hf + e] = fast_exp2(fmaf(s[nt][2 * hf + e], scale, -m_use));
-                    sum += s[nt][2 * hf + e];
-                }
-            l_run[hf] = l_run[hf] * alpha + sum;
-#pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt) {
-                o[dt][2 * hf] *= alpha;
-                o[dt][2 * hf + 1] *= alpha;
-            }
-        }
-
-        // O += P V: P's 16 keys are one k-step (the S layout of two n-tiles is P's A layout).
-        const uint32_t pa[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]),
-                                pack_bf16(s[1][0], s[1][1]), pack_bf16(s[1][2], s[1][3])};
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-            uint32_t b0, b1, b2, b3;
-            ldsm_x4_t(b0, b1, b2, b3, v_s + blk<BN>(key0 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dp + (lane >> 4)));
-            mma16816(o[2 * dp], pa, b0, b1);
-            mma16816(o[2 * dp + 1], pa, b2, b3);
-        }
-    }
-    cp_async_wait<0>();
-    __syncthreads();              // every warp is done with the rings: they hold the merge now
-
-    // Merge the four warps' partials: row stats (max, sum) of every warp, then warps 1-3 store
-    // O scaled to the common max and warp 0 adds them up and writes the rows.
-    float* part = reinterpret_cast<float*>(smem);           // [3][D / 2][32]: warps 1-3's fragments
-    float* stats = part + 3 * (D / 2) * 32;                 // [NW][16 rows][max, sum]
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        float l = l_run[hf];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        if (tig == 0) {
-            stats[(warp * 16 + gid + 8 * hf) * 2] = m_run[hf];
-            stats[(warp * 16 + gid + 8 * hf) * 2 + 1] = l;
-        }
-    }
-    __syncthreads();
-    float m_all[2], l_all[2], w_own[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        const int row = gid + 8 * hf;
-        float m = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < NW; ++w) m = fmaxf(m, stats[(w * 16 + row) * 2]);
-        const float ref = max_ref(m);
-        float l = 0.f;
-#pragma unroll
-        for (int w = 0; w < NW; ++w) l += stats[(w * 16 + row) * 2 + 1] * exp2f(stats[(w * 16 + row) * 2] - ref);
-        m_all[hf] = m;
-        l_all[hf] = tig == 0 ? l : 0.f;                     // write_rows sums l over the quad
-        w_own[hf] = exp2f(m_run[hf] - ref);
-    }
-    if (warp > 0) {
-        float* dst = part + (warp - 1) * (D / 2) * 32 + lane;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dst[(dt * 4 + e) * 32] = o[dt][e] * w_own[e >> 1];
-    }
-    __syncthreads();
-    if (warp > 0) return;
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            float acc = o[dt][e] * w_own[e >> 1];
-#pragma unroll
-            for (int w = 0; w < NW - 1; ++w) acc += part[w * (D / 2) * 32 + (dt * 4 + e) * 32 + lane];
-            o[dt][e] = acc;
-        }
-    write_rows<D>(p, o, m_all, l_all, r0, b, h, split, tig);
-}
-
 // ------------------------------------------------------------------------------------------
 // GQA kernel with both products on wgmma, software-pipelined (Hopper; impl "wgmma_pv")
 // ------------------------------------------------------------------------------------------
@@ -949,19 +778,6 @@ gqa_pipelined_kernel(const AttnParams p) {
             cp_async16(dst + i * RS * 128, base + off * 2 + lc * 16, ok);
         }
     };
-
-    if constexpr (NW == 4) {
-        if (M - mblock * BM <= TAIL_ROWS) {       // a few rows: their own loop (gqa_tail_block)
-            fetch_pages(0, kpages);
-            auto copy_kv = [&](int tile) {        // K and V of a tile share its pages
-                copy_tile(sK, kbase, p.k_sb, p.k_st, tile, kpages);
-                copy_tile(sV, vbase, p.v_sb, p.v_st, tile, kpages);
-                fetch_pages(tile + 1, kpages);
-            };
-            gqa_tail_block<D>(p, smem, sK, sV, sQ, b, h, split, mblock * BM, sr, L, copy_kv);
-            return;
-        }
-    }
 
     // Prologue: {Q, K_0, V_0}, {K_1, V_1}, {K_2}: one commit group each, then S_0.
     fetch_pages(0, kpages);
@@ -1172,6 +988,14 @@ constexpr int P_BYTES = BM * BN * 2;              // 8192
 constexpr int RED_BYTES = 2 * 2 * BM * 4;         // row max and row sum halves: 1024
 constexpr int SMEM = Q_BYTES + STAGES * TILE + P_BYTES + RED_BYTES + 1024;   // 231424 (+1 KB: alignment)
 }  // namespace mla
+
+// Byte offset of 16-byte chunk c of row r in a tile of ROWS rows stored as 64-column blocks of
+// 128-byte rows, swizzled: the layout wgmma's 128-byte-swizzle descriptors read (block base
+// 1024-byte aligned), and one ldmatrix reads without bank conflicts.
+template <int ROWS>
+__device__ __forceinline__ uint32_t blk(int r, int c) {
+    return static_cast<uint32_t>((c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
 
 // WG: S = Q K^T with wgmma, Q and K both read by descriptor (each warpgroup: 64 rows x 32 keys).
 template <bool PAGED, bool WG>

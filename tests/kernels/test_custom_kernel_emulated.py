@@ -132,9 +132,8 @@ PV_CASES = {c: v for c, v in WGMMA_CASES.items() if v[0].dk == 128} | {
     # Splits of many tiles: the ring's steady state, where a V tile's copy reuses the pages its K
     # tile read an iteration earlier (short splits never reach it).
     "pv-paged-ps16-long-splits": (_point(b=2, heads=8, kv_heads=2, T=16, d=128, layout="paged"), [900, 500], 2, 4),
-    # A last row block of at most 16 rows runs its own loop (gqa_tail_block: the warps split
-    # each tile's keys, then merge): 16 rows exactly over long splits, a tail that is the whole
-    # head's rows writing the output itself, and a paged one in the ring's steady state.
+    # Partial last row blocks: 16 rows over long splits, one block of 16 rows writing the output
+    # itself, and 4 rows paged in the ring's steady state.
     "pv-tail-16-rows-long-splits": (_point(heads=8, kv_heads=2, T=20, d=128), [700], 2, 4),
     "pv-tail-only-block-one-split": (_point(b=2, heads=4, kv_heads=1, T=4, d=128), [130, 45], 1, 4),
     "pv-tail-paged-ps1": (_point(heads=4, kv_heads=1, T=65, d=128, layout="paged", ps=1), [400], 2, 4),

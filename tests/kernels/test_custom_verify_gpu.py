@@ -59,7 +59,7 @@ CASES = {
     "paged16-d128-g4-T16-b2": (point(b=2, T=16, layout="paged", ps=16), [4100, 700]),
     "paged1-d128-g4-T64": (point(T=64, layout="paged", ps=1), [1500]),
     "paged16-d64-g8-T65": (point(heads=16, kv_heads=2, T=65, d=64, layout="paged"), [2222]),
-    # 65 and 17 tree tokens at G 4: a last row block of 4 rows (its own loop in wgmma_pv), paged
+    # 65 and 17 tree tokens at G 4, paged: a last row block of 4 rows
     "paged16-d128-g4-T65-b2": (point(b=2, T=65, layout="paged", ps=16), [3000, 1100]),
     "paged1-d128-g4-T17": (point(T=17, layout="paged", ps=1), [2500]),
     "long-d128-g4-T16": (point(T=16), [65536]),
