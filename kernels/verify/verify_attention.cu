@@ -705,9 +705,10 @@ gqa_kernel(const AttnParams p) {
 // softmax of S_{j+1} while the tensor cores run P_j V_j (FlashAttention-3's intra-warpgroup
 // overlap). It waits for P_j V_j only when O must be rescaled (the lazy rescale: rarely), so P_j
 // V_j also runs under the packing of P_{j+1}, into a second set of A registers, and P_{j+1}
-// V_{j+1} accumulates behind it. K and V have their own rings of three tiles: iteration j loads
-// K_{j+3} right after its MMAs and V_{j+2} once wait_group 1 has retired P_{j-1} V_{j-1}, so each
-// lands about two iterations before it is read. V tiles are stored as K tiles are
+// V_{j+1} accumulates behind it. K has a ring of three tiles, V of four (the fourth is the Q
+// tile's memory, free once Q is in registers): iteration j loads K_{j+3} and V_{j+2} right after
+// its MMAs, so each lands about two iterations before it is read and one barrier a tile frees
+// both stages. V tiles are stored as K tiles are
 // (64-column blocks of 128-byte rows, 128-byte swizzle) and read as an MN-major B operand; P goes
 // from the S accumulators to the A registers of P V.
 
@@ -720,11 +721,16 @@ gqa_pipelined_kernel(const AttnParams p) {
     constexpr int BM = 16 * NW;
     static_assert(NW % 4 == 0, "wgmma needs whole warpgroups");
     static_assert(STAGES == 3, "the rings below load K three tiles and V two tiles ahead");
+    // V has a fourth stage: the Q tile's shared memory, free once every warp has its Q fragments
+    // in registers (before the loop). V_{j+2} then goes into V_{j-2}'s stage, free at iteration
+    // j's first barrier, so no second barrier a tile and no copy between S's wait and the softmax.
+    constexpr int V_STAGES = 4;
+    static_assert(16 * NW * D * 2 >= TILE, "the Q tile holds a V tile");
     static_assert(D == 128, "P V is one m64n128k16 per 16 keys");
     TVA_DYNAMIC_SMEM(smem);
     const uint32_t sK = (smem_addr(smem) + 1023u) & ~1023u;    // 1024-byte aligned for the swizzle
     const uint32_t sV = sK + STAGES * TILE;
-    const uint32_t sQ = sV + STAGES * TILE;
+    const uint32_t sQ = sV + STAGES * TILE;          // V's fourth stage once Q is in registers
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int mblock = blockIdx.x, split = blockIdx.y;
@@ -754,10 +760,10 @@ gqa_pipelined_kernel(const AttnParams p) {
     auto fetch_pages = [&](int tile, int32_t (&pages)[BN / RS]) {
         if constexpr (PAGED) fetch_tile_pages<RS>(p, page_size, b, sr, tile, lrow0, pages);
     };
-    auto copy_tile = [&](uint32_t ring, const char* base, int64_t sb, int64_t st, int tile,
+    auto copy_tile = [&](uint32_t stage, const char* base, int64_t sb, int64_t st, int tile,
                          const int32_t (&pages)[BN / RS]) {
         const int kb = sr.begin + tile * BN;
-        const uint32_t dst = ring + (tile % STAGES) * TILE + dst0;
+        const uint32_t dst = stage + dst0;
         if constexpr (!PAGED) {
             if (kb + BN <= sr.end) {    // a whole tile (all but a split's last): no predicates
                 const char* src = base + static_cast<int64_t>(kb + lrow0) * st * 2 + lc * 16;
@@ -779,14 +785,17 @@ gqa_pipelined_kernel(const AttnParams p) {
         }
     };
 
+    auto k_stage = [&](int tile) { return sK + (tile % STAGES) * TILE; };
+    auto v_stage = [&](int tile) { return (tile % V_STAGES) < STAGES ? sV + (tile % V_STAGES) * TILE : sQ; };
+
     // Prologue: {Q, K_0, V_0}, {K_1, V_1}, {K_2}: one commit group each, then S_0.
     fetch_pages(0, kpages);
 #pragma unroll
     for (int t = 0; t < 3; ++t) {
         if (t < n) {
-            copy_tile(sK, kbase, p.k_sb, p.k_st, t, kpages);
+            copy_tile(k_stage(t), kbase, p.k_sb, p.k_st, t, kpages);
             if (t < 2) {
-                copy_tile(sV, vbase, p.v_sb, p.v_st, t, kpages);
+                copy_tile(v_stage(t), vbase, p.v_sb, p.v_st, t, kpages);
             } else {
 #pragma unroll
                 for (int i = 0; i < BN / RS; ++i) vpages[i] = kpages[i];
@@ -818,7 +827,7 @@ gqa_pipelined_kernel(const AttnParams p) {
     // across the loop, the softmax's writes to it count as writes to the inputs of the next
     // iteration's wgmma and ptxas serialises them (C7513).
     auto issue_s = [&](float (&s)[BN / 8][4], int tile) {
-        const uint64_t k_desc = desc_kmajor_sw128(sK + (tile % STAGES) * TILE);
+        const uint64_t k_desc = desc_kmajor_sw128(k_stage(tile));
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
             wgmma_m64n64k16(s, qa[kk], desc_advance(k_desc, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
@@ -905,36 +914,35 @@ gqa_pipelined_kernel(const AttnParams p) {
         float s[BN / 8][4];
         wgmma_fence();            // o and pa were last written by ordinary instructions
         issue_s(s, more ? tile + 1 : tile);
-        const uint64_t v_desc = desc_mnmajor_sw128(sV + (tile % STAGES) * TILE);
+        const uint64_t v_desc = desc_mnmajor_sw128(v_stage(tile));
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
         wgmma_commit();
-        // K_{tile+3} goes out while the tensor cores run, into K_tile's stage (S_tile finished in
-        // the previous iteration, for every warp before the barrier above).
-        // Paged: V_{tile+3} will reuse K_{tile+3}'s pages; V_{tile+2}'s (vpages) are still needed below.
+        // K_{tile+3} and V_{tile+2} go out while the tensor cores run: K_{tile+3} into K_tile's
+        // stage (S_tile finished in the previous iteration), V_{tile+2} into V_{tile-2}'s (P_{tile-2}
+        // V_{tile-2} was retired by the previous iteration's wait_group 1), both for every warp
+        // before the barrier above. A warp's wait_group covers its own share of a warpgroup MMA,
+        // so a stage is free only after such a barrier (CUTLASS's consumers release a stage
+        // likewise). Paged: V_{tile+3} will reuse K_{tile+3}'s pages.
         int32_t pages3[BN / RS];
         if (tile + 3 < n) {
-            copy_tile(sK, kbase, p.k_sb, p.k_st, tile + 3, kpages);
+            copy_tile(k_stage(tile + 3), kbase, p.k_sb, p.k_st, tile + 3, kpages);
 #pragma unroll
             for (int i = 0; i < BN / RS; ++i) pages3[i] = kpages[i];
             fetch_pages(tile + 4, kpages);
         }
+        if (tile + 2 < n) copy_tile(v_stage(tile + 2), vbase, p.v_sb, p.v_st, tile + 2, vpages);
+        if (tile + 3 < n) {
+#pragma unroll
+            for (int i = 0; i < BN / RS; ++i) vpages[i] = pages3[i];
+        }
+        cp_async_commit();
         if (more) {
             float x[BN / 8][4], alpha[2];
             // S_{tile+1}, and with it every older group: P_{tile-1} V_{tile-1} too. Only P_tile
             // V_tile may still run.
             wgmma_wait<1>();
             keep_live(s);
-            // V_{tile+2} into V_{tile-1}'s stage, once P_{tile-1} V_{tile-1} is done in every
-            // warp: a warp's wait_group covers its own share of a warpgroup MMA (CUTLASS frees a
-            // stage only after every consumer thread has arrived past its wait, likewise).
-            __syncthreads();
-            if (tile + 2 < n) copy_tile(sV, vbase, p.v_sb, p.v_st, tile + 2, vpages);
-            if (tile + 3 < n) {
-#pragma unroll
-                for (int i = 0; i < BN / RS; ++i) vpages[i] = pages3[i];
-            }
-            cp_async_commit();
             const bool rescale = softmax(s, tile + 1, x, alpha);
             // O is rescaled only when the reference max moved (rarely, with the lazy rescale),
             // and only then does this iteration wait for P_tile V_tile: otherwise it keeps
@@ -955,7 +963,6 @@ gqa_pipelined_kernel(const AttnParams p) {
             }
             pack_p(x, pa[1 - PA]);
         } else {
-            cp_async_commit();
             wgmma_wait<0>();
             keep_live(o);
         }
