@@ -11,8 +11,14 @@
 //   lanes' registers, so a kernel that indexes them wrongly computes the wrong numbers here too.
 // - wgmma.mma_async m64n64k16 (A in registers, B through a K-major 128-byte-swizzle shared-memory
 //   descriptor), m64n128k16 with an MN-major B (imm-trans-b 1) and m64n32k16 with both
-//   operands by descriptor are a barrier of the warpgroup's 128 threads that completes at issue;
-//   the descriptor is decoded bit by bit and the swizzle applied to absolute shared addresses.
+//   operands by descriptor are asynchronous, as on the GPU: the issue is a barrier of the
+//   warpgroup's 128 threads that reads the A registers (and checks the descriptors agree); each
+//   thread queues its share and runs it at its own wgmma.wait_group that retires the group: only
+//   there are the shared-memory operands read and the accumulator written. An operand value that
+//   changed between issue and that wait (a stage overwritten by a warp already past its own wait,
+//   a tile still landing) turns the outputs it feeds into NaN, since the GPU may read it at
+//   either time. A thread that exits with MMAs never waited for aborts. The descriptor is decoded
+//   bit by bit and the swizzle applied to absolute shared addresses.
 // - cp.async copies are queued per thread and land as late as the rules allow: at the
 //   cp.async.wait_group that retires their group (TVA_EMU_EARLY=1: at issue instead). A kernel
 //   that reads a tile before waiting for it reads the poison (0xff bytes: bf16 NaN).
@@ -214,6 +220,22 @@ struct Copy {
     int bytes;
 };
 
+// A thread's share of a warpgroup MMA, queued at issue and run at the wgmma.wait_group that
+// retires its group: the A values of the thread's two rows (registers are read at issue), the
+// shared-memory operands by descriptor (read when it runs, and fingerprinted at issue), the
+// accumulator it writes.
+struct Wgmma {
+    enum Kind { kRegA, kRegATransB, kSmemA } kind;   // B K-major / B MN-major / A and B K-major
+    int n;                    // N of m64nNk16
+    int accumulate;
+    long group;               // commit groups of this thread before its issue
+    float* d;                 // the thread's fragment: N / 8 x 4 floats
+    uint64_t desc_a, desc_b;
+    float a[2][16];           // rows 16w + lane/4 and + 8, k = 0..15 (kRegA, kRegATransB)
+    uint64_t seen_a[2];       // kSmemA: fingerprints of those rows of A in shared memory at issue
+    uint64_t seen_b[32];      // fingerprints of the thread's columns of B (2 per n-tile) at issue
+};
+
 struct Fiber {
     ucontext_t ctx;
     void* sp = nullptr;
@@ -222,6 +244,8 @@ struct Fiber {
     bool done = false;
     std::vector<Copy> open;
     std::deque<std::vector<Copy>> groups;
+    std::deque<Wgmma> mmas;   // issued, not yet run (issue order)
+    long mma_commits = 0;     // wgmma.commit_group calls so far
 };
 
 // Shared address of the first byte of dynamic shared memory: 128-byte aligned (what
@@ -340,6 +364,7 @@ inline void fiber_main() {
         f.open.clear();
         retire(0);
     }
+    if (!f.mmas.empty()) die("a thread exited with wgmma operations it never waited for (wgmma_wait)");
     f.done = true;
     --b->live;
     ++b->progress;
@@ -637,60 +662,34 @@ inline float fast_exp2(float x) { return std::exp2(x); }
 
 inline void fence_proxy_async() {}
 inline void wgmma_fence() {}
-inline void wgmma_commit() {}
-template <int N>
-inline void wgmma_wait() {}
 
-// Element (row r, column k) of a K-major 128-byte-swizzle operand described by `desc`: rows in
-// groups of 8, the groups SBO bytes apart, rows 128 bytes apart; the swizzle XORs address bits
-// [4, 7) with bits [7, 10) of the absolute shared address.
-inline float emu_desc_at(uint64_t desc, int r, int k) {
+// Element (row r, column k), as bf16 bits, of a K-major 128-byte-swizzle operand described by
+// `desc`: rows in groups of 8, the groups SBO bytes apart, rows 128 bytes apart; the swizzle XORs
+// address bits [4, 7) with bits [7, 10) of the absolute shared address.
+inline uint16_t emu_desc_at(uint64_t desc, int r, int k) {
     if ((desc >> 62) != 1) emu::die("emulated wgmma supports the 128-byte swizzle only");
     const uint32_t start = static_cast<uint32_t>(desc & 0x3FFF) << 4;
     const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4;
     uint32_t addr = start + (r / 8) * sbo + (r % 8) * 128 + 2 * k;
     addr ^= ((addr >> 7) & 7u) << 4;
-    return emu_bf2f(emu_ld16(addr));
-}
-
-// d (+)= A B over the whole warpgroup, A and B read through accessors a_at(row, k), b_at(k, n).
-template <int N, typename AAt, typename BAt>
-inline void emu_wgmma_b(float (&d)[N / 8][4], AAt a_at, BAt b_at, int accumulate) {
-    const int tid = emu::me().tid, lane = tid & 31, w = (tid >> 5) & 3;
-    float out[N / 8][4];
-    for (int j = 0; j < N / 8; ++j)
-        for (int e = 0; e < 4; ++e) {
-            const int row = 16 * w + lane / 4 + 8 * (e >> 1), n = 8 * j + 2 * (lane % 4) + (e & 1);
-            float acc = accumulate ? d[j][e] : 0.f;
-            for (int k = 0; k < 16; ++k) acc += a_at(row, k) * b_at(k, n);
-            out[j][e] = acc;
-        }
-    emu::warpgroup_sync();
-    for (int j = 0; j < N / 8; ++j)
-        for (int e = 0; e < 4; ++e) d[j][e] = out[j][e];
+    return emu_ld16(addr);
 }
 
 // Element (k, n) of an MN-major (imm-trans 1) 128-byte-swizzle operand described by `desc`: rows
 // of 128 bytes along N (64 bf16), one per k; groups of 8 rows SBO bytes apart along K, blocks of
 // 64 columns LBO bytes apart along N; the same swizzle on absolute addresses.
-inline float emu_desc_mn_at(uint64_t desc, int k, int n) {
+inline uint16_t emu_desc_mn_at(uint64_t desc, int k, int n) {
     if ((desc >> 62) != 1) emu::die("emulated wgmma supports the 128-byte swizzle only");
     const uint32_t start = static_cast<uint32_t>(desc & 0x3FFF) << 4;
     const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3FFF) << 4;
     const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4;
     uint32_t addr = start + (k / 8) * sbo + (k % 8) * 128 + (n / 64) * lbo + 2 * (n % 64);
     addr ^= ((addr >> 7) & 7u) << 4;
-    return emu_bf2f(emu_ld16(addr));
+    return emu_ld16(addr);
 }
 
-// One warpgroup-wide d[64 x N] (+)= A[64 x 16] B[16 x N]: every thread gives its operands, the
-// product is formed from the whole group's, each thread keeps its accumulator fragment (warp w of
-// the group: rows 16w + lane/4 (+8), n-tile j columns 8j + 2(lane%4) (+1)).
-template <int N, typename AAt>
-inline void emu_wgmma(float (&d)[N / 8][4], AAt a_at, uint64_t desc_b, int accumulate) {
-    emu_wgmma_b<N>(d, a_at, [&](int k, int n) { return emu_desc_at(desc_b, n, k); }, accumulate);
-}
-
+// The issue: every thread of the warpgroup gives its A registers and descriptors (a barrier of
+// the 128 threads); the descriptors must agree.
 inline void emu_wgmma_enter(uint64_t d0, uint64_t d1, const uint32_t* a) {
     const int tid = emu::me().tid, group0 = tid & ~127;
     if (current_warp_count_check(tid)) emu::die("wgmma needs a whole warpgroup of 128 threads");
@@ -711,27 +710,104 @@ inline float emu_wgmma_reg_a(int group0, int r, int k) {
     return emu_half(sl[(rr >= 8) + 2 * (k >= 8)], k % 2);
 }
 
-inline void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
-    emu_wgmma_enter(desc, 0, a);
-    const int group0 = emu::me().tid & ~127;
-    emu_wgmma<64>(d, [&](int r, int k) { return emu_wgmma_reg_a(group0, r, k); }, desc, accumulate);
+// The 16 bf16 values (k = 0..15) of one shared-memory operand row of A (h: row 16w + lane/4 + 8h)
+// or column of B (i: column 8(i/2) + 2(lane%4) + i%2) of this thread's fragment, and a
+// fingerprint of their bits.
+inline uint64_t emu_wgmma_row_a(const emu::Wgmma& op, int h, uint16_t (&v)[16]) {
+    const int tid = emu::me().tid, row = 16 * ((tid >> 5) & 3) + (tid & 31) / 4 + 8 * h;
+    uint64_t fp = 0;
+    for (int k = 0; k < 16; ++k) v[k] = emu_desc_at(op.desc_a, row, k), fp = (fp ^ v[k]) * 0x100000001b3ull;
+    return fp;
+}
+inline uint64_t emu_wgmma_col_b(const emu::Wgmma& op, int i, uint16_t (&v)[16]) {
+    const int n = 8 * (i / 2) + 2 * (emu::me().tid & 3) + i % 2;
+    uint64_t fp = 0;
+    for (int k = 0; k < 16; ++k) {
+        v[k] = op.kind == emu::Wgmma::kRegATransB ? emu_desc_mn_at(op.desc_b, k, n)
+                                                  : emu_desc_at(op.desc_b, n, k);
+        fp = (fp ^ v[k]) * 0x100000001b3ull;
+    }
+    return fp;
 }
 
-// A from registers, B MN-major (imm-trans-b 1), always accumulating (the P V of the GQA kernel).
+// Queue this thread's share of a warpgroup-wide d[64 x N] (+)= A[64 x 16] B[16 x N] (warp w of
+// the group: rows 16w + lane/4 (+8), n-tile j columns 8j + 2(lane%4) (+1)). A from registers is
+// taken now; a second barrier keeps the slots until every thread has its rows. The shared-memory
+// operands are fingerprinted now and read at the wait.
+inline void emu_wgmma_issue(emu::Wgmma::Kind kind, int n, float* d, uint64_t desc_a, uint64_t desc_b,
+                            const uint32_t* a, int accumulate) {
+    const bool smem_a = kind == emu::Wgmma::kSmemA;
+    if ((desc_b >> 62) != 1 || (smem_a && (desc_a >> 62) != 1))
+        emu::die("emulated wgmma supports the 128-byte swizzle only");
+    emu_wgmma_enter(smem_a ? desc_a : desc_b, smem_a ? desc_b : 0, a);
+    emu::Fiber& f = emu::me();
+    emu::Wgmma op{kind, n, accumulate, f.mma_commits, d, desc_a, desc_b, {}, {}, {}};
+    uint16_t v[16];
+    if (!smem_a) {
+        const int group0 = f.tid & ~127, w = (f.tid >> 5) & 3, lane = f.tid & 31;
+        for (int h = 0; h < 2; ++h)
+            for (int k = 0; k < 16; ++k) op.a[h][k] = emu_wgmma_reg_a(group0, 16 * w + lane / 4 + 8 * h, k);
+    } else {
+        for (int h = 0; h < 2; ++h) op.seen_a[h] = emu_wgmma_row_a(op, h, v);
+    }
+    for (int i = 0; i < n / 4; ++i) op.seen_b[i] = emu_wgmma_col_b(op, i, v);
+    emu::warpgroup_sync();
+    f.mmas.push_back(op);
+}
+
+// Run one queued share: shared-memory operands are read now, the accumulator written now. An
+// operand value that is not what it was at issue (its stage overwritten, or a copy into it
+// landing, while the MMA was in flight) makes the outputs it feeds NaN: the GPU may have read
+// either.
+inline void emu_wgmma_run(const emu::Wgmma& op) {
+    float a[2][16], b[16];
+    bool a_changed[2] = {false, false};
+    uint16_t v[16];
+    for (int h = 0; h < 2; ++h) {
+        if (op.kind != emu::Wgmma::kSmemA) {
+            for (int k = 0; k < 16; ++k) a[h][k] = op.a[h][k];
+            continue;
+        }
+        a_changed[h] = emu_wgmma_row_a(op, h, v) != op.seen_a[h];
+        for (int k = 0; k < 16; ++k) a[h][k] = emu_bf2f(v[k]);
+    }
+    for (int j = 0; j < op.n / 8; ++j)
+        for (int c = 0; c < 2; ++c) {
+            const bool b_changed = emu_wgmma_col_b(op, 2 * j + c, v) != op.seen_b[2 * j + c];
+            for (int k = 0; k < 16; ++k) b[k] = emu_bf2f(v[k]);
+            for (int h = 0; h < 2; ++h) {
+                float& out = op.d[4 * j + 2 * h + c];
+                float acc = op.accumulate ? out : 0.f;
+                for (int k = 0; k < 16; ++k) acc += a[h][k] * b[k];
+                out = b_changed || a_changed[h] ? NAN : acc;
+            }
+        }
+}
+
+inline void wgmma_commit() { ++emu::me().mma_commits; }
+// Run, in issue order, this thread's queued MMAs but those of the newest N groups (MMAs issued
+// since the last commit count as one group newer than every committed one). Per thread: no
+// barrier, so each thread reads shared memory as it is at its own wait.
 template <int N>
-inline void emu_wgmma_tb(float (&d)[N / 8][4], const uint32_t (&a)[4], uint64_t desc) {
-    emu_wgmma_enter(desc, 0, a);
-    const int group0 = emu::me().tid & ~127;
-    emu_wgmma_b<N>(d, [&](int r, int k) { return emu_wgmma_reg_a(group0, r, k); },
-                   [&](int k, int n) { return emu_desc_mn_at(desc, k, n); }, 1);
-}
-inline void wgmma_m64n128k16_tb(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
-    emu_wgmma_tb<128>(d, a, desc);
+inline void wgmma_wait() {
+    emu::Fiber& f = emu::me();
+    const bool open = !f.mmas.empty() && f.mmas.back().group == f.mma_commits;
+    const long retire_below = f.mma_commits + (open ? 1 : 0) - N;
+    while (!f.mmas.empty() && f.mmas.front().group < retire_below) {
+        emu_wgmma_run(f.mmas.front());
+        f.mmas.pop_front();
+    }
 }
 
+inline void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
+    emu_wgmma_issue(emu::Wgmma::kRegA, 64, &d[0][0], 0, desc, a, accumulate);
+}
+// A from registers, B MN-major (imm-trans-b 1), always accumulating (the P V of the GQA kernel).
+inline void wgmma_m64n128k16_tb(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
+    emu_wgmma_issue(emu::Wgmma::kRegATransB, 128, &d[0][0], 0, desc, a, 1);
+}
 inline void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    emu_wgmma_enter(desc_a, desc_b, nullptr);
-    emu_wgmma<32>(d, [&](int r, int k) { return emu_desc_at(desc_a, r, k); }, desc_b, accumulate);
+    emu_wgmma_issue(emu::Wgmma::kSmemA, 32, &d[0][0], desc_a, desc_b, nullptr, accumulate);
 }
 
 inline void st_shared_b32(uint32_t a, uint32_t v) {
