@@ -253,6 +253,12 @@ def test_splits_avoid_a_partial_second_wave():
     assert cv.best_splits(16, 132, 65600, 320) == 8
     # 8 CTAs per split, 264 slots: 33 splits fill exactly one wave.
     assert cv.best_splits(8, 264, 65552, 192) == 33
+    # One row block (16 tree tokens x 4 heads) counts one CTA a multiprocessor: 16 splits of
+    # 16400 keys (128 CTAs), not the 33 that two a multiprocessor would take; five row blocks
+    # (65 tree tokens) count both.
+    assert cv.gqa_slots(1, 2, 132) == 132 and cv.gqa_slots(5, 2, 132) == 264
+    assert cv.best_splits(8, cv.gqa_slots(1, 2, 132), 16400, 192) == 16
+    assert cv.best_splits(40, cv.gqa_slots(5, 2, 132), 65601, 192) == 13
     # Tiny contexts never split below one tile per split.
     assert cv.best_splits(8, 264, 100, 192) <= 2
     assert cv.best_splits(1, 1, 10**6, 64) == 1
@@ -279,7 +285,7 @@ def _h200_splits(lib, b, hq, hkv, T, d, max_keys, mla=False, wgmma=False):
     warps = cv.plan_warps(hq // hkv * T, cv.IMPLS[int(wgmma)])   # as custom_verify.plan picks
     m_blocks = math.ceil(hq // hkv * T / (16 * warps))
     occupancy = max(1, (228 * 1024) // (lib.tva_gqa_smem_bytes(d, warps, int(wgmma)) + 1024))
-    return warps, cv.best_splits(b * hkv * m_blocks, occupancy * H200_SMS, max_keys,
+    return warps, cv.best_splits(b * hkv * m_blocks, cv.gqa_slots(m_blocks, occupancy, H200_SMS), max_keys,
                                  cv._overhead_keys(16 * warps, d, 4 * d))
 
 
