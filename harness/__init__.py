@@ -18,18 +18,29 @@ __version__ = "0.1.0"
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_HERE)
+_ROOT_REAL = os.path.realpath(_ROOT)
 _SUBPACKAGES = {"harness.kernels": "kernels", "harness.dashboards": "dashboards"}
 
 
 class _SourceTreeFinder(importlib.abc.MetaPathFinder):
-    """Resolve harness.kernels / harness.dashboards to the top-level folders of a checkout."""
+    """Resolve harness.kernels / harness.dashboards to the top-level folders of a checkout, and
+    keep those folders from shadowing installed top-level packages of the same names.
+
+    A process started in the checkout (`python -m harness.worker`, pytest) has the checkout on
+    sys.path, where a bare `import kernels` would find our folder. Hugging Face transformers
+    imports the `kernels` library whenever it is installed (5.25 does so on importing a model),
+    and then failed on our folder. So a bare name first looks everywhere but the checkout; only
+    when nothing else is installed does the normal search find the folder."""
 
     def find_spec(self, fullname, path=None, target=None):
         folder = _SUBPACKAGES.get(fullname)
-        if folder is None:
-            return None
-        # PathFinder looks for the last component ("kernels") in the given folder.
-        return importlib.machinery.PathFinder.find_spec(fullname, [_ROOT])
+        if folder is not None:
+            # PathFinder looks for the last component ("kernels") in the given folder.
+            return importlib.machinery.PathFinder.find_spec(fullname, [_ROOT])
+        if path is None and fullname in _SUBPACKAGES.values():
+            elsewhere = [p for p in sys.path if os.path.realpath(p or os.curdir) != _ROOT_REAL]
+            return importlib.machinery.PathFinder.find_spec(fullname, elsewhere)
+        return None
 
 
 def _needs_finder() -> bool:

@@ -151,3 +151,23 @@ def test_a_rule_breaker_is_caught(tmp_path):
         f"{bad}:3: harness.sweep.bad imports harness.worker (the controller never imports worker code)",
         f"{bad}:3: harness.sweep.bad imports harness.worker.idle (the controller never imports "
         f"worker code)"]
+
+
+def test_the_checkout_does_not_shadow_an_installed_kernels_library(tmp_path):
+    """A process started in the checkout has it on sys.path, where a bare `import kernels`
+    would find our kernels/ folder; Hugging Face transformers imports the `kernels` library
+    whenever it is installed (5.25 on importing a model) and failed on ours. Once harness is
+    imported, a bare name finds the installed library, and harness.kernels still our folder."""
+    site = tmp_path / "site"
+    (site / "kernels").mkdir(parents=True)
+    (site / "kernels" / "__init__.py").write_text("WHO = 'the library'\n")
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+
+    def run(code: str) -> str:
+        return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    # Without harness the checkout comes first: the shadowing is real.
+    assert run("import kernels; print(kernels.__file__)") == str(REPO / "kernels" / "__init__.py")
+    got = run("import harness, kernels, harness.kernels.build as b; print(kernels.WHO); print(b.__file__)")
+    assert got.splitlines() == ["the library", str(REPO / "kernels" / "build.py")]
