@@ -786,7 +786,7 @@ gqa_pipelined_kernel(const AttnParams p) {
     };
 
     auto k_stage = [&](int tile) { return sK + (tile % STAGES) * TILE; };
-    auto v_stage = [&](int tile) { return (tile % V_STAGES) < STAGES ? sV + (tile % V_STAGES) * TILE : sQ; };
+    auto v_stage = [&](int tile) { return sV + (tile % V_STAGES) * TILE; };   // the fourth: sQ
 
     // Prologue: {Q, K_0, V_0}, {K_1, V_1}, {K_2}: one commit group each, then S_0.
     fetch_pages(0, kpages);
