@@ -1243,28 +1243,38 @@ mla_kernel(const AttnParams p) {
 }
 
 // ------------------------------------------------------------------------------------------
-// Combine: out[row] = sum_s 2^(lse_s - m) O_s / sum_s 2^(lse_s - m). One warp per output row,
-// COMBINE_ROWS rows a CTA, lane l taking the columns 2 (l + 32 i). A warp loads a chunk of up to
+// Combine: out[row] = sum_s 2^(lse_s - m) O_s / sum_s 2^(lse_s - m). One warp per output row
+// and slice of up to 128 columns (a 512-wide MLA row is four warps' work), COMBINE_ROWS such
+// warps a CTA, lane l taking the slice's columns 2 (l + 32 i). A warp loads a chunk of up to
 // CHUNK splits at once (every lane the chunk's lse values, one broadcast transaction each, and its
 // share of their partial rows), then folds the chunk into its running max, sum and accumulator
-// (an online softmax over chunks): at a 128-wide row, up to 16 splits cost one round trip to L2,
-// with no shared memory and no barrier. Tried before (kernels/NOTES.md): four warps a row meeting
+// (an online softmax over chunks): up to 16 splits cost one round trip to L2, with no shared
+// memory and no barrier. Tried before (kernels/NOTES.md): four warps a row meeting
 // through shared memory (6-8 us under ncu for 8-13 MB of partials, the kernel this replaced),
 // and one warp a row with four splits in flight and the weights broadcast by shuffle (slower).
+// A whole 512-wide row a warp had four splits in flight and 128 warps for MLA's 128 rows: the
+// MLA verify took 116 us at 65536 keys (65 splits, 17 MB of partials), its main kernel 63 of them.
 // ------------------------------------------------------------------------------------------
 
 constexpr int COMBINE_ROWS = 4;
+
+// Columns a combine warp takes: a slice of the row, so wide rows spread over more warps.
+template <int DV>
+constexpr int combine_cols() { return DV < 128 ? DV : 128; }
 
 template <int DV>
 __global__ void __launch_bounds__(COMBINE_ROWS * 32)
 combine_kernel(const AttnParams p) {
     wait_for_previous_kernel();
-    static_assert(DV % 64 == 0, "a float2 per lane per 64 columns");
-    constexpr int V = DV / 64;                     // float2 per lane and split: columns 2 (lane + 32 i)
+    constexpr int COLS = combine_cols<DV>(), SLICES = DV / COLS;
+    static_assert(COLS % 64 == 0 && DV % COLS == 0, "a float2 per lane per 64 columns");
+    constexpr int V = COLS / 64;                   // float2 per lane and split: columns 2 (lane + 32 i)
     constexpr int CHUNK = 32 / V > 2 ? 32 / V : 2;  // splits in flight: 32 float2 a lane
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int S = static_cast<int>(p.num_splits), T = static_cast<int>(p.tokens), H = static_cast<int>(p.heads_q);
-    const int64_t rows = p.batch * H * T, row = static_cast<int64_t>(blockIdx.x) * COMBINE_ROWS + warp;
+    const int64_t rows = p.batch * H * T, task = static_cast<int64_t>(blockIdx.x) * COMBINE_ROWS + warp;
+    const int64_t row = task / SLICES;
+    const int col0 = static_cast<int>(task % SLICES) * COLS;
     if (row >= rows) return;                       // the last CTA's spare warps
     const int t = row % T, hq = (row / T) % H, b = row / (static_cast<int64_t>(T) * H);
 
@@ -1283,7 +1293,7 @@ combine_kernel(const AttnParams p) {
             for (int i = 0; i < V; ++i) x[j][i] = make_float2(0.f, 0.f);
             if (s < S) {
                 lse[j] = p.ws_lse[s * rows + row];
-                const float2* src = reinterpret_cast<const float2*>(p.ws_o + (s * rows + row) * DV);
+                const float2* src = reinterpret_cast<const float2*>(p.ws_o + (s * rows + row) * DV + col0);
 #pragma unroll
                 for (int i = 0; i < V; ++i) x[j][i] = src[lane + 32 * i];
             }
@@ -1313,7 +1323,7 @@ combine_kernel(const AttnParams p) {
         m = m_new;
     }
     const float inv = total > 0.f ? 1.f / total : 0.f;
-    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hq * p.o_sh + t * p.o_st;
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hq * p.o_sh + t * p.o_st + col0;
 #pragma unroll
     for (int i = 0; i < V; ++i)
         *reinterpret_cast<uint32_t*>(out + 2 * (lane + 32 * i)) = pack_bf16(acc[i].x * inv, acc[i].y * inv);
@@ -1383,8 +1393,8 @@ static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_bl
 template <int D>
 static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
     if (p.num_splits == 1) return cudaSuccess;
-    const int64_t rows = p.batch * p.heads_q * p.tokens;
-    const auto ctas = static_cast<unsigned>((rows + COMBINE_ROWS - 1) / COMBINE_ROWS);
+    const int64_t warps = p.batch * p.heads_q * p.tokens * (D / combine_cols<D>());
+    const auto ctas = static_cast<unsigned>((warps + COMBINE_ROWS - 1) / COMBINE_ROWS);
     TVA_LAUNCH(combine_kernel<D>, dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
     return launch_status(stream);
 }

@@ -255,8 +255,9 @@ def test_splits_avoid_a_partial_second_wave():
     assert cv.best_splits(8, 264, 65552, 192) == 33
     # One row block (16 tree tokens x 4 heads) counts one CTA a multiprocessor: 16 splits of
     # 16400 keys (128 CTAs), not the 33 that two a multiprocessor would take; five row blocks
-    # (65 tree tokens) count both.
+    # (65 tree tokens) count both, and so does one row block over a paged cache.
     assert cv.gqa_slots(1, 2, 132) == 132 and cv.gqa_slots(5, 2, 132) == 264
+    assert cv.gqa_slots(1, 2, 132, paged=True) == 264
     assert cv.best_splits(8, cv.gqa_slots(1, 2, 132), 16400, 192) == 16
     assert cv.best_splits(40, cv.gqa_slots(5, 2, 132), 65601, 192) == 13
     # Tiny contexts never split below one tile per split.
@@ -277,7 +278,7 @@ def _launch_params(b, hq, hkv, T, splits, page_size=1):
     return p
 
 
-def _h200_splits(lib, b, hq, hkv, T, d, max_keys, mla=False, wgmma=False):
+def _h200_splits(lib, b, hq, hkv, T, d, max_keys, mla=False, wgmma=False, paged=False):
     """cv.plan's split count with the H200's SM count (plan itself asks the GPU)."""
     if mla:
         m_blocks = math.ceil(hq * T / 64)
@@ -285,7 +286,7 @@ def _h200_splits(lib, b, hq, hkv, T, d, max_keys, mla=False, wgmma=False):
     warps = cv.plan_warps(hq // hkv * T, cv.IMPLS[int(wgmma)])   # as custom_verify.plan picks
     m_blocks = math.ceil(hq // hkv * T / (16 * warps))
     occupancy = max(1, (228 * 1024) // (lib.tva_gqa_smem_bytes(d, warps, int(wgmma)) + 1024))
-    return warps, cv.best_splits(b * hkv * m_blocks, cv.gqa_slots(m_blocks, occupancy, H200_SMS), max_keys,
+    return warps, cv.best_splits(b * hkv * m_blocks, cv.gqa_slots(m_blocks, occupancy, H200_SMS, paged), max_keys,
                                  cv._overhead_keys(16 * warps, d, 4 * d))
 
 
@@ -313,7 +314,8 @@ def test_h200_launch_configurations_are_accepted(emu):
     try:
         for name, b, hq, hkv, T, d, ctx, layout, ps, wgmma in H200_POINTS:
             mla = layout.startswith("mla")
-            warps, splits = _h200_splits(emu, b, hq, hkv, T, d, ctx + T, mla=mla, wgmma=wgmma)
+            warps, splits = _h200_splits(emu, b, hq, hkv, T, d, ctx + T, mla=mla, wgmma=wgmma,
+                                         paged=layout == "paged")
             for s in sorted({1, splits, cv.MAX_REQUESTED_SPLITS}):
                 p = _launch_params(b, hq, hkv, T, s, ps)
                 emu.emu_clear_fault()
