@@ -17,8 +17,8 @@ library). The library is compiled on first use (kernels/build.py); importing thi
 on a host without a GPU.
 
 Three implementations (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_80), "wgmma"
-(S = QK^T on Hopper's warpgroup MMA, P V on mma.sync) and "wgmma_pv" (both products on wgmma,
-software-pipelined: gqa_pipelined_kernel; GQA at head_dim 128 only). The caller picks one;
+(S = QK^T on Hopper's warpgroup MMA, P V on mma.sync) and "wgmma_pv" (both products on wgmma:
+GQA at head_dim 128, software-pipelined, gqa_pipelined_kernel; MLA, mla_pv_kernel). The caller picks one;
 nothing in the environment does.
 """
 
@@ -68,7 +68,7 @@ def _gqa_occupancy(index: int, head_dim: int, num_warps: int, paged: bool, wgmma
         return max(1, _lib().tva_gqa_occupancy(head_dim, num_warps, int(paged), int(wgmma)))
 
 
-IMPLS = ("mma", "wgmma", "wgmma_pv")    # wgmma_pv: S and P V on wgmma (GQA; MLA has no P V one)
+IMPLS = ("mma", "wgmma", "wgmma_pv")    # wgmma_pv: S and P V on wgmma
 _IMPL_CODE = {"mma": 0, "wgmma": 1, "wgmma_pv": 2}   # tva_gqa_forward's `wgmma` argument
 # A library caller gets mma.sync (any GPU from sm_80). The harness's cells pick with their
 # custom_impl knob, whose `auto` is wgmma on Hopper: measured faster there (kernels/NOTES.md).
@@ -163,9 +163,6 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
     b, hq, T, _ = q.shape
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if mla:
-        if impl == "wgmma_pv":
-            raise ValueError("impl 'wgmma_pv' is GQA only: the MLA kernel's P V has no wgmma "
-                             "variant (use 'wgmma')")
         m_blocks = math.ceil(hq * T / 64)
         splits = _splits(num_splits, b * m_blocks, _sm_count(index), max_keys,
                          _overhead_keys(64, MLA_DV, MLA_DK * 2))

@@ -245,6 +245,23 @@ __device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[16][4], const uin
     __trap();
 #endif
 }
+
+// d[64 x 256] += A[64 x 16] x B[16 x 256], A K-major and B MN-major (imm-trans-b 1), both through
+// shared-memory descriptors: the MLA kernel's P V (P from shared memory, V the latent tile's
+// first 512 columns, one half a warpgroup).
+__device__ __forceinline__ void wgmma_m64n256k16_ss_tb(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b) {
+#ifdef TVA_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+        "%128, %129, p, 1, 1, 0, 1;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+        : "l"(desc_a), "l"(desc_b), "n"(1));
+#else
+    __trap();
+#endif
+}
 #endif  // TVA_EMULATE
 
 // Shared-memory matrix descriptor for wgmma: K-major operand, 128-byte swizzle, rows of 128
@@ -1004,6 +1021,47 @@ __device__ __forceinline__ uint32_t blk(int r, int c) {
     return static_cast<uint32_t>((c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
+// Copies of the MLA kernels (8 warps): warp w takes rows w, w + 8, ...; its lanes the 16-byte
+// chunks lane, lane + 32, lane + 64 of a 576-wide row.
+// The Q rows of row block `mblock` (row r = (head, token) = (r / T, r % T); zeros past M).
+__device__ __forceinline__ void mla_copy_q(const AttnParams& p, uint32_t sQ, int b, int mblock, int M, int warp,
+                                           int lane) {
+    using namespace mla;
+    const int T = p.tokens;
+    const char* qbase = static_cast<const char*>(p.q) + b * p.q_sb * 2;
+#pragma unroll 2
+    for (int i = 0; i < BM / NW; ++i) {
+        const int row = warp + i * NW, r = mblock * BM + row;
+        const bool ok = r < M;
+        const char* src = qbase + ((ok ? r / T : 0) * p.q_sh + (ok ? r % T : 0) * p.q_st) * 2;
+#pragma unroll
+        for (int j = 0; j < 3; ++j) {
+            const int c = lane + 32 * j;
+            if (c < CH) cp_async16(sQ + blk<BM>(row, c), src + c * 16, ok);
+        }
+    }
+}
+
+// Latent tile `tile` of this split (keys past its end: zeros) into `dst`.
+template <bool PAGED>
+__device__ __forceinline__ void mla_copy_tile(const AttnParams& p, int b, const SplitRange& sr, int tile, uint32_t dst,
+                                              int warp, int lane) {
+    using namespace mla;
+    const char* kvbase = static_cast<const char*>(p.k);
+    const int kb = sr.begin + tile * BN;
+#pragma unroll 2
+    for (int i = 0; i < BN / NW; ++i) {
+        const int row = warp + i * NW, key = kb + row;
+        const bool ok = key < sr.end;
+        const char* src = kvbase + key_offset<PAGED>(p, b, ok ? key : sr.begin, p.k_sb, p.k_st) * 2;
+#pragma unroll
+        for (int j = 0; j < 3; ++j) {
+            const int c = lane + 32 * j;
+            if (c < CH) cp_async16(dst + blk<BN>(row, c), src + c * 16, ok);
+        }
+    }
+}
+
 // WG: S = Q K^T with wgmma, Q and K both read by descriptor (each warpgroup: 64 rows x 32 keys).
 template <bool PAGED, bool WG>
 __global__ void __launch_bounds__(mla::NT, 1)
@@ -1023,37 +1081,9 @@ mla_kernel(const AttnParams p) {
     const int T = p.tokens, H = p.heads_q, M = H * T;
     const int L = read_length(p, b);
     const SplitRange sr = split_range(L + T, p.num_splits, split);
-    const char* kvbase = static_cast<const char*>(p.k);
 
-    // Copies: warp w takes rows w, w + 8, ...; its lanes the 16-byte chunks lane, lane + 32, lane + 64.
-    const char* qbase = static_cast<const char*>(p.q) + b * p.q_sb * 2;
-#pragma unroll 2
-    for (int i = 0; i < BM / NW; ++i) {
-        const int row = warp + i * NW, r = mblock * BM + row;
-        const bool ok = r < M;
-        const char* src = qbase + ((ok ? r / T : 0) * p.q_sh + (ok ? r % T : 0) * p.q_st) * 2;
-#pragma unroll
-        for (int j = 0; j < 3; ++j) {
-            const int c = lane + 32 * j;
-            if (c < CH) cp_async16(sQ + blk<BM>(row, c), src + c * 16, ok);
-        }
-    }
-
-    auto load_tile = [&](int tile, int stage) {
-        const int kb = sr.begin + tile * BN;
-        const uint32_t dst = sKV + stage * TILE;
-#pragma unroll 2
-        for (int i = 0; i < BN / NW; ++i) {
-            const int row = warp + i * NW, key = kb + row;
-            const bool ok = key < sr.end;
-            const char* src = kvbase + key_offset<PAGED>(p, b, ok ? key : sr.begin, p.k_sb, p.k_st) * 2;
-#pragma unroll
-            for (int j = 0; j < 3; ++j) {
-                const int c = lane + 32 * j;
-                if (c < CH) cp_async16(dst + blk<BN>(row, c), src + c * 16, ok);
-            }
-        }
-    };
+    mla_copy_q(p, sQ, b, mblock, M, warp, lane);
+    auto load_tile = [&](int tile, int stage) { mla_copy_tile<PAGED>(p, b, sr, tile, sKV + stage * TILE, warp, lane); };
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -1242,6 +1272,171 @@ mla_kernel(const AttnParams p) {
         }
 }
 
+// MLA with P V on wgmma too (impl "wgmma_pv"): the same tiles, S as mla_kernel's wgmma variant
+// (warpgroup g: the 64 rows against keys 32 g .. 32 g + 31), then P to shared memory (bf16, a
+// K-major operand) and O[:, 256 g .. 256 g + 255] += P V as four m64n256k16 per tile, P and V
+// both read by descriptor (V: the tile's first 512 columns, MN-major). mla_kernel's P V was 128
+// mma.sync a warp a tile, each with its ldmatrix loads of P and V. The reference max moves
+// lazily (RESCALE_LOG2, as the GQA pipelined kernel's): warp w and warp w + 4 hold the same
+// rows and read the same maxima, so both warpgroups take the same decisions and P's two halves
+// share one reference.
+template <bool PAGED>
+__global__ void __launch_bounds__(mla::NT, 1)
+mla_pv_kernel(const AttnParams p) {
+    wait_for_previous_kernel();
+    using namespace mla;
+    static_assert(NW == 8 && DV == 512, "two warpgroups, 256 value columns each");
+    TVA_DYNAMIC_SMEM(smem);
+    const uint32_t sQ = (smem_addr(smem) + 1023u) & ~1023u;     // Q, KV and P tiles: 1024-byte aligned
+    const uint32_t sKV = sQ + Q_BYTES;
+    const uint32_t sP = sKV + STAGES * TILE;
+    float* red_max = reinterpret_cast<float*>(smem + (sP + P_BYTES - smem_addr(smem)));   // [2][BM]
+    float* red_sum = red_max + 2 * BM;                                                     // [2][BM]
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int wg = warp >> 2, wr = warp & 3;       // warpgroup; rows 16 wr + gid (+ 8) of the block
+    const int mblock = blockIdx.x, split = blockIdx.y, b = blockIdx.z;
+    const int T = p.tokens, H = p.heads_q, M = H * T;
+    const int L = read_length(p, b);
+    const SplitRange sr = split_range(L + T, p.num_splits, split);
+
+    mla_copy_q(p, sQ, b, mblock, M, warp, lane);
+    auto load_tile = [&](int tile, int stage) { mla_copy_tile<PAGED>(p, b, sr, tile, sKV + stage * TILE, warp, lane); };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < sr.tiles) load_tile(s, s);
+        cp_async_commit();
+    }
+
+    const float scale = static_cast<float>(p.sm_scale) * LOG2E;
+    const int32_t* bits_row[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int r = mblock * BM + wr * 16 + gid + 8 * hf;
+        const int t = r < M ? r % T : 0;
+        bits_row[hf] = p.tree_bits + b * p.bits_sb + t * p.bits_st;
+    }
+    float o[DV / 2 / 8][4];
+#pragma unroll
+    for (int i = 0; i < DV / 2 / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY};
+    float l_part[2] = {0.f, 0.f};      // partial row sums over this warpgroup's 32 keys of each tile
+    const uint64_t p_desc = desc_kmajor_sw128(sP);
+
+    for (int tile = 0; tile < sr.tiles; ++tile) {
+        cp_async_wait<STAGES - 2>();
+        fence_proxy_async();
+        __syncthreads();                                         // (A) tile landed, stage and P free
+        if (tile + STAGES - 1 < sr.tiles) load_tile(tile + STAGES - 1, (tile + STAGES - 1) % STAGES);
+        cp_async_commit();
+        const uint32_t kv_s = sKV + (tile % STAGES) * TILE;
+
+        float s[4][4];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < DK / 16; ++kk) {
+            const uint32_t kofs = (kk & 3) * 32;               // 16 columns of a 64-column block
+            wgmma_m64n32k16_ss(s, desc_kmajor_sw128(sQ + (kk >> 2) * (BM * 128) + kofs),
+                               desc_kmajor_sw128(kv_s + (kk >> 2) * (BN * 128) + wg * 32 * 128 + kofs), kk > 0);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        keep_live(s);
+
+        mask_tile<32>(s, sr.begin + tile * BN + wg * 32, L, sr.end, bits_row, tig);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            float mx = row_max(s, hf);
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            if (tig == 0) red_max[wg * BM + wr * 16 + gid + 8 * hf] = mx * scale;   // scale > 0
+        }
+        __syncthreads();                                         // (B) row maxima of both halves
+
+        float m_tile[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const int row = wr * 16 + gid + 8 * hf;
+            m_tile[hf] = fmaxf(red_max[row], red_max[BM + row]);
+        }
+        const bool rescale = __any_sync(0xffffffffu, m_tile[0] > m_run[0] + RESCALE_LOG2 ||
+                                                     m_tile[1] > m_run[1] + RESCALE_LOG2);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            float alpha = 1.f;
+            if (rescale) {          // warp-uniform; P V of the tile before was waited for
+                const float m_new = fmaxf(m_run[hf], m_tile[hf]);
+                alpha = fast_exp2(m_run[hf] - max_ref(m_new));
+                m_run[hf] = m_new;
+#pragma unroll
+                for (int j = 0; j < DV / 2 / 8; ++j) {
+                    o[j][2 * hf] *= alpha;
+                    o[j][2 * hf + 1] *= alpha;
+                }
+            }
+            const float m_use = max_ref(m_run[hf]);
+            const int prow = wr * 16 + gid + 8 * hf;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+                const float p0 = fast_exp2(fmaf(s[nt][2 * hf], scale, -m_use));
+                const float p1 = fast_exp2(fmaf(s[nt][2 * hf + 1], scale, -m_use));
+                sum += p0 + p1;
+                st_shared_b32(sP + blk<BM>(prow, wg * 4 + nt) + tig * 4, pack_bf16(p0, p1));
+            }
+            l_part[hf] = l_part[hf] * alpha + sum;
+        }
+        fence_proxy_async();
+        __syncthreads();                                         // (C) P complete
+
+        // O[:, 256 wg ..] += P V: V's 64-column blocks 4 wg .. 4 wg + 3, 16 keys a step.
+        const uint64_t v_desc = desc_mnmajor_sw128(kv_s + wg * 4 * (BN * 128));
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            wgmma_m64n256k16_ss_tb(o, desc_advance(p_desc, kk * 32), desc_advance(v_desc, kk * 16 * 128));
+        wgmma_commit();
+        wgmma_wait<0>();
+        keep_live(o);
+    }
+    cp_async_wait<0>();
+
+    // Row sums: the two key halves of each row, through shared memory.
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        float l = l_part[hf];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        if (tig == 0) red_sum[wg * BM + wr * 16 + gid + 8 * hf] = l;
+    }
+    __syncthreads();
+
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const int row = wr * 16 + gid + 8 * hf;
+        const int r = mblock * BM + row;
+        if (r >= M) continue;
+        const float l = red_sum[row] + red_sum[BM + row];
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int hh = r / T, t = r % T;
+        const int col0 = wg * (DV / 2) + 2 * tig;
+        if (p.num_splits == 1) {
+            __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hh * p.o_sh + t * p.o_st + col0;
+#pragma unroll
+            for (int j = 0; j < DV / 2 / 8; ++j)
+                *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_bf16(o[j][2 * hf] * inv, o[j][2 * hf + 1] * inv);
+        } else {
+            const int64_t wrow = ((static_cast<int64_t>(split) * p.batch + b) * H + hh) * T + t;
+            float* wo = p.ws_o + wrow * DV + col0;
+#pragma unroll
+            for (int j = 0; j < DV / 2 / 8; ++j)
+                *reinterpret_cast<float2*>(wo + 8 * j) = make_float2(o[j][2 * hf] * inv, o[j][2 * hf + 1] * inv);
+            if (wg == 0 && tig == 0) p.ws_lse[wrow] = l > 0.f ? m_run[hf] + __log2f(l) : -INFINITY;
+        }
+    }
+}
+
 // ------------------------------------------------------------------------------------------
 // Combine: out[row] = sum_s 2^(lse_s - m) O_s / sum_s 2^(lse_s - m). One warp per output row
 // and slice of up to 128 columns (a 512-wide MLA row is four warps' work), COMBINE_ROWS such
@@ -1260,13 +1455,13 @@ constexpr int COMBINE_ROWS = 4;
 
 // Columns a combine warp takes: a slice of the row, so wide rows spread over more warps.
 template <int DV>
-constexpr int combine_cols() { return DV < 128 ? DV : 128; }
+constexpr int COMBINE_COLS = DV < 128 ? DV : 128;
 
 template <int DV>
 __global__ void __launch_bounds__(COMBINE_ROWS * 32)
 combine_kernel(const AttnParams p) {
     wait_for_previous_kernel();
-    constexpr int COLS = combine_cols<DV>(), SLICES = DV / COLS;
+    constexpr int COLS = COMBINE_COLS<DV>, SLICES = DV / COLS;
     static_assert(COLS % 64 == 0 && DV % COLS == 0, "a float2 per lane per 64 columns");
     constexpr int V = COLS / 64;                   // float2 per lane and split: columns 2 (lane + 32 i)
     constexpr int CHUNK = 32 / V > 2 ? 32 / V : 2;  // splits in flight: 32 float2 a lane
@@ -1379,6 +1574,12 @@ constexpr auto gqa_variant() {
     else return gqa_kernel<D, NW, PAGED, WGMMA == 1>;
 }
 
+template <bool PAGED, int WGMMA>
+constexpr auto mla_variant() {
+    if constexpr (WGMMA == 2) return mla_pv_kernel<PAGED>;
+    else return mla_kernel<PAGED, WGMMA == 1>;
+}
+
 template <int D, int NW, bool PAGED, int WGMMA>
 static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_blocks) {
     constexpr int smem = gqa_smem_bytes<D, NW, WGMMA != 0>();
@@ -1393,7 +1594,7 @@ static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_bl
 template <int D>
 static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
     if (p.num_splits == 1) return cudaSuccess;
-    const int64_t warps = p.batch * p.heads_q * p.tokens * (D / combine_cols<D>());
+    const int64_t warps = p.batch * p.heads_q * p.tokens * (D / COMBINE_COLS<D>);
     const auto ctas = static_cast<unsigned>((warps + COMBINE_ROWS - 1) / COMBINE_ROWS);
     TVA_LAUNCH(combine_kernel<D>, dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
     return launch_status(stream);
@@ -1473,7 +1674,7 @@ int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int p
     return static_cast<int>(err);
 }
 
-// wgmma = 1: S = Q K^T on Hopper's warpgroup MMA (a 9.0a build on an sm_90 GPU).
+// wgmma = 1: S = Q K^T on Hopper's warpgroup MMA (a 9.0a build on an sm_90 GPU); 2: P V on it too.
 int tva_mla_forward(const AttnParams* params, int paged, int wgmma, void* stream) {
     const AttnParams& p = *params;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -1482,12 +1683,12 @@ int tva_mla_forward(const AttnParams* params, int paged, int wgmma, void* stream
     cudaError_t err;
 #define TVA_MLA(P, W)                                                                            \
     if (paged == P && wgmma == W) {                                                              \
-        auto kernel = tva::mla_kernel<P, W>;                                                     \
+        auto kernel = tva::mla_variant<P, W>();                                                  \
         err = tva::prepare(kernel, tva::mla::SMEM);                                              \
         if (err == cudaSuccess) TVA_LAUNCH(kernel, grid, tva::mla::NT, tva::mla::SMEM, s, p);    \
     }
     err = cudaErrorInvalidValue;
-    TVA_MLA(0, 0) TVA_MLA(0, 1) TVA_MLA(1, 0) TVA_MLA(1, 1)
+    TVA_MLA(0, 0) TVA_MLA(0, 1) TVA_MLA(0, 2) TVA_MLA(1, 0) TVA_MLA(1, 1) TVA_MLA(1, 2)
 #undef TVA_MLA
     if (err == cudaSuccess) err = tva::launch_status(s);
     if (err == cudaSuccess) err = tva::launch_combine<tva::mla::DV>(p, s);

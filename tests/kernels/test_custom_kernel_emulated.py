@@ -45,6 +45,8 @@ def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, wgmma=False, seed=0,
     if key_ramp is not None:         # keys scaled along the sequence (contiguous cache): scores grow
         n = inp["k"].shape[2]
         inp["k"] = (inp["k"].float() * key_ramp(torch.arange(n, dtype=torch.float32))[:, None]).to(torch.bfloat16)
+        if pt.mla:                   # the values are the latent's first 512 columns
+            inp["v"] = inp["k"][..., :kw.MLA_DV]
     inp["lengths"] = inp["lengths"].to(lengths_dtype)
     b, T = pt.batch, pt.tokens
     out = torch.full((b, pt.heads, T, pt.dv), float("nan"), dtype=torch.bfloat16)
@@ -89,6 +91,8 @@ MLA_CASES = {
     "mla-b2-T17-3splits": (_point("mla", b=2, heads=4, T=17, d=576), [150, 61], 3),
     "mla-paged-ps16": (_point("mla", heads=16, T=5, d=576, layout="paged"), [70], 2),
     "mla-paged-ps1-empty": (_point("mla", b=2, heads=2, T=33, d=576, layout="paged", ps=1), [0, 40], 1),
+    # Seven tiles in one split: every stage and the P tile reused several times.
+    "mla-long-split": (_point("mla", heads=4, T=5, d=576), [400], 1),
 }
 
 
@@ -169,13 +173,22 @@ def test_wgmma_pv_is_refused_below_head_dim_128(emu):
         _run(emu, pt, [100], 1, warps=4, wgmma=2)
 
 
-@pytest.mark.parametrize("wgmma", [False, True], ids=["mma", "wgmma"])
+@pytest.mark.parametrize("wgmma", [0, 1, 2], ids=["mma", "wgmma", "wgmma_pv"])
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("case", list(MLA_CASES))
 def test_mla_kernel_matches_reference(emu, case, schedule, wgmma):
     emu.emu_configure(*SCHEDULES[schedule])
     pt, lengths, splits = MLA_CASES[case]
     assert _run(emu, pt, lengths, splits, wgmma=wgmma) < 5e-3
+
+
+@pytest.mark.parametrize("schedule", ["lockstep", "skewed"])
+def test_mla_wgmma_pv_rescales_when_the_max_grows(emu, schedule):
+    """mla_pv_kernel's lazy rescale, as the GQA one's: keys scaled up along the sequence make
+    the max jump past RESCALE_LOG2 again mid-split, so O's rescale runs there."""
+    emu.emu_configure(*SCHEDULES[schedule])
+    pt = _point("mla", heads=4, T=5, d=576)
+    assert _run(emu, pt, [400], 1, wgmma=2, key_ramp=lambda j: 1.0 + 0.04 * j) < 5e-3
 
 
 def test_int64_lengths_and_every_warp_count(emu):

@@ -92,10 +92,10 @@ def test_wgmma_variant_matches_float64_reference(case, hopper):
     assert check(pt, lengths, impl="wgmma") <= TOL
 
 
-@pytest.mark.parametrize("case", [c for c in WGMMA_CASES if not CASES[c][0].mla])
+@pytest.mark.parametrize("case", WGMMA_CASES)
 def test_wgmma_pv_variant_matches_float64_reference(case, hopper):
-    """P V on wgmma too: V read through an MN-major descriptor (GQA, head_dim 128; other head
-    dims are refused: the d64 instance failed this check, relative error 0.56)."""
+    """P V on wgmma too: V read through an MN-major descriptor (GQA at head_dim 128, and MLA;
+    other GQA head dims are refused: the d64 instance failed this check, relative error 0.56)."""
     pt, lengths = CASES[case]
     if pt.dk != 128:
         with pytest.raises(ValueError, match="supports head_dim 128 only"):
@@ -119,6 +119,12 @@ def test_wgmma_variant_equals_mma_variant_closely(hopper):
 def test_any_split_count(splits):
     assert check(point(b=2, T=17), [3000, 150], num_splits=splits) <= TOL
     assert check(point("mla", heads=8, kv_heads=1, T=17, d=576), [3000], num_splits=splits) <= TOL
+
+
+@pytest.mark.parametrize("splits", [1, 2, 7, 64])
+def test_any_split_count_mla_wgmma_pv(splits, hopper):
+    assert check(point("mla", heads=8, kv_heads=1, T=17, d=576), [3000], num_splits=splits,
+                 impl="wgmma_pv") <= TOL
 
 
 @pytest.mark.parametrize("warps", [2, 4, 8])

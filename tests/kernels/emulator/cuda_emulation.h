@@ -10,8 +10,8 @@
 //   the fragment layouts of the PTX ISA: the emulator reassembles whole matrices from the
 //   lanes' registers, so a kernel that indexes them wrongly computes the wrong numbers here too.
 // - wgmma.mma_async m64n64k16 (A in registers, B through a K-major 128-byte-swizzle shared-memory
-//   descriptor), m64n128k16 with an MN-major B (imm-trans-b 1) and m64n32k16 with both
-//   operands by descriptor are asynchronous, as on the GPU: the issue is a barrier of the
+//   descriptor), m64n128k16 with an MN-major B (imm-trans-b 1), m64n32k16 with both operands
+//   by descriptor and m64n256k16 with both by descriptor, B MN-major, are asynchronous, as on the GPU: the issue is a barrier of the
 //   warpgroup's 128 threads that reads the A registers (and checks the descriptors agree); each
 //   thread queues its share and runs it at its own wgmma.wait_group that retires the group: only
 //   there are the shared-memory operands read and the accumulator written. An operand value that
@@ -225,7 +225,8 @@ struct Copy {
 // shared-memory operands by descriptor (read when it runs, and fingerprinted at issue), the
 // accumulator it writes.
 struct Wgmma {
-    enum Kind { kRegA, kRegATransB, kSmemA } kind;   // B K-major / B MN-major / A and B K-major
+    // B K-major / B MN-major / A and B K-major / A K-major and B MN-major, both in shared memory
+    enum Kind { kRegA, kRegATransB, kSmemA, kSmemATransB } kind;
     int n;                    // N of m64nNk16
     int accumulate;
     long group;               // commit groups of this thread before its issue
@@ -233,7 +234,7 @@ struct Wgmma {
     uint64_t desc_a, desc_b;
     float a[2][16];           // rows 16w + lane/4 and + 8, k = 0..15 (kRegA, kRegATransB)
     uint64_t seen_a[2];       // kSmemA: fingerprints of those rows of A in shared memory at issue
-    uint64_t seen_b[32];      // fingerprints of the thread's columns of B (2 per n-tile) at issue
+    uint64_t seen_b[64];      // fingerprints of the thread's columns of B (2 per n-tile) at issue
 };
 
 struct Fiber {
@@ -723,8 +724,9 @@ inline uint64_t emu_wgmma_col_b(const emu::Wgmma& op, int i, uint16_t (&v)[16]) 
     const int n = 8 * (i / 2) + 2 * (emu::me().tid & 3) + i % 2;
     uint64_t fp = 0;
     for (int k = 0; k < 16; ++k) {
-        v[k] = op.kind == emu::Wgmma::kRegATransB ? emu_desc_mn_at(op.desc_b, k, n)
-                                                  : emu_desc_at(op.desc_b, n, k);
+        v[k] = op.kind == emu::Wgmma::kRegATransB || op.kind == emu::Wgmma::kSmemATransB
+                   ? emu_desc_mn_at(op.desc_b, k, n)
+                   : emu_desc_at(op.desc_b, n, k);
         fp = (fp ^ v[k]) * 0x100000001b3ull;
     }
     return fp;
@@ -736,7 +738,7 @@ inline uint64_t emu_wgmma_col_b(const emu::Wgmma& op, int i, uint16_t (&v)[16]) 
 // operands are fingerprinted now and read at the wait.
 inline void emu_wgmma_issue(emu::Wgmma::Kind kind, int n, float* d, uint64_t desc_a, uint64_t desc_b,
                             const uint32_t* a, int accumulate) {
-    const bool smem_a = kind == emu::Wgmma::kSmemA;
+    const bool smem_a = kind == emu::Wgmma::kSmemA || kind == emu::Wgmma::kSmemATransB;
     if ((desc_b >> 62) != 1 || (smem_a && (desc_a >> 62) != 1))
         emu::die("emulated wgmma supports the 128-byte swizzle only");
     emu_wgmma_enter(smem_a ? desc_a : desc_b, smem_a ? desc_b : 0, a);
@@ -764,7 +766,7 @@ inline void emu_wgmma_run(const emu::Wgmma& op) {
     bool a_changed[2] = {false, false};
     uint16_t v[16];
     for (int h = 0; h < 2; ++h) {
-        if (op.kind != emu::Wgmma::kSmemA) {
+        if (op.kind == emu::Wgmma::kRegA || op.kind == emu::Wgmma::kRegATransB) {
             for (int k = 0; k < 16; ++k) a[h][k] = op.a[h][k];
             continue;
         }
@@ -808,6 +810,10 @@ inline void wgmma_m64n128k16_tb(float (&d)[16][4], const uint32_t (&a)[4], uint6
 }
 inline void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     emu_wgmma_issue(emu::Wgmma::kSmemA, 32, &d[0][0], desc_a, desc_b, nullptr, accumulate);
+}
+// A K-major and B MN-major, both by descriptor, always accumulating (the MLA kernel's P V).
+inline void wgmma_m64n256k16_ss_tb(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b) {
+    emu_wgmma_issue(emu::Wgmma::kSmemATransB, 256, &d[0][0], desc_a, desc_b, nullptr, 1);
 }
 
 inline void st_shared_b32(uint32_t a, uint32_t v) {
