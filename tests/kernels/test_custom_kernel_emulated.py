@@ -319,6 +319,8 @@ H200_POINTS = [  # (name, b, hq, hkv, T, d, context, layout, page size, wgmma)
     ("wg-gqa-T16-65536", 1, 32, 8, 16, 128, 65536, "contiguous", 1, True),
     ("wg-gqa-T64-65536", 1, 32, 8, 64, 128, 65536, "contiguous", 1, True),
     ("wg-mla-H8-T16-65536", 1, 8, 1, 16, 576, 65536, "mla", 1, True),
+    ("pv-mla-H8-T16-65536", 1, 8, 1, 16, 576, 65536, "mla", 1, 2),
+    ("pv-mla-H64-T16-paged", 2, 64, 1, 16, 576, 65536, "mla-paged", 16, 2),
 ]
 
 
