@@ -1279,8 +1279,7 @@ mla_kernel(const AttnParams p) {
 // mma.sync a warp a tile, each with its ldmatrix loads of P and V. The reference max moves
 // lazily (RESCALE_LOG2, as the GQA pipelined kernel's): warp w and warp w + 4 hold the same
 // rows and read the same maxima, so both warpgroups take the same decisions and P's two halves
-// share one reference. The tensor cores run P_j V_j and S_{j+1} back to back while the warps
-// wait at a barrier; tile j + 2 is copied under S_{j+1}, into the stage P_j V_j has just freed.
+// share one reference.
 template <bool PAGED>
 __global__ void __launch_bounds__(mla::NT, 1)
 mla_pv_kernel(const AttnParams p) {
@@ -1302,14 +1301,13 @@ mla_pv_kernel(const AttnParams p) {
     const int L = read_length(p, b);
     const SplitRange sr = split_range(L + T, p.num_splits, split);
 
-    static_assert(STAGES == 2, "tile j + 2 goes into tile j's stage once P_j V_j is retired");
-    const int n = sr.tiles;
     mla_copy_q(p, sQ, b, mblock, M, warp, lane);
-    auto load_tile = [&](int tile) { mla_copy_tile<PAGED>(p, b, sr, tile, sKV + (tile % STAGES) * TILE, warp, lane); };
-    if (n > 0) load_tile(0);
-    cp_async_commit();                                           // {Q, tile 0}
-    if (n > 1) load_tile(1);
-    cp_async_commit();                                           // {tile 1}
+    auto load_tile = [&](int tile, int stage) { mla_copy_tile<PAGED>(p, b, sr, tile, sKV + stage * TILE, warp, lane); };
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < sr.tiles) load_tile(s, s);
+        cp_async_commit();
+    }
 
     const float scale = static_cast<float>(p.sm_scale) * LOG2E;
     const int32_t* bits_row[2];
@@ -1326,44 +1324,30 @@ mla_pv_kernel(const AttnParams p) {
     float l_part[2] = {0.f, 0.f};      // partial row sums over this warpgroup's 32 keys of each tile
     const uint64_t p_desc = desc_kmajor_sw128(sP);
 
-    // S = Q K_tile^T for this warpgroup's 32 keys of the tile (one commit group).
-    auto issue_s = [&](float (&acc)[4][4], int tile) {
+    for (int tile = 0; tile < sr.tiles; ++tile) {
+        cp_async_wait<STAGES - 2>();
+        fence_proxy_async();
+        __syncthreads();                                         // (A) tile landed, stage and P free
+        if (tile + STAGES - 1 < sr.tiles) load_tile(tile + STAGES - 1, (tile + STAGES - 1) % STAGES);
+        cp_async_commit();
         const uint32_t kv_s = sKV + (tile % STAGES) * TILE;
+
+        float s[4][4];
+        wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < DK / 16; ++kk) {
             const uint32_t kofs = (kk & 3) * 32;               // 16 columns of a 64-column block
-            wgmma_m64n32k16_ss(acc, desc_kmajor_sw128(sQ + (kk >> 2) * (BM * 128) + kofs),
+            wgmma_m64n32k16_ss(s, desc_kmajor_sw128(sQ + (kk >> 2) * (BM * 128) + kofs),
                                desc_kmajor_sw128(kv_s + (kk >> 2) * (BN * 128) + wg * 32 * 128 + kofs), kk > 0);
         }
         wgmma_commit();
-    };
-
-    float s[4][4];
-    if (n > 0) {
-        cp_async_wait<1>();                                      // Q and tile 0
-        fence_proxy_async();
-        __syncthreads();
-        wgmma_fence();
-        issue_s(s, 0);
         wgmma_wait<0>();
         keep_live(s);
-    }
-    // Tile j: S_j is in s. The tensor cores run P_j V_j and then S_{j+1} back to back; the warps
-    // do the softmax of tile j while they are idle, and copy tile j + 2 while S_{j+1} runs, into
-    // tile j's stage (P_j V_j, its last reader, retired by every warp at barrier (X)).
-    for (int tile = 0; tile < n; ++tile) {
-        const bool more = tile + 1 < n;
-        // The softmax reads a copy of S: s is an operand of the next wgmma, and ptxas serialises
-        // every wgmma of a kernel whose accumulators ordinary instructions write (C7513).
-        float x[4][4];
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) x[nt][e] = s[nt][e];
-        mask_tile<32>(x, sr.begin + tile * BN + wg * 32, L, sr.end, bits_row, tig);
+
+        mask_tile<32>(s, sr.begin + tile * BN + wg * 32, L, sr.end, bits_row, tig);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-            float mx = row_max(x, hf);
+            float mx = row_max(s, hf);
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             if (tig == 0) red_max[wg * BM + wr * 16 + gid + 8 * hf] = mx * scale;   // scale > 0
@@ -1381,7 +1365,7 @@ mla_pv_kernel(const AttnParams p) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             float alpha = 1.f;
-            if (rescale) {          // warp-uniform; P_{j-1} V_{j-1} was retired at (X)
+            if (rescale) {          // warp-uniform; P V of the tile before was waited for
                 const float m_new = fmaxf(m_run[hf], m_tile[hf]);
                 alpha = fast_exp2(m_run[hf] - max_ref(m_new));
                 m_run[hf] = m_new;
@@ -1396,8 +1380,8 @@ mla_pv_kernel(const AttnParams p) {
             float sum = 0.f;
 #pragma unroll
             for (int nt = 0; nt < 4; ++nt) {
-                const float p0 = fast_exp2(fmaf(x[nt][2 * hf], scale, -m_use));
-                const float p1 = fast_exp2(fmaf(x[nt][2 * hf + 1], scale, -m_use));
+                const float p0 = fast_exp2(fmaf(s[nt][2 * hf], scale, -m_use));
+                const float p1 = fast_exp2(fmaf(s[nt][2 * hf + 1], scale, -m_use));
                 sum += p0 + p1;
                 st_shared_b32(sP + blk<BM>(prow, wg * 4 + nt) + tig * 4, pack_bf16(p0, p1));
             }
@@ -1407,27 +1391,14 @@ mla_pv_kernel(const AttnParams p) {
         __syncthreads();                                         // (C) P complete
 
         // O[:, 256 wg ..] += P V: V's 64-column blocks 4 wg .. 4 wg + 3, 16 keys a step.
-        const uint64_t v_desc = desc_mnmajor_sw128(sKV + (tile % STAGES) * TILE + wg * 4 * (BN * 128));
+        const uint64_t v_desc = desc_mnmajor_sw128(kv_s + wg * 4 * (BN * 128));
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk)
             wgmma_m64n256k16_ss_tb(o, desc_advance(p_desc, kk * 32), desc_advance(v_desc, kk * 16 * 128));
         wgmma_commit();
-        // Tile j + 1 landed (the only group in flight) and every warp's share of it is visible
-        // (A); meanwhile P_j V_j runs. On the last tile S is issued again on tile j, still in its
-        // stage, and dropped: a branch between the fence and the MMAs makes ptxas serialise them.
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();                                         // (A)
-        wgmma_fence();
-        issue_s(s, more ? tile + 1 : tile);
-        wgmma_wait<1>();                                         // P_j V_j: this thread's share
-        keep_live(o);
-        __syncthreads();                                         // (X) every share: stage and P free
-        if (tile + 2 < n) load_tile(tile + 2);
-        cp_async_commit();
         wgmma_wait<0>();
-        keep_live(s);
+        keep_live(o);
     }
     cp_async_wait<0>();
 
