@@ -230,6 +230,22 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t de
 #endif
 }
 
+// d[64 x 64] (+)= A[64 x 16] x B[16 x 64], both operands through shared-memory descriptors.
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
+                                                   int accumulate) {
+#ifdef TVA_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#else
+    __trap();
+#endif
+}
+
 // d[64 x N] += A[64 x 16] x B[16 x N] with B N-major (imm-trans-b 1): the P V product, P from
 // registers (the mma.m16n8k16 A layout per warp, as for S) and V through an MN-major descriptor.
 __device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
@@ -1042,16 +1058,17 @@ __device__ __forceinline__ void mla_copy_q(const AttnParams& p, uint32_t sQ, int
     }
 }
 
-// Latent tile `tile` of this split (keys past its end: zeros) into `dst`.
-template <bool PAGED>
+// Latent tile `tile` of this split (keys past its end: zeros) into `dst`, by WARPS warps (`warp`
+// counted among them).
+template <bool PAGED, int WARPS = mla::NW>
 __device__ __forceinline__ void mla_copy_tile(const AttnParams& p, int b, const SplitRange& sr, int tile, uint32_t dst,
                                               int warp, int lane) {
     using namespace mla;
     const char* kvbase = static_cast<const char*>(p.k);
     const int kb = sr.begin + tile * BN;
 #pragma unroll 2
-    for (int i = 0; i < BN / NW; ++i) {
-        const int row = warp + i * NW, key = kb + row;
+    for (int i = 0; i < BN / WARPS; ++i) {
+        const int row = warp + i * WARPS, key = kb + row;
         const bool ok = key < sr.end;
         const char* src = kvbase + key_offset<PAGED>(p, b, ok ? key : sr.begin, p.k_sb, p.k_st) * 2;
 #pragma unroll
@@ -1272,14 +1289,14 @@ mla_kernel(const AttnParams p) {
         }
 }
 
-// MLA with P V on wgmma too (impl "wgmma_pv"): the same tiles, S as mla_kernel's wgmma variant
-// (warpgroup g: the 64 rows against keys 32 g .. 32 g + 31), then P to shared memory (bf16, a
-// K-major operand) and O[:, 256 g .. 256 g + 255] += P V as four m64n256k16 per tile, P and V
-// both read by descriptor (V: the tile's first 512 columns, MN-major). mla_kernel's P V was 128
-// mma.sync a warp a tile, each with its ldmatrix loads of P and V. The reference max moves
-// lazily (RESCALE_LOG2, as the GQA pipelined kernel's): warp w and warp w + 4 hold the same
-// rows and read the same maxima, so both warpgroups take the same decisions and P's two halves
-// share one reference.
+// MLA with P V on wgmma too (impl "wgmma_pv"). The first warpgroup computes S = Q K^T for the
+// whole 64-key tile (36 m64n64k16, Q and K by descriptor) and its softmax, and writes P to shared
+// memory (bf16, a K-major operand) with each row's rescale factor; the second copies the tiles
+// meanwhile. Then both compute their half of O: O[:, 256 g .. 256 g + 255] += P V as four
+// m64n256k16 a tile, P and V both by descriptor (V: the tile's first 512 columns, MN-major).
+// mla_kernel's P V was 128 mma.sync a warp a tile with their ldmatrix loads of P and V, and its
+// S two m64n32k16 halves whose row maxima met through shared memory behind a barrier. The
+// reference max moves lazily (RESCALE_LOG2, as the GQA pipelined kernel's).
 template <bool PAGED>
 __global__ void __launch_bounds__(mla::NT, 1)
 mla_pv_kernel(const AttnParams p) {
@@ -1290,8 +1307,8 @@ mla_pv_kernel(const AttnParams p) {
     const uint32_t sQ = (smem_addr(smem) + 1023u) & ~1023u;     // Q, KV and P tiles: 1024-byte aligned
     const uint32_t sKV = sQ + Q_BYTES;
     const uint32_t sP = sKV + STAGES * TILE;
-    float* red_max = reinterpret_cast<float*>(smem + (sP + P_BYTES - smem_addr(smem)));   // [2][BM]
-    float* red_sum = red_max + 2 * BM;                                                     // [2][BM]
+    float* red_alpha = reinterpret_cast<float*>(smem + (sP + P_BYTES - smem_addr(smem)));   // [BM]
+    float* red_sum = red_alpha + 2 * BM;                                                     // [BM]
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int gid = lane >> 2, tig = lane & 3;
@@ -1300,14 +1317,16 @@ mla_pv_kernel(const AttnParams p) {
     const int T = p.tokens, H = p.heads_q, M = H * T;
     const int L = read_length(p, b);
     const SplitRange sr = split_range(L + T, p.num_splits, split);
+    const int n = sr.tiles;
 
+    // Q by every warp; the tiles by the second warpgroup, one tile ahead. Every thread commits a
+    // group each time (the first warpgroup's are empty), so the waits count alike.
     mla_copy_q(p, sQ, b, mblock, M, warp, lane);
-    auto load_tile = [&](int tile, int stage) { mla_copy_tile<PAGED>(p, b, sr, tile, sKV + stage * TILE, warp, lane); };
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < sr.tiles) load_tile(s, s);
-        cp_async_commit();
-    }
+    auto load_tile = [&](int tile) {
+        if (wg == 1) mla_copy_tile<PAGED, 4>(p, b, sr, tile, sKV + (tile % STAGES) * TILE, wr, lane);
+    };
+    if (n > 0) load_tile(0);
+    cp_async_commit();
 
     const float scale = static_cast<float>(p.sm_scale) * LOG2E;
     const int32_t* bits_row[2];
@@ -1321,75 +1340,88 @@ mla_pv_kernel(const AttnParams p) {
 #pragma unroll
     for (int i = 0; i < DV / 2 / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY};
-    float l_part[2] = {0.f, 0.f};      // partial row sums over this warpgroup's 32 keys of each tile
+    float l_run[2] = {0.f, 0.f};       // first warpgroup: this thread's share of its rows' sums
     const uint64_t p_desc = desc_kmajor_sw128(sP);
 
-    for (int tile = 0; tile < sr.tiles; ++tile) {
-        cp_async_wait<STAGES - 2>();
+    for (int tile = 0; tile < n; ++tile) {
+        cp_async_wait<0>();
         fence_proxy_async();
-        __syncthreads();                                         // (A) tile landed, stage and P free
-        if (tile + STAGES - 1 < sr.tiles) load_tile(tile + STAGES - 1, (tile + STAGES - 1) % STAGES);
+        __syncthreads();                       // (A) tile landed; the other stage, P and alphas free
+        if (tile + 1 < n) load_tile(tile + 1);
         cp_async_commit();
         const uint32_t kv_s = sKV + (tile % STAGES) * TILE;
 
-        float s[4][4];
-        wgmma_fence();
+        if (wg == 0) {
+            float s[BN / 8][4];
+            wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < DK / 16; ++kk) {
-            const uint32_t kofs = (kk & 3) * 32;               // 16 columns of a 64-column block
-            wgmma_m64n32k16_ss(s, desc_kmajor_sw128(sQ + (kk >> 2) * (BM * 128) + kofs),
-                               desc_kmajor_sw128(kv_s + (kk >> 2) * (BN * 128) + wg * 32 * 128 + kofs), kk > 0);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        keep_live(s);
+            for (int kk = 0; kk < DK / 16; ++kk) {
+                const uint32_t kofs = (kk & 3) * 32;           // 16 columns of a 64-column block
+                wgmma_m64n64k16_ss(s, desc_kmajor_sw128(sQ + (kk >> 2) * (BM * 128) + kofs),
+                                   desc_kmajor_sw128(kv_s + (kk >> 2) * (BN * 128) + kofs), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            keep_live(s);
 
-        mask_tile<32>(s, sr.begin + tile * BN + wg * 32, L, sr.end, bits_row, tig);
+            float x[BN / 8][4];
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            float mx = row_max(s, hf);
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            if (tig == 0) red_max[wg * BM + wr * 16 + gid + 8 * hf] = mx * scale;   // scale > 0
-        }
-        __syncthreads();                                         // (B) row maxima of both halves
-
-        float m_tile[2];
+            for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const int row = wr * 16 + gid + 8 * hf;
-            m_tile[hf] = fmaxf(red_max[row], red_max[BM + row]);
-        }
-        const bool rescale = __any_sync(0xffffffffu, m_tile[0] > m_run[0] + RESCALE_LOG2 ||
-                                                     m_tile[1] > m_run[1] + RESCALE_LOG2);
+                for (int e = 0; e < 4; ++e) x[nt][e] = s[nt][e];
+            mask_tile<BN>(x, sr.begin + tile * BN, L, sr.end, bits_row, tig);
+            float m_tile[2];
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            float alpha = 1.f;
-            if (rescale) {          // warp-uniform; P V of the tile before was waited for
-                const float m_new = fmaxf(m_run[hf], m_tile[hf]);
-                alpha = fast_exp2(m_run[hf] - max_ref(m_new));
-                m_run[hf] = m_new;
+            for (int hf = 0; hf < 2; ++hf) {
+                float mx = row_max(x, hf);
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                m_tile[hf] = mx * scale;                                 // scale > 0
+            }
+            const bool rescale = __any_sync(0xffffffffu, m_tile[0] > m_run[0] + RESCALE_LOG2 ||
+                                                         m_tile[1] > m_run[1] + RESCALE_LOG2);
 #pragma unroll
-                for (int j = 0; j < DV / 2 / 8; ++j) {
-                    o[j][2 * hf] *= alpha;
-                    o[j][2 * hf + 1] *= alpha;
+            for (int hf = 0; hf < 2; ++hf) {
+                float alpha = 1.f;
+                if (rescale) {          // warp-uniform; P V of the tile before was waited for
+                    const float m_new = fmaxf(m_run[hf], m_tile[hf]);
+                    alpha = fast_exp2(m_run[hf] - max_ref(m_new));
+                    m_run[hf] = m_new;
+#pragma unroll
+                    for (int j = 0; j < DV / 2 / 8; ++j) {
+                        o[j][2 * hf] *= alpha;
+                        o[j][2 * hf + 1] *= alpha;
+                    }
                 }
-            }
-            const float m_use = max_ref(m_run[hf]);
-            const int prow = wr * 16 + gid + 8 * hf;
-            float sum = 0.f;
+                const float m_use = max_ref(m_run[hf]);
+                const int prow = wr * 16 + gid + 8 * hf;
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-                const float p0 = fast_exp2(fmaf(s[nt][2 * hf], scale, -m_use));
-                const float p1 = fast_exp2(fmaf(s[nt][2 * hf + 1], scale, -m_use));
-                sum += p0 + p1;
-                st_shared_b32(sP + blk<BM>(prow, wg * 4 + nt) + tig * 4, pack_bf16(p0, p1));
+                for (int nt = 0; nt < BN / 8; ++nt) {
+                    x[nt][2 * hf] = fast_exp2(fmaf(x[nt][2 * hf], scale, -m_use));
+                    x[nt][2 * hf + 1] = fast_exp2(fmaf(x[nt][2 * hf + 1], scale, -m_use));
+                    st_shared_b32(sP + blk<BM>(prow, nt) + tig * 4, pack_bf16(x[nt][2 * hf], x[nt][2 * hf + 1]));
+                }
+                l_run[hf] = l_run[hf] * alpha + row_sum(x, hf);
+                if (tig == 0) red_alpha[prow] = alpha;
             }
-            l_part[hf] = l_part[hf] * alpha + sum;
         }
         fence_proxy_async();
-        __syncthreads();                                         // (C) P complete
+        __syncthreads();                                         // (C) P and the alphas
 
+        if (wg == 1) {          // the rows of warp wr of the first warpgroup, and its decision
+            float alpha[2];
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) alpha[hf] = red_alpha[wr * 16 + gid + 8 * hf];
+            if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+                for (int j = 0; j < DV / 2 / 8; ++j) {
+                    o[j][0] *= alpha[0];
+                    o[j][1] *= alpha[0];
+                    o[j][2] *= alpha[1];
+                    o[j][3] *= alpha[1];
+                }
+            }
+        }
         // O[:, 256 wg ..] += P V: V's 64-column blocks 4 wg .. 4 wg + 3, 16 keys a step.
         const uint64_t v_desc = desc_mnmajor_sw128(kv_s + wg * 4 * (BN * 128));
         wgmma_fence();
@@ -1402,13 +1434,18 @@ mla_pv_kernel(const AttnParams p) {
     }
     cp_async_wait<0>();
 
-    // Row sums: the two key halves of each row, through shared memory.
+    // Row sums and maxima: the first warpgroup's, through shared memory.
+    if (wg == 0) {
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        float l = l_part[hf];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        if (tig == 0) red_sum[wg * BM + wr * 16 + gid + 8 * hf] = l;
+        for (int hf = 0; hf < 2; ++hf) {
+            float l = l_run[hf];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            if (tig == 0) {
+                red_sum[wr * 16 + gid + 8 * hf] = l;
+                red_alpha[wr * 16 + gid + 8 * hf] = m_run[hf];
+            }
+        }
     }
     __syncthreads();
 
@@ -1417,7 +1454,7 @@ mla_pv_kernel(const AttnParams p) {
         const int row = wr * 16 + gid + 8 * hf;
         const int r = mblock * BM + row;
         if (r >= M) continue;
-        const float l = red_sum[row] + red_sum[BM + row];
+        const float l = red_sum[row];
         const float inv = l > 0.f ? 1.f / l : 0.f;
         const int hh = r / T, t = r % T;
         const int col0 = wg * (DV / 2) + 2 * tig;
@@ -1432,7 +1469,7 @@ mla_pv_kernel(const AttnParams p) {
 #pragma unroll
             for (int j = 0; j < DV / 2 / 8; ++j)
                 *reinterpret_cast<float2*>(wo + 8 * j) = make_float2(o[j][2 * hf] * inv, o[j][2 * hf + 1] * inv);
-            if (wg == 0 && tig == 0) p.ws_lse[wrow] = l > 0.f ? m_run[hf] + __log2f(l) : -INFINITY;
+            if (wg == 0 && tig == 0) p.ws_lse[wrow] = l > 0.f ? red_alpha[row] + __log2f(l) : -INFINITY;
         }
     }
 }

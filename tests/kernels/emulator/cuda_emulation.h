@@ -10,8 +10,8 @@
 //   the fragment layouts of the PTX ISA: the emulator reassembles whole matrices from the
 //   lanes' registers, so a kernel that indexes them wrongly computes the wrong numbers here too.
 // - wgmma.mma_async m64n64k16 (A in registers, B through a K-major 128-byte-swizzle shared-memory
-//   descriptor), m64n128k16 with an MN-major B (imm-trans-b 1), m64n32k16 with both operands
-//   by descriptor and m64n256k16 with both by descriptor, B MN-major, are asynchronous, as on the GPU: the issue is a barrier of the
+//   descriptor), m64n128k16 with an MN-major B (imm-trans-b 1), m64n32k16 and m64n64k16 with both
+//   operands by descriptor and m64n256k16 with both by descriptor, B MN-major, are asynchronous, as on the GPU: the issue is a barrier of the
 //   warpgroup's 128 threads that reads the A registers (and checks the descriptors agree); each
 //   thread queues its share and runs it at its own wgmma.wait_group that retires the group: only
 //   there are the shared-memory operands read and the accumulator written. An operand value that
@@ -810,6 +810,9 @@ inline void wgmma_m64n128k16_tb(float (&d)[16][4], const uint32_t (&a)[4], uint6
 }
 inline void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     emu_wgmma_issue(emu::Wgmma::kSmemA, 32, &d[0][0], desc_a, desc_b, nullptr, accumulate);
+}
+inline void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    emu_wgmma_issue(emu::Wgmma::kSmemA, 64, &d[0][0], desc_a, desc_b, nullptr, accumulate);
 }
 // A K-major and B MN-major, both by descriptor, always accumulating (the MLA kernel's P V).
 inline void wgmma_m64n256k16_ss_tb(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b) {
