@@ -74,8 +74,8 @@ IMPL_DEFAULTS = {p.name: p.default for p in IMPL_PARAMS}
 # The custom verify kernel on Hopper (9.0): both products on wgmma at head_dim 128 (0.62-0.84x
 # the mma.sync variant's time at 64 and 65 tree tokens, 4k-64k, H200: kernels/NOTES.md, session
 # 7) and for the MLA latent (62.97 vs 72.72 us at 65536 keys in one call, 57.15 after a second
-# change; H200, kernels/NOTES.md, session 16), QK^T only at other head dims (the d64 P V failed the float64 check there); mma.sync on
-# other GPUs.
+# change; H200, kernels/NOTES.md, session 16), QK^T only at other head dims (the d64 P V failed
+# the float64 check there); mma.sync on other GPUs.
 # The skinny linear kernel on Hopper: graph-captured plain decoding of Qwen3-8B 2.1-2.8 % more
 # tokens/s at 4k-64k (442 -> 370 kernels a step), gpu/full 0.4 % shorter steps at 4k, level at
 # 64k (H200, results/h200/README.md, session 12); not measured on other GPUs.
