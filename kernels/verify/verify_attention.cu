@@ -498,6 +498,28 @@ __device__ __forceinline__ void mask_tile(float (&s)[NT8][4], int kb, int L, int
         }
 }
 
+// The first half of the pipelined kernels' softmax: x = S with the mask applied (S itself stays
+// untouched: it is a wgmma accumulator, and ordinary writes to one make ptxas serialise every
+// wgmma of the kernel, C7513) and each of this thread's two rows' tile maximum, scaled to log2
+// units (scale > 0, so the max commutes with it; -inf where the tile shows the row nothing).
+template <int NK>
+__device__ __forceinline__ void masked_tile_max(const float (&s)[NK / 8][4], int kb, int L, int k_end,
+                                                const int32_t* const (&rows)[2], int tig, float scale,
+                                                float (&x)[NK / 8][4], float (&m_tile)[2]) {
+#pragma unroll
+    for (int nt = 0; nt < NK / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[nt][e] = s[nt][e];
+    mask_tile<NK>(x, kb, L, k_end, rows, tig);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        float mx = row_max(x, hf);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        m_tile[hf] = mx * scale;
+    }
+}
+
 // The Q rows of row block `mblock` (BM rows of CH 16-byte chunks, zeros past M) into a swizzled
 // tile at sQ: row r is (g, t) = (r / T, r % T), query head h G + g of the KV head at qbase.
 template <int BM, int CH, int NT>
@@ -877,20 +899,8 @@ gqa_pipelined_kernel(const AttnParams p) {
     // registers P_j V_j is not reading: packed into the ones it reads, ptxas serialises every
     // wgmma of the kernel (C7513).
     auto softmax = [&](const float (&s)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&alpha)[2]) {
-        const int kb = sr.begin + tile * BN;
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) x[nt][e] = s[nt][e];
-        mask_tile<BN>(x, kb, L, sr.end, bits_row, tig);     // the tree part, the keys past this split
-        float m_tile[2];
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            float mx = row_max(x, hf);
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            m_tile[hf] = mx * scale;                                 // scale > 0: max commutes
-        }
+        float m_tile[2];        // the tree part and the keys past this split masked
+        masked_tile_max<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, x, m_tile);
         const bool rescale = __any_sync(0xffffffffu, m_tile[0] > m_run[0] + RESCALE_LOG2 ||
                                                      m_tile[1] > m_run[1] + RESCALE_LOG2);
 #pragma unroll
@@ -1113,12 +1123,7 @@ mla_kernel(const AttnParams p) {
     const int rt = warp & 3, kh = warp >> 2;
     const float scale = static_cast<float>(p.sm_scale) * LOG2E;
     const int32_t* bits_row[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        const int r = mblock * BM + rt * 16 + gid + 8 * hf;
-        const int t = r < M ? r % T : 0;
-        bits_row[hf] = p.tree_bits + b * p.bits_sb + t * p.bits_st;
-    }
+    tree_mask_rows(p, b, mblock * BM + rt * 16 + gid, M, bits_row);
 
     float o[4][8][4];
 #pragma unroll
@@ -1330,12 +1335,7 @@ mla_pv_kernel(const AttnParams p) {
 
     const float scale = static_cast<float>(p.sm_scale) * LOG2E;
     const int32_t* bits_row[2];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        const int r = mblock * BM + wr * 16 + gid + 8 * hf;
-        const int t = r < M ? r % T : 0;
-        bits_row[hf] = p.tree_bits + b * p.bits_sb + t * p.bits_st;
-    }
+    tree_mask_rows(p, b, mblock * BM + wr * 16 + gid, M, bits_row);
     float o[DV / 2 / 8][4];
 #pragma unroll
     for (int i = 0; i < DV / 2 / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -1364,20 +1364,8 @@ mla_pv_kernel(const AttnParams p) {
             wgmma_wait<0>();
             keep_live(s);
 
-            float x[BN / 8][4];
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) x[nt][e] = s[nt][e];
-            mask_tile<BN>(x, sr.begin + tile * BN, L, sr.end, bits_row, tig);
-            float m_tile[2];
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                float mx = row_max(x, hf);
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                m_tile[hf] = mx * scale;                                 // scale > 0
-            }
+            float x[BN / 8][4], m_tile[2];
+            masked_tile_max<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, x, m_tile);
             const bool rescale = __any_sync(0xffffffffu, m_tile[0] > m_run[0] + RESCALE_LOG2 ||
                                                          m_tile[1] > m_run[1] + RESCALE_LOG2);
 #pragma unroll
