@@ -178,7 +178,7 @@ def test_the_triton_kernels_pass_their_checks_under_the_interpreter(interp, over
 def test_the_ops_scenario_covers_every_family():
     scenario = load_scenario(REPO / "scenarios" / "ops.yaml")
     cells = scenario.cells()
-    assert len(cells) == 31 == len(set(scenario.cell_ids()))
+    assert len(cells) == 32 == len(set(scenario.cell_ids()))
     ops = {(c["op"], c[op.KNOBS[c["op"]]]) for c in cells if c["workload"] == "op"}
     assert ops == {("topk", "torch"), ("topk", "triton"), ("tree_build", "torch"),
                    ("tree_build", "triton"), ("tree_build", "cuda"), ("fused_forward", False),
@@ -189,6 +189,8 @@ def test_the_ops_scenario_covers_every_family():
     verify = {(c["verify_mode"], c["layout"], c["attention"]) for c in cells if c["workload"] == "kernel"}
     assert {m for m, _, _ in verify} == {"custom", "triton", "sdpa", "flex"}
     assert ("custom", "paged", "gqa") in verify and ("custom", "contiguous", "mla") in verify
+    # Paged at one row block (16 tree tokens x 4 heads) and at several (64 x 4): planned apart.
+    assert {c["tree_tokens"] for c in cells if c["workload"] == "kernel" and c["layout"] == "paged"} == {16, 64}
 
 
 def test_op_ids_and_labels():
