@@ -18,8 +18,8 @@ on a host without a GPU.
 
 Three implementations (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_80), "wgmma"
 (S = QK^T on Hopper's warpgroup MMA, P V on mma.sync) and "wgmma_pv" (both products on wgmma:
-GQA at head_dim 128, software-pipelined, gqa_pipelined_kernel; MLA, mla_pv_kernel). The caller picks one;
-nothing in the environment does.
+GQA at head_dim 128, software-pipelined, gqa_pipelined_kernel; MLA, mla_pv_kernel). The caller
+picks one; nothing in the environment does.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@
 //     cache (page table [b, max_pages], any page size). MLA latent: one KV head of 576 values
 //     for keys (512 latent + 64 rope) whose first 512 are the values; 64 rows per CTA over 8
 //     warps, S split by keys across warp pairs, P shared through shared memory, each warp owning
-//     64 of the 512 value columns.
+//     64 of the 512 value columns (mla_pv_kernel, both products on wgmma: S on one warpgroup
+//     while the other copies, each owning 256 value columns of P V).
 //
 // No torch headers: this file is plain CUDA C++ with extern "C" launchers, loaded through ctypes
 // (kernels/verify/custom_verify.py) and compiled in CI with nvcc alone. Launchers never synchronise
