@@ -124,7 +124,8 @@ def gqa_slots(m_blocks: int, occupancy: int, sms: int, paged: bool = False) -> i
     b 1, H200: 16 splits 25.8 us over 16384 keys against 28.8 for the 33 that fill two a
     multiprocessor; 72.4 against 75.3 over 65536; kernels/NOTES.md). A paged cache is not: each
     row of a tile waits on its page's table entry, and the second CTA hides those round trips
-    (16 tree tokens over 65536 keys, page 16: 100.0 us at 16 splits, 1.38x contiguous). Several
+    (16 tree tokens over 65536 keys, page 16: 95.4 us at 16 splits, 78.0 at 33; 1.38x the
+    contiguous cache's time planned at one CTA, 1.09-1.10x at two). Several
     row blocks (65 tree tokens: five) are a tensor-core problem whose co-resident CTAs hide each
     other's latencies: every slot counts (13 splits at 65536 keys, the best of 4-32 measured)."""
     return sms if m_blocks == 1 and not paged else occupancy * sms
@@ -180,7 +181,8 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
         raise ValueError(f"num_warps must be 2, 4 or 8, got {warps}")
     wgmma = _resolve_impl(impl, index, warps)
     m_blocks = math.ceil(rows / (16 * warps))
-    slots = gqa_slots(m_blocks, _gqa_occupancy(index, d, warps, paged, wgmma), _sm_count(index), paged)
+    occupancy = _gqa_occupancy(index, d, warps, paged, wgmma)
+    slots = gqa_slots(m_blocks, occupancy, _sm_count(index), paged)
     splits = _splits(num_splits, b * heads_kv * m_blocks, slots, max_keys,
                      _overhead_keys(16 * warps, d, 4 * d))
     return dict(num_warps=warps, m_blocks=m_blocks, num_splits=splits, dv=d, wgmma=wgmma)
