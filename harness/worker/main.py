@@ -49,6 +49,17 @@ from harness.protocol.errors import CellRefused
 from harness.protocol.wire import CELL_PREFIX, PROGRESS_PREFIX, SERVE_PROTOCOL  # noqa: F401
 
 
+# The tree the worker runs from (a checkout, or the copy the controller shipped to a host): a
+# failed cell's traceback names its files relative to it, so a journal committed from any host
+# carries no host's directory layout.
+CODE_ROOT = Path(__file__).resolve().parents[2]
+
+
+def relative_traceback(tb: str) -> str:
+    """`tb` with the code root's absolute paths made relative to it."""
+    return tb.replace(f"{CODE_ROOT}{os.sep}", "")
+
+
 def progress(**fields) -> None:
     print(PROGRESS_PREFIX + json.dumps(fields), file=sys.stderr, flush=True)
 
@@ -142,7 +153,7 @@ def run_cell(cell: dict) -> dict:
     except CellRefused as exc:  # the input is at fault, and the message says where
         result["error"] = f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # a failing cell is a result, not a crash
-        tb = traceback.format_exc(limit=6)
+        tb = relative_traceback(traceback.format_exc(limit=6))
         result["error"] = f"{type(exc).__name__}: {exc}\n{tb[-4000:]}"
     result["env"] = environment()      # after the workload: it knows whether torch was needed
     result["host_facts"] = facts.summary()

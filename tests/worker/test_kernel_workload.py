@@ -145,6 +145,10 @@ def test_worker_runs_a_kernel_cell():
 def test_custom_on_cpu_fails_the_cell_with_a_reason():
     result = worker.run_cell(small_cell(verify_mode="custom"))
     assert result["status"] == "failed" and "needs a CUDA device" in result["error"]
+    # Its traceback names the worker's files relative to the tree it runs from: a journal
+    # committed from a GPU host carries none of that host's paths.
+    assert 'File "harness/worker/workloads/kernel.py"' in result["error"]
+    assert str(worker.CODE_ROOT) not in result["error"]
 
 
 # -- parameters and scenarios --------------------------------------------------------------------
