@@ -1048,8 +1048,8 @@ __device__ __forceinline__ uint32_t blk(int r, int c) {
     return static_cast<uint32_t>((c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-// Copies of the MLA kernels (8 warps): warp w takes rows w, w + 8, ...; its lanes the 16-byte
-// chunks lane, lane + 32, lane + 64 of a 576-wide row.
+// Copies of the MLA kernels: with W warps copying, warp w takes rows w, w + W, ...; its lanes
+// the 16-byte chunks lane, lane + 32, lane + 64 of a 576-wide row. Q: all 8 warps.
 // The Q rows of row block `mblock` (row r = (head, token) = (r / T, r % T); zeros past M).
 __device__ __forceinline__ void mla_copy_q(const AttnParams& p, uint32_t sQ, int b, int mblock, int M, int warp,
                                            int lane) {
@@ -1070,7 +1070,7 @@ __device__ __forceinline__ void mla_copy_q(const AttnParams& p, uint32_t sQ, int
 }
 
 // Latent tile `tile` of this split (keys past its end: zeros) into `dst`, by WARPS warps (`warp`
-// counted among them).
+// counted among them: mla_kernel's 8, or mla_pv_kernel's copying warpgroup).
 template <bool PAGED, int WARPS = mla::NW>
 __device__ __forceinline__ void mla_copy_tile(const AttnParams& p, int b, const SplitRange& sr, int tile, uint32_t dst,
                                               int warp, int lane) {
@@ -1423,17 +1423,15 @@ mla_pv_kernel(const AttnParams p) {
     }
     cp_async_wait<0>();
 
-    // Row sums and maxima: the first warpgroup's, through shared memory.
+    // Row sums: the first warpgroup's, through shared memory (the lse below is written by the
+    // first warpgroup, which holds the rows' maxima).
     if (wg == 0) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             float l = l_run[hf];
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
-            if (tig == 0) {
-                red_sum[wr * 16 + gid + 8 * hf] = l;
-                red_alpha[wr * 16 + gid + 8 * hf] = m_run[hf];
-            }
+            if (tig == 0) red_sum[wr * 16 + gid + 8 * hf] = l;
         }
     }
     __syncthreads();
@@ -1458,7 +1456,7 @@ mla_pv_kernel(const AttnParams p) {
 #pragma unroll
             for (int j = 0; j < DV / 2 / 8; ++j)
                 *reinterpret_cast<float2*>(wo + 8 * j) = make_float2(o[j][2 * hf] * inv, o[j][2 * hf + 1] * inv);
-            if (wg == 0 && tig == 0) p.ws_lse[wrow] = l > 0.f ? red_alpha[row] + __log2f(l) : -INFINITY;
+            if (wg == 0 && tig == 0) p.ws_lse[wrow] = l > 0.f ? m_run[hf] + __log2f(l) : -INFINITY;
         }
     }
 }
