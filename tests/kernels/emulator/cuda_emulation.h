@@ -95,7 +95,6 @@ inline float emu_bf2f(uint16_t h) {
 }
 inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) { return {{emu_f2bf(lo)}, {emu_f2bf(hi)}}; }
 inline float __log2f(float x) { return std::log2(x); }
-inline float __expf(float x) { return std::exp(x); }
 template <typename T>
 inline T __ldg(const T* p) { return *p; }
 template <typename T>
