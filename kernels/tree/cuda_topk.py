@@ -46,10 +46,9 @@ def _lib():
 
 
 def plan(V: int, k: int, rows: int, sms: int, slices: int | None = None) -> dict:
-    """Slices per row and their length (host only). By default one wave of one CTA a
-    multiprocessor (rows x slices <= sms): a row read by more CTAs is read faster, but its last
-    CTA then merges more lists, and a multiprocessor running two CTAs took about as long as
-    both in turn (H200, 15 rows: 105 CTAs 17.3 us, 135 CTAs 24.7; kernels/NOTES.md). Slices hold at most MAX_SLICE logits, and slices x k' at
+    """Slices per row and their length (host only). By default one CTA per multiprocessor for
+    the whole launch (rows x slices ~ sms): a row read by more CTAs is read faster, but its
+    last CTA then merges more lists. Slices hold at most MAX_SLICE logits, and slices x k' at
     most MAX_MERGE (the last CTA's sort); a slice is a multiple of 8 logits, so that slices of an
     aligned row start 16-byte aligned (the kernel's vector loads)."""
     if V < 1 or k < 1:
@@ -61,7 +60,7 @@ def plan(V: int, k: int, rows: int, sms: int, slices: int | None = None) -> dict
     if fewest > most:
         raise ValueError(f"a vocabulary of {V} needs {fewest} slices, more than the {most} the "
                          f"merge of k' = {kp} takes")
-    want = slices if slices is not None else max(1, sms // max(rows, 1))
+    want = slices if slices is not None else math.ceil(max(sms, 1) / max(rows, 1))
     if slices is not None and not fewest <= slices <= most:
         raise ValueError(f"slices must be in [{fewest}, {most}] for V={V}, k'={kp} (got {slices})")
     n = min(max(want, fewest), most)

@@ -164,26 +164,9 @@ __device__ __forceinline__ float load_logit(const void* row, int64_t i, int dtyp
     return bits_float(static_cast<uint32_t>(__ldg(static_cast<const uint16_t*>(row) + i)) << 16);
 }
 
-// A thread's running max key and sum of exp(x - m) over its own logits, m its running max (the
-// sum rescaled when m moves: rare after the first few), so the slice is read once for both.
-struct Running {
-    uint32_t kmax;
-    float m, s;
-
-    __device__ void add(uint32_t key) {
-        kmax = key > kmax ? key : kmax;
-        const float x = from_key(key);
-        if (x > m) {                   // m - x is -inf at the first finite x: its exp is 0
-            s = s * expf(m - x) + 1.f;
-            m = x;
-        } else if (x > -__builtin_inff()) {
-            s += expf(x - m);
-        }
-    }
-};
-
-// The keys of one 16-byte chunk of logits (4 float32 or 8 bfloat16) to shared memory.
-__device__ __forceinline__ void store_keys(const uint4 c, int dtype, uint32_t* dst, Running& run) {
+// The keys of one 16-byte chunk of logits (4 float32 or 8 bfloat16) to shared memory; returns
+// the running max key.
+__device__ __forceinline__ uint32_t store_keys(const uint4 c, int dtype, uint32_t* dst, uint32_t kmax) {
     const uint32_t w[4] = {c.x, c.y, c.z, c.w};
     uint4 k[2];
     uint32_t* kk = reinterpret_cast<uint32_t*>(k);
@@ -200,22 +183,10 @@ __device__ __forceinline__ void store_keys(const uint4 c, int dtype, uint32_t* d
     const int count = dtype == 0 ? 4 : 8;
 #pragma unroll
     for (int e = 0; e < 8; ++e)
-        if (e < count) run.add(kk[e]);
+        if (e < count) kmax = kk[e] > kmax ? kk[e] : kmax;
     reinterpret_cast<uint4*>(dst)[0] = k[0];
     if (dtype != 0) reinterpret_cast<uint4*>(dst)[1] = k[1];
-}
-
-// One slice done: an atomic add with release (this CTA's stores, ordered before it by a barrier)
-// and acquire (the other slices' stores, for the last one to arrive) semantics at GPU scope.
-// Lighter than a full fence on each side; the other slices' data is then read past L1 (__ldcg).
-__device__ __forceinline__ int ticket(int32_t* arrive) {
-#if defined(__CUDA_ARCH__)
-    int old;
-    asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], 1;" : "=r"(old) : "l"(arrive) : "memory");
-    return old;
-#else
-    return atomicAdd(arrive, 1);
-#endif
+    return kmax;
 }
 
 // Block-wide max / sum, every thread gets the result (red: WARPS words of shared memory).
@@ -308,16 +279,14 @@ __device__ int compact_at_least(const uint32_t* keys, int n, int64_t first_id, u
 }
 
 // top[0, kp) = the kp largest of cand[0, count), descending (zeros past count): a candidate's
-// rank is how many others exceed it (composite keys are distinct), counted by a warp.
+// rank is how many others exceed it (composite keys are distinct).
 __device__ void rank_top(const uint64_t* cand, int count, int kp, uint64_t* top) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int j = count + static_cast<int>(threadIdx.x); j < kp; j += THREADS) top[j] = 0;
-    for (int i = warp; i < count; i += WARPS) {
+    for (int i = threadIdx.x; i < count; i += THREADS) {
         const uint64_t c = cand[i];
-        unsigned above = 0;
-        for (int j = lane; j < count; j += 32) above += cand[j] > c;
-        const unsigned rank = __reduce_add_sync(FULL, above);
-        if (lane == 0 && rank < static_cast<unsigned>(kp)) top[rank] = c;
+        int rank = 0;
+        for (int j = 0; j < count; ++j) rank += cand[j] > c;
+        if (rank < kp) top[rank] = c;
     }
     __syncthreads();
 }
@@ -431,10 +400,10 @@ __global__ void __launch_bounds__(THREADS, 2) topk_kernel(const Params p) {
     const void* x_row = static_cast<const uint8_t*>(p.logits) +
                         ((row / p.n1) * p.stride0 + (row % p.n1) * p.stride1 + first) * elt;
 
-    // 1. The slice as keys, its max and its sum of exp(x - max), in one read. The loads go out
-    // LOADS 16-byte chunks a thread at a time: one at a time, each thread waited out ~33 DRAM round
-    // trips in series (the first version: ~30 us a call at the loop's shape on the H200).
-    Running run{0u, -__builtin_inff(), 0.f};
+    // 1. The slice as keys, its max and its sum of exp(x - max). The loads go out LOADS 16-byte
+    // chunks a thread at a time: one at a time, each thread waited out ~33 DRAM round trips in
+    // series (the first version: ~30 us a call at the loop's shape on the H200).
+    uint32_t kmax = 0;
     const int per = dtype == 0 ? 4 : 8;                                   // logits a chunk
     const int chunks = reinterpret_cast<uintptr_t>(x_row) % 16 == 0 ? n / per : 0;
     for (int base = 0; base < chunks; base += THREADS * LOADS) {
@@ -447,23 +416,31 @@ __global__ void __launch_bounds__(THREADS, 2) topk_kernel(const Params p) {
 #pragma unroll
         for (int u = 0; u < LOADS; ++u) {
             const int j = base + u * THREADS + tid;
-            if (j < chunks) store_keys(c[u], dtype, keys + j * per, run);
+            if (j < chunks) kmax = store_keys(c[u], dtype, keys + j * per, kmax);
         }
     }
     for (int i = chunks * per + tid; i < n; i += THREADS) {       // the tail, or unaligned rows
         const uint32_t k = to_key(load_logit(x_row, i, dtype));
         keys[i] = k;
-        run.add(k);
+        kmax = k > kmax ? k : kmax;
     }
-    const uint32_t kmax = block_max(run.kmax, red);     // (its barriers also publish the keys)
+    const uint32_t tmax = kmax;        // the thread's own max: step 2's threshold
+    kmax = block_max(kmax, red);       // (its barriers also publish the keys)
     const float m = from_key(kmax);
     const float m_safe = m == -__builtin_inff() ? 0.f : m;    // an all -inf slice: sum 0, not NaN
-    const float s = block_sum(run.m > -__builtin_inff() ? run.s * expf(run.m - m_safe) : 0.f, red);
+    float s = 0.f;
+    for (int j = tid; j < n / 4; j += THREADS) {
+        const uint4 k = reinterpret_cast<const uint4*>(keys)[j];
+        s += expf(from_key(k.x) - m_safe) + expf(from_key(k.y) - m_safe) + expf(from_key(k.z) - m_safe) +
+             expf(from_key(k.w) - m_safe);
+    }
+    for (int i = n / 4 * 4 + tid; i < n; i += THREADS) s += expf(from_key(keys[i]) - m_safe);
+    s = block_sum(s, red);
 
     // 2. The threshold (0: every element passes, when the slice has at most kp).
     uint32_t t = 0;
     if (n > kp) {
-        const uint32_t tw = warp_rank_largest(run.kmax, (kp + WARPS - 1) / WARPS);
+        const uint32_t tw = warp_rank_largest(tmax, (kp + WARPS - 1) / WARPS);
         __syncthreads();               // red was read by block_sum
         if (lane == 0) red[warp] = tw;
         __syncthreads();
@@ -489,9 +466,13 @@ __global__ void __launch_bounds__(THREADS, 2) topk_kernel(const Params p) {
             p.part_s[row * slices + slice] = s;
         }
         __syncthreads();               // every thread's stores, before thread 0's release
-        if (tid == 0) misc[4] = ticket(&p.arrive[row]) == slices - 1;
-        __syncthreads();               // thread 0's acquire, before every thread's loads
+        if (tid == 0) {
+            __threadfence();
+            misc[4] = atomicAdd(&p.arrive[row], 1) == slices - 1;
+        }
+        __syncthreads();
         if (!misc[4]) return;
+        __threadfence();               // the other slices' stores, read past L1 below
         const unsigned long long* part = reinterpret_cast<const unsigned long long*>(p.part_keys + row * slices * kp);
         for (int i = tid; i < slices * kp; i += THREADS) cand[i] = __ldcg(part + i);
         M = -__builtin_inff();

@@ -173,7 +173,7 @@ def test_repeated_calls_share_the_workspace(emu):
 
 
 def test_plan_limits():
-    assert cuda_topk.plan(151936, 64, 15, 132) == dict(kp=64, slices=8, slice_len=18992)
+    assert cuda_topk.plan(151936, 64, 15, 132) == dict(kp=64, slices=9, slice_len=16888)
     assert cuda_topk.plan(151936, 64, 60, 132)["slices"] == 7      # at most 24576 a slice
     assert cuda_topk.plan(151936, 256, 1, 132)["slices"] == 16     # at most 4096 to merge
     assert cuda_topk.plan(10, 64, 1, 132) == dict(kp=10, slices=2, slice_len=8)

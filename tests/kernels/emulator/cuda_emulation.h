@@ -99,6 +99,8 @@ template <typename T>
 inline T __ldg(const T* p) { return *p; }
 template <typename T>
 inline T __ldcg(const T* p) { return *p; }       // L2-only load (kernels/tree/topk.cu's merge)
+// Blocks run one after another here, so every store of an earlier block is already visible.
+inline void __threadfence() {}
 
 // The CUDA runtime, as far as the launchers use it.
 typedef int cudaError_t;
@@ -549,14 +551,6 @@ inline unsigned __ballot_sync(unsigned, int predicate) {
     return bits;
 }
 inline int __any_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) != 0; }
-inline unsigned __reduce_add_sync(unsigned, unsigned value) {
-    emu::slot(emu::lane())[0] = value;
-    emu::warp_sync();
-    unsigned sum = 0;
-    for (int l = 0; l < 32; ++l) sum += emu::slot(l)[0];
-    emu::warp_sync();
-    return sum;
-}
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline void __syncwarp(unsigned = 0xFFFFFFFFu) { emu::warp_sync(); }
