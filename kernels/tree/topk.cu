@@ -3,16 +3,15 @@
 // Same contract as kernels/tree/triton_topk.py (rows sorted by value descending, ties by the lower
 // id, log-probs (x - M) - log(sum exp(x - M)) in float32, M the row's max): one CTA per slice of a
 // row (grid: slices x rows). Each CTA
-//   1. reads its slice once (16-byte loads, several a thread in flight) into shared memory as
-//      order-preserving 32-bit keys, with the slice's max and sum of exp(x - max);
-//   2. takes a threshold t with at least k' elements >= t from the threads' own maxima: in each
-//      warp the r-th largest of its 32 lanes' maxima (r = ceil(k' / warps): r lanes, each with an
-//      element >= it), t the least of the warps' (typically ~2 k' elements pass);
-//   3. appends the elements >= t (a count per thread, a warp scan, one shared atomic a warp) and
-//      ranks them by counting (the composite keys below are distinct), keeping the first k';
+//   1. reads its slice once into shared memory as order-preserving 32-bit keys, with the slice's
+//      max and sum of exp(x - max) for the logsumexp;
+//   2. finds a threshold t with at least k' elements >= t: the k'-th largest of ~2k' group maxima
+//      (k' groups each hold an element >= it), so typically ~1.3 k' elements pass;
+//   3. compacts the passing elements (a ballot per warp, one shared atomic per warp) and sorts them
+//      by (value desc, id asc) as 64-bit composite keys; the first k' are the slice's own top k';
 //   4. publishes them and its (max, sum), and draws a ticket: the row's last CTA merges the row's
-//      sorted lists (an element's rank: its index plus, per other list, how many exceed it, by
-//      binary search), writes the outputs and resets the ticket, so a CUDA graph replays it as is.
+//      slices (a sort of slices x k' keys, every list already sorted), writes the outputs and
+//      resets the ticket, so a CUDA graph replays the launch as is.
 // A slice whose threshold lets more than CAP elements through (all-equal or heavily tied rows) takes
 // an exact radix select over its keys instead (4 passes of 8 bits, then an ordered compaction of
 // the keys equal to the k'-th, lowest ids first): slower, never wrong.
@@ -20,10 +19,9 @@
 // Why this shape: the Triton kernel's three launches (stats, a gather reading the row again from
 // L2, a finish ranking ~1.3 k' candidates per row by all-pairs counting) took ~15 us at the loop's
 // shape on the H200, bound by their serial parts and launches, not by the 9.1 MB they read (~2.3
-// us at the copy rate; kernels/NOTES.md). Here the row is read once. The first version of this
-// kernel (group maxima ranked by counting, block-wide bitonic sorts: ~90 barriers a CTA) took 39
-// us: each phase a chain of barriers and dependent shared loads with 16 warps a multiprocessor.
-
+// us at the copy rate; kernels/NOTES.md). Here the row is read once and the only serial part is
+// the last CTA's merge of a few hundred sorted keys.
+//
 // Keys: a float's bits with the sign bit flipped (positives) or all bits flipped (negatives), so
 // unsigned order is float order; -0.0 is read as +0.0 (torch treats them as equal). A composite key
 // is key << 32 | ~id: descending composite order is value descending, then id ascending. NaN logits
@@ -98,13 +96,20 @@ constexpr int WARPS = THREADS / 32;
 constexpr int MAX_KP = 256;
 constexpr int MAX_SLICE = 24576;      // keys a CTA holds: 96 KB, two CTAs a multiprocessor
 constexpr int CAP = 2048;             // candidates a slice sorts; past it, the exact select
-constexpr int MAX_MERGE = 4096;       // slices x kp the last CTA merges
+constexpr int MAX_MERGE = 4096;       // slices x kp the last CTA sorts
+constexpr int MAX_GROUPS = 2 * MAX_KP;
 constexpr int LOADS = 8;              // 16-byte loads a thread keeps in flight
 constexpr unsigned FULL = 0xFFFFFFFFu;
 
+__host__ __device__ constexpr int pow2_at_least(int n) {
+    int p = 1;
+    while (p < n) p <<= 1;
+    return p;
+}
+
 // Byte offsets of the shared-memory arrays (host and device agree through this one function).
 struct Layout {
-    int keys, cand, top, hist, red, misc, total;
+    int keys, cand, groups, hist, red, misc, total;
 };
 
 __host__ __device__ inline Layout layout(int slice_len, int slices, int kp) {
@@ -115,10 +120,10 @@ __host__ __device__ inline Layout layout(int slice_len, int slices, int kp) {
         at = (at + bytes + 15) & ~15;
         return here;
     };
-    const int merge = slices * kp;
+    const int merge = pow2_at_least(slices * kp);
     L.keys = take(slice_len * 4);                            // u32 [slice_len] the slice's keys
-    L.cand = take((merge > CAP ? merge : CAP) * 8);          // u64 candidates, then the lists
-    L.top = take(kp * 8);                                    // u64 [kp] the top kp, descending
+    L.cand = take((merge > CAP ? merge : CAP) * 8);          // u64 candidates, then the merge
+    L.groups = take(MAX_GROUPS * 4);                         // u32 group maxima
     L.hist = take(256 * 4);                                  // int radix histogram (exact select)
     L.red = take(WARPS * 4);                                 // block reductions, per-warp counts
     L.misc = take(8 * 4);                                    // counters and broadcasts
@@ -222,97 +227,44 @@ __device__ float block_sum(float v, uint32_t* red) {
     return v;
 }
 
-// The rank-th largest (from 1) of the warp's 32 values, in every lane: rank rounds of a warp max,
-// each taking one lane holding it out.
-__device__ uint32_t warp_rank_largest(uint32_t v, int rank) {
-    const int lane = threadIdx.x & 31;
-    uint32_t m = 0;
-    bool in = true;
-    for (int r = 0; r < rank; ++r) {
-        m = __reduce_max_sync(FULL, in ? v : 0u);
-        const unsigned holders = __ballot_sync(FULL, in && v == m);
-        if (lane == __ffs(static_cast<int>(holders)) - 1) in = false;
+// Sort a[0, n) descending (n a power of two), every thread of the block: a bitonic network, one
+// barrier a stage. The composite keys are distinct (padding zeros aside), so the order is total.
+__device__ void sort_desc(uint64_t* a, int n) {
+    for (int k = 2; k <= n; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < n / 2; i += THREADS) {
+                const int lo = 2 * i - (i & (j - 1)), hi = lo + j;
+                const bool desc = (lo & k) == 0;
+                const uint64_t x = a[lo], y = a[hi];
+                if ((x < y) == desc) {
+                    a[lo] = y;
+                    a[hi] = x;
+                }
+            }
+            __syncthreads();
+        }
     }
-    return m;
 }
 
-// Append the slice's keys >= t to cand as composite keys (positions by a shared counter, in no
-// particular order) while they fit in CAP; returns how many passed. Each thread counts its own
-// first, so a warp takes its places with one scan and one atomic.
+// Append the slice's elements with key >= t (positions [0, ..) by a shared counter, in no
+// particular order) as composite keys while they fit in CAP; returns how many passed.
 __device__ int compact_at_least(const uint32_t* keys, int n, int64_t first_id, uint32_t t, uint64_t* cand,
                                 int* counter) {
-    const int lane = threadIdx.x & 31, quads = n / 4;
-    const uint4* k4 = reinterpret_cast<const uint4*>(keys);
-    unsigned mine = 0;
-    for (int q = threadIdx.x; q < quads; q += THREADS) {
-        const uint4 k = k4[q];
-        mine += (k.x >= t) + (k.y >= t) + (k.z >= t) + (k.w >= t);
-    }
-    for (int i = quads * 4 + threadIdx.x; i < n; i += THREADS) mine += keys[i] >= t;
+    const int lane = threadIdx.x & 31;
     if (threadIdx.x == 0) *counter = 0;
     __syncthreads();
-    unsigned upto = mine;                              // inclusive scan over the warp
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const unsigned x = __shfl_up_sync(FULL, upto, o);
-        if (lane >= o) upto += x;
+    for (int base = 0; base < n; base += THREADS) {          // whole warps: the ballot needs them
+        const int i = base + static_cast<int>(threadIdx.x);
+        const bool pass = i < n && keys[i] >= t;
+        const unsigned ballot = __ballot_sync(FULL, pass);
+        int at = 0;
+        if (lane == 0 && ballot) at = atomicAdd(counter, __popc(ballot));
+        at = __shfl_sync(FULL, at, 0);
+        const int pos = at + __popc(ballot & ((1u << lane) - 1u));
+        if (pass && pos < CAP) cand[pos] = compose(keys[i], first_id + i);
     }
-    int base = 0;
-    if (lane == 31 && upto) base = atomicAdd(counter, static_cast<int>(upto));
-    int at = static_cast<int>(__shfl_sync(FULL, static_cast<unsigned>(base), 31) + upto - mine);
-    const auto put = [&](uint32_t key, int i) {
-        if (key >= t) {
-            if (at < CAP) cand[at] = compose(key, first_id + i);
-            ++at;
-        }
-    };
-    for (int q = threadIdx.x; q < quads; q += THREADS) {
-        const uint4 k = k4[q];
-        put(k.x, 4 * q);
-        put(k.y, 4 * q + 1);
-        put(k.z, 4 * q + 2);
-        put(k.w, 4 * q + 3);
-    }
-    for (int i = quads * 4 + threadIdx.x; i < n; i += THREADS) put(keys[i], i);
     __syncthreads();
     return *counter;
-}
-
-// top[0, kp) = the kp largest of cand[0, count), descending (zeros past count): a candidate's
-// rank is how many others exceed it (composite keys are distinct).
-__device__ void rank_top(const uint64_t* cand, int count, int kp, uint64_t* top) {
-    for (int j = count + static_cast<int>(threadIdx.x); j < kp; j += THREADS) top[j] = 0;
-    for (int i = threadIdx.x; i < count; i += THREADS) {
-        const uint64_t c = cand[i];
-        int rank = 0;
-        for (int j = 0; j < count; ++j) rank += cand[j] > c;
-        if (rank < kp) top[rank] = c;
-    }
-    __syncthreads();
-}
-
-// top[0, kp) = the kp largest of `slices` lists of kp (each descending, zero padded): an element's
-// rank is its index plus, in every other list, how many exceed it (a binary search).
-__device__ void merge_top(const uint64_t* lists, int slices, int kp, uint64_t* top) {
-    for (int e = threadIdx.x; e < slices * kp; e += THREADS) {
-        const uint64_t x = lists[e];
-        if (x == 0) continue;
-        const int a = e / kp;
-        int rank = e - a * kp;
-        for (int b = 0; b < slices; ++b) {
-            if (b == a) continue;
-            const uint64_t* l = lists + b * kp;
-            int lo = 0, hi = kp;
-            while (lo < hi) {
-                const int mid = (lo + hi) >> 1;
-                if (l[mid] > x) lo = mid + 1;
-                else hi = mid;
-            }
-            rank += lo;
-        }
-        if (rank < kp) top[rank] = x;
-    }
-    __syncthreads();
 }
 
 // The exact top kp of the slice into cand[0, kp) (unordered), for slices whose threshold passed
@@ -387,7 +339,7 @@ __global__ void __launch_bounds__(THREADS, 2) topk_kernel(const Params p) {
 #endif
     uint32_t* keys = reinterpret_cast<uint32_t*>(smem + L.keys);
     uint64_t* cand = reinterpret_cast<uint64_t*>(smem + L.cand);
-    uint64_t* top = reinterpret_cast<uint64_t*>(smem + L.top);
+    uint32_t* groups = reinterpret_cast<uint32_t*>(smem + L.groups);
     int* hist = reinterpret_cast<int*>(smem + L.hist);
     uint32_t* red = reinterpret_cast<uint32_t*>(smem + L.red);
     int* misc = reinterpret_cast<int*>(smem + L.misc);
@@ -424,7 +376,6 @@ __global__ void __launch_bounds__(THREADS, 2) topk_kernel(const Params p) {
         keys[i] = k;
         kmax = k > kmax ? k : kmax;
     }
-    const uint32_t tmax = kmax;        // the thread's own max: step 2's threshold
     kmax = block_max(kmax, red);       // (its barriers also publish the keys)
     const float m = from_key(kmax);
     const float m_safe = m == -__builtin_inff() ? 0.f : m;    // an all -inf slice: sum 0, not NaN
@@ -437,30 +388,50 @@ __global__ void __launch_bounds__(THREADS, 2) topk_kernel(const Params p) {
     for (int i = n / 4 * 4 + tid; i < n; i += THREADS) s += expf(from_key(keys[i]) - m_safe);
     s = block_sum(s, red);
 
-    // 2. The threshold (0: every element passes, when the slice has at most kp).
+    // 2. The threshold: the kp-th largest of G group maxima (G >= kp non-empty groups of gs
+    // consecutive elements), or nothing when the slice has at most kp elements.
     uint32_t t = 0;
     if (n > kp) {
-        const uint32_t tw = warp_rank_largest(tmax, (kp + WARPS - 1) / WARPS);
-        __syncthreads();               // red was read by block_sum
-        if (lane == 0) red[warp] = tw;
+        const int G = 2 * kp < n ? 2 * kp : n;
+        const int gs = (n + G - 1) / G, ng = (n + gs - 1) / gs;      // ng >= kp
+        for (int g = warp; g < ng; g += WARPS) {
+            uint32_t gm = 0;
+            const int end = (g + 1) * gs < n ? (g + 1) * gs : n;
+            for (int i = g * gs + lane; i < end; i += 32) gm = keys[i] > gm ? keys[i] : gm;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const uint32_t w = __shfl_xor_sync(FULL, gm, o);
+                gm = w > gm ? w : gm;
+            }
+            if (lane == 0) groups[g] = gm;
+        }
         __syncthreads();
-        t = red[0];
-        for (int w = 1; w < WARPS; ++w) t = red[w] < t ? red[w] : t;
+        for (int g = tid; g < ng; g += THREADS) {     // rank by counting; ties by group index
+            const uint32_t v = groups[g];
+            int rank = 0;
+            for (int j = 0; j < ng; ++j) rank += groups[j] > v || (groups[j] == v && j < g);
+            if (rank == kp - 1) misc[3] = static_cast<int>(v);
+        }
+        __syncthreads();
+        t = static_cast<uint32_t>(misc[3]);
     }
 
-    // 3. The candidates; the slice's top kp, descending.
+    // 3. The candidates, sorted: the slice's top kp come first.
     int count = compact_at_least(keys, n, first, t, cand, &misc[0]);
     if (count > CAP) {
         exact_select(keys, n, first, kp, cand, hist, red, misc);
         count = kp;
     }
-    rank_top(cand, count, kp, top);
+    int np = pow2_at_least(count);
+    for (int i = count + tid; i < np; i += THREADS) cand[i] = 0;
+    __syncthreads();
+    sort_desc(cand, np);
 
     float M = m, S = s;
     if (slices > 1) {
         // 4. Publish, draw a ticket; the row's last slice merges.
         const int64_t at = (row * slices + slice) * kp;
-        for (int j = tid; j < kp; j += THREADS) p.part_keys[at + j] = top[j];
+        for (int j = tid; j < kp; j += THREADS) p.part_keys[at + j] = j < count ? cand[j] : 0;
         if (tid == 0) {
             p.part_m[row * slices + slice] = m;
             p.part_s[row * slices + slice] = s;
@@ -473,8 +444,9 @@ __global__ void __launch_bounds__(THREADS, 2) topk_kernel(const Params p) {
         __syncthreads();
         if (!misc[4]) return;
         __threadfence();               // the other slices' stores, read past L1 below
+        np = pow2_at_least(slices * kp);
         const unsigned long long* part = reinterpret_cast<const unsigned long long*>(p.part_keys + row * slices * kp);
-        for (int i = tid; i < slices * kp; i += THREADS) cand[i] = __ldcg(part + i);
+        for (int i = tid; i < np; i += THREADS) cand[i] = i < slices * kp ? __ldcg(part + i) : 0;
         M = -__builtin_inff();
         for (int j = 0; j < slices; ++j) {
             const float mj = __ldcg(p.part_m + row * slices + j);
@@ -485,14 +457,14 @@ __global__ void __launch_bounds__(THREADS, 2) topk_kernel(const Params p) {
         for (int j = 0; j < slices; ++j)
             S += __ldcg(p.part_s + row * slices + j) * expf(__ldcg(p.part_m + row * slices + j) - M_safe);
         __syncthreads();
-        merge_top(cand, slices, kp, top);
+        sort_desc(cand, np);
         if (tid == 0) p.arrive[row] = 0;     // ready for the next call / graph replay
     }
 
     // 5. The row's top kp: log-probs and ids.
     const float log_s = logf(S);
     for (int j = tid; j < kp; j += THREADS) {
-        const uint64_t c = top[j];
+        const uint64_t c = cand[j];
         p.out_lp[row * kp + j] = (composite_value(c) - M) - log_s;
         p.out_ids[row * kp + j] = composite_id(c);
     }
