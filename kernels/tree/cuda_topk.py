@@ -49,8 +49,7 @@ def plan(V: int, k: int, rows: int, sms: int, slices: int | None = None) -> dict
     """Slices per row and their length (host only). By default one CTA per multiprocessor for
     the whole launch (rows x slices ~ sms): a row read by more CTAs is read faster, but its
     last CTA then merges more lists. Slices hold at most MAX_SLICE logits, and slices x k' at
-    most MAX_MERGE (the last CTA's sort); a slice is a multiple of 8 logits, so that slices of an
-    aligned row start 16-byte aligned (the kernel's vector loads)."""
+    most MAX_MERGE (the last CTA's sort)."""
     if V < 1 or k < 1:
         raise ValueError(f"need V >= 1 and k >= 1 (got V={V}, k={k})")
     kp = min(int(k), V)
@@ -64,7 +63,7 @@ def plan(V: int, k: int, rows: int, sms: int, slices: int | None = None) -> dict
     if slices is not None and not fewest <= slices <= most:
         raise ValueError(f"slices must be in [{fewest}, {most}] for V={V}, k'={kp} (got {slices})")
     n = min(max(want, fewest), most)
-    length = min(-(-math.ceil(V / n) // 8) * 8, MAX_SLICE)   # whole 16-byte chunks of bf16 / float32
+    length = math.ceil(V / n)
     return dict(kp=kp, slices=math.ceil(V / length), slice_len=length)
 
 

@@ -98,7 +98,6 @@ constexpr int MAX_SLICE = 24576;      // keys a CTA holds: 96 KB, two CTAs a mul
 constexpr int CAP = 2048;             // candidates a slice sorts; past it, the exact select
 constexpr int MAX_MERGE = 4096;       // slices x kp the last CTA sorts
 constexpr int MAX_GROUPS = 2 * MAX_KP;
-constexpr int LOADS = 8;              // 16-byte loads a thread keeps in flight
 constexpr unsigned FULL = 0xFFFFFFFFu;
 
 __host__ __device__ constexpr int pow2_at_least(int n) {
@@ -167,31 +166,6 @@ __device__ __forceinline__ float composite_value(uint64_t c) {
 __device__ __forceinline__ float load_logit(const void* row, int64_t i, int dtype) {
     if (dtype == 0) return __ldg(static_cast<const float*>(row) + i);
     return bits_float(static_cast<uint32_t>(__ldg(static_cast<const uint16_t*>(row) + i)) << 16);
-}
-
-// The keys of one 16-byte chunk of logits (4 float32 or 8 bfloat16) to shared memory; returns
-// the running max key.
-__device__ __forceinline__ uint32_t store_keys(const uint4 c, int dtype, uint32_t* dst, uint32_t kmax) {
-    const uint32_t w[4] = {c.x, c.y, c.z, c.w};
-    uint4 k[2];
-    uint32_t* kk = reinterpret_cast<uint32_t*>(k);
-    if (dtype == 0) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) kk[e] = to_key(bits_float(w[e]));
-    } else {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            kk[2 * e] = to_key(bits_float(w[e] << 16));
-            kk[2 * e + 1] = to_key(bits_float(w[e] & 0xFFFF0000u));
-        }
-    }
-    const int count = dtype == 0 ? 4 : 8;
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-        if (e < count) kmax = kk[e] > kmax ? kk[e] : kmax;
-    reinterpret_cast<uint4*>(dst)[0] = k[0];
-    if (dtype != 0) reinterpret_cast<uint4*>(dst)[1] = k[1];
-    return kmax;
 }
 
 // Block-wide max / sum, every thread gets the result (red: WARPS words of shared memory).
@@ -352,26 +326,9 @@ __global__ void __launch_bounds__(THREADS, 2) topk_kernel(const Params p) {
     const void* x_row = static_cast<const uint8_t*>(p.logits) +
                         ((row / p.n1) * p.stride0 + (row % p.n1) * p.stride1 + first) * elt;
 
-    // 1. The slice as keys, its max and its sum of exp(x - max). The loads go out LOADS 16-byte
-    // chunks a thread at a time: one at a time, each thread waited out ~33 DRAM round trips in
-    // series (the first version: ~30 us a call at the loop's shape on the H200).
+    // 1. The slice as keys, its max and its sum of exp(x - max).
     uint32_t kmax = 0;
-    const int per = dtype == 0 ? 4 : 8;                                   // logits a chunk
-    const int chunks = reinterpret_cast<uintptr_t>(x_row) % 16 == 0 ? n / per : 0;
-    for (int base = 0; base < chunks; base += THREADS * LOADS) {
-        uint4 c[LOADS];
-#pragma unroll
-        for (int u = 0; u < LOADS; ++u) {
-            const int j = base + u * THREADS + tid;
-            if (j < chunks) c[u] = __ldg(static_cast<const uint4*>(x_row) + j);
-        }
-#pragma unroll
-        for (int u = 0; u < LOADS; ++u) {
-            const int j = base + u * THREADS + tid;
-            if (j < chunks) kmax = store_keys(c[u], dtype, keys + j * per, kmax);
-        }
-    }
-    for (int i = chunks * per + tid; i < n; i += THREADS) {       // the tail, or unaligned rows
+    for (int i = tid; i < n; i += THREADS) {
         const uint32_t k = to_key(load_logit(x_row, i, dtype));
         keys[i] = k;
         kmax = k > kmax ? k : kmax;
@@ -380,12 +337,7 @@ __global__ void __launch_bounds__(THREADS, 2) topk_kernel(const Params p) {
     const float m = from_key(kmax);
     const float m_safe = m == -__builtin_inff() ? 0.f : m;    // an all -inf slice: sum 0, not NaN
     float s = 0.f;
-    for (int j = tid; j < n / 4; j += THREADS) {
-        const uint4 k = reinterpret_cast<const uint4*>(keys)[j];
-        s += expf(from_key(k.x) - m_safe) + expf(from_key(k.y) - m_safe) + expf(from_key(k.z) - m_safe) +
-             expf(from_key(k.w) - m_safe);
-    }
-    for (int i = n / 4 * 4 + tid; i < n; i += THREADS) s += expf(from_key(keys[i]) - m_safe);
+    for (int i = tid; i < n; i += THREADS) s += expf(from_key(keys[i]) - m_safe);
     s = block_sum(s, red);
 
     // 2. The threshold: the kp-th largest of G group maxima (G >= kp non-empty groups of gs
