@@ -9,8 +9,7 @@ disk by (source hash, flags, arch, torch and CUDA versions) under $HARNESS_CACHE
 file lock keeps concurrent workers on one host from building the same thing twice.
 
 `load_library(source=TREE_BUILD_SOURCE)` builds kernels/tree/tree_build.cu (the DDTree tree build,
-kernels/tree/cuda_tree_build.py) the same way, into its own cached library keyed by that source;
-`source=TOPK_SOURCE` builds kernels/tree/topk.cu (the drafter's top-k, kernels/tree/cuda_topk.py).
+kernels/tree/cuda_tree_build.py) the same way, into its own cached library keyed by that source.
 
 Importing this module needs neither a GPU nor nvcc; only `load_library()` does.
 """
@@ -26,7 +25,6 @@ from pathlib import Path
 
 SOURCE = Path(__file__).parent / "verify" / "verify_attention.cu"
 TREE_BUILD_SOURCE = Path(__file__).parent / "tree" / "tree_build.cu"
-TOPK_SOURCE = Path(__file__).parent / "tree" / "topk.cu"
 # -lineinfo costs nothing at run time and lets a profiler (or compute-sanitizer) map to source lines.
 NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
 # HARNESS_KERNEL_DEBUG=1: a debug build (its own cache entry) whose launchers wait for each kernel
@@ -109,7 +107,7 @@ def load_library(device=None, verbose: bool = False, source: Path = SOURCE) -> c
                                build_directory=str(build_dir), is_python_module=False,
                                verbose=verbose)
         lib = ctypes.CDLL(str(build_dir / f"{name}.so"))
-        {SOURCE: _declare, TREE_BUILD_SOURCE: _declare_tree_build, TOPK_SOURCE: _declare_topk}[source](lib)
+        {SOURCE: _declare, TREE_BUILD_SOURCE: _declare_tree_build}[source](lib)
         _libraries[name] = lib
         return lib
 
@@ -144,18 +142,3 @@ def _declare_tree_build(lib: ctypes.CDLL) -> None:
     lib.ttb_error_string.restype = ctypes.c_char_p
     lib.ttb_struct_size.argtypes = []
     lib.ttb_struct_size.restype = c_int
-
-
-def _declare_topk(lib: ctypes.CDLL) -> None:
-    """C signatures of the extern "C" entry points of topk.cu."""
-    c_int, c_void_p = ctypes.c_int, ctypes.c_void_p
-    lib.ttk_topk.argtypes = [c_void_p, c_void_p]
-    lib.ttk_topk.restype = c_int
-    lib.ttk_smem_bytes.argtypes = [c_int, c_int, c_int]
-    lib.ttk_smem_bytes.restype = c_int
-    lib.ttk_threads.argtypes = []
-    lib.ttk_threads.restype = c_int
-    lib.ttk_error_string.argtypes = [c_int]
-    lib.ttk_error_string.restype = ctypes.c_char_p
-    lib.ttk_struct_size.argtypes = []
-    lib.ttk_struct_size.restype = c_int

@@ -18,7 +18,7 @@ class Kernels:
 
       verify      the attention of the tree-verify forward and of the draft block
                   (custom | triton | sdpa | flex, harness/decode/attention.py)
-      topk        the drafter's top-k log-probs (torch | triton | cuda, tree_gpu.topk_logprobs_batched)
+      topk        the drafter's top-k log-probs (torch | triton, tree_gpu.topk_logprobs_batched)
       tree_build  the GPU tree build on a CUDA device (triton | cuda | torch); on any other
                   device the tree is built with torch, the only implementation there
       fused_ops   the target and drafter forward, and the commit's KV compaction, on the

@@ -102,20 +102,15 @@ def topk_logprobs_batched(draft_logits: torch.Tensor, k: int,
     rows sorted descending, log_probs = topk - logsumexp over the full vocabulary in float32:
     the same ops as `tree.topk_logprobs`, batched. impl "triton" (a decoder's Kernels.topk):
     the Triton kernel where Triton can run (CUDA tensors, or any under TRITON_INTERPRET=1),
-    exact, equal log-probs to within float32 rounding of the normaliser; torch elsewhere.
-    impl "cuda": the one-launch CUDA C++ kernel (kernels/tree/cuda_topk.py, the same contract)
-    on CUDA tensors; torch elsewhere."""
-    if impl not in ("torch", "triton", "cuda"):
-        raise ValueError(f"impl must be torch, triton or cuda (got {impl!r})")
-    if (impl == "triton" and _on_triton(draft_logits)) or (impl == "cuda" and draft_logits.is_cuda):
-        if impl == "triton":
-            from harness.kernels.tree import triton_topk as kernel
-        else:
-            from harness.kernels.tree import cuda_topk as kernel
-        key = (impl, tuple(draft_logits.shape), int(k), str(draft_logits.device))
+    exact, equal log-probs to within float32 rounding of the normaliser; torch elsewhere."""
+    if impl not in ("torch", "triton"):
+        raise ValueError(f"impl must be torch or triton (got {impl!r})")
+    if impl == "triton" and _on_triton(draft_logits):
+        from harness.kernels.tree import triton_topk
+        key = (tuple(draft_logits.shape), int(k), str(draft_logits.device))
         if key not in _TOPK_WORKSPACES:   # first call outside a graph capture (any warm-up)
-            _TOPK_WORKSPACES[key] = kernel.alloc_workspace(draft_logits, k)
-        return kernel.topk_logprobs(draft_logits, k, workspace=_TOPK_WORKSPACES[key])
+            _TOPK_WORKSPACES[key] = triton_topk.alloc_workspace(draft_logits, k)
+        return triton_topk.topk_logprobs(draft_logits, k, workspace=_TOPK_WORKSPACES[key])
     logits = draft_logits.float()
     k = min(int(k), logits.shape[-1])
     top_logits, token_ids = torch.topk(logits, k=k, dim=-1)

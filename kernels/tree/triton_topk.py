@@ -44,7 +44,6 @@ import triton
 import triton.language as tl
 
 from harness.kernels import pdl
-from harness.kernels.tree.rows import rows_view
 
 # Order-preserving int32 keys of float32 values (see _key): the keys of -inf and +inf.
 KEY_NEG_INF = tl.constexpr(-2139095041)
@@ -323,11 +322,24 @@ def plan(V: int, k: int, config: dict | None = None) -> dict:
     return p
 
 
+def _rows_view(logits: torch.Tensor) -> tuple[int, int, int, int]:
+    """(rows, n1, stride0, stride1): row r starts at (r // n1) * stride0 + (r % n1) * stride1."""
+    V = logits.shape[-1]
+    if logits.dim() == 1:
+        return 1, 1, 0, 0
+    try:
+        x3 = logits.view(-1, logits.shape[-2], V)
+    except RuntimeError:
+        raise ValueError(f"logits {tuple(logits.shape)} with strides {logits.stride()}: the "
+                         "leading dims must merge into [-1, n, V] without a copy") from None
+    return x3.shape[0] * x3.shape[1], x3.shape[1], x3.stride(0), x3.stride(1)
+
+
 def alloc_workspace(logits: torch.Tensor, k: int, config: dict | None = None) -> Workspace:
     """Scratch for `topk_logprobs(logits-like, k)`: allocate once (outside a CUDA graph) and pass
     it as `workspace=` with the same k and config; reusable across calls of that shape."""
     p = plan(logits.shape[-1], k, config)
-    rows = rows_view(logits)[0] if logits.numel() else 0
+    rows = _rows_view(logits)[0] if logits.numel() else 0
     dev = logits.device
 
     def f32(n):
@@ -369,7 +381,7 @@ def topk_logprobs(logits: torch.Tensor, k: int,
         raise ValueError(f"out must be contiguous float32 and int64 tensors of shape {shape}")
     if logits.numel() == 0:
         return lp, ids
-    rows, n1, s0, s1 = rows_view(logits)
+    rows, n1, s0, s1 = _rows_view(logits)
     if rows > 65535:   # grid dimension 1 (the spans go first: a row's last program comes early)
         raise ValueError(f"at most 65535 rows per call, got {rows}")
     if workspace is None:

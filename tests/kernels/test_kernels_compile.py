@@ -97,10 +97,3 @@ def test_tree_build_compiles_for_sm90a_and_sm120_without_spills(tmp_path):
     assert_compiled_cleanly(proc, out, TREE_BUILD_ARCHS)
     found = spills(proc.stderr, TREE_BUILD_ARCHS)
     assert not found, "register spills:\n" + "\n".join(found)
-
-
-def test_topk_compiles_for_sm90a_and_sm120_without_spills(tmp_path):
-    proc, out = nvcc_compile(tmp_path, Path(build.TOPK_SOURCE), TREE_BUILD_ARCHS, threads=2)
-    assert_compiled_cleanly(proc, out, TREE_BUILD_ARCHS)
-    found = spills(proc.stderr, TREE_BUILD_ARCHS)
-    assert not found, "register spills:\n" + "\n".join(found)

@@ -92,10 +92,3 @@ def test_the_cuda_tree_build_waits_first():
     first = re.findall(r"__global__ void[^{]*?\btree_build_kernel\(const Params p\) \{\n\s*(\S[^\n]*)", src)
     assert first == ["wait_for_previous_kernel();"], first
     assert "cudaLaunchAttributeProgrammaticStreamSerialization" in src
-
-
-def test_the_cuda_topk_waits_first():
-    src = (KERNELS / "tree" / "topk.cu").read_text()
-    first = re.findall(r"__global__ void[^{]*?\btopk_kernel\(const Params p\) \{\n\s*(\S[^\n]*)", src)
-    assert first == ["wait_for_previous_kernel();"], first
-    assert "cudaLaunchAttributeProgrammaticStreamSerialization" in src

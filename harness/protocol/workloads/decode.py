@@ -17,7 +17,7 @@ TREE_BUILDS = ("cpu", "gpu")
 ACCEPTS = ("cpu", "gpu")
 ACCEPTANCES = ("greedy", "synthetic")
 SPECULATIONS = ("ddtree", "none")
-TOPK_IMPLS = ("torch", "triton", "cuda")    # the drafter's top-k log-probs
+TOPK_IMPLS = ("torch", "triton")            # the drafter's top-k log-probs
 TREE_BUILD_IMPLS = ("triton", "cuda", "torch")   # the kernel of tree_build: gpu
 CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv")  # the custom verify kernel: QK^T (and P V) on wgmma
 LINEAR_IMPLS = ("torch", "triton")          # the forward's weight GEMMs at decode's few rows
@@ -53,8 +53,7 @@ AUTO = "auto"
 IMPL_PARAMS = (
     # residual+RMSNorm, q/k norm+RoPE+KV write, SiLU*up fused (kernels/fused/triton_fused.py)
     choice("fused_ops", AUTO, (AUTO, True, False)),
-    # triton: the three-launch top-k kernel; cuda: one launch (kernels/tree/topk.cu)
-    choice("topk_impl", AUTO, (AUTO,) + TOPK_IMPLS),
+    choice("topk_impl", AUTO, (AUTO,) + TOPK_IMPLS),   # triton: the three-launch top-k kernel
     # cuda: the shared-memory CUDA C++ tree build (tree_build: gpu)
     choice("tree_build_impl", AUTO, (AUTO,) + TREE_BUILD_IMPLS),
     # the custom verify kernel's S = QK^T (verify_mode: custom; kernels/verify/custom_verify.py):

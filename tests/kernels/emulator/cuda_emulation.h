@@ -97,10 +97,6 @@ inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) { return {{emu_f
 inline float __log2f(float x) { return std::log2(x); }
 template <typename T>
 inline T __ldg(const T* p) { return *p; }
-template <typename T>
-inline T __ldcg(const T* p) { return *p; }       // L2-only load (kernels/tree/topk.cu's merge)
-// Blocks run one after another here, so every store of an earlier block is already visible.
-inline void __threadfence() {}
 
 // The CUDA runtime, as far as the launchers use it.
 typedef int cudaError_t;
