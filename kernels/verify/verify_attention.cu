@@ -373,8 +373,7 @@ struct IntDiv {
 };
 
 // The page of each of this thread's rows of a tile (rows lrow0, lrow0 + RS, ...; past the split's
-// end, the split's first key's page), read from the page table ahead of the copies they feed. With
-// lrow0 0, the pages of the tile's row groups (gqa_pipelined_kernel's grouped copy).
+// end, the split's first key's page), read from the page table ahead of the copies they feed.
 template <int RS>
 __device__ __forceinline__ void fetch_tile_pages(const AttnParams& p, const IntDiv& page_size, int b, const SplitRange& sr,
                                                  int tile, int lrow0, int32_t (&pages)[BN / RS]) {
@@ -812,17 +811,10 @@ gqa_pipelined_kernel(const AttnParams p) {
     // Paged: the pages of this thread's rows of a K tile are read a tile ahead of its copy (a
     // page-table round trip before each cp.async stalled the warp); the V copy of the same tile
     // comes one iteration later and reuses them.
-    // A page size that is a multiple of RS ("grouped"): a thread's row i of a tile, key kb +
-    // lrow0 + RS i, lies in row group i (RS keys from kb + RS i, a multiple of RS), which no page
-    // boundary splits. The group's page and slot are then the same for every thread, and a row
-    // costs a multiply-add on its page plus the thread's own row: no modulo and no key selects a
-    // row (the general path's ~15 instructions a row made the paged kernel 1.6x contiguous at 65
-    // tree tokens, kernels/NOTES.md).
     const IntDiv page_size(static_cast<uint32_t>(p.page_size));
-    const bool grouped = PAGED && p.page_size % RS == 0;
     int32_t kpages[BN / RS], vpages[BN / RS];
     auto fetch_pages = [&](int tile, int32_t (&pages)[BN / RS]) {
-        if constexpr (PAGED) fetch_tile_pages<RS>(p, page_size, b, sr, tile, grouped ? 0 : lrow0, pages);
+        if constexpr (PAGED) fetch_tile_pages<RS>(p, page_size, b, sr, tile, lrow0, pages);
     };
     auto copy_tile = [&](uint32_t stage, const char* base, int64_t sb, int64_t st, int tile,
                          const int32_t (&pages)[BN / RS]) {
@@ -836,17 +828,6 @@ gqa_pipelined_kernel(const AttnParams p) {
                 for (int i = 0; i < BN / RS; ++i) cp_async16(dst + i * RS * 128, src + i * step, true);
                 return;
             }
-        } else if (grouped) {
-            // A group past the split's end has the split's first page (fetch_tile_pages); its
-            // rows are not read (zero-filled), and slot + lrow0 stays inside that page anyway.
-            const char* src = base + static_cast<int64_t>(lrow0) * st * 2 + lc * 16;
-#pragma unroll
-            for (int i = 0; i < BN / RS; ++i) {
-                const int g = kb + i * RS;
-                const int64_t off = static_cast<int64_t>(pages[i]) * sb + static_cast<int64_t>(page_size.mod(g)) * st;
-                cp_async16(dst + i * RS * 128, src + off * 2, g + lrow0 < sr.end);
-            }
-            return;
         }
 #pragma unroll
         for (int i = 0; i < BN / RS; ++i) {

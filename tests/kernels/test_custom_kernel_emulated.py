@@ -149,14 +149,14 @@ PV_CASES = {c: v for c, v in WGMMA_CASES.items() if v[0].dk == 128} | {
     "pv-tail-16-rows-long-splits": (_point(heads=8, kv_heads=2, T=20, d=128), [700], 2, 4),
     "pv-tail-only-block-one-split": (_point(b=2, heads=4, kv_heads=1, T=4, d=128), [130, 45], 1, 4),
     "pv-tail-paged-ps1": (_point(heads=4, kv_heads=1, T=65, d=128, layout="paged", ps=1), [400], 2, 4),
-    # Page sizes that are multiples of a thread's row step (8 rows at 4 warps, 16 at 8): the
-    # grouped copy, a page per row group (8), pages across tiles (24), a page per tile (64), and
-    # 8 warps on 16-key pages; lengths that end mid-group, and a group past a split's end.
-    "pv-paged-ps8-grouped": (_point(b=2, heads=8, kv_heads=2, T=17, d=128, layout="paged", ps=8), [150, 77], 3, 4),
-    "pv-paged-ps24-grouped-long": (_point(b=2, heads=8, kv_heads=2, T=65, d=128, layout="paged", ps=24), [700, 333], 2, 4),
-    "pv-paged-ps64-grouped": (_point(heads=4, kv_heads=1, T=16, d=128, layout="paged", ps=64), [301], 3, 4),
-    "pv-paged-ps16-8warps-grouped": (_point(heads=16, kv_heads=2, T=16, d=128, layout="paged"), [250], 2, 8),
-    "pv-paged-ps24-8warps-ungrouped": (_point(heads=16, kv_heads=2, T=16, d=128, layout="paged", ps=24), [250], 2, 8),
+    # More page sizes: a page per 8 keys (a thread's row step at 4 warps), pages across tiles
+    # (24) over five row blocks, a page per tile (64), and 8 warps on 16- and 24-key pages; the
+    # lengths end mid-page, where the unwritten slots hold NaN (_run).
+    "pv-paged-ps8": (_point(b=2, heads=8, kv_heads=2, T=17, d=128, layout="paged", ps=8), [150, 77], 3, 4),
+    "pv-paged-ps24-T65-long": (_point(b=2, heads=8, kv_heads=2, T=65, d=128, layout="paged", ps=24), [700, 333], 2, 4),
+    "pv-paged-ps64": (_point(heads=4, kv_heads=1, T=16, d=128, layout="paged", ps=64), [301], 3, 4),
+    "pv-paged-ps16-8warps": (_point(heads=16, kv_heads=2, T=16, d=128, layout="paged"), [250], 2, 8),
+    "pv-paged-ps24-8warps": (_point(heads=16, kv_heads=2, T=16, d=128, layout="paged", ps=24), [250], 2, 8),
 }
 
 
