@@ -372,6 +372,13 @@ struct IntDiv {
     __device__ __forceinline__ uint32_t mod(uint32_t n) const { return n - div(n) * d; }
 };
 
+// A 64-bit value from lane `src` of the warp (every lane must call it).
+__device__ __forceinline__ int64_t shfl_i64(int64_t v, int src) {
+    const uint32_t lo = __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(v), src);
+    const uint32_t hi = __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(static_cast<uint64_t>(v) >> 32), src);
+    return static_cast<int64_t>(static_cast<uint64_t>(hi) << 32 | lo);
+}
+
 // The page of each of this thread's rows of a tile (rows lrow0, lrow0 + RS, ...; past the split's
 // end, the split's first key's page), read from the page table ahead of the copies they feed.
 template <int RS>
@@ -808,16 +815,38 @@ gqa_pipelined_kernel(const AttnParams p) {
     static_assert(NT % CH == 0 && BN % RS == 0 && RS % 8 == 0, "tile copy layout");
     const int lc = tid % CH, lrow0 = tid / CH;
     const uint32_t dst0 = (lc >> 3) * (BN * 128) + lrow0 * 128 + (((lc & 7) ^ (lrow0 & 7)) << 4);
-    // Paged: the pages of this thread's rows of a K tile are read a tile ahead of its copy (a
-    // page-table round trip before each cp.async stalled the warp); the V copy of the same tile
-    // comes one iteration later and reuses them.
+    // Paged: a thread copies 8 rows of every K and V tile, and working out a row's address (its
+    // page-table entry, a modulo, two 64-bit multiply-adds, the selects past the split's end) per
+    // row doubled the kernel's instructions (ncu at 65 tree tokens, 65536 keys: 120.0 M warp
+    // instructions against 59.2 M contiguous, the cp.async count equal; kernels/NOTES.md). So each
+    // lane works out one row a tile: lane j < 16 of warp w the K offset of row 2w + (j & 1) + RS
+    // (j >> 1), lane 16 + j the V offset of the same row (the 16 rows the warp's 32 lanes copy:
+    // lrow0 is 2w or 2w + 1; j = lane mod WROWS), and the copies take them by shuffle. The row's page is read a tile
+    // ahead (a page-table round trip before the copy stalled the warp), and a V tile is copied an
+    // iteration after its K tile, from the offsets kept since.
+    constexpr int WROWS = 2 * (BN / RS);              // rows a warp copies a tile
+    static_assert(NT / CH == RS && 32 / CH == 2 && WROWS <= 16, "two rows a warp's 32 lanes, 16 offsets a kind");
     const IntDiv page_size(static_cast<uint32_t>(p.page_size));
-    int32_t kpages[BN / RS], vpages[BN / RS];
-    auto fetch_pages = [&](int tile, int32_t (&pages)[BN / RS]) {
-        if constexpr (PAGED) fetch_tile_pages<RS>(p, page_size, b, sr, tile, lrow0, pages);
+    const int pj = lane % WROWS;
+    const int prow = 2 * warp + (pj & 1) + RS * (pj >> 1);   // this lane's row of a tile
+    const bool pv = lane >= 16;                              // its offset serves the V copy
+    int32_t page = 0;          // the page of this lane's row of the next K tile
+    int64_t voff = 0;          // this lane's offset in the next V tile (its K tile's, kept)
+    auto fetch_page = [&](int tile) {
+        if constexpr (PAGED) {
+            const int key = sr.begin + tile * BN + prow, kk = key < sr.end ? key : sr.begin;
+            page = __ldg(p.page_table + b * p.pt_sb + page_size.div(kk));
+        }
     };
-    auto copy_tile = [&](uint32_t stage, const char* base, int64_t sb, int64_t st, int tile,
-                         const int32_t (&pages)[BN / RS]) {
+    auto row_offset = [&](int tile) -> int64_t {     // of this lane's row, `page` fetched for `tile`
+        if constexpr (!PAGED) return 0;
+        const int key = sr.begin + tile * BN + prow, kk = key < sr.end ? key : sr.begin;
+        return static_cast<int64_t>(page) * (pv ? p.v_sb : p.k_sb) +
+               static_cast<int64_t>(page_size.mod(kk)) * (pv ? p.v_st : p.k_st);
+    };
+    // Paged: `offs` is each lane's row_offset of this tile; lanes `first` .. `first` + 15 hold
+    // this copy's kind (0: K, 16: V).
+    auto copy_tile = [&](uint32_t stage, const char* base, int64_t st, int tile, int64_t offs, int first) {
         const int kb = sr.begin + tile * BN;
         const uint32_t dst = stage + dst0;
         if constexpr (!PAGED) {
@@ -833,10 +862,9 @@ gqa_pipelined_kernel(const AttnParams p) {
         for (int i = 0; i < BN / RS; ++i) {
             const int key = kb + lrow0 + i * RS;
             const bool ok = key < sr.end;
-            const int kk = ok ? key : sr.begin;
             int64_t off;
-            if constexpr (PAGED) off = static_cast<int64_t>(pages[i]) * sb + static_cast<int64_t>(page_size.mod(kk)) * st;
-            else off = static_cast<int64_t>(kk) * st;
+            if constexpr (PAGED) off = shfl_i64(offs, first + (lane >> 4) + 2 * i);
+            else off = static_cast<int64_t>(ok ? key : sr.begin) * st;
             cp_async16(dst + i * RS * 128, base + off * 2 + lc * 16, ok);
         }
     };
@@ -845,18 +873,15 @@ gqa_pipelined_kernel(const AttnParams p) {
     auto v_stage = [&](int tile) { return sV + (tile % V_STAGES) * TILE; };   // the fourth: sQ
 
     // Prologue: {Q, K_0, V_0}, {K_1, V_1}, {K_2}: one commit group each, then S_0.
-    fetch_pages(0, kpages);
+    fetch_page(0);
 #pragma unroll
     for (int t = 0; t < 3; ++t) {
         if (t < n) {
-            copy_tile(k_stage(t), kbase, p.k_sb, p.k_st, t, kpages);
-            if (t < 2) {
-                copy_tile(v_stage(t), vbase, p.v_sb, p.v_st, t, kpages);
-            } else {
-#pragma unroll
-                for (int i = 0; i < BN / RS; ++i) vpages[i] = kpages[i];
-            }
-            fetch_pages(t + 1, kpages);
+            const int64_t offs = row_offset(t);
+            copy_tile(k_stage(t), kbase, p.k_st, t, offs, 0);
+            if (t < 2) copy_tile(v_stage(t), vbase, p.v_st, t, offs, 16);
+            else voff = offs;
+            fetch_page(t + 1);
         }
         cp_async_commit();
     }
@@ -967,19 +992,15 @@ gqa_pipelined_kernel(const AttnParams p) {
         // V_{tile-2} was retired by the previous iteration's wait_group 1), both for every warp
         // before the barrier above. A warp's wait_group covers its own share of a warpgroup MMA,
         // so a stage is free only after such a barrier (CUTLASS's consumers release a stage
-        // likewise). Paged: V_{tile+3} will reuse K_{tile+3}'s pages.
-        int32_t pages3[BN / RS];
+        // likewise). Paged: V_{tile+3} will reuse K_{tile+3}'s row offsets.
+        int64_t offs3 = 0;
         if (tile + 3 < n) {
-            copy_tile(k_stage(tile + 3), kbase, p.k_sb, p.k_st, tile + 3, kpages);
-#pragma unroll
-            for (int i = 0; i < BN / RS; ++i) pages3[i] = kpages[i];
-            fetch_pages(tile + 4, kpages);
+            offs3 = row_offset(tile + 3);
+            copy_tile(k_stage(tile + 3), kbase, p.k_st, tile + 3, offs3, 0);
+            fetch_page(tile + 4);
         }
-        if (tile + 2 < n) copy_tile(v_stage(tile + 2), vbase, p.v_sb, p.v_st, tile + 2, vpages);
-        if (tile + 3 < n) {
-#pragma unroll
-            for (int i = 0; i < BN / RS; ++i) vpages[i] = pages3[i];
-        }
+        if (tile + 2 < n) copy_tile(v_stage(tile + 2), vbase, p.v_st, tile + 2, voff, 16);
+        if (tile + 3 < n) voff = offs3;
         cp_async_commit();
         if (more) {
             float x[BN / 8][4], alpha[2];

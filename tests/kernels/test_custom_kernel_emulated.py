@@ -40,8 +40,13 @@ def _point(attention="gqa", b=1, heads=4, kv_heads=1, T=16, d=64, layout="contig
 
 
 def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, wgmma=False, seed=0, lengths_dtype=torch.int32,
-         key_ramp=None):
+         key_ramp=None, v_row_pad=0):
     inp = kw.make_inputs(pt, lengths, seed, torch.device("cpu"), torch.bfloat16)
+    if v_row_pad:                    # V rows strided apart from K's (a view of wider rows, NaN between)
+        wide = torch.full((*inp["v"].shape[:-1], inp["v"].shape[-1] + v_row_pad), float("nan"),
+                          dtype=inp["v"].dtype)
+        wide[..., :inp["v"].shape[-1]] = inp["v"]
+        inp["v"] = wide[..., :inp["v"].shape[-1]]
     if key_ramp is not None:         # keys scaled along the sequence (contiguous cache): scores grow
         n = inp["k"].shape[2]
         inp["k"] = (inp["k"].float() * key_ramp(torch.arange(n, dtype=torch.float32))[:, None]).to(torch.bfloat16)
@@ -158,6 +163,15 @@ PV_CASES = {c: v for c, v in WGMMA_CASES.items() if v[0].dk == 128} | {
     "pv-paged-ps16-8warps": (_point(heads=16, kv_heads=2, T=16, d=128, layout="paged"), [250], 2, 8),
     "pv-paged-ps24-8warps": (_point(heads=16, kv_heads=2, T=16, d=128, layout="paged", ps=24), [250], 2, 8),
 }
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_v_strided_apart_from_k(emu, layout):
+    """K and V with different strides (V's rows padded): a copy that took K's row offsets for V
+    reads the padding (NaN)."""
+    emu.emu_configure(*SCHEDULES["skewed"])
+    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128, layout=layout)
+    assert _run(emu, pt, [500, 333], 2, warps=4, wgmma=2, v_row_pad=8) < 5e-3
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
