@@ -116,19 +116,20 @@ def plan_warps(rows: int, impl: str) -> int:
     return 4 if impl == "wgmma_pv" else gqa_warps(rows, wgmma=impl != "mma")
 
 
-def gqa_slots(m_blocks: int, occupancy: int, sms: int, paged: bool = False) -> int:
+def gqa_slots(m_blocks: int, occupancy: int, sms: int, per_row_pages: bool = False) -> int:
     """CTAs the split plan counts as running at once. One row block (G T <= 128 rows: at most
-    128 FLOPs a KV byte, under the H200's ~184 ridge) over a contiguous cache is a bandwidth
-    problem: two CTAs on a multiprocessor share its memory pipes, and more splits only add
-    partials for the combine. One CTA a multiprocessor measured faster there (16 tree tokens,
-    b 1, H200: 16 splits 25.8 us over 16384 keys against 28.8 for the 33 that fill two a
-    multiprocessor; 72.4 against 75.3 over 65536; kernels/NOTES.md). A paged cache is not: each
-    row of a tile waits on its page's table entry, and the second CTA hides those round trips
-    (16 tree tokens over 65536 keys, page 16: 95.4 us at 16 splits, 78.0 at 33; 1.38x the
-    contiguous cache's time planned at one CTA, 1.09-1.10x at two). Several
-    row blocks (65 tree tokens: five) are a tensor-core problem whose co-resident CTAs hide each
-    other's latencies: every slot counts (13 splits at 65536 keys, the best of 4-32 measured)."""
-    return sms if m_blocks == 1 and not paged else occupancy * sms
+    128 FLOPs a KV byte, under the H200's ~184 ridge) is a bandwidth problem: two CTAs on a
+    multiprocessor share its memory pipes, and more splits only add partials for the combine.
+    One CTA a multiprocessor measured faster there (16 tree tokens, b 1, H200: 16 splits 25.8
+    us over 16384 keys against 28.8 for the 33 that fill two a multiprocessor; 72.4 against 75.3
+    over 65536; kernels/NOTES.md), over a paged cache too with the pipelined kernel's copy (page
+    16: 26.5 against 29.3 us at 16384 keys, 74.1 against 77.3 at 65536; page 1: 75.6 against
+    77.4). The mma and wgmma kernels look each row's page up in every thread's copy, and the
+    second resident CTA hides those round trips (`per_row_pages`: page 16 took 95.4 us at 16
+    splits and 78.0 at 33 with that copy). Several row blocks (65 tree tokens: five) are a
+    tensor-core problem whose co-resident CTAs hide each other's latencies: every slot counts
+    (13 splits at 65536 keys, the best of 4-32 measured)."""
+    return sms if m_blocks == 1 and not per_row_pages else occupancy * sms
 
 
 def _splits(requested, ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int) -> int:
@@ -182,7 +183,7 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
     wgmma = _resolve_impl(impl, index, warps)
     m_blocks = math.ceil(rows / (16 * warps))
     occupancy = _gqa_occupancy(index, d, warps, paged, wgmma)
-    slots = gqa_slots(m_blocks, occupancy, _sm_count(index), paged)
+    slots = gqa_slots(m_blocks, occupancy, _sm_count(index), per_row_pages=paged and wgmma != 2)
     splits = _splits(num_splits, b * heads_kv * m_blocks, slots, max_keys,
                      _overhead_keys(16 * warps, d, 4 * d))
     return dict(num_warps=warps, m_blocks=m_blocks, num_splits=splits, dv=d, wgmma=wgmma)

@@ -298,9 +298,10 @@ def test_splits_avoid_a_partial_second_wave():
     assert cv.best_splits(8, 264, 65552, 192) == 33
     # One row block (16 tree tokens x 4 heads) counts one CTA a multiprocessor: 16 splits of
     # 16400 keys (128 CTAs), not the 33 that two a multiprocessor would take; five row blocks
-    # (65 tree tokens) count both, and so does one row block over a paged cache.
+    # (65 tree tokens) count both, and so does one row block over a paged cache whose kernel
+    # looks each row's page up in every thread (mma, wgmma; not the pipelined wgmma_pv).
     assert cv.gqa_slots(1, 2, 132) == 132 and cv.gqa_slots(5, 2, 132) == 264
-    assert cv.gqa_slots(1, 2, 132, paged=True) == 264
+    assert cv.gqa_slots(1, 2, 132, per_row_pages=True) == 264
     assert cv.best_splits(8, cv.gqa_slots(1, 2, 132), 16400, 192) == 16
     assert cv.best_splits(40, cv.gqa_slots(5, 2, 132), 65601, 192) == 13
     # Tiny contexts never split below one tile per split.
@@ -329,7 +330,8 @@ def _h200_splits(lib, b, hq, hkv, T, d, max_keys, mla=False, wgmma=False, paged=
     warps = cv.plan_warps(hq // hkv * T, cv.IMPLS[int(wgmma)])   # as custom_verify.plan picks
     m_blocks = math.ceil(hq // hkv * T / (16 * warps))
     occupancy = max(1, (228 * 1024) // (lib.tva_gqa_smem_bytes(d, warps, int(wgmma)) + 1024))
-    return warps, cv.best_splits(b * hkv * m_blocks, cv.gqa_slots(m_blocks, occupancy, H200_SMS, paged), max_keys,
+    slots = cv.gqa_slots(m_blocks, occupancy, H200_SMS, per_row_pages=paged and int(wgmma) != 2)
+    return warps, cv.best_splits(b * hkv * m_blocks, slots, max_keys,
                                  cv._overhead_keys(16 * warps, d, 4 * d))
 
 
