@@ -375,7 +375,8 @@ struct IntDiv {
 // A 64-bit value from lane `src` of the warp (every lane must call it).
 __device__ __forceinline__ int64_t shfl_i64(int64_t v, int src) {
     const uint32_t lo = __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(v), src);
-    const uint32_t hi = __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(static_cast<uint64_t>(v) >> 32), src);
+    const uint32_t hi = __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(static_cast<uint64_t>(v) >> 32),
+                                    src);
     return static_cast<int64_t>(static_cast<uint64_t>(hi) << 32 | lo);
 }
 
@@ -819,11 +820,11 @@ gqa_pipelined_kernel(const AttnParams p) {
     // page-table entry, a modulo, two 64-bit multiply-adds, the selects past the split's end) per
     // row doubled the kernel's instructions (ncu at 65 tree tokens, 65536 keys: 120.0 M warp
     // instructions against 59.2 M contiguous, the cp.async count equal; kernels/NOTES.md). So each
-    // lane works out one row a tile: lane j < 16 of warp w the K offset of row 2w + (j & 1) + RS
-    // (j >> 1), lane 16 + j the V offset of the same row (the 16 rows the warp's 32 lanes copy:
-    // lrow0 is 2w or 2w + 1; j = lane mod WROWS), and the copies take them by shuffle. The row's page is read a tile
-    // ahead (a page-table round trip before the copy stalled the warp), and a V tile is copied an
-    // iteration after its K tile, from the offsets kept since.
+    // lane works out one row a tile, and the copies take them by shuffle: lane j = lane mod WROWS
+    // (< 16) of warp w the K offset of row 2w + (j & 1) + RS (j >> 1), lane 16 + j the V offset
+    // of the same row; these are the rows the warp's 32 lanes copy (lrow0 is 2w or 2w + 1). The
+    // row's page is read a tile ahead (a page-table round trip before the copy stalled the warp),
+    // and a V tile is copied an iteration after its K tile, from the offsets kept since.
     constexpr int WROWS = 2 * (BN / RS);              // rows a warp copies a tile
     static_assert(NT / CH == RS && 32 / CH == 2 && WROWS <= 16, "two rows a warp's 32 lanes, 16 offsets a kind");
     const IntDiv page_size(static_cast<uint32_t>(p.page_size));
