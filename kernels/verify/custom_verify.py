@@ -183,7 +183,8 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
     wgmma = _resolve_impl(impl, index, warps)
     m_blocks = math.ceil(rows / (16 * warps))
     occupancy = _gqa_occupancy(index, d, warps, paged, wgmma)
-    slots = gqa_slots(m_blocks, occupancy, _sm_count(index), per_row_pages=paged and wgmma != 2)
+    per_row_pages = paged and wgmma != _IMPL_CODE["wgmma_pv"]   # only the pipelined copy shares them
+    slots = gqa_slots(m_blocks, occupancy, _sm_count(index), per_row_pages=per_row_pages)
     splits = _splits(num_splits, b * heads_kv * m_blocks, slots, max_keys,
                      _overhead_keys(16 * warps, d, 4 * d))
     return dict(num_warps=warps, m_blocks=m_blocks, num_splits=splits, dv=d, wgmma=wgmma)
