@@ -338,14 +338,6 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
     return static_cast<uint32_t>((r * CH + (c ^ (r & 7))) * 16);
 }
 
-// Byte offset of 16-byte chunk c of row r in a tile of ROWS rows stored as 64-column blocks of
-// 128-byte rows, swizzled: the layout wgmma's 128-byte-swizzle descriptors read (block base
-// 1024-byte aligned), and one ldmatrix reads without bank conflicts.
-template <int ROWS>
-__device__ __forceinline__ uint32_t blk(int r, int c) {
-    return static_cast<uint32_t>((c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-
 __device__ __forceinline__ int read_length(const AttnParams& p, int b) {
     return p.lengths_int64 ? static_cast<int>(static_cast<const int64_t*>(p.lengths)[b])
                            : static_cast<const int32_t*>(p.lengths)[b];
@@ -784,142 +776,6 @@ gqa_kernel(const AttnParams p) {
 // (64-column blocks of 128-byte rows, 128-byte swizzle) and read as an MN-major B operand; P goes
 // from the S accumulators to the A registers of P V.
 
-// The pipelined kernel's last row block when it holds at most 16 real rows. 65 tree tokens over
-// 4 query heads a KV head make 260 rows: four blocks of 64 and a fifth of 4, which the warpgroup
-// MMA (64 rows at least) would compute as 64, a fifth of the kernel's tensor work for 1.5 % of
-// its rows (the loop's own shape: 65 tree tokens took 199 us at 65536 keys against 156 for 64,
-// kernels/NOTES.md). Here the block's 16 rows run on mma.sync instead, each of 4 warps taking
-// 16 of a tile's 64 keys (so the rows are not padded to 64, and every warp has work), with its
-// own running max, sum and O; the warps' results meet in shared memory at the end (a split
-// inside the CTA) and warp 0 writes them. The tiles are copied into the kernel's rings as the
-// other blocks copy them (`copy_kv(tile, k_stage, v_stage)`, in tile order), two ahead, one
-// barrier a tile. Warps past the fourth (8-warp CTAs) only copy.
-template <int D, int NW, typename CopyKV>
-__device__ __forceinline__ void gqa_tail_block(const AttnParams& p, CopyKV copy_kv, uint32_t sK, uint32_t sV,
-                                               uint32_t sQ, uint8_t* smem, const SplitRange& sr, int L, int M,
-                                               int mblock, int b, int h, int split, int warp, int lane) {
-    constexpr int STAGES = GqaConfig<D>::STAGES, TILE = GqaConfig<D>::TILE_BYTES, BM = 16 * NW;
-    constexpr int CW = 4, KW = BN / CW;               // computing warps, keys a warp takes a tile
-    static_assert(KW == 16 && STAGES == 3, "one k-step of P V a warp; tile j + 2 into tile j - 1's stage");
-    const int n = sr.tiles;
-    const bool computes = warp < CW;
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {     // {Q, tile 0}, {tile 1}
-        if (t < n) copy_kv(t, sK + t * TILE, sV + t * TILE);
-        cp_async_commit();
-    }
-    cp_async_wait<1>();
-    __syncthreads();
-
-    uint32_t qa[D / 16][4];
-    load_q_fragments<D>(qa, sQ, 0, lane);             // every warp: the block's 16 rows
-    const float scale = static_cast<float>(p.sm_scale) * LOG2E;
-    const int tig = lane & 3;
-    const int r0 = mblock * BM + (lane >> 2);
-    const int32_t* bits_row[2];
-    tree_mask_rows(p, b, r0, M, bits_row);
-    float o[D / 8][4];
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-
-    for (int tile = 0; tile < n; ++tile) {
-        if (tile > 0) {
-            cp_async_wait<1>();
-            __syncthreads();          // tile landed; every warp is done with tile - 1's stage
-        }
-        const int next = tile + 2, stage = tile % STAGES;
-        if (next < n) copy_kv(next, sK + (next % STAGES) * TILE, sV + (next % STAGES) * TILE);
-        cp_async_commit();
-        if (!computes) continue;
-        const uint32_t k_s = sK + stage * TILE, v_s = sV + stage * TILE;
-
-        // S = Q K^T for this warp's 16 keys (two n-tiles of 8).
-        float s[KW / 8][4];
-#pragma unroll
-        for (int i = 0; i < KW / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk += 2)
-#pragma unroll
-            for (int nt = 0; nt < KW / 8; ++nt) {
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4(b0, b1, b2, b3, k_s + blk<BN>(warp * KW + nt * 8 + (lane & 7), 2 * kk + (lane >> 3)));
-                mma16816(s[nt], qa[kk], b0, b1);
-                mma16816(s[nt], qa[kk + 1], b2, b3);
-            }
-        float x[KW / 8][4], m_tile[2], alpha[2];
-        masked_tile_max<KW>(s, sr.begin + tile * BN + warp * KW, L, sr.end, bits_row, tig, scale, x, m_tile);
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const float m_new = fmaxf(m_run[hf], m_tile[hf]);
-            alpha[hf] = fast_exp2(m_run[hf] - max_ref(m_new));   // 1 while the max stays
-            m_run[hf] = m_new;
-            const float m_use = max_ref(m_new);
-#pragma unroll
-            for (int nt = 0; nt < KW / 8; ++nt) {
-                x[nt][2 * hf] = fast_exp2(fmaf(x[nt][2 * hf], scale, -m_use));
-                x[nt][2 * hf + 1] = fast_exp2(fmaf(x[nt][2 * hf + 1], scale, -m_use));
-            }
-            l_run[hf] = l_run[hf] * alpha[hf] + row_sum(x, hf);
-        }
-        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {   // the max moved
-#pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt) {
-                o[dt][0] *= alpha[0];
-                o[dt][1] *= alpha[0];
-                o[dt][2] *= alpha[1];
-                o[dt][3] *= alpha[1];
-            }
-        }
-        // O += P V: P's S layout is the A layout of one k-step of 16 keys.
-        const uint32_t pa[4] = {pack_bf16(x[0][0], x[0][1]), pack_bf16(x[0][2], x[0][3]),
-                                pack_bf16(x[1][0], x[1][1]), pack_bf16(x[1][2], x[1][3])};
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-            uint32_t b0, b1, b2, b3;
-            ldsm_x4_t(b0, b1, b2, b3, v_s + blk<BN>(warp * KW + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dp + (lane >> 4)));
-            mma16816(o[2 * dp], pa, b0, b1);
-            mma16816(o[2 * dp + 1], pa, b2, b3);
-        }
-    }
-    cp_async_wait<0>();
-    __syncthreads();                  // the rings are free: warps 1-3 leave their results there
-
-    // Each lane of warps 1..3 leaves m, l and O of its two rows; lane i of warp 0 (the same rows
-    // and columns) folds them into its own, as the combine folds splits.
-    constexpr int VALS = 4 + D / 2;
-    float* red = reinterpret_cast<float*>(smem + (sK - smem_addr(smem)));   // [CW - 1][VALS][32]
-    static_assert((CW - 1) * VALS * 32 * 4 <= STAGES * TILE, "the K ring holds the warps' results");
-    if (warp >= 1 && warp < CW) {
-        float* mine = red + (warp - 1) * VALS * 32 + lane;
-        mine[0] = m_run[0];
-        mine[32] = m_run[1];
-        mine[64] = l_run[0];
-        mine[96] = l_run[1];
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) mine[(4 + i) * 32] = o[i >> 2][i & 3];
-    }
-    __syncthreads();
-    if (warp != 0) return;
-#pragma unroll
-    for (int w = 0; w < CW - 1; ++w) {
-        const float* theirs = red + w * VALS * 32 + lane;
-        float keep[2], take[2];
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            const float m_w = theirs[32 * hf], m_new = fmaxf(m_run[hf], m_w), m_use = max_ref(m_new);
-            keep[hf] = fast_exp2(m_run[hf] - m_use);
-            take[hf] = fast_exp2(m_w - m_use);
-            l_run[hf] = l_run[hf] * keep[hf] + theirs[64 + 32 * hf] * take[hf];
-            m_run[hf] = m_new;
-        }
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i)
-            o[i >> 2][i & 3] = o[i >> 2][i & 3] * keep[(i & 3) >> 1] + theirs[(4 + i) * 32] * take[(i & 3) >> 1];
-    }
-    write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
-}
-
 template <int D, int NW, bool PAGED>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_pipelined_kernel(const AttnParams p) {
@@ -1016,20 +872,6 @@ gqa_pipelined_kernel(const AttnParams p) {
 
     auto k_stage = [&](int tile) { return sK + (tile % STAGES) * TILE; };
     auto v_stage = [&](int tile) { return sV + (tile % V_STAGES) * TILE; };   // the fourth: sQ
-
-    // A last row block of at most 16 real rows runs on mma.sync (gqa_tail_block), K and V of a
-    // tile copied together from the same row offsets.
-    if (M - mblock * BM <= 16) {
-        fetch_page(0);
-        const auto copy_kv = [&](int tile, uint32_t k_dst, uint32_t v_dst) {
-            const int64_t offs = row_offset(tile);
-            copy_tile(k_dst, kbase, p.k_st, tile, offs, 0);
-            copy_tile(v_dst, vbase, p.v_st, tile, offs, 16);
-            fetch_page(tile + 1);
-        };
-        gqa_tail_block<D, NW>(p, copy_kv, sK, sV, sQ, smem, sr, L, M, mblock, b, h, split, warp, lane);
-        return;
-    }
 
     // Prologue: {Q, K_0, V_0}, {K_1, V_1}, {K_2}: one commit group each, then S_0.
     fetch_page(0);
@@ -1219,6 +1061,14 @@ constexpr int P_BYTES = BM * BN * 2;              // 8192
 constexpr int RED_BYTES = 2 * 2 * BM * 4;         // row max and row sum halves: 1024
 constexpr int SMEM = Q_BYTES + STAGES * TILE + P_BYTES + RED_BYTES + 1024;   // 231424 (+1 KB: alignment)
 }  // namespace mla
+
+// Byte offset of 16-byte chunk c of row r in a tile of ROWS rows stored as 64-column blocks of
+// 128-byte rows, swizzled: the layout wgmma's 128-byte-swizzle descriptors read (block base
+// 1024-byte aligned), and one ldmatrix reads without bank conflicts.
+template <int ROWS>
+__device__ __forceinline__ uint32_t blk(int r, int c) {
+    return static_cast<uint32_t>((c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
 
 // Copies of the MLA kernels: with W warps copying, warp w takes rows w, w + W, ...; its lanes
 // the 16-byte chunks lane, lane + 32, lane + 64 of a 576-wide row. Q: all 8 warps.
