@@ -159,14 +159,6 @@ __device__ __forceinline__ void st_shared_b32(uint32_t a, uint32_t v) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
 }
 
-// Ask L2 to fetch `bytes` (a multiple of 16) from global address `src` (16-byte aligned): a hint
-// (cp.async.bulk.prefetch, sm_90+), nothing comes into the kernel. Elsewhere nothing.
-__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-#endif
-}
-
 // Hopper warpgroup MMA (sm_90a only; elsewhere these trap and are never launched: the Python
 // side selects impl "wgmma" only on compute capability 9.0 with a 9.0a build).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -363,24 +355,6 @@ __device__ __forceinline__ SplitRange split_range(int n_keys, int splits, int sp
     s.end = min(n_keys, s.begin + chunk);
     s.tiles = s.end > s.begin ? (s.end - s.begin + BN - 1) / BN : 0;
     return s;
-}
-
-// Tiles ahead of the one being computed whose keys a CTA asks L2 for. Its copies keep only two or
-// three tiles in flight (at two CTAs a multiprocessor the shared memory holds no more), so each
-// copy waited out the whole DRAM latency: on the H200 a CTA alone on a multiprocessor took
-// 0.62-0.83 us a tile whatever it computed (4 query rows on mma.sync or 64 on wgmma, 65536 keys;
-// kernels/NOTES.md), ~20 GB/s of a multiprocessor's share of ~32 GB/s.
-constexpr int L2_AHEAD = 6;
-
-// Tile `tile` of a split's keys of one head, rows `width` elements wide at `base` (bf16), into L2:
-// one bulk prefetch, so only where the rows are dense (stride == width; a strided view would
-// fetch the gaps too). Past the split: nothing.
-__device__ __forceinline__ void prefetch_tile_l2(const char* base, int64_t stride, int width, const SplitRange& sr,
-                                                 int tile) {
-    const int kb = sr.begin + tile * BN;
-    if (kb >= sr.end || stride != width) return;
-    const int rows = min(BN, sr.end - kb);
-    prefetch_l2(base + static_cast<int64_t>(kb) * width * 2, static_cast<uint32_t>(rows * width * 2));
 }
 
 // n / d and n % d for a divisor fixed per launch (the page size), n < 2^31, by a multiply-high
@@ -912,15 +886,6 @@ gqa_pipelined_kernel(const AttnParams p) {
         }
         cp_async_commit();
     }
-    // Tiles 3 .. L2_AHEAD - 1 into L2; each step then asks for the tile L2_AHEAD ahead of its own
-    // (contiguous caches: a paged tile is several pages).
-    const auto prefetch_kv = [&](int tile) {
-        if (!PAGED && tid == 0) {
-            prefetch_tile_l2(kbase, p.k_st, D, sr, tile);
-            prefetch_tile_l2(vbase, p.v_st, D, sr, tile);
-        }
-    };
-    for (int t = 3; t < L2_AHEAD; ++t) prefetch_kv(t);
     cp_async_wait<2>();
     fence_proxy_async();
     __syncthreads();
@@ -1038,7 +1003,6 @@ gqa_pipelined_kernel(const AttnParams p) {
         if (tile + 2 < n) copy_tile(v_stage(tile + 2), vbase, p.v_st, tile + 2, voff, 16);
         if (tile + 3 < n) voff = offs3;
         cp_async_commit();
-        prefetch_kv(tile + L2_AHEAD);
         if (more) {
             float x[BN / 8][4], alpha[2];
             // S_{tile+1}, and with it every older group: P_{tile-1} V_{tile-1} too. Only P_tile
@@ -1096,7 +1060,6 @@ constexpr int TILE = BN * DK * 2;                 // 73728
 constexpr int P_BYTES = BM * BN * 2;              // 8192
 constexpr int RED_BYTES = 2 * 2 * BM * 4;         // row max and row sum halves: 1024
 constexpr int SMEM = Q_BYTES + STAGES * TILE + P_BYTES + RED_BYTES + 1024;   // 231424 (+1 KB: alignment)
-constexpr int L2_AHEAD_MLA = 3;                   // tiles ahead asked of L2 (prefetch_tile_l2)
 }  // namespace mla
 
 // Byte offset of 16-byte chunk c of row r in a tile of ROWS rows stored as 64-column blocks of
@@ -1392,13 +1355,6 @@ mla_pv_kernel(const AttnParams p) {
     };
     if (n > 0) load_tile(0);
     cp_async_commit();
-    // Tiles into L2 ahead of their copies (contiguous caches), as the GQA kernel does; MLA's 72-KB
-    // tiles L2_AHEAD_MLA ahead, so that 130 CTAs' worth stay well inside L2.
-    const char* kvbase = static_cast<const char*>(p.k) + b * p.k_sb * 2;
-    const auto prefetch_kv = [&](int tile) {
-        if (!PAGED && tid == 0) prefetch_tile_l2(kvbase, p.k_st, DK, sr, tile);
-    };
-    for (int t = 1; t < L2_AHEAD_MLA; ++t) prefetch_kv(t);
 
     const float scale = static_cast<float>(p.sm_scale) * LOG2E;
     const int32_t* bits_row[2];
@@ -1416,7 +1372,6 @@ mla_pv_kernel(const AttnParams p) {
         __syncthreads();                       // (A) tile landed; the other stage, P and alphas free
         if (tile + 1 < n) load_tile(tile + 1);
         cp_async_commit();
-        prefetch_kv(tile + L2_AHEAD_MLA);
         const uint32_t kv_s = sKV + (tile % STAGES) * TILE;
 
         if (wg == 0) {

@@ -580,18 +580,6 @@ inline void cp_async16(uint32_t dst, const void* src, bool valid) {
     if (emu::late_copies()) emu::me().open.push_back(c);
     else emu::perform(c);
 }
-// cp.async.bulk.prefetch.L2: a hint with no effect on results. The emulator checks what the PTX
-// requires (a 16-byte aligned address, a size a multiple of 16) and reads the range's first and
-// last bytes, so a range off the end of its tensor's memory shows as a crash here.
-inline void prefetch_l2(const void* src, uint32_t bytes) {
-    if (reinterpret_cast<uintptr_t>(src) % 16 || bytes == 0 || bytes % 16) {
-        emu::misaligned("prefetch_l2: global address not 16-byte aligned or size not a positive multiple of 16");
-        return;
-    }
-    const volatile uint8_t* b = static_cast<const volatile uint8_t*>(src);
-    (void)b[0];
-    (void)b[bytes - 1];
-}
 inline void cp_async_commit() {
     emu::Fiber& f = emu::me();
     f.groups.push_back(f.open);
