@@ -372,14 +372,6 @@ struct IntDiv {
     __device__ __forceinline__ uint32_t mod(uint32_t n) const { return n - div(n) * d; }
 };
 
-// A 64-bit value from lane `src` of the warp (every lane must call it).
-__device__ __forceinline__ int64_t shfl_i64(int64_t v, int src) {
-    const uint32_t lo = __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(v), src);
-    const uint32_t hi = __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(static_cast<uint64_t>(v) >> 32),
-                                    src);
-    return static_cast<int64_t>(static_cast<uint64_t>(hi) << 32 | lo);
-}
-
 // The page of each of this thread's rows of a tile (rows lrow0, lrow0 + RS, ...; past the split's
 // end, the split's first key's page), read from the page table ahead of the copies they feed.
 template <int RS>
@@ -824,7 +816,10 @@ gqa_pipelined_kernel(const AttnParams p) {
     // (< 16) of warp w the K offset of row 2w + (j & 1) + RS (j >> 1), lane 16 + j the V offset
     // of the same row; these are the rows the warp's 32 lanes copy (lrow0 is 2w or 2w + 1). The
     // row's page is read a tile ahead (a page-table round trip before the copy stalled the warp),
-    // and a V tile is copied an iteration after its K tile, from the offsets kept since.
+    // and a V tile is copied an iteration after its K tile, from the offsets kept since. An offset
+    // is a 32-bit count of 16-byte chunks from the head's first row (rows are 16-byte aligned; the
+    // Python side refuses a pool past 2^31 chunks, 32 GiB): one shuffle a row, not two, and no
+    // 64-bit arithmetic or predicate in the copy.
     constexpr int WROWS = 2 * (BN / RS);              // rows a warp copies a tile
     static_assert(NT / CH == RS && 32 / CH == 2 && WROWS <= 16, "two rows a warp's 32 lanes, 16 offsets a kind");
     const IntDiv page_size(static_cast<uint32_t>(p.page_size));
@@ -832,25 +827,35 @@ gqa_pipelined_kernel(const AttnParams p) {
     const int prow = 2 * warp + (pj & 1) + RS * (pj >> 1);   // this lane's row of a tile
     const bool pv = lane >= 16;                              // its offset serves the V copy
     int32_t page = 0;          // the page of this lane's row of the next K tile
-    int64_t voff = 0;          // this lane's offset in the next V tile (its K tile's, kept)
+    uint32_t voff = 0;         // this lane's offset in the next V tile (its K tile's, kept)
     auto fetch_page = [&](int tile) {
         if constexpr (PAGED) {
             const int key = sr.begin + tile * BN + prow, kk = key < sr.end ? key : sr.begin;
             page = __ldg(p.page_table + b * p.pt_sb + page_size.div(kk));
         }
     };
-    auto row_offset = [&](int tile) -> int64_t {     // of this lane's row, `page` fetched for `tile`
+    auto row_offset = [&](int tile) -> uint32_t {    // of this lane's row, `page` fetched for `tile`
         if constexpr (!PAGED) return 0;
         const int key = sr.begin + tile * BN + prow, kk = key < sr.end ? key : sr.begin;
-        return static_cast<int64_t>(page) * (pv ? p.v_sb : p.k_sb) +
-               static_cast<int64_t>(page_size.mod(kk)) * (pv ? p.v_st : p.k_st);
+        return static_cast<uint32_t>((static_cast<int64_t>(page) * (pv ? p.v_sb : p.k_sb) +
+                                      static_cast<int64_t>(page_size.mod(kk)) * (pv ? p.v_st : p.k_st)) >> 3);
     };
     // Paged: `offs` is each lane's row_offset of this tile; lanes `first` .. `first` + 15 hold
     // this copy's kind (0: K, 16: V).
-    auto copy_tile = [&](uint32_t stage, const char* base, int64_t st, int tile, int64_t offs, int first) {
+    auto copy_tile = [&](uint32_t stage, const char* base, int64_t st, int tile, uint32_t offs, int first) {
         const int kb = sr.begin + tile * BN;
         const uint32_t dst = stage + dst0;
-        if constexpr (!PAGED) {
+        if constexpr (PAGED) {
+            // Row i's chunk from its lane, plus this thread's column. No predicate: a row past the
+            // split's end copies the split's first key (row_offset's clamp). Splits are whole
+            // tiles, so only the sequence's last tile has such rows, and the tree mask sets their
+            // scores to -inf (key >= k_end): P is 0 there and their V is never added.
+#pragma unroll
+            for (int i = 0; i < BN / RS; ++i) {
+                const uint32_t chunk = __shfl_sync(0xFFFFFFFFu, offs, first + (lane >> 4) + 2 * i) + lc;
+                cp_async16(dst + i * RS * 128, base + static_cast<uint64_t>(chunk) * 16, true);
+            }
+        } else {
             if (kb + BN <= sr.end) {    // a whole tile (all but a split's last): no predicates
                 const char* src = base + static_cast<int64_t>(kb + lrow0) * st * 2 + lc * 16;
                 const int64_t step = static_cast<int64_t>(RS) * st * 2;
@@ -858,15 +863,13 @@ gqa_pipelined_kernel(const AttnParams p) {
                 for (int i = 0; i < BN / RS; ++i) cp_async16(dst + i * RS * 128, src + i * step, true);
                 return;
             }
-        }
 #pragma unroll
-        for (int i = 0; i < BN / RS; ++i) {
-            const int key = kb + lrow0 + i * RS;
-            const bool ok = key < sr.end;
-            int64_t off;
-            if constexpr (PAGED) off = shfl_i64(offs, first + (lane >> 4) + 2 * i);
-            else off = static_cast<int64_t>(ok ? key : sr.begin) * st;
-            cp_async16(dst + i * RS * 128, base + off * 2 + lc * 16, ok);
+            for (int i = 0; i < BN / RS; ++i) {
+                const int key = kb + lrow0 + i * RS;
+                const bool ok = key < sr.end;
+                const int64_t off = static_cast<int64_t>(ok ? key : sr.begin) * st;
+                cp_async16(dst + i * RS * 128, base + off * 2 + lc * 16, ok);
+            }
         }
     };
 
@@ -878,7 +881,7 @@ gqa_pipelined_kernel(const AttnParams p) {
 #pragma unroll
     for (int t = 0; t < 3; ++t) {
         if (t < n) {
-            const int64_t offs = row_offset(t);
+            const uint32_t offs = row_offset(t);
             copy_tile(k_stage(t), kbase, p.k_st, t, offs, 0);
             if (t < 2) copy_tile(v_stage(t), vbase, p.v_st, t, offs, 16);
             else voff = offs;
@@ -994,7 +997,7 @@ gqa_pipelined_kernel(const AttnParams p) {
         // before the barrier above. A warp's wait_group covers its own share of a warpgroup MMA,
         // so a stage is free only after such a barrier (CUTLASS's consumers release a stage
         // likewise). Paged: V_{tile+3} will reuse K_{tile+3}'s row offsets.
-        int64_t offs3 = 0;
+        uint32_t offs3 = 0;
         if (tile + 3 < n) {
             offs3 = row_offset(tile + 3);
             copy_tile(k_stage(tile + 3), kbase, p.k_st, tile + 3, offs3, 0);
