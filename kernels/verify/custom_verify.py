@@ -34,8 +34,9 @@ TILE_KEYS = 64               # keys per tile of the kernels (BN in verify_attent
 MAX_SPLITS = 1024            # chosen here at most
 MAX_REQUESTED_SPLITS = 4096  # asked for at most (each split adds a partial output to the workspace)
 MLA_DK, MLA_DV = 576, 512
-# The paged GQA kernel addresses a row as a 32-bit count of 16-byte chunks from its head's first
-# row (verify_attention.cu, gqa_pipelined_kernel's copy): a K or V pool may span 32 GiB from it.
+# The pipelined paged GQA kernel (wgmma_pv) addresses a row as a 32-bit count of 16-byte chunks
+# from its head's first row (verify_attention.cu, gqa_pipelined_kernel's copy): a K or V pool may
+# span 32 GiB from it.
 MAX_PAGED_CHUNKS = 2**31
 
 
@@ -298,6 +299,9 @@ def _gqa(q, k, v, lengths, tree_bits, page_table, page_size, max_keys, sm_scale,
     lengths, tree_bits = _check_common(q, lengths, tree_bits)
     paged = page_table is not None
     pl = plan(q, hkv, max_keys, paged, num_splits=num_splits, num_warps=num_warps, impl=impl)
+    if paged and pl["wgmma"] == _IMPL_CODE["wgmma_pv"]:   # the other kernels' offsets are 64-bit
+        _check_pool_span("k_pages", k)
+        _check_pool_span("v_pages", v)
     out, ws = _prepare_out_ws(q, d, pl, out, workspace)
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
     p = _params(q, k, v, out, lengths, tree_bits, page_table, ws, hkv, pl["num_splits"], page_size, scale)
@@ -343,8 +347,6 @@ def tree_verify_attention_paged(q: torch.Tensor, k_pages: torch.Tensor, v_pages:
     if k_pages.dim() != 4:
         raise ValueError(f"k_pages must be [num_pages, Hkv, page_size, d], got {tuple(k_pages.shape)}")
     page_table = _check_page_table(page_table, q)
-    _check_pool_span("k_pages", k_pages)
-    _check_pool_span("v_pages", v_pages)
     page_size = k_pages.shape[2]
     return _gqa(q, k_pages, v_pages, lengths, tree_bits, page_table, page_size,
                 page_table.shape[1] * page_size, sm_scale, num_splits, num_warps, impl, out, workspace)
@@ -352,11 +354,11 @@ def tree_verify_attention_paged(q: torch.Tensor, k_pages: torch.Tensor, v_pages:
 
 def _check_pool_span(name: str, pages: torch.Tensor) -> None:
     """A pool [num_pages, Hkv, page_size, d] whose last row lies 2^31 16-byte chunks or more past
-    a head's first row cannot be addressed by the paged kernel (MAX_PAGED_CHUNKS)."""
+    a head's first row cannot be addressed by the pipelined paged kernel (MAX_PAGED_CHUNKS)."""
     last = (pages.shape[0] - 1) * pages.stride(0) + (pages.shape[2] - 1) * pages.stride(2)
     if last * pages.element_size() >= MAX_PAGED_CHUNKS * 16:
         raise ValueError(f"{name} spans {last * pages.element_size()} bytes from a head's first row; the "
-                         f"paged kernel addresses at most {MAX_PAGED_CHUNKS * 16 >> 30} GiB a pool")
+                         f"pipelined paged kernel (impl 'wgmma_pv') addresses at most {MAX_PAGED_CHUNKS * 16 >> 30} GiB a pool")
 
 
 def _check_page_table(page_table: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

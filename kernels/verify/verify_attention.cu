@@ -843,7 +843,6 @@ gqa_pipelined_kernel(const AttnParams p) {
     // Paged: `offs` is each lane's row_offset of this tile; lanes `first` .. `first` + 15 hold
     // this copy's kind (0: K, 16: V).
     auto copy_tile = [&](uint32_t stage, const char* base, int64_t st, int tile, uint32_t offs, int first) {
-        const int kb = sr.begin + tile * BN;
         const uint32_t dst = stage + dst0;
         if constexpr (PAGED) {
             // Row i's chunk from its lane, plus this thread's column. No predicate: a row past the
@@ -856,6 +855,7 @@ gqa_pipelined_kernel(const AttnParams p) {
                 cp_async16(dst + i * RS * 128, base + static_cast<uint64_t>(chunk) * 16, true);
             }
         } else {
+            const int kb = sr.begin + tile * BN;
             if (kb + BN <= sr.end) {    // a whole tile (all but a split's last): no predicates
                 const char* src = base + static_cast<int64_t>(kb + lrow0) * st * 2 + lc * 16;
                 const int64_t step = static_cast<int64_t>(RS) * st * 2;
