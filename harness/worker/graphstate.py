@@ -1,11 +1,13 @@
 """A worker process's CUDA graph state, settled before the first timed replay.
 
 Measured on an H200 (driver 580.159.04, CUDA 13.0, torch 2.11; kernels/NOTES.md, "The process's
-graph count"): a process that has instantiated at most three CUDA graphs replays them with almost
-no time between kernels; once it has instantiated five, every replay in it, of old graphs and new
-ones, runs ~0.3 us longer a kernel boundary: the gpu/full decode step at 4096 keys (~490
-kernels) went from 6.89 ms and 0.65 % idle to 7.04 ms and 2.7 % idle. Freeing the graphs does
-not undo it, nor does a garbage collection, an emptied cache, or 20 s of an idle GPU.
+graph count" and "The graph-count slowdown, narrowed"): a process that has instantiated one or
+two CUDA graph executables replays them with almost no time between kernels; from the third on
+(instantiated, replayed or not), every replay in it, of old graphs and new ones, runs ~0.2-0.3 us
+longer a kernel boundary and PDL launches stop overlapping: the gpu/full decode step at 4096
+keys (~490 kernels) went from 6.84-6.95 ms and 0.6 % idle to 7.0-7.1 ms and 2.7 % idle.
+Destroying the other executables does not undo it, nor does a garbage collection, an emptied
+cache, cuGraphUpload, a fresh instantiation of the same graph, or 20 s of an idle GPU.
 
 So a worker that runs a sweep in one process measured its first one or two graph-replaying cells
 in the first state and every later one in the second (each decode cell captures its step graph
@@ -18,7 +20,7 @@ the same state whatever ran before it, and the result says so (`env.cuda_graphs_
 
 from __future__ import annotations
 
-# More than the five that flipped the state on the H200, with a margin for a driver that counts
+# More than the three that flip the state on the H200, with a margin for a driver that counts
 # differently; each is one capture and one instantiation of a one-kernel graph.
 SETTLE_GRAPHS = 8
 
