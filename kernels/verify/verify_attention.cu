@@ -1498,11 +1498,8 @@ mla_pv_kernel(const AttnParams p) {
 // warps a CTA, lane l taking the slice's columns 2 (l + 32 i). A warp loads a chunk of up to
 // CHUNK splits at once (every lane the chunk's lse values, one broadcast transaction each, and its
 // share of their partial rows), then folds the chunk into its running max, sum and accumulator
-// (an online softmax over chunks): up to CHUNK splits cost one round trip to L2, with no shared
-// memory and no barrier. CHUNK is the launch's split count rounded up to a power of two, at most
-// 32: the chunk's loads and folds are unrolled, so a larger chunk than the splits costs its
-// unused slots' instructions on every row (a fixed 32 made the combine of 6 splits ~3 us
-// slower on the H200). The partial rows are bf16 (normalised by their own sums, so bounded by
+// (an online softmax over chunks): up to 32 splits cost one round trip to L2, with no shared
+// memory and no barrier. The partial rows are bf16 (normalised by their own sums, so bounded by
 // the values they average; their lse stays fp32): half the bytes the split kernels write at their
 // end and this kernel reads, where fp32 partials were 17 MB for MLA at 65536 keys. Tried before
 // (kernels/NOTES.md): four warps a row meeting through shared memory (6-8 us under ncu for 8-13
@@ -1518,14 +1515,14 @@ constexpr int COMBINE_ROWS = 4;
 template <int DV>
 constexpr int COMBINE_COLS = DV < 128 ? DV : 128;
 
-template <int DV, int CHUNK>
+template <int DV>
 __global__ void __launch_bounds__(COMBINE_ROWS * 32)
 combine_kernel(const AttnParams p) {
     wait_for_previous_kernel();
     constexpr int COLS = COMBINE_COLS<DV>, SLICES = DV / COLS;
     static_assert(COLS % 64 == 0 && DV % COLS == 0, "a bf16 pair per lane per 64 columns");
     constexpr int V = COLS / 64;                   // bf16 pairs per lane and split: columns 2 (lane + 32 i)
-    static_assert(CHUNK * V <= 64, "at most 64 pairs in flight a lane");
+    constexpr int CHUNK = 64 / V > 2 ? 64 / V : 2;  // splits in flight: 64 pairs a lane
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int S = static_cast<int>(p.num_splits), T = static_cast<int>(p.tokens), H = static_cast<int>(p.heads_q);
     const int64_t rows = p.batch * H * T, task = static_cast<int64_t>(blockIdx.x) * COMBINE_ROWS + warp;
@@ -1658,10 +1655,7 @@ static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
     if (p.num_splits == 1) return cudaSuccess;
     const int64_t warps = p.batch * p.heads_q * p.tokens * (D / COMBINE_COLS<D>);
     const auto ctas = static_cast<unsigned>((warps + COMBINE_ROWS - 1) / COMBINE_ROWS);
-    if (p.num_splits <= 4) TVA_LAUNCH((combine_kernel<D, 4>), dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
-    else if (p.num_splits <= 8) TVA_LAUNCH((combine_kernel<D, 8>), dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
-    else if (p.num_splits <= 16) TVA_LAUNCH((combine_kernel<D, 16>), dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
-    else TVA_LAUNCH((combine_kernel<D, 32>), dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
+    TVA_LAUNCH(combine_kernel<D>, dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
     return launch_status(stream);
 }
 
