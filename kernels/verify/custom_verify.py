@@ -195,11 +195,10 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
 
 
 def alloc_workspace(q: torch.Tensor, num_splits: int, dv: int):
-    """Split-KV workspace for `num_splits` splits: partial outputs (bf16, each normalised by its
-    own sum, so bounded by the values it averages) and their log2-sum-exp (fp32)."""
+    """Split-KV workspace for `num_splits` splits: partial outputs and their log2-sum-exp."""
     b, hq, T, _ = q.shape
     n = num_splits if num_splits > 1 else 0
-    return (torch.empty(n * b * hq * T * dv, dtype=torch.bfloat16, device=q.device),
+    return (torch.empty(n * b * hq * T * dv, dtype=torch.float32, device=q.device),
             torch.empty(n * b * hq * T, dtype=torch.float32, device=q.device))
 
 
@@ -265,12 +264,12 @@ def _prepare_out_ws(q, dv, pl, out, workspace):
         need = pl["num_splits"] * b * hq * T
         if workspace[0].numel() < need * dv or workspace[1].numel() < need:
             raise ValueError("workspace too small (alloc_workspace with the same num_splits)")
-        # Partial outputs are written and read as bf16 pairs (4 bytes), lse as float.
-        if (workspace[0].dtype != torch.bfloat16 or workspace[1].dtype != torch.float32
-                or workspace[0].data_ptr() % 4 or not workspace[0].is_contiguous()
+        # Partial outputs are written and read as float2 (8 bytes), lse as float.
+        if (workspace[0].dtype != torch.float32 or workspace[1].dtype != torch.float32
+                or workspace[0].data_ptr() % 8 or not workspace[0].is_contiguous()
                 or not workspace[1].is_contiguous()):
-            raise ValueError("workspace must be contiguous bfloat16 partials (4-byte aligned) and float32 "
-                             "lse (alloc_workspace)")
+            raise ValueError("workspace must be two contiguous float32 tensors, the first 8-byte aligned "
+                             "(alloc_workspace)")
     return out, workspace
 
 

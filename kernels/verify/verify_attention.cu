@@ -13,8 +13,7 @@
 //     (row blocks, splits, b * Hkv). Each CTA streams its chunk through shared memory in tiles of
 //     64 keys with cp.async, several stages deep, computes S = Q K^T and O += P V with
 //     mma.sync.m16n8k16 (bf16 in, fp32 accumulate), and keeps an fp32 online softmax in the
-//     log2 domain. Partials (O normalised by its own l, in bf16, and lse = m + log2 l in fp32) go
-//     to a workspace;
+//     log2 domain. Partials (O normalised by its own l, and lse = m + log2 l) go to a workspace;
 //     a second small kernel merges them with a log-sum-exp rescale. With one split the main
 //     kernel writes the output itself.
 //   - Shared-memory tiles are stored in 16-byte chunks, chunk c of row r at c ^ (r & 7), so
@@ -97,7 +96,7 @@ struct AttnParams {
     const void* lengths;      // [b] int32 or int64
     const int32_t* tree_bits; // [b, T, W] int32
     const int32_t* page_table;// [b, max_pages] int32 (paged layout only)
-    uint32_t* ws_o;           // [splits, b, Hq, T, Dv / 2] bf16 pairs (splits > 1 only)
+    float* ws_o;              // [splits, b, Hq, T, Dv] fp32 (splits > 1 only)
     float* ws_lse;            // [splits, b, Hq, T] fp32, log2 domain
     int64_t lengths_int64;    // 1: lengths are int64
     int64_t batch, heads_q, heads_kv, tokens, num_splits, page_size;
@@ -317,15 +316,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return u;
 }
 
-// pack_bf16's inverse: the low 16 bits are the first value. A bf16 is a float's top half.
-__device__ __forceinline__ float2 unpack_bf16(uint32_t u) {
-    const uint32_t lo = u << 16, hi = u & 0xFFFF0000u;
-    float2 f;
-    memcpy(&f.x, &lo, 4);
-    memcpy(&f.y, &hi, 4);
-    return f;
-}
-
 // An empty asm that "reads and writes" r (CUTLASS's warpgroup_fence_operand). A wgmma reads
 // and writes its register operands asynchronously, until the wait_group that retires it, but to
 // the compiler the wait is an asm that touches no registers: placed right after the wait, this
@@ -472,9 +462,10 @@ __device__ __forceinline__ void write_rows(const AttnParams& p, const float (&o)
                     pack_bf16(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
         } else {
             const int64_t row = ((static_cast<int64_t>(split) * p.batch + b) * p.heads_q + hq) * T + t;
-            uint32_t* wo = p.ws_o + row * (D / 2);
+            float* wo = p.ws_o + row * D;
 #pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt) wo[dt * 4 + tig] = pack_bf16(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+            for (int dt = 0; dt < D / 8; ++dt)
+                *reinterpret_cast<float2*>(wo + dt * 8 + 2 * tig) = make_float2(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
             if (tig == 0) p.ws_lse[row] = l > 0.f ? m_run[hf] + __log2f(l) : -INFINITY;
         }
     }
@@ -1319,9 +1310,11 @@ mla_kernel(const AttnParams p) {
                         pack_bf16(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
             } else {
                 const int64_t wrow = ((static_cast<int64_t>(split) * p.batch + b) * H + hh) * T + t;
-                uint32_t* wo = p.ws_o + wrow * (DV / 2) + warp * 32;
+                float* wo = p.ws_o + wrow * DV + warp * 64;
 #pragma unroll
-                for (int dt = 0; dt < 8; ++dt) wo[dt * 4 + tig] = pack_bf16(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
+                for (int dt = 0; dt < 8; ++dt)
+                    *reinterpret_cast<float2*>(wo + dt * 8 + 2 * tig) =
+                        make_float2(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
                 if (warp == 0 && tig == 0) p.ws_lse[wrow] = l > 0.f ? m_run[mt][hf] + __log2f(l) : -INFINITY;
             }
         }
@@ -1484,9 +1477,10 @@ mla_pv_kernel(const AttnParams p) {
                 *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_bf16(o[j][2 * hf] * inv, o[j][2 * hf + 1] * inv);
         } else {
             const int64_t wrow = ((static_cast<int64_t>(split) * p.batch + b) * H + hh) * T + t;
-            uint32_t* wo = p.ws_o + (wrow * DV + col0) / 2;
+            float* wo = p.ws_o + wrow * DV + col0;
 #pragma unroll
-            for (int j = 0; j < DV / 2 / 8; ++j) wo[4 * j] = pack_bf16(o[j][2 * hf] * inv, o[j][2 * hf + 1] * inv);
+            for (int j = 0; j < DV / 2 / 8; ++j)
+                *reinterpret_cast<float2*>(wo + 8 * j) = make_float2(o[j][2 * hf] * inv, o[j][2 * hf + 1] * inv);
             if (wg == 0 && tig == 0) p.ws_lse[wrow] = l > 0.f ? m_run[hf] + __log2f(l) : -INFINITY;
         }
     }
@@ -1498,12 +1492,9 @@ mla_pv_kernel(const AttnParams p) {
 // warps a CTA, lane l taking the slice's columns 2 (l + 32 i). A warp loads a chunk of up to
 // CHUNK splits at once (every lane the chunk's lse values, one broadcast transaction each, and its
 // share of their partial rows), then folds the chunk into its running max, sum and accumulator
-// (an online softmax over chunks): up to 32 splits cost one round trip to L2, with no shared
-// memory and no barrier. The partial rows are bf16 (normalised by their own sums, so bounded by
-// the values they average; their lse stays fp32): half the bytes the split kernels write at their
-// end and this kernel reads, where fp32 partials were 17 MB for MLA at 65536 keys. Tried before
-// (kernels/NOTES.md): four warps a row meeting through shared memory (6-8 us under ncu for 8-13
-// MB of fp32 partials, the kernel this replaced),
+// (an online softmax over chunks): up to 16 splits cost one round trip to L2, with no shared
+// memory and no barrier. Tried before (kernels/NOTES.md): four warps a row meeting
+// through shared memory (6-8 us under ncu for 8-13 MB of partials, the kernel this replaced),
 // and one warp a row with four splits in flight and the weights broadcast by shuffle (slower).
 // A whole 512-wide row a warp had four splits in flight and 128 warps for MLA's 128 rows: the
 // MLA verify took 116 us at 65536 keys (65 splits, 17 MB of partials), its main kernel 63 of them.
@@ -1520,9 +1511,9 @@ __global__ void __launch_bounds__(COMBINE_ROWS * 32)
 combine_kernel(const AttnParams p) {
     wait_for_previous_kernel();
     constexpr int COLS = COMBINE_COLS<DV>, SLICES = DV / COLS;
-    static_assert(COLS % 64 == 0 && DV % COLS == 0, "a bf16 pair per lane per 64 columns");
-    constexpr int V = COLS / 64;                   // bf16 pairs per lane and split: columns 2 (lane + 32 i)
-    constexpr int CHUNK = 64 / V > 2 ? 64 / V : 2;  // splits in flight: 64 pairs a lane
+    static_assert(COLS % 64 == 0 && DV % COLS == 0, "a float2 per lane per 64 columns");
+    constexpr int V = COLS / 64;                   // float2 per lane and split: columns 2 (lane + 32 i)
+    constexpr int CHUNK = 32 / V > 2 ? 32 / V : 2;  // splits in flight: 32 float2 a lane
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int S = static_cast<int>(p.num_splits), T = static_cast<int>(p.tokens), H = static_cast<int>(p.heads_q);
     const int64_t rows = p.batch * H * T, task = static_cast<int64_t>(blockIdx.x) * COMBINE_ROWS + warp;
@@ -1537,16 +1528,16 @@ combine_kernel(const AttnParams p) {
     for (int i = 0; i < V; ++i) acc[i] = make_float2(0.f, 0.f);
     for (int c0 = 0; c0 < S; c0 += CHUNK) {
         float lse[CHUNK];
-        uint32_t x[CHUNK][V];
+        float2 x[CHUNK][V];
 #pragma unroll
         for (int j = 0; j < CHUNK; ++j) {
             const int s = c0 + j;
             lse[j] = -INFINITY;
 #pragma unroll
-            for (int i = 0; i < V; ++i) x[j][i] = 0u;
+            for (int i = 0; i < V; ++i) x[j][i] = make_float2(0.f, 0.f);
             if (s < S) {
                 lse[j] = p.ws_lse[s * rows + row];
-                const uint32_t* src = p.ws_o + ((s * rows + row) * DV + col0) / 2;
+                const float2* src = reinterpret_cast<const float2*>(p.ws_o + (s * rows + row) * DV + col0);
 #pragma unroll
                 for (int i = 0; i < V; ++i) x[j][i] = src[lane + 32 * i];
             }
@@ -1569,9 +1560,8 @@ combine_kernel(const AttnParams p) {
             total += w;
 #pragma unroll
             for (int i = 0; i < V; ++i) {
-                const float2 v = unpack_bf16(x[j][i]);
-                acc[i].x += w * v.x;
-                acc[i].y += w * v.y;
+                acc[i].x += w * x[j][i].x;
+                acc[i].y += w * x[j][i].y;
             }
         }
         m = m_new;

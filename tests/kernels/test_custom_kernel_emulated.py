@@ -63,7 +63,7 @@ def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, wgmma=False, seed=0,
                 if not pt.mla:
                     inp["v"][last, :, n % ps:] = float("nan")
     out = torch.full((b, pt.heads, T, pt.dv), float("nan"), dtype=torch.bfloat16)
-    ws = (torch.full((splits * b * pt.heads * T * pt.dv,), float("nan"), dtype=torch.bfloat16),
+    ws = (torch.full((splits * b * pt.heads * T * pt.dv,), float("nan")),
           torch.full((splits * b * pt.heads * T,), float("nan")))
     table = inp.get("page_table")
     page_size = pt.page_size if table is not None else 1
