@@ -1492,8 +1492,11 @@ mla_pv_kernel(const AttnParams p) {
 // warps a CTA, lane l taking the slice's columns 2 (l + 32 i). A warp loads a chunk of up to
 // CHUNK splits at once (every lane the chunk's lse values, one broadcast transaction each, and its
 // share of their partial rows), then folds the chunk into its running max, sum and accumulator
-// (an online softmax over chunks): up to 16 splits cost one round trip to L2, with no shared
-// memory and no barrier. Tried before (kernels/NOTES.md): four warps a row meeting
+// (an online softmax over chunks): up to CHUNK splits cost one round trip to L2, with no shared
+// memory and no barrier. CHUNK is 4, 8 or 16, the least that holds the launch's splits (16 above
+// that): the chunk's loads and folds are unrolled, so every slot past the splits still costs its
+// instructions on every row (at 6 splits a chunk of 32 made the combine ~3 us slower on the
+// H200, kernels/NOTES.md "Split-KV partials in bf16"). Tried before (kernels/NOTES.md): four warps a row meeting
 // through shared memory (6-8 us under ncu for 8-13 MB of partials, the kernel this replaced),
 // and one warp a row with four splits in flight and the weights broadcast by shuffle (slower).
 // A whole 512-wide row a warp had four splits in flight and 128 warps for MLA's 128 rows: the
@@ -1506,14 +1509,14 @@ constexpr int COMBINE_ROWS = 4;
 template <int DV>
 constexpr int COMBINE_COLS = DV < 128 ? DV : 128;
 
-template <int DV>
+template <int DV, int CHUNK>
 __global__ void __launch_bounds__(COMBINE_ROWS * 32)
 combine_kernel(const AttnParams p) {
     wait_for_previous_kernel();
     constexpr int COLS = COMBINE_COLS<DV>, SLICES = DV / COLS;
     static_assert(COLS % 64 == 0 && DV % COLS == 0, "a float2 per lane per 64 columns");
     constexpr int V = COLS / 64;                   // float2 per lane and split: columns 2 (lane + 32 i)
-    constexpr int CHUNK = 32 / V > 2 ? 32 / V : 2;  // splits in flight: 32 float2 a lane
+    static_assert(CHUNK * V <= 32, "splits in flight: at most 32 float2 a lane");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int S = static_cast<int>(p.num_splits), T = static_cast<int>(p.tokens), H = static_cast<int>(p.heads_q);
     const int64_t rows = p.batch * H * T, task = static_cast<int64_t>(blockIdx.x) * COMBINE_ROWS + warp;
@@ -1645,7 +1648,10 @@ static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
     if (p.num_splits == 1) return cudaSuccess;
     const int64_t warps = p.batch * p.heads_q * p.tokens * (D / COMBINE_COLS<D>);
     const auto ctas = static_cast<unsigned>((warps + COMBINE_ROWS - 1) / COMBINE_ROWS);
-    TVA_LAUNCH(combine_kernel<D>, dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
+    constexpr int MAX_CHUNK = 32 / (COMBINE_COLS<D> / 64);
+    if (p.num_splits <= 4) TVA_LAUNCH((combine_kernel<D, 4>), dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
+    else if (p.num_splits <= 8) TVA_LAUNCH((combine_kernel<D, 8>), dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
+    else TVA_LAUNCH((combine_kernel<D, MAX_CHUNK>), dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
     return launch_status(stream);
 }
 
