@@ -22,6 +22,13 @@
 // - cp.async copies are queued per thread and land as late as the rules allow: at the
 //   cp.async.wait_group that retires their group (TVA_EMU_EARLY=1: at issue instead). A kernel
 //   that reads a tile before waiting for it reads the poison (0xff bytes: bf16 NaN).
+// - mbarriers (init, arrive, arrive.expect_tx, try_wait.parity as mbar_wait) keep their phase,
+//   pending arrivals and transaction bytes per shared address; tensor copies (TMA,
+//   cp.async.bulk.tensor as tma_load, through a CUtensorMap from cuTensorMapEncodeTiled, which
+//   refuses what the driver refuses) read their box at issue, zeros outside the tensor, and land
+//   it, 128-byte swizzle applied to absolute shared addresses, at the first wait on their
+//   barrier (the latest a waiter that sees the phase complete allows; TVA_EMU_EARLY=1: at
+//   issue). A phase that can never complete is a deadlock, reported as one.
 // - Skew (a non-zero seed) makes the scheduler skip random warps in each round, so warps drift
 //   apart between barriers and a missing __syncthreads shows up as wrong numbers.
 // - emu_configure(early, skew_seed) (extern "C") sets both; the environment variables
@@ -249,6 +256,21 @@ struct Fiber {
     long mma_commits = 0;     // wgmma.commit_group calls so far
 };
 
+// An mbarrier (PTX mbarrier.*): the arrivals still expected in the current phase, the
+// transaction bytes still expected, the current phase's parity. A phase completes when both
+// reach zero; the arrivals are then expected again.
+struct MBarrier {
+    uint32_t addr = 0, expected = 0, pending = 0, parity = 0;
+    int64_t tx = 0;
+};
+// A tensor copy (cp.async.bulk.tensor) read from global memory at issue, landing in shared
+// memory as late as the rules allow: when a thread waits on its mbarrier, whose transaction
+// count it completes then.
+struct BulkCopy {
+    uint32_t dst = 0, bar = 0;
+    std::vector<uint8_t> bytes;    // the box, in shared-memory order (swizzle applied at landing)
+};
+
 // Shared address of the first byte of dynamic shared memory: 128-byte aligned (what
 // `extern __shared__ __align__(128)` promises), not 1024.
 constexpr uint32_t kSmemBase = 128;
@@ -268,6 +290,8 @@ struct Block {
     std::vector<int> warp_count, group_count;
     std::vector<long> warp_gen, group_gen;
     std::vector<std::array<uint32_t, 16>> slots;   // per thread: values it shares with its warp
+    std::vector<struct MBarrier> mbarriers;         // by shared address (mbarrier.init)
+    std::vector<struct BulkCopy> bulk_copies;       // tensor copies issued, not landed yet
     void (*body)(const void*) = nullptr;
     const void* arg = nullptr;
 };
@@ -822,6 +846,179 @@ inline void wgmma_m64n256k16_ss_tb(float (&d)[32][4], uint64_t desc_a, uint64_t 
 inline void st_shared_b32(uint32_t a, uint32_t v) {
     if (a % 4) emu::misaligned("st.shared.b32 not 4-byte aligned");
     std::memcpy(emu::smem_at(a, 4), &v, 4);
+}
+
+// -- mbarrier and tensor copies (TMA), for kernels that feed shared memory through them -----
+// The driver's tensor map (cuda.h: 128 opaque bytes) and cuTensorMapEncodeTiled, checked as the
+// driver documents it; the map keeps what the emulated copy needs.
+typedef uint64_t cuuint64_t;
+typedef uint32_t cuuint32_t;
+typedef int CUresult;
+enum { CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1 };
+enum CUtensorMapDataType { CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0, CU_TENSOR_MAP_DATA_TYPE_UINT16 = 1,
+                           CU_TENSOR_MAP_DATA_TYPE_FLOAT32 = 7, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9 };
+enum CUtensorMapInterleave { CU_TENSOR_MAP_INTERLEAVE_NONE = 0 };
+enum CUtensorMapSwizzle { CU_TENSOR_MAP_SWIZZLE_NONE = 0, CU_TENSOR_MAP_SWIZZLE_128B = 3 };
+enum CUtensorMapL2promotion { CU_TENSOR_MAP_L2_PROMOTION_NONE = 0, CU_TENSOR_MAP_L2_PROMOTION_L2_128B = 2,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3 };
+enum CUtensorMapFloatOOBfill { CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0 };
+struct alignas(128) CUtensorMap {
+    cuuint64_t opaque[16];
+};
+#define __grid_constant__
+namespace emu {
+struct TensorMap {              // what an emulated CUtensorMap holds
+    const uint8_t* base;
+    uint64_t dim[5], stride[5]; // stride[0] = the element size; bytes
+    uint32_t box[5];
+    uint32_t rank, elem, swizzle;
+};
+static_assert(sizeof(TensorMap) <= sizeof(CUtensorMap), "an emulated map fits the driver's");
+inline size_t element_bytes(CUtensorMapDataType t) {
+    return t == CU_TENSOR_MAP_DATA_TYPE_UINT8 ? 1 : t == CU_TENSOR_MAP_DATA_TYPE_FLOAT32 ? 4 : 2;
+}
+}  // namespace emu
+
+inline CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address,
+                                       const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                       const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                       CUtensorMapSwizzle swizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+    const uint32_t elem = static_cast<uint32_t>(emu::element_bytes(type));
+    if (rank < 1 || rank > 5 || interleave != CU_TENSOR_MAP_INTERLEAVE_NONE) return CUDA_ERROR_INVALID_VALUE;
+    if (reinterpret_cast<uintptr_t>(address) % 16) return CUDA_ERROR_INVALID_VALUE;
+    if (swizzle != CU_TENSOR_MAP_SWIZZLE_NONE && swizzle != CU_TENSOR_MAP_SWIZZLE_128B) return CUDA_ERROR_INVALID_VALUE;
+    emu::TensorMap t{};
+    t.base = static_cast<const uint8_t*>(address);
+    t.rank = rank, t.elem = elem, t.swizzle = swizzle;
+    t.stride[0] = elem;
+    for (uint32_t i = 0; i < rank; ++i) {
+        if (dims[i] == 0 || dims[i] > (1ull << 32)) return CUDA_ERROR_INVALID_VALUE;
+        if (box[i] == 0 || box[i] > 256 || element_strides[i] != 1) return CUDA_ERROR_INVALID_VALUE;
+        t.dim[i] = dims[i], t.box[i] = box[i];
+        if (i > 0) {          // strides of dims 1.. in bytes: multiples of 16 below 2^40
+            if (strides[i - 1] % 16 || strides[i - 1] >= (1ull << 40)) return CUDA_ERROR_INVALID_VALUE;
+            t.stride[i] = strides[i - 1];
+        }
+    }
+    const uint64_t inner = static_cast<uint64_t>(box[0]) * elem;
+    if (inner % 16 || (swizzle == CU_TENSOR_MAP_SWIZZLE_128B && inner > 128)) return CUDA_ERROR_INVALID_VALUE;
+    std::memset(map, 0, sizeof *map);
+    std::memcpy(map, &t, sizeof t);
+    return CUDA_SUCCESS;
+}
+
+namespace emu {
+inline MBarrier& mbarrier_at(uint32_t addr) {
+    for (MBarrier& m : current_block()->mbarriers)
+        if (m.addr == addr) return m;
+    die("mbarrier used before mbarrier.init");
+}
+// Land the tensor copies of barrier `bar` (all of them: a copy may land at any time after its
+// issue), completing their transaction bytes; then the phase if nothing more is expected.
+inline void land_copies(uint32_t bar) {
+    Block* b = current_block();
+    MBarrier& m = mbarrier_at(bar);
+    for (size_t i = 0; i < b->bulk_copies.size();) {
+        BulkCopy& c = b->bulk_copies[i];
+        if (c.bar != bar) {
+            ++i;
+            continue;
+        }
+        std::memcpy(smem_at(c.dst, static_cast<uint32_t>(c.bytes.size())), c.bytes.data(), c.bytes.size());
+        m.tx -= static_cast<int64_t>(c.bytes.size());
+        b->bulk_copies.erase(b->bulk_copies.begin() + static_cast<long>(i));
+    }
+}
+// The transaction count may dip below zero while arrivals are pending (a copy completing before
+// its expect_tx, as PTX allows), never once they are all in.
+inline void complete_phase_if_done(MBarrier& m) {
+    if (m.pending == 0 && m.tx < 0) die("mbarrier: more transaction bytes completed than expected");
+    if (m.pending == 0 && m.tx == 0) {
+        m.parity ^= 1u;
+        m.pending = m.expected;
+        ++current_block()->progress;
+    }
+}
+}  // namespace emu
+
+inline void mbar_init(uint32_t bar, uint32_t count) {
+    if (bar % 8) emu::misaligned("mbarrier not 8-byte aligned");
+    emu::smem_at(bar, 8);
+    for (emu::MBarrier& m : emu::current_block()->mbarriers)
+        if (m.addr == bar) {
+            m = emu::MBarrier{bar, count, count, 0, 0};
+            return;
+        }
+    emu::current_block()->mbarriers.push_back(emu::MBarrier{bar, count, count, 0, 0});
+}
+inline void fence_mbarrier_init() {}
+// One arrival that also expects `bytes` more transaction bytes in this phase.
+inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    emu::MBarrier& m = emu::mbarrier_at(bar);
+    m.tx += bytes;
+    if (m.pending == 0) emu::die("mbarrier: more arrivals than its count in one phase");
+    --m.pending;
+    emu::complete_phase_if_done(m);
+}
+inline void mbar_arrive(uint32_t bar) { mbar_arrive_expect_tx(bar, 0); }
+// Until the phase of parity `parity` has completed (mbarrier.try_wait.parity in a loop).
+inline void mbar_wait(uint32_t bar, uint32_t parity) {
+    for (;;) {
+        emu::land_copies(bar);
+        emu::MBarrier& m = emu::mbarrier_at(bar);
+        emu::complete_phase_if_done(m);
+        if (m.parity != (parity & 1u)) return;
+        emu::yield();
+    }
+}
+
+// cp.async.bulk.tensor.Nd.shared::cluster.global.mbarrier::complete_tx::bytes: the box at
+// `coords` (innermost first) into shared memory at `dst`, rows of the box's inner extent one
+// after another, elements outside the tensor as zeros; with the 128-byte swizzle each 16-byte
+// chunk lands at address bits [4, 7) XOR [7, 10) of its absolute shared address (the layout
+// wgmma's 128-byte-swizzle descriptors read). Read at issue, landing later (land_copies).
+inline void tma_load(uint32_t dst, const CUtensorMap* map, const int32_t* coords, uint32_t bar) {
+    emu::TensorMap t;
+    std::memcpy(&t, map, sizeof t);
+    if (dst % 128) emu::misaligned("cp.async.bulk.tensor: shared address not 128-byte aligned");
+    if (t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B && dst % 1024)
+        emu::misaligned("cp.async.bulk.tensor: 128-byte swizzle needs a 1024-byte aligned destination");
+    emu::mbarrier_at(bar);
+    uint64_t n = t.elem;
+    for (uint32_t i = 0; i < t.rank; ++i) n *= t.box[i];
+    emu::smem_at(dst, static_cast<uint32_t>(n));
+    if (t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B && n % 128)
+        emu::die("cp.async.bulk.tensor: a 128-byte-swizzled box must be whole 128-byte rows");
+    emu::BulkCopy c;
+    c.dst = dst, c.bar = bar;
+    c.bytes.assign(n, 0);
+    std::vector<uint8_t> flat(n, 0);
+    uint32_t idx[5] = {0, 0, 0, 0, 0};
+    for (uint64_t e = 0; e < n / t.elem; ++e) {
+        uint64_t rest = e;
+        bool inside = true;
+        uint64_t off = 0;
+        for (uint32_t i = 0; i < t.rank; ++i) {
+            idx[i] = static_cast<uint32_t>(rest % t.box[i]);
+            rest /= t.box[i];
+            const int64_t g = static_cast<int64_t>(coords[i]) + idx[i];
+            if (g < 0 || static_cast<uint64_t>(g) >= t.dim[i]) inside = false;
+            else off += static_cast<uint64_t>(g) * t.stride[i];
+        }
+        if (inside) std::memcpy(&flat[e * t.elem], t.base + off, t.elem);
+    }
+    for (uint64_t o = 0; o < n; o += 16) {      // place 16-byte chunks at their swizzled addresses
+        uint32_t a = dst + static_cast<uint32_t>(o);
+        if (t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B) a ^= ((a >> 7) & 7u) << 4;
+        std::memcpy(&c.bytes[a - dst], &flat[o], 16);
+    }
+    if (emu::late_copies()) emu::current_block()->bulk_copies.push_back(std::move(c));
+    else {
+        std::memcpy(emu::smem_at(dst, static_cast<uint32_t>(n)), c.bytes.data(), n);
+        emu::MBarrier& m = emu::mbarrier_at(bar);
+        m.tx -= static_cast<int64_t>(n);
+        emu::complete_phase_if_done(m);
+    }
 }
 
 extern "C" void emu_configure(int early, unsigned long long skew_seed) {

@@ -15,9 +15,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def emulated_library(source: str, out_dir: Path) -> ctypes.CDLL:
-    """kernels/<source> compiled with -DTVA_EMULATE into out_dir, with the emulator's own entry
-    points declared (skips the test when no C++ compiler is installed).
+def emulated_library(source: str | Path, out_dir: Path) -> ctypes.CDLL:
+    """kernels/<source> (or `source` itself, an absolute path) compiled with -DTVA_EMULATE into
+    out_dir, with the emulator's own entry points declared (skips the test when no C++ compiler
+    is installed).
 
     -fsanitize=alignment: every typed load/store of the kernels is checked for the alignment of
     its type and reported to the emulator, which fails the launch with
@@ -28,7 +29,7 @@ def emulated_library(source: str, out_dir: Path) -> ctypes.CDLL:
     so = out_dir / (Path(source).stem + "_emu.so")
     cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-DTVA_EMULATE", "-fsanitize=alignment",
            f"-I{Path(__file__).resolve().parent}", "-Wno-unknown-pragmas", "-x", "c++",
-           str(ROOT / "kernels" / source), "-o", str(so)]
+           str(Path(source) if Path(source).is_absolute() else ROOT / "kernels" / source), "-o", str(so)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     lib = ctypes.CDLL(str(so))
     lib.emu_configure.argtypes = [ctypes.c_int, ctypes.c_ulonglong]
