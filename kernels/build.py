@@ -31,11 +31,19 @@ NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
 # and return its execution error, so a fault is pinned to the launch that made it (not
 # graph-capturable; for ci/gpu/selfcheck.sh's compute-sanitizer pass and bug hunts only).
 DEBUG_FLAGS = ("-DTVA_DEBUG",)
+# HARNESS_KERNEL_TMA=1: a build (its own cache entry) whose pipelined GQA verify on a contiguous
+# cache feeds its K and V tiles by tensor copies (TMA) instead of cp.async, to A/B against the
+# default build in one process or device call (kernels/NOTES.md, "Tensor copies").
+TMA_FLAGS = ("-DTVA_TMA",)
+
+
+def _on(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
 
 
 def nvcc_flags() -> tuple[str, ...]:
-    debug = os.environ.get("HARNESS_KERNEL_DEBUG", "") not in ("", "0")
-    return NVCC_FLAGS + (DEBUG_FLAGS if debug else ())
+    return (NVCC_FLAGS + (DEBUG_FLAGS if _on("HARNESS_KERNEL_DEBUG") else ())
+            + (TMA_FLAGS if _on("HARNESS_KERNEL_TMA") else ()))
 
 # Architectures built as exactly that machine code; any other GPU gets its own SASS plus PTX.
 # Hopper builds 9.0a: its wgmma instructions exist only in the arch-specific target.

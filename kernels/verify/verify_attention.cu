@@ -39,6 +39,7 @@
 #define TVA_DYNAMIC_SMEM(name) uint8_t* name = emu::shared_memory()
 #define TVA_LAUNCH(kernel, grid, block, smem, stream, p) emu::launch(kernel, grid, block, smem, p)
 #else
+#include <cuda.h>               // CUtensorMap (the tensor copies of gqa_tma_kernel)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #define TVA_DYNAMIC_SMEM(name) extern __shared__ __align__(128) uint8_t name[]
@@ -107,6 +108,7 @@ struct AttnParams {
     int64_t bits_sb, bits_st;
     int64_t pt_sb;
     double sm_scale;
+    int64_t kv_rows;          // contiguous: the cache's rows per (b, head) (the tensor copies' extent)
 };
 
 constexpr int BN = 64;               // keys per tile
@@ -275,6 +277,36 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss_tb(float (&d)[32][4], uint64
         "%128, %129, p, 1, 1, 0, 1;\n}\n"
         : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
         : "l"(desc_a), "l"(desc_b), "n"(1));
+#else
+    __trap();
+#endif
+}
+
+// mbarriers and tensor copies (TMA, sm_90+): a copy of a box through a tensor map completes
+// `bytes` of its barrier's expected transactions; a phase completes when its arrivals are in
+// and its bytes have landed, and mbar_wait returns once the phase of `parity` has completed.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void fence_mbarrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nTVA_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra TVA_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+// A 4-d box (coords innermost first) into shared memory at `dst`.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, const int32_t (&c)[4], uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst), "l"(map), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]),
+        "r"(bar) : "memory");
 #else
     __trap();
 #endif
@@ -551,6 +583,18 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qa)[D / 16][4], uint
 // GQA kernel
 // ------------------------------------------------------------------------------------------
 
+// Zeros in rows `from` .. ROWS - 1 of a tile stored as 64-column blocks of 128-byte rows: every
+// 16-byte chunk of those rows, wherever the swizzle put it within its row.
+template <int ROWS, int CH, int NT>
+__device__ __forceinline__ void zero_rows(uint32_t tile, int from, int tid) {
+    for (int i = tid; i < (ROWS - from) * CH; i += NT) {
+        const int row = from + i / CH, c = i % CH;
+        const uint32_t a = tile + (c >> 3) * (ROWS * 128) + row * 128 + ((c & 7) << 4);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) st_shared_b32(a + 4 * w, 0u);
+    }
+}
+
 template <int D>
 struct GqaConfig {
     static constexpr int CH = D / 8;                       // 16-byte chunks per row
@@ -768,10 +812,13 @@ gqa_kernel(const AttnParams p) {
 // (64-column blocks of 128-byte rows, 128-byte swizzle) and read as an MN-major B operand; P goes
 // from the S accumulators to the A registers of P V.
 
-template <int D, int NW, bool PAGED>
-__global__ void __launch_bounds__(NW * 32, 1)
-gqa_pipelined_kernel(const AttnParams p) {
-    wait_for_previous_kernel();
+// TMA (a contiguous cache only; built with -DTVA_TMA, kernels/build.py's HARNESS_KERNEL_TMA): K
+// and V tiles come as tensor copies, two 64-column boxes a tile issued by thread 0 and waited for
+// on an mbarrier per stage, instead of 16 cp.async a thread a tile; the rest of the schedule is
+// the same. `kmap` / `vmap`: the cache as [b, heads, rows, D] boxes of 64 x BN (gqa_tma_kernel).
+template <int D, int NW, bool PAGED, bool TMA>
+__device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap) {
+    static_assert(!(TMA && PAGED), "tensor copies for a contiguous cache only");
     constexpr int CH = D / 8, NT = NW * 32, STAGES = GqaConfig<D>::STAGES;
     constexpr int TILE = GqaConfig<D>::TILE_BYTES;
     constexpr int BM = 16 * NW;
@@ -787,6 +834,11 @@ gqa_pipelined_kernel(const AttnParams p) {
     const uint32_t sK = (smem_addr(smem) + 1023u) & ~1023u;    // 1024-byte aligned for the swizzle
     const uint32_t sV = sK + STAGES * TILE;
     const uint32_t sQ = sV + STAGES * TILE;          // V's fourth stage once Q is in registers
+    // TMA: the stages' mbarriers, K's three then V's four, past the Q tile (in the alignment
+    // slack: at least 128 bytes there, since the window starts 128-byte aligned).
+    const uint32_t sBar = sQ + 16 * NW * D * 2;
+    auto k_bar = [&](int tile) { return sBar + 8u * static_cast<uint32_t>(tile % STAGES); };
+    auto v_bar = [&](int tile) { return sBar + 8u * static_cast<uint32_t>(STAGES + tile % V_STAGES); };
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int mblock = blockIdx.x, split = blockIdx.y;
@@ -843,6 +895,18 @@ gqa_pipelined_kernel(const AttnParams p) {
     // Paged: `offs` is each lane's row_offset of this tile; lanes `first` .. `first` + 15 hold
     // this copy's kind (0: K, 16: V).
     auto copy_tile = [&](uint32_t stage, const char* base, int64_t st, int tile, uint32_t offs, int first) {
+        if constexpr (TMA) {      // thread 0: the tile's 64-column blocks as two boxes
+            if (tid == 0) {
+                const uint32_t bar = first ? v_bar(tile) : k_bar(tile);
+                mbar_arrive_expect_tx(bar, TILE);
+#pragma unroll
+                for (int c = 0; c < D / 64; ++c) {
+                    const int32_t at[4] = {64 * c, sr.begin + tile * BN, h, b};
+                    tma_load(stage + c * (BN * 128), first ? vmap : kmap, at, bar);
+                }
+            }
+            return;
+        }
         const uint32_t dst = stage + dst0;
         if constexpr (PAGED) {
             // Row i's chunk from its lane, plus this thread's column. No predicate: a row past the
@@ -876,6 +940,13 @@ gqa_pipelined_kernel(const AttnParams p) {
     auto k_stage = [&](int tile) { return sK + (tile % STAGES) * TILE; };
     auto v_stage = [&](int tile) { return sV + (tile % V_STAGES) * TILE; };   // the fourth: sQ
 
+    if constexpr (TMA) {          // thread 0 issues every copy, so its program order suffices
+        if (tid == 0) {
+#pragma unroll
+            for (int i = 0; i < STAGES + V_STAGES; ++i) mbar_init(sBar + 8u * i, 1);
+            fence_mbarrier_init();
+        }
+    }
     // Prologue: {Q, K_0, V_0}, {K_1, V_1}, {K_2}: one commit group each, then S_0.
     fetch_page(0);
 #pragma unroll
@@ -891,7 +962,10 @@ gqa_pipelined_kernel(const AttnParams p) {
     }
     cp_async_wait<2>();
     fence_proxy_async();
-    __syncthreads();
+    __syncthreads();              // TMA: the barriers are initialised before anyone waits on one
+    if constexpr (TMA) {
+        if (n > 0) mbar_wait(k_bar(0), 0);
+    }
 
     uint32_t qa[D / 16][4];
     load_q_fragments<D>(qa, sQ, warp, lane);
@@ -977,7 +1051,18 @@ gqa_pipelined_kernel(const AttnParams p) {
         const bool more = tile + 1 < n;
         // K_{tile+1} and V_tile landed (only this iteration's group may still be in flight, and
         // it has not been committed yet); every warp is done with K_tile.
-        cp_async_wait<1>();
+        if constexpr (TMA) {
+            // K_j is the (j / 3)-th copy into its stage, V_j the (j / 4)-th: that use's parity.
+            if (more) mbar_wait(k_bar(tile + 1), static_cast<uint32_t>((tile + 1) / STAGES) & 1u);
+            mbar_wait(v_bar(tile), static_cast<uint32_t>(tile / V_STAGES) & 1u);
+            // A box reads the cache's rows past the sequence (cp.async zero-fills them): their
+            // scores are masked, but P = 0 times a NaN or infinite V row is NaN, so those V rows
+            // become zeros before P V reads them (only the sequence's last tile has any).
+            const int valid = L + T - (sr.begin + tile * BN);
+            if (valid < BN) zero_rows<BN, D / 8, NT>(v_stage(tile), valid > 0 ? valid : 0, tid);
+        } else {
+            cp_async_wait<1>();
+        }
         fence_proxy_async();
         __syncthreads();
 
@@ -1049,6 +1134,26 @@ gqa_pipelined_kernel(const AttnParams p) {
     cp_async_wait<0>();
 
     write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
+}
+
+template <int D, int NW, bool PAGED>
+__global__ void __launch_bounds__(NW * 32, 1)
+gqa_pipelined_kernel(const AttnParams p) {
+    wait_for_previous_kernel();
+    gqa_pipelined<D, NW, PAGED, false>(p, nullptr, nullptr);
+}
+
+// The tensor maps first: a CUtensorMap is 128-byte aligned.
+struct GqaTmaParams {
+    CUtensorMap k, v;
+    AttnParams p;
+};
+
+template <int D, int NW>
+__global__ void __launch_bounds__(NW * 32, 1)
+gqa_tma_kernel(const __grid_constant__ GqaTmaParams a) {
+    wait_for_previous_kernel();
+    gqa_pipelined<D, NW, false, true>(a.p, &a.k, &a.v);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1643,6 +1748,62 @@ static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_bl
     return launch_status(stream);
 }
 
+#ifdef TVA_TMA
+// cuTensorMapEncodeTiled, from the driver (the runtime links no libcuda; its entry point since
+// CUDA 12.0) or the emulator.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static EncodeTiled encode_tiled() {
+#ifdef TVA_EMULATE
+    return cuTensorMapEncodeTiled;
+#else
+    static const EncodeTiled fn = [] {
+        void* f = nullptr;
+        cudaDriverEntryPointQueryResult found;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+                cudaSuccess || found != cudaDriverEntryPointSuccess)
+            return static_cast<EncodeTiled>(nullptr);
+        return reinterpret_cast<EncodeTiled>(f);
+    }();
+    return fn;
+#endif
+}
+
+// A contiguous cache [b, heads, rows, D] (any strides, 16-byte multiples) as boxes of 64
+// columns by BN rows, 128-byte swizzled: the layout the wgmma descriptors read. Rows past
+// `kv_rows` read as zeros.
+static bool encode_cache_map(CUtensorMap* map, const void* base, const AttnParams& p, int64_t sb, int64_t sh,
+                             int64_t st, int d) {
+    const EncodeTiled encode = encode_tiled();
+    if (encode == nullptr) return false;
+    const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(p.kv_rows),
+                                static_cast<cuuint64_t>(p.heads_kv), static_cast<cuuint64_t>(p.batch)};
+    const cuuint64_t strides[3] = {static_cast<cuuint64_t>(st * 2), static_cast<cuuint64_t>(sh * 2),
+                                   static_cast<cuuint64_t>(sb * 2)};
+    const cuuint32_t box[4] = {64, BN, 1, 1}, unit[4] = {1, 1, 1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box, unit,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int D, int NW>
+static cudaError_t launch_gqa_tma(const AttnParams& p, cudaStream_t stream, int m_blocks) {
+    constexpr int smem = gqa_smem_bytes<D, NW, true>();
+    auto kernel = gqa_tma_kernel<D, NW>;
+    cudaError_t err = prepare(kernel, smem);
+    if (err != cudaSuccess) return err;
+    GqaTmaParams a;
+    a.p = p;
+    if (!encode_cache_map(&a.k, p.k, p, p.k_sb, p.k_sh, p.k_st, D) ||
+        !encode_cache_map(&a.v, p.v, p, p.v_sb, p.v_sh, p.v_st, D))
+        return cudaErrorInvalidValue;
+    dim3 grid(m_blocks, static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.batch * p.heads_kv));
+    TVA_LAUNCH(kernel, grid, NW * 32, smem, stream, a);
+    return launch_status(stream);
+}
+#endif  // TVA_TMA
+
 template <int D>
 static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
     if (p.num_splits == 1) return cudaSuccess;
@@ -1666,7 +1827,11 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
         case 8: return launch_gqa<D, 2, PAGED, 0>(p, stream, m_blocks);
         case 16: return launch_gqa<D, 4, PAGED, 0>(p, stream, m_blocks);
         case 17: return launch_gqa<D, 4, PAGED, 1>(p, stream, m_blocks);
-        case 18: return launch_gqa<D, 4, PAGED, D == 128 ? 2 : 1>(p, stream, m_blocks);
+        case 18:
+#ifdef TVA_TMA
+            if constexpr (!PAGED && D == 128) return launch_gqa_tma<D, 4>(p, stream, m_blocks);
+#endif
+            return launch_gqa<D, 4, PAGED, D == 128 ? 2 : 1>(p, stream, m_blocks);
         case 32: return launch_gqa<D, 8, PAGED, 0>(p, stream, m_blocks);
         case 33: return launch_gqa<D, 8, PAGED, 1>(p, stream, m_blocks);
         case 34: return launch_gqa<D, 8, PAGED, D == 128 ? 2 : 1>(p, stream, m_blocks);

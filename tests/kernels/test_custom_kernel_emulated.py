@@ -40,8 +40,16 @@ def _point(attention="gqa", b=1, heads=4, kv_heads=1, T=16, d=64, layout="contig
 
 
 def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, wgmma=False, seed=0, lengths_dtype=torch.int32,
-         key_ramp=None, v_row_pad=0):
+         key_ramp=None, v_row_pad=0, nan_tail=0):
     inp = kw.make_inputs(pt, lengths, seed, torch.device("cpu"), torch.bfloat16)
+    if nan_tail:                     # a contiguous cache longer than any sequence, NaN past each one
+        T = pt.tokens
+        for name in ("k", "v"):
+            t = inp[name]
+            t = torch.cat([t, torch.full((*t.shape[:2], nan_tail, t.shape[3]), float("nan"), dtype=t.dtype)], 2)
+            for i, L in enumerate(lengths):
+                t[i, :, L + T:] = float("nan")
+            inp[name] = t
     if v_row_pad:                    # V rows strided apart from K's (a view of wider rows, NaN between)
         wide = torch.full((*inp["v"].shape[:-1], inp["v"].shape[-1] + v_row_pad), float("nan"),
                           dtype=inp["v"].dtype)
@@ -183,6 +191,29 @@ def test_gqa_wgmma_pv_kernel_matches_reference(emu, case, schedule):
     emu.emu_configure(*SCHEDULES[schedule])
     pt, lengths, splits, warps = PV_CASES[case]
     assert _run(emu, pt, lengths, splits, warps=warps, wgmma=2) < 5e-3
+
+
+@pytest.fixture(scope="module")
+def emu_tma(tmp_path_factory):
+    """The same source built with -DTVA_TMA: the pipelined kernel's contiguous K and V tiles by
+    tensor copies through tensor maps, waited for on mbarriers."""
+    lib = emulated_library("verify/verify_attention.cu", tmp_path_factory.mktemp("emu_tma"), defines=("TVA_TMA",))
+    build._declare(lib)
+    return lib
+
+
+TMA_CASES = {c: v for c, v in PV_CASES.items() if v[0].layout == "contiguous" and v[3] == 4}
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("case", list(TMA_CASES))
+def test_gqa_tma_kernel_matches_reference(emu_tma, case, schedule):
+    """The tensor-copy build (4 warps, contiguous): every ring stage's barrier through its
+    phases, the prologue's edges, empty splits; the cache runs 37 rows past the longest sequence
+    and holds NaN past each one, which the boxes read and the V rows must not pass on."""
+    emu_tma.emu_configure(*SCHEDULES[schedule])
+    pt, lengths, splits, warps = TMA_CASES[case]
+    assert _run(emu_tma, pt, lengths, splits, warps=warps, wgmma=2, nan_tail=37) < 5e-3
 
 
 @pytest.mark.parametrize("schedule", ["lockstep", "skewed"])

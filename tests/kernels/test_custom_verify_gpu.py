@@ -26,8 +26,16 @@ def point(attention="gqa", b=1, heads=32, kv_heads=8, T=16, d=128, layout="conti
     return kw.Point(attention, b, ctx, T, heads, kv_heads, d, dv, layout, ps)
 
 
-def check(pt: kw.Point, lengths, seed=0, **kwargs) -> float:
+def check(pt: kw.Point, lengths, seed=0, nan_tail=0, **kwargs) -> float:
     inp = kw.make_inputs(pt, lengths, seed, DEV, torch.bfloat16, tree_boost=kw.check_boost(max(lengths)))
+    if nan_tail:      # a contiguous cache `nan_tail` rows longer than any sequence, NaN past each one
+        for name in ("k", "v"):
+            t = inp[name]
+            t = torch.cat([t, torch.full((*t.shape[:2], nan_tail, t.shape[3]), float("nan"), dtype=t.dtype,
+                                         device=DEV)], 2)
+            for i, L in enumerate(lengths):
+                t[i, :, L + pt.tokens:] = float("nan")
+            inp[name] = t
     out = torch.full((pt.batch, pt.heads, pt.tokens, pt.dv), float("nan"), dtype=torch.bfloat16, device=DEV)
     from harness.kernels.verify import custom_verify as cv
 
@@ -192,3 +200,13 @@ def test_rejects_bad_inputs():
     with pytest.raises(ValueError):     # group 3: not a power of two
         cv.tree_verify_attention(inp["q"][:, :24], inp["k"][:, :8], inp["v"][:, :8], inp["lengths"],
                                  inp["bits"])
+
+
+@pytest.mark.parametrize("case", ["d128-g4-T16", "d128-g4-T64-b2", "d128-g4-T65", "d128-g4-T128"])
+def test_the_tensor_copy_build_matches_the_reference(case, monkeypatch):
+    """HARNESS_KERNEL_TMA=1 (kernels/build.py's TMA_FLAGS): the pipelined kernel feeds its
+    contiguous K and V tiles by tensor copies. The cache runs 37 rows past the longest sequence
+    and holds NaN past each one: the boxes read those rows, and their V rows must not reach P V."""
+    monkeypatch.setenv("HARNESS_KERNEL_TMA", "1")
+    pt, lengths = CASES[case]
+    assert check(pt, lengths, impl="wgmma_pv", nan_tail=37) < TOL

@@ -32,15 +32,17 @@ def _nvcc() -> str | None:
     return None
 
 
-def nvcc_compile(out_dir: Path, source: Path, archs: tuple[str, ...], threads: int = 3):
+def nvcc_compile(out_dir: Path, source: Path, archs: tuple[str, ...], threads: int = 3,
+                 flags: tuple[str, ...] = ()):
     """nvcc -c of `source` for sm_<arch> of each arch (90, 90a, 120, ...) with ptxas's verbose
-    report; (completed process, object path). Skips the test when nvcc is not installed."""
+    report and any extra `flags`; (completed process, object path). Skips the test when nvcc is
+    not installed."""
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (PATH or $CUDA_HOME/bin): cannot compile the CUDA kernels here")
     out = out_dir / (source.stem + ".o")
     gencodes = [x for a in archs for x in ("-gencode", f"arch=compute_{a},code=sm_{a}")]
-    cmd = [nvcc, "-c", *build.NVCC_FLAGS, "--threads", str(threads), "-Xptxas", "-v", *gencodes,
+    cmd = [nvcc, "-c", *build.NVCC_FLAGS, *flags, "--threads", str(threads), "-Xptxas", "-v", *gencodes,
            str(source), "-o", str(out)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600), out
 
@@ -97,3 +99,13 @@ def test_tree_build_compiles_for_sm90a_and_sm120_without_spills(tmp_path):
     assert_compiled_cleanly(proc, out, TREE_BUILD_ARCHS)
     found = spills(proc.stderr, TREE_BUILD_ARCHS)
     assert not found, "register spills:\n" + "\n".join(found)
+
+
+def test_the_tensor_copy_build_compiles_without_spills_or_serialised_wgmma(tmp_path):
+    """HARNESS_KERNEL_TMA's build (gqa_tma_kernel instantiated, kernels/build.py) on Hopper."""
+    proc, out = nvcc_compile(tmp_path, SOURCE, ("90a",), threads=2, flags=build.TMA_FLAGS)
+    assert_compiled_cleanly(proc, out, ("90a",))
+    assert "gqa_tma_kernel" in proc.stderr
+    assert not [ln for ln in proc.stderr.splitlines() if "(C75" in ln]
+    found = spills(proc.stderr, ("90a",))
+    assert not found, "register spills on Hopper:\n" + "\n".join(found)

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def emulated_library(source: str | Path, out_dir: Path) -> ctypes.CDLL:
+def emulated_library(source: str | Path, out_dir: Path, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
     """kernels/<source> (or `source` itself, an absolute path) compiled with -DTVA_EMULATE into
     out_dir, with the emulator's own entry points declared (skips the test when no C++ compiler
     is installed).
@@ -26,8 +26,9 @@ def emulated_library(source: str | Path, out_dir: Path) -> ctypes.CDLL:
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no C++ compiler (g++) to build the kernel emulator")
-    so = out_dir / (Path(source).stem + "_emu.so")
+    so = out_dir / (Path(source).stem + "".join(f"_{d.lower()}" for d in defines) + "_emu.so")
     cmd = [cxx, "-std=c++17", "-O2", "-shared", "-fPIC", "-DTVA_EMULATE", "-fsanitize=alignment",
+           *(f"-D{d}" for d in defines),
            f"-I{Path(__file__).resolve().parent}", "-Wno-unknown-pragmas", "-x", "c++",
            str(Path(source) if Path(source).is_absolute() else ROOT / "kernels" / source), "-o", str(so)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
