@@ -138,6 +138,20 @@ def graph_state_notes(per_side: dict[str, list[dict]]) -> list[str]:
             f"move ~2 % from that alone (harness/worker/graphstate.py)"]
 
 
+def kernel_build_notes(per_side: dict[str, list[dict]]) -> list[str]:
+    """A line when the sides ran different builds of the CUDA kernels (env.kernel_build_flags:
+    HARNESS_KERNEL_DEBUG or HARNESS_KERNEL_TMA, kernels/build.py): an A/B of the builds is
+    meant, any other comparison is not of the code alone."""
+    builds = {side: {" ".join((r.get("env") or {}).get("kernel_build_flags") or ()) or "default"
+                     for r in results if (r.get("env") or {}).get("gpu")}
+              for side, results in per_side.items()}
+    seen = set().union(*builds.values()) if builds else set()
+    if len(seen) < 2:
+        return []
+    words = ", ".join(f"{side} " + " and ".join(sorted(found)) for side, found in builds.items() if found)
+    return [f"the sides ran different builds of the CUDA kernels ({words}; kernels/build.py)"]
+
+
 # Reading a result's host facts (harness/worker/hostfacts.py's summary of what the host was
 # doing): reasons that say nothing about measurement noise are an idle GPU (between cells, or
 # the host side of a step) and clocks pinned by the operator.

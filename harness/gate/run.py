@@ -154,6 +154,7 @@ def _describe(cv: CellVerdict, per_side: dict[str, list[dict]], policies: dict[s
         cv.host_notes += [f"{side}: {line}" for line in noise.host_notes(results)]
     cv.warnings = noise.warnings(cv.noise, policies, cv.label, per_round=repeats == 1)
     cv.warnings += [f"{cv.label}: {line}" for line in noise.graph_state_notes(per_side)]
+    cv.warnings += [f"{cv.label}: {line}" for line in noise.kernel_build_notes(per_side)]
     if measured is not None:
         cv.budget_out = cv.cell_id in measured.budget_out
     done = max(cv.rounds.get(HEAD, 0), 1)

@@ -86,6 +86,10 @@ def environment() -> dict:
     settled = graphs.settled() if graphs is not None else None
     if settled:                                        # harness/worker/graphstate.py says why
         env["cuda_graphs_settled"] = settled
+    build = sys.modules.get("harness.kernels.build")
+    extra = build.nvcc_flags()[len(build.NVCC_FLAGS):] if build is not None else ()
+    if extra:                     # a debug or tensor-copy build of the CUDA kernels ran, not the default
+        env["kernel_build_flags"] = list(extra)
     env["torch"] = torch.__version__
     env["cuda"] = torch.version.cuda
     env["threads"] = torch.get_num_threads()

@@ -101,3 +101,28 @@ def test_the_gate_warns_when_the_sides_were_timed_in_different_graph_states():
     assert graph_state_notes({"base": [{"env": gpu}], "head": [{"env": gpu}]}) == []
     # CPU results have no graph state: a CPU pair never warns, settled or not.
     assert graph_state_notes({"base": [{"env": {}}], "head": [{"env": {"cuda_graphs_settled": 8}}]}) == []
+
+
+def test_the_gate_notes_sides_that_ran_different_kernel_builds():
+    from harness.gate.noise import kernel_build_notes
+    gpu = {"gpu": "NVIDIA H200"}
+    tma = {**gpu, "kernel_build_flags": ["-DTVA_TMA"]}
+    (line,) = kernel_build_notes({"base": [{"env": gpu}], "head": [{"env": tma}]})
+    assert "base default" in line and "head -DTVA_TMA" in line
+    assert kernel_build_notes({"base": [{"env": tma}], "head": [{"env": tma}]}) == []
+    assert kernel_build_notes({"base": [{"env": gpu}], "head": [{"env": gpu}]}) == []
+    assert kernel_build_notes({"base": [{"env": {}}], "head": [{"env": {"kernel_build_flags": ["-DTVA_TMA"]}}]}) == []
+
+
+def test_the_worker_records_a_non_default_kernel_build(monkeypatch):
+    import sys
+
+    import torch  # noqa: F401  (the facts of a cell that ran torch, as a kernel cell does)
+    from harness.kernels import build
+    from harness.worker import main
+    monkeypatch.setitem(sys.modules, "harness.kernels.build", build)
+    monkeypatch.delenv("HARNESS_KERNEL_DEBUG", raising=False)
+    monkeypatch.delenv("HARNESS_KERNEL_TMA", raising=False)
+    assert "kernel_build_flags" not in main.environment()
+    monkeypatch.setenv("HARNESS_KERNEL_TMA", "1")
+    assert main.environment()["kernel_build_flags"] == ["-DTVA_TMA"]
