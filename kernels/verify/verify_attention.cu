@@ -1601,8 +1601,9 @@ mla_pv_kernel(const AttnParams p) {
 // memory and no barrier. CHUNK is 4, 8 or 16, the least that holds the launch's splits (16 above
 // that): the chunk's loads and folds are unrolled, so every slot past the splits still costs its
 // instructions on every row (at 6 splits a chunk of 32 made the combine ~3 us slower on the
-// H200, kernels/NOTES.md "Split-KV partials in bf16"). Tried before (kernels/NOTES.md): four warps a row meeting
-// through shared memory (6-8 us under ncu for 8-13 MB of partials, the kernel this replaced),
+// H200, kernels/NOTES.md "Split-KV partials in bf16"). Tried before (kernels/NOTES.md): four
+// warps a row meeting through shared memory (6-8 us under ncu for 8-13 MB of partials, the
+// kernel this replaced),
 // and one warp a row with four splits in flight and the weights broadcast by shuffle (slower).
 // A whole 512-wide row a warp had four splits in flight and 128 warps for MLA's 128 rows: the
 // MLA verify took 116 us at 65536 keys (65 splits, 17 MB of partials), its main kernel 63 of them.
