@@ -1598,8 +1598,8 @@ mla_pv_kernel(const AttnParams p) {
 // CHUNK splits at once (every lane the chunk's lse values, one broadcast transaction each, and its
 // share of their partial rows), then folds the chunk into its running max, sum and accumulator
 // (an online softmax over chunks): up to CHUNK splits cost one round trip to L2, with no shared
-// memory and no barrier. CHUNK is 4, 8 or 16, the least that holds the launch's splits (16 above
-// that): the chunk's loads and folds are unrolled, so every slot past the splits still costs its
+// memory and no barrier. CHUNK is 4 or 8 where the launch has that few splits, else 32 float2 a
+// lane's worth (16 splits; 32 at head_dim 64): the chunk's loads and folds are unrolled, so every slot past the splits still costs its
 // instructions on every row (at 6 splits a chunk of 32 made the combine ~3 us slower on the
 // H200, kernels/NOTES.md "Split-KV partials in bf16"). Tried before (kernels/NOTES.md): four
 // warps a row meeting through shared memory (6-8 us under ncu for 8-13 MB of partials, the
