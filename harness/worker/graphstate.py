@@ -3,9 +3,10 @@
 Measured on an H200 (driver 580.159.04, CUDA 13.0, torch 2.11; kernels/NOTES.md, "The process's
 graph count" and "The graph-count slowdown, narrowed"): a process that has instantiated one or
 two CUDA graph executables replays them with almost no time between kernels; from the third on
-(instantiated, replayed or not), every replay in it, of old graphs and new ones, runs ~0.2-0.3 us
-longer a kernel boundary and PDL launches stop overlapping: the gpu/full decode step at 4096
-keys (~490 kernels) went from 6.84-6.95 ms and 0.6 % idle to 7.0-7.1 ms and 2.7 % idle.
+(instantiated, replayed or not), replays in it, of old graphs and new ones, run ~0.2-0.3 us
+longer a kernel boundary, and the decode step's PDL launches stop overlapping: the gpu/full step
+at 4096 keys (~490 kernels) went from 6.84-6.95 ms and 0.6 % idle to 7.0-7.1 ms and 2.7 % idle
+(a plain chain of elementwise kernels slowed too; a Triton PDL chain and a cuBLAS chain did not).
 Destroying the other executables does not undo it, nor does a garbage collection, an emptied
 cache, cuGraphUpload, a fresh instantiation of the same graph, or 20 s of an idle GPU.
 
