@@ -21,19 +21,20 @@ POISON = 0xFFFF            # shared memory before anything lands (bf16 NaN)
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
     lib = emulated_library(PROBE, tmp_path_factory.mktemp("tma"))
-    lib.probe_two_boxes.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int] * 7
+    lib.probe_two_boxes.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_int] * 8
     lib.probe_encode.argtypes = [ctypes.c_size_t, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64,
                                  ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int]
     return lib
 
 
-def _boxes(lib, shape, origin, box, swizzle, wait_first=True, early=False):
+def _boxes(lib, shape, origin, box, swizzle, wait_first=True, early=False, read_swizzled=None):
     d2, d1, d0 = shape
     src = np.arange(d0 * d1 * d2, dtype=np.uint16).reshape(shape) + 1      # no element is 0
     out = np.zeros((2, box[1], box[0]), dtype=np.uint16)
     lib.emu_configure(int(early), 0)
     rc = lib.probe_two_boxes(src.ctypes.data, out.ctypes.data, d0, d1, d2, *origin, box[0], box[1],
-                             int(swizzle), int(wait_first))
+                             int(swizzle), int(swizzle if read_swizzled is None else read_swizzled),
+                             int(wait_first))
     lib.emu_configure(0, 0)
     return rc, src, out
 
@@ -82,13 +83,16 @@ def test_a_read_that_does_not_wait_sees_the_poison(probe):
 
 
 def test_the_swizzle_moves_chunks_within_their_row(probe):
-    """Unswizzled reads of a swizzled box see each row's 16-byte chunks permuted: the model does
-    swizzle (a probe reading with the wrong layout would fail the first test instead)."""
+    """A swizzled box read back as if plain: each row's 16-byte chunks are permuted within the
+    row (chunk c of row r at c ^ (r % 8)), so row 0 reads right and rows 1-7 do not."""
     shape, box = (2, 40, 64), (64, 16)
-    _, src, plain = _boxes(probe, shape, (0, 0, 0), box, swizzle=False)
-    _, _, swz = _boxes(probe, shape, (0, 0, 0), box, swizzle=True)
-    np.testing.assert_array_equal(plain[0], swz[0])          # each read with its own layout
-    assert (plain[0] == _expected(src, (0, 0, 0), box)).all()
+    rc, src, out = _boxes(probe, shape, (0, 0, 0), box, swizzle=True, read_swizzled=False)
+    assert rc == 0
+    want = _expected(src, (0, 0, 0), box)
+    chunks = lambda a: a.reshape(a.shape[0], -1, 8)        # [row, chunk, 8 bf16]
+    for r in range(box[1]):
+        assert (chunks(out[0])[r] == chunks(want)[r][np.arange(8) ^ (r % 8)]).all()
+    assert (out[0][0] == want[0]).all() and not (out[0][1:8] == want[1:8]).all()
 
 
 @pytest.mark.parametrize("address, d0, d1, stride1, box0, box1, swizzle, ok", [

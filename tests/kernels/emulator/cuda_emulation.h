@@ -1012,12 +1012,10 @@ inline void tma_load(uint32_t dst, const CUtensorMap* map, const int32_t* coords
         if (t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B) a ^= ((a >> 7) & 7u) << 4;
         std::memcpy(&c.bytes[a - dst], &flat[o], 16);
     }
-    if (emu::late_copies()) emu::current_block()->bulk_copies.push_back(std::move(c));
-    else {
-        std::memcpy(emu::smem_at(dst, static_cast<uint32_t>(n)), c.bytes.data(), n);
-        emu::MBarrier& m = emu::mbarrier_at(bar);
-        m.tx -= static_cast<int64_t>(n);
-        emu::complete_phase_if_done(m);
+    emu::current_block()->bulk_copies.push_back(std::move(c));
+    if (!emu::late_copies()) {            // TVA_EMU_EARLY: landed at issue
+        emu::land_copies(bar);
+        emu::complete_phase_if_done(emu::mbarrier_at(bar));
     }
 }
 

@@ -13,7 +13,7 @@ struct Params {
     int64_t d0, d1, d2;
     int32_t c0, c1, c2;        // the first box's coordinates; the second is (0, 0, 1)
     int32_t box0, box1;
-    int32_t swizzle, wait_first;
+    int32_t swizzle, read_swizzled, wait_first;   // read_swizzled: how the kernel reads the box back
     CUtensorMap map;
 };
 
@@ -44,7 +44,7 @@ __global__ void two_boxes_kernel(const __grid_constant__ Params p) {
         }
         if (p.wait_first) mbar_wait(bar, static_cast<uint32_t>(phase));
         for (int i = tid; i < n; i += static_cast<int>(blockDim.x))
-            p.out[phase * n + i] = box_at(dst, i / p.box0, i % p.box0, p.box0, p.swizzle != 0);
+            p.out[phase * n + i] = box_at(dst, i / p.box0, i % p.box0, p.box0, p.read_swizzled != 0);
         if (!p.wait_first) mbar_wait(bar, static_cast<uint32_t>(phase));
         __syncthreads();      // everyone has read the box before the next one lands on it
     }
@@ -53,8 +53,9 @@ __global__ void two_boxes_kernel(const __grid_constant__ Params p) {
 }  // namespace
 
 extern "C" int probe_two_boxes(const uint16_t* src, uint16_t* out, int64_t d0, int64_t d1, int64_t d2,
-                               int c0, int c1, int c2, int box0, int box1, int swizzle, int wait_first) {
-    Params p{src, out, d0, d1, d2, c0, c1, c2, box0, box1, swizzle, wait_first, {}};
+                               int c0, int c1, int c2, int box0, int box1, int swizzle, int read_swizzled,
+                               int wait_first) {
+    Params p{src, out, d0, d1, d2, c0, c1, c2, box0, box1, swizzle, read_swizzled, wait_first, {}};
     const cuuint64_t dims[3] = {static_cast<cuuint64_t>(d0), static_cast<cuuint64_t>(d1), static_cast<cuuint64_t>(d2)};
     const cuuint64_t strides[2] = {static_cast<cuuint64_t>(d0 * 2), static_cast<cuuint64_t>(d0 * d1 * 2)};
     const cuuint32_t box[3] = {static_cast<cuuint32_t>(box0), static_cast<cuuint32_t>(box1), 1};
