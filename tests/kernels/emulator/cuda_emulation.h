@@ -268,7 +268,7 @@ struct MBarrier {
 // count it completes then.
 struct BulkCopy {
     uint32_t dst = 0, bar = 0;
-    std::vector<uint8_t> bytes;    // the box, in shared-memory order (swizzle applied at landing)
+    std::vector<uint8_t> bytes;    // the box as it lands from `dst` on (swizzle applied)
 };
 
 // Shared address of the first byte of dynamic shared memory: 128-byte aligned (what
