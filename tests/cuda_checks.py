@@ -1,4 +1,5 @@
-"""What the GPU tests (`pytest -m gpu`) share: CUDA-graph capture and the no-host-sync check.
+"""What the kernel tests share: CUDA-graph capture and the no-host-sync check (`pytest -m gpu`),
+and a KV cache that runs past its sequences with NaN there (the GPU and the emulated ones).
 
     from cuda_checks import capture, no_host_sync        # tests/ is on pytest's pythonpath
 """
@@ -38,3 +39,16 @@ def no_host_sync():
         yield
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def with_nan_tail(inp: dict, lengths, tokens: int, rows: int) -> None:
+    """Make inp's contiguous K and V [b, heads, keys, d] `rows` keys longer than the longest
+    sequence, with NaN in every key past each sequence's L + tokens: a kernel that reads the cache
+    there (a tensor copy's box does) must keep those rows out of its output."""
+    for name in ("k", "v"):
+        t = inp[name]
+        t = torch.cat([t, torch.full((*t.shape[:2], rows, t.shape[3]), float("nan"), dtype=t.dtype,
+                                     device=t.device)], 2)
+        for i, L in enumerate(lengths):
+            t[i, :, L + tokens:] = float("nan")
+        inp[name] = t

@@ -119,16 +119,22 @@ def host_notes(results: list[dict]) -> list[str]:
     return seen
 
 
+def _gpu_env_values(per_side: dict[str, list[dict]], value) -> dict[str, set] | None:
+    """Each side's set of `value(env)` over its GPU results; None when all sides agree on one
+    (CPU results carry no GPU state and are left out)."""
+    found = {side: {value(r.get("env") or {}) for r in results if (r.get("env") or {}).get("gpu")}
+             for side, results in per_side.items()}
+    seen = set().union(*found.values())
+    return found if len(seen) >= 2 else None
+
+
 def graph_state_notes(per_side: dict[str, list[dict]]) -> list[str]:
     """A line when the sides' GPU results were timed in different CUDA graph states: one side's
     worker settled its process (env.cuda_graphs_settled, harness/worker/graphstate.py) and the
     other's did not, as before that existed. On the H200 that alone moved a graph-replayed decode
     step by ~2 % and its idle from 0.65 to 2.7 %, so such a pair's difference is not all code."""
-    states = {side: {(r.get("env") or {}).get("cuda_graphs_settled") for r in results
-                     if (r.get("env") or {}).get("gpu")}
-              for side, results in per_side.items()}
-    seen = set().union(*states.values()) if states else set()
-    if len(seen) < 2:
+    states = _gpu_env_values(per_side, lambda env: env.get("cuda_graphs_settled"))
+    if states is None:
         return []
     def said(state) -> str:
         return "unsettled" if state is None else f"settled ({state} graphs)"
@@ -142,11 +148,8 @@ def kernel_build_notes(per_side: dict[str, list[dict]]) -> list[str]:
     """A line when the sides ran different builds of the CUDA kernels (env.kernel_build_flags:
     HARNESS_KERNEL_DEBUG or HARNESS_KERNEL_TMA, kernels/build.py): an A/B of the builds is
     meant, any other comparison is not of the code alone."""
-    builds = {side: {" ".join((r.get("env") or {}).get("kernel_build_flags") or ()) or "default"
-                     for r in results if (r.get("env") or {}).get("gpu")}
-              for side, results in per_side.items()}
-    seen = set().union(*builds.values()) if builds else set()
-    if len(seen) < 2:
+    builds = _gpu_env_values(per_side, lambda env: " ".join(env.get("kernel_build_flags") or ()) or "default")
+    if builds is None:
         return []
     words = ", ".join(f"{side} " + " and ".join(sorted(found)) for side, found in builds.items() if found)
     return [f"the sides ran different builds of the CUDA kernels ({words}; kernels/build.py)"]

@@ -18,6 +18,7 @@ import math
 import pytest
 import torch
 
+from cuda_checks import with_nan_tail
 from emulator.emulate import emulated_library
 from harness.kernels import build
 from harness.kernels.verify import custom_verify as cv, verify_reference as ref
@@ -43,13 +44,7 @@ def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, wgmma=False, seed=0,
          key_ramp=None, v_row_pad=0, nan_tail=0):
     inp = kw.make_inputs(pt, lengths, seed, torch.device("cpu"), torch.bfloat16)
     if nan_tail:                     # a contiguous cache longer than any sequence, NaN past each one
-        T = pt.tokens
-        for name in ("k", "v"):
-            t = inp[name]
-            t = torch.cat([t, torch.full((*t.shape[:2], nan_tail, t.shape[3]), float("nan"), dtype=t.dtype)], 2)
-            for i, L in enumerate(lengths):
-                t[i, :, L + T:] = float("nan")
-            inp[name] = t
+        with_nan_tail(inp, lengths, pt.tokens, nan_tail)
     if v_row_pad:                    # V rows strided apart from K's (a view of wider rows, NaN between)
         wide = torch.full((*inp["v"].shape[:-1], inp["v"].shape[-1] + v_row_pad), float("nan"),
                           dtype=inp["v"].dtype)

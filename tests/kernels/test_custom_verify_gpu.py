@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+from cuda_checks import with_nan_tail
 from harness.kernels.verify import verify_reference as ref
 from harness.worker.workloads import kernel as kw
 
@@ -29,13 +30,7 @@ def point(attention="gqa", b=1, heads=32, kv_heads=8, T=16, d=128, layout="conti
 def check(pt: kw.Point, lengths, seed=0, nan_tail=0, **kwargs) -> float:
     inp = kw.make_inputs(pt, lengths, seed, DEV, torch.bfloat16, tree_boost=kw.check_boost(max(lengths)))
     if nan_tail:      # a contiguous cache `nan_tail` rows longer than any sequence, NaN past each one
-        for name in ("k", "v"):
-            t = inp[name]
-            t = torch.cat([t, torch.full((*t.shape[:2], nan_tail, t.shape[3]), float("nan"), dtype=t.dtype,
-                                         device=DEV)], 2)
-            for i, L in enumerate(lengths):
-                t[i, :, L + pt.tokens:] = float("nan")
-            inp[name] = t
+        with_nan_tail(inp, lengths, pt.tokens, nan_tail)
     out = torch.full((pt.batch, pt.heads, pt.tokens, pt.dv), float("nan"), dtype=torch.bfloat16, device=DEV)
     from harness.kernels.verify import custom_verify as cv
 

@@ -115,12 +115,9 @@ def test_the_gate_notes_sides_that_ran_different_kernel_builds():
 
 
 def test_the_worker_records_a_non_default_kernel_build(monkeypatch):
-    import sys
-
     import torch  # noqa: F401  (the facts of a cell that ran torch, as a kernel cell does)
-    from harness.kernels import build
+    from harness.kernels import build  # noqa: F401  (loaded, as in a worker that built a kernel)
     from harness.worker import main
-    monkeypatch.setitem(sys.modules, "harness.kernels.build", build)
     monkeypatch.delenv("HARNESS_KERNEL_DEBUG", raising=False)
     monkeypatch.delenv("HARNESS_KERNEL_TMA", raising=False)
     assert "kernel_build_flags" not in main.environment()
