@@ -49,7 +49,7 @@ class _Params(ctypes.Structure):
                 ("lengths_int64", "batch", "heads_q", "heads_kv", "tokens", "num_splits", "page_size",
                  "q_sb", "q_sh", "q_st", "k_sb", "k_sh", "k_st", "v_sb", "v_sh", "v_st",
                  "o_sb", "o_sh", "o_st", "bits_sb", "bits_st", "pt_sb")] + \
-               [("sm_scale", ctypes.c_double), ("kv_rows", ctypes.c_int64), ("kv_blocks", ctypes.c_int64)]
+               [("sm_scale", ctypes.c_double), ("kv_rows", ctypes.c_int64)]
 
 
 def _lib():
@@ -249,7 +249,6 @@ def _params(q, k, v, out, lengths, tree_bits, page_table, ws, heads_kv, splits, 
     p.pt_sb = page_table.stride(0) if page_table is not None else 0
     p.sm_scale = float(sm_scale)
     p.kv_rows = k.shape[2]           # contiguous: rows per (b, head); paged: the page size
-    p.kv_blocks = k.shape[0]         # contiguous: the batch; paged: the pool's pages
     return p
 
 

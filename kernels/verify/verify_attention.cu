@@ -108,8 +108,7 @@ struct AttnParams {
     int64_t bits_sb, bits_st;
     int64_t pt_sb;
     double sm_scale;
-    int64_t kv_rows;          // the tensor copies' row extent: rows per (b, head), or the page size
-    int64_t kv_blocks;        // and their outermost: the batch, or the pool's pages
+    int64_t kv_rows;          // contiguous: the cache's rows per (b, head) (the tensor copies' extent)
 };
 
 constexpr int BN = 64;               // keys per tile
@@ -813,16 +812,13 @@ gqa_kernel(const AttnParams p) {
 // (64-column blocks of 128-byte rows, 128-byte swizzle) and read as an MN-major B operand; P goes
 // from the S accumulators to the A registers of P V.
 
-// TMA (built with -DTVA_TMA, kernels/build.py's HARNESS_KERNEL_TMA): K and V tiles come as
-// tensor copies waited for on an mbarrier per stage, instead of 16 cp.async a thread a tile; the
-// rest of the schedule is the same. `kmap` / `vmap`: the cache as [b, heads, rows, D] in boxes of
-// 64 columns by BN rows, two a tile, issued by thread 0; a paged pool as [pages, heads, page
-// size, D] in boxes of 64 columns by min(page size, BN) rows (page sizes of 8, 16, 32 or a
-// multiple of 64: tma_pages), each a tile's page issued by its own lane of warp 0, which has
-// fetched that page's table entry a tile ahead. No thread works out a row's address: the paged
-// cp.async copy spends ~15 instructions a row of every tile on it (gqa_tma_kernel).
+// TMA (a contiguous cache only; built with -DTVA_TMA, kernels/build.py's HARNESS_KERNEL_TMA): K
+// and V tiles come as tensor copies, two 64-column boxes a tile issued by thread 0 and waited for
+// on an mbarrier per stage, instead of 16 cp.async a thread a tile; the rest of the schedule is
+// the same. `kmap` / `vmap`: the cache as [b, heads, rows, D] boxes of 64 x BN (gqa_tma_kernel).
 template <int D, int NW, bool PAGED, bool TMA>
 __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap) {
+    static_assert(!(TMA && PAGED), "tensor copies for a contiguous cache only");
     constexpr int CH = D / 8, NT = NW * 32, STAGES = GqaConfig<D>::STAGES;
     constexpr int TILE = GqaConfig<D>::TILE_BYTES;
     constexpr int BM = 16 * NW;
@@ -880,9 +876,7 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     static_assert(NT / CH == RS && 32 / CH == 2 && WROWS <= 16, "two rows a warp's 32 lanes, 16 offsets a kind");
     const IntDiv page_size(static_cast<uint32_t>(p.page_size));
     const int pj = lane % WROWS;
-    // TMA: lane j of warp 0 copies box j of a tile, rows j * box_rows ..; else this lane's row.
-    const int box_rows = PAGED && p.page_size < BN ? static_cast<int>(p.page_size) : BN, boxes = BN / box_rows;
-    const int prow = TMA ? (lane % boxes) * box_rows : 2 * warp + (pj & 1) + RS * (pj >> 1);
+    const int prow = 2 * warp + (pj & 1) + RS * (pj >> 1);   // this lane's row of a tile
     const bool pv = lane >= 16;                              // its offset serves the V copy
     int32_t page = 0;          // the page of this lane's row of the next K tile
     uint32_t voff = 0;         // this lane's offset in the next V tile (its K tile's, kept)
@@ -894,7 +888,6 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     };
     auto row_offset = [&](int tile) -> uint32_t {    // of this lane's row, `page` fetched for `tile`
         if constexpr (!PAGED) return 0;
-        if constexpr (TMA) return static_cast<uint32_t>(page);      // the box's page, its row below
         const int key = sr.begin + tile * BN + prow, kk = key < sr.end ? key : sr.begin;
         return static_cast<uint32_t>((static_cast<int64_t>(page) * (pv ? p.v_sb : p.k_sb) +
                                       static_cast<int64_t>(page_size.mod(kk)) * (pv ? p.v_st : p.k_st)) >> 3);
@@ -902,29 +895,14 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     // Paged: `offs` is each lane's row_offset of this tile; lanes `first` .. `first` + 15 hold
     // this copy's kind (0: K, 16: V).
     auto copy_tile = [&](uint32_t stage, const char* base, int64_t st, int tile, uint32_t offs, int first) {
-        if constexpr (TMA) {      // the tile's 64-column blocks by boxes of BN (paged: box_rows) rows
-            if (warp == 0) {
+        if constexpr (TMA) {      // thread 0: the tile's 64-column blocks as two boxes
+            if (tid == 0) {
                 const uint32_t bar = first ? v_bar(tile) : k_bar(tile);
-                if (lane == 0) mbar_arrive_expect_tx(bar, TILE);
-                if constexpr (PAGED) {
-                    __syncwarp();         // the bytes are expected before any box can land
-                    if (lane < boxes) {
-                        // A box past the split's end reads the split's first key's page (the
-                        // fetch_page clamp): masked, as the cp.async copy's rows are.
-                        const int key = sr.begin + tile * BN + prow, kk = key < sr.end ? key : sr.begin;
-                        const int row = static_cast<int>(page_size.mod(static_cast<uint32_t>(kk)));
+                mbar_arrive_expect_tx(bar, TILE);
 #pragma unroll
-                        for (int c = 0; c < D / 64; ++c) {
-                            const int32_t at[4] = {64 * c, row, h, static_cast<int32_t>(offs)};
-                            tma_load(stage + c * (BN * 128) + prow * 128, first ? vmap : kmap, at, bar);
-                        }
-                    }
-                } else if (lane == 0) {
-#pragma unroll
-                    for (int c = 0; c < D / 64; ++c) {
-                        const int32_t at[4] = {64 * c, sr.begin + tile * BN, h, b};
-                        tma_load(stage + c * (BN * 128), first ? vmap : kmap, at, bar);
-                    }
+                for (int c = 0; c < D / 64; ++c) {
+                    const int32_t at[4] = {64 * c, sr.begin + tile * BN, h, b};
+                    tma_load(stage + c * (BN * 128), first ? vmap : kmap, at, bar);
                 }
             }
             return;
@@ -1171,11 +1149,11 @@ struct GqaTmaParams {
     AttnParams p;
 };
 
-template <int D, int NW, bool PAGED>
+template <int D, int NW>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_tma_kernel(const __grid_constant__ GqaTmaParams a) {
     wait_for_previous_kernel();
-    gqa_pipelined<D, NW, PAGED, true>(a.p, &a.k, &a.v);
+    gqa_pipelined<D, NW, false, true>(a.p, &a.k, &a.v);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1793,40 +1771,33 @@ static EncodeTiled encode_tiled() {
 #endif
 }
 
-// Page sizes a tile's pages come in as whole boxes of 8-row multiples (the swizzle's period):
-// a tile holds whole pages, or a page whole tiles.
-static bool tma_pages(int64_t page_size) {
-    return page_size >= 8 && page_size % 8 == 0 && (BN % page_size == 0 || page_size % BN == 0);
-}
-
-// A contiguous cache [b, heads, rows, D] or a paged pool [pages, heads, page size, D] (any
-// strides, 16-byte multiples) as boxes of 64 columns by BN rows (paged: min(page size, BN)),
-// 128-byte swizzled: the layout the wgmma descriptors read. Rows past `kv_rows` read as zeros.
+// A contiguous cache [b, heads, rows, D] (any strides, 16-byte multiples) as boxes of 64
+// columns by BN rows, 128-byte swizzled: the layout the wgmma descriptors read. Rows past
+// `kv_rows` read as zeros.
 static bool encode_cache_map(CUtensorMap* map, const void* base, const AttnParams& p, int64_t sb, int64_t sh,
-                             int64_t st, int d, bool paged) {
+                             int64_t st, int d) {
     const EncodeTiled encode = encode_tiled();
     if (encode == nullptr) return false;
     const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(p.kv_rows),
-                                static_cast<cuuint64_t>(p.heads_kv), static_cast<cuuint64_t>(p.kv_blocks)};
+                                static_cast<cuuint64_t>(p.heads_kv), static_cast<cuuint64_t>(p.batch)};
     const cuuint64_t strides[3] = {static_cast<cuuint64_t>(st * 2), static_cast<cuuint64_t>(sh * 2),
                                    static_cast<cuuint64_t>(sb * 2)};
-    const cuuint32_t rows = paged && p.page_size < BN ? static_cast<cuuint32_t>(p.page_size) : BN;
-    const cuuint32_t box[4] = {64, rows, 1, 1}, unit[4] = {1, 1, 1, 1};
+    const cuuint32_t box[4] = {64, BN, 1, 1}, unit[4] = {1, 1, 1, 1};
     return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box, unit,
                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, int NW, bool PAGED>
+template <int D, int NW>
 static cudaError_t launch_gqa_tma(const AttnParams& p, cudaStream_t stream, int m_blocks) {
     constexpr int smem = gqa_smem_bytes<D, NW, true>();
-    auto kernel = gqa_tma_kernel<D, NW, PAGED>;
+    auto kernel = gqa_tma_kernel<D, NW>;
     cudaError_t err = prepare(kernel, smem);
     if (err != cudaSuccess) return err;
     GqaTmaParams a;
     a.p = p;
-    if (!encode_cache_map(&a.k, p.k, p, p.k_sb, p.k_sh, p.k_st, D, PAGED) ||
-        !encode_cache_map(&a.v, p.v, p, p.v_sb, p.v_sh, p.v_st, D, PAGED))
+    if (!encode_cache_map(&a.k, p.k, p, p.k_sb, p.k_sh, p.k_st, D) ||
+        !encode_cache_map(&a.v, p.v, p, p.v_sb, p.v_sh, p.v_st, D))
         return cudaErrorInvalidValue;
     dim3 grid(m_blocks, static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.batch * p.heads_kv));
     TVA_LAUNCH(kernel, grid, NW * 32, smem, stream, a);
@@ -1859,9 +1830,7 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
         case 17: return launch_gqa<D, 4, PAGED, 1>(p, stream, m_blocks);
         case 18:
 #ifdef TVA_TMA
-            if constexpr (D == 128) {
-                if (!PAGED || tma_pages(p.page_size)) return launch_gqa_tma<D, 4, PAGED>(p, stream, m_blocks);
-            }
+            if constexpr (!PAGED && D == 128) return launch_gqa_tma<D, 4>(p, stream, m_blocks);
 #endif
             return launch_gqa<D, 4, PAGED, D == 128 ? 2 : 1>(p, stream, m_blocks);
         case 32: return launch_gqa<D, 8, PAGED, 0>(p, stream, m_blocks);

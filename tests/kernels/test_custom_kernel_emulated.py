@@ -197,25 +197,18 @@ def emu_tma(tmp_path_factory):
     return lib
 
 
-# 4 warps, contiguous and paged at the page sizes tensor copies take (8, 16, 64: boxes of a page
-# each, up to eight a tile; the others take the cp.async copy, which these cases then run too).
-TMA_CASES = {c: v for c, v in PV_CASES.items() if v[3] == 4} | {
-    "pv-paged-ps32-T65-long": (_point(b=2, heads=8, kv_heads=2, T=65, d=128, layout="paged", ps=32), [700, 333], 2, 4),
-    "pv-paged-ps128": (_point(b=2, heads=4, kv_heads=1, T=16, d=128, layout="paged", ps=128), [301, 40], 3, 4),
-}
+TMA_CASES = {c: v for c, v in PV_CASES.items() if v[0].layout == "contiguous" and v[3] == 4}
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("case", list(TMA_CASES))
 def test_gqa_tma_kernel_matches_reference(emu_tma, case, schedule):
-    """The tensor-copy build (4 warps): every ring stage's barrier through its phases, the
-    prologue's edges, empty splits, a paged tile's pages as boxes of their own; the cache runs 37
-    rows past the longest sequence (a paged pool: its pages past it) and holds NaN past each
-    one, which the boxes read and the V rows must not pass on."""
+    """The tensor-copy build (4 warps, contiguous): every ring stage's barrier through its
+    phases, the prologue's edges, empty splits; the cache runs 37 rows past the longest sequence
+    and holds NaN past each one, which the boxes read and the V rows must not pass on."""
     emu_tma.emu_configure(*SCHEDULES[schedule])
     pt, lengths, splits, warps = TMA_CASES[case]
-    nan_tail = 37 if pt.layout == "contiguous" else 0     # a pool's unwritten slots: NaN already (_run)
-    assert _run(emu_tma, pt, lengths, splits, warps=warps, wgmma=2, nan_tail=nan_tail) < 5e-3
+    assert _run(emu_tma, pt, lengths, splits, warps=warps, wgmma=2, nan_tail=37) < 5e-3
 
 
 @pytest.mark.parametrize("schedule", ["lockstep", "skewed"])
