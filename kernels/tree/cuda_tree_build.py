@@ -33,7 +33,7 @@ class _Params(ctypes.Structure):
                  "first_child", "next_sibling", "scores", "bits", "visibility")] + \
                [(name, ctypes.c_int64) for name in
                 ("batch", "budget", "depth", "kp", "words", "lp_dtype",
-                 "lp_sb", "lp_sd", "ids_sb", "ids_sd", "pops_only")]
+                 "lp_sb", "lp_sd", "ids_sb", "ids_sd")]
 
 
 def _lib():

@@ -99,7 +99,6 @@ struct Params {
     int64_t batch, budget, depth, kp, words;
     int64_t lp_dtype;           // 0 float32, 1 float64, 2 bfloat16
     int64_t lp_sb, lp_sd, ids_sb, ids_sd;   // strides in elements
-    int64_t pops_only;          // 1: pop every node (pop_nodes) instead of select_nodes first
 };
 
 constexpr int MAX_BUDGET = 256;     // node indices fit 9 bits of Entry::meta, ranks 8
@@ -164,19 +163,9 @@ __device__ __forceinline__ double load_lp(const void* base, int64_t i, int dtype
     return static_cast<double>(f);
 }
 
-// select_nodes: the score histogram's bins (8 an octave of |score|, 2^-128 .. 2^128) and the
-// most candidates it enumerates before it falls back to pop_nodes (4 N, at most 512: N 64
-// needed at most 153 in a CPU replay of the loop's log-prob distributions, kernels/NOTES.md).
-constexpr int BINS = 2048;
-constexpr int CHAIN_RANKS = 3;      // select_nodes' bound also scores paths of one rank 1..3
-
-__host__ __device__ inline int candidate_cap(int N) { return 4 * N < 512 ? 4 * N : 512; }
-
 // Byte offsets of the shared-memory arrays (host and device agree through this one function).
 struct Layout {
     int lp, node_score, path, par, dr, fc, ns, bits, count, total;
-    // select_nodes: the score histogram, the spine, the candidates and their scratch
-    int hist, spine, c_score, c_path, c_par, c_dr, c_fc, c_ns, c_rank, c_list, scratch, cap;
 };
 
 __host__ __device__ inline int take(int& at, int bytes) {
@@ -197,18 +186,6 @@ __host__ __device__ inline Layout layout(int N, int D, int KP, int W) {
     L.ns = take(at, (N + 1) * 2);             // i16 [N+1] next sibling
     L.bits = take(at, (N + 1) * W * 4);       // u32 [N+1][W] ancestor bitmasks
     L.count = take(at, 4);                    // int: real nodes
-    L.cap = candidate_cap(N);
-    L.hist = take(at, BINS * 4);              // u32 [BINS] score histogram
-    L.spine = take(at, (D + 1) * 8);          // double [D+1] the rank-0 path's scores
-    L.c_score = take(at, L.cap * 8);          // double [cap] candidate scores
-    L.c_path = take(at, L.cap * 16);          // u32 [cap][4] candidate rank paths
-    L.c_par = take(at, L.cap * 2);            // i16 [cap] parent candidate (-1: the root)
-    L.c_dr = take(at, L.cap * 2);             // u16 [cap] depth << 8 | rank
-    L.c_fc = take(at, L.cap * 2);             // i16 [cap] first child candidate
-    L.c_ns = take(at, L.cap * 2);             // i16 [cap] next sibling candidate
-    L.c_rank = take(at, L.cap * 2);           // i16 [cap] place in the pop order
-    L.c_list = take(at, 2 * L.cap * 2);       // i16 [2][cap] enumerate_candidates' two round lists
-    L.scratch = take(at, 32);                 // int candidates at 8; int fall back at 12; counters at 16
     L.total = at;
     return L;
 }
@@ -350,342 +327,6 @@ __device__ int pop_nodes(int N, int D, int KP, const double* lp, const Nodes nod
     return N;
 }
 
-// ---- The nodes above a threshold: select_nodes, the whole block.
-//
-// The heap's pop order is one total order over every node of the candidate space: score
-// descending, then rank path ascending (a prefix first). It is, because what a pop puts back
-// never comes before what was popped: log-probs are <= 0 and each depth's are sorted descending,
-// so a child scores <= its parent and a next sibling <= its sibling (float64 addition is
-// monotone, so the sums keep it), with a larger path at equal scores. The N first nodes are then
-// the N best of the whole space, and they are found without popping one at a time:
-//   1. a threshold L that at least N nodes reach: the N-th best score of a known family of
-//      nodes (the rank-0 path, every rank one step off it, the paths that leave it once at rank
-//      1..3 and then follow rank 0), rounded down to a histogram bin's edge (one pass of
-//      shared-memory atomics; the bin is at most 1/8 of |score| wide);
-//   2. every node scoring >= L, level by level (one warp; each node's children at >= L are a
-//      prefix of its ranks, found by binary search): M >= N candidates, closed under parents
-//      and earlier siblings because the order is;
-//   3. each candidate's place = how many candidates come before it (one thread a candidate),
-//      the links between places from the candidates' own.
-// Falls back (returns false, nothing written to `nodes`) where the order argument does not hold
-// (a log-prob > 0 or a depth not sorted descending) or more than candidate_cap(N) nodes reach L.
-struct Cands {          // the candidates, in shared memory
-    double* score;
-    uint32_t* path;
-    int16_t* par;
-    uint16_t* dr;
-    int16_t* fc;
-    int16_t* ns;
-    int16_t* rank;
-};
-
-// The histogram bin of a score <= 0: 8 bins an octave of |score| from 2^-128 (bin 0, where 0
-// and tinier scores go too) to 2^128 (the last bin, where every larger one goes). Larger scores
-// take lower bins.
-__device__ __forceinline__ int score_bin(double v) {
-    uint64_t u;
-    memcpy(&u, &v, 8);
-    u &= 0x7FFFFFFFFFFFFFFFull;                                   // |v|
-    const int bin = (static_cast<int>(u >> 52) - (1023 - 128)) * 8 + static_cast<int>((u >> 49) & 7);
-    return bin < 0 ? 0 : bin >= BINS ? BINS - 1 : bin;
-}
-
-// A threshold every score in bins 0..bin reaches: minus the upper edge of the bin (-inf for the
-// last bin, whose scores have no bound).
-__device__ __forceinline__ double bin_threshold(int bin) {
-    if (bin >= BINS - 1) return -__builtin_inf();
-    const int next = bin + 1;
-    const uint64_t u = static_cast<uint64_t>(next / 8 + 1023 - 128) << 52 | static_cast<uint64_t>(next % 8) << 49;
-    double edge;
-    memcpy(&edge, &u, 8);
-    return -edge;
-}
-
-// Whether candidate a pops before candidate b: higher score; at equal scores the smaller rank
-// path, zero padded, and of equal padded paths the shallower (a node before its rank-0
-// descendants: the heap's tuple order, where a prefix comes first).
-__device__ __forceinline__ bool cand_before(const Cands& c, int a, int b) {
-    if (c.score[a] != c.score[b]) return c.score[a] > c.score[b];
-#pragma unroll
-    for (int w = 0; w < 4; ++w)
-        if (c.path[a * 4 + w] != c.path[b * 4 + w]) return c.path[a * 4 + w] < c.path[b * 4 + w];
-    return (c.dr[a] >> 8) < (c.dr[b] >> 8);
-}
-
-// Every score of the threshold's family, each visited once by one of the threads
-// first, first + stride, ...: depth d + 1 at every rank under the spine, then the paths leaving
-// the spine at depth a + 1 with rank 1..3, each of their rank-0 descendants (the first step is
-// a spine sibling, visited above). N distinct nodes of the family reach its N-th best score.
-template <typename Visit>
-__device__ __forceinline__ void for_each_family_score(int D, int KP, const double* lp, const double* spine,
-                                                      int first, int stride, Visit visit) {
-    const int siblings = D * KP, chains = D * CHAIN_RANKS;
-    for (int i = first; i < siblings + chains; i += stride) {
-        if (i < siblings) {
-            visit(spine[i / KP] + lp[i]);
-            continue;
-        }
-        const int a = (i - siblings) / CHAIN_RANKS, r = 1 + (i - siblings) % CHAIN_RANKS;
-        if (r >= KP) continue;
-        double v = spine[a] + lp[a * KP + r];
-        for (int d = a + 1; d < D; ++d) {
-            v = v + lp[d * KP];
-            visit(v);
-        }
-    }
-}
-
-// |v|'s bits (v <= 0; -0.0 and +0.0 alike).
-__device__ __forceinline__ uint64_t magnitude_bits(double v) {
-    uint64_t u;
-    memcpy(&u, &v, 8);
-    return u & 0x7FFFFFFFFFFFFFFFull;
-}
-
-// Warp 0: the first bin of hist[0..BINS) at which the running count reaches `need`, and the
-// count before it (BINS - 1 when it never does). Each lane sums a run of 64 bins (16-byte loads,
-// all in flight), a warp scan finds the run, and the warp scans that run's bins two a lane.
-struct Reach {
-    int bin, below;
-};
-__device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(FULL, v, o);
-        if (lane >= o) v += y;
-    }
-    return v;
-}
-__device__ __forceinline__ Reach bin_reaching(const uint32_t* hist, int need, int lane) {
-    constexpr int RUN = BINS / 32;
-    const uint4* runs = reinterpret_cast<const uint4*>(hist);
-    int run_sum = 0;
-#pragma unroll
-    for (int k = 0; k < RUN / 4; ++k) {
-        const uint4 q = runs[lane * (RUN / 4) + k];
-        run_sum += static_cast<int>(q.x + q.y + q.z + q.w);
-    }
-    const int incl = warp_inclusive_sum(run_sum, lane);
-    const unsigned reached = __ballot_sync(FULL, incl >= need);
-    if (!reached) return Reach{BINS - 1, 0};
-    const int owner = __ffs(reached) - 1;
-    const int below_run = __shfl_sync(FULL, incl - run_sum, owner);
-    const int first = owner * RUN + 2 * lane;
-    const int v0 = static_cast<int>(hist[first]), v1 = static_cast<int>(hist[first + 1]);
-    const int incl2 = below_run + warp_inclusive_sum(v0 + v1, lane);
-    const int at = __ffs(__ballot_sync(FULL, incl2 >= need)) - 1;     // the run reaches it: some lane does
-    const int before = __shfl_sync(FULL, incl2 - v0 - v1, at), v0_at = __shfl_sync(FULL, v0, at);
-    const bool in_first = before + v0_at >= need;
-    return Reach{owner * RUN + 2 * at + (in_first ? 0 : 1), in_first ? before : before + v0_at};
-}
-
-// The children of a node (score ps, depth d: its children are depth d + 1, digit d of the rank
-// path) that score >= L: a prefix of its ranks (each depth's log-probs are sorted), counted one by
-// one up to four (a peaked tree's nodes have one or two) and by binary search past that.
-__device__ __forceinline__ int children_reaching(double ps, int d, int KP, const double* lp, double L) {
-    const double* row = lp + d * KP;
-    int n = 0;
-    while (n < KP && n < 4 && ps + row[n] >= L) ++n;
-    if (n < 4) return n;
-    int hi = KP;
-    while (n < hi) {
-        const int mid = (n + hi + 1) >> 1;
-        if (ps + row[mid - 1] >= L) n = mid;
-        else hi = mid - 1;
-    }
-    return n;
-}
-
-// Warp 0: every node scoring >= L into the candidates. A lane expands one node at a time: its
-// n children at >= L are written as one block of consecutive candidates; a single child is
-// expanded by the same lane at once (a peaked tree is mostly runs of single children: one step
-// each, no warp-wide exchange), two or more go to the next round's list, which the warp shares
-// out. Candidates and list places are taken by shared-memory atomics, so their order varies; the
-// places in the pop order (select_nodes) do not. Returns how many, or -1 past `cap`.
-__device__ int enumerate_candidates(double L, int D, int KP, const double* lp, const Cands c, int cap,
-                                    int16_t* lists, int* counters, int lane) {
-    int* total = counters;                // candidates taken
-    int* next_n = counters + 1;           // entries in the next round's list
-    int* over = counters + 2;
-    if (lane == 0) {
-        *total = 0;
-        *over = 0;
-    }
-    __syncwarp();
-    int16_t* cur = lists;
-    int16_t* next = lists + cap;
-    int cur_n = 1;                        // the root, as node -1
-    if (lane == 0) cur[0] = -1;
-    for (int round = 0; cur_n > 0; ++round) {
-        if (lane == 0) *next_n = 0;
-        __syncwarp();
-        for (int i = lane; i < cur_n; i += 32) {
-            int x = cur[i];
-            while (true) {
-                const int d = x < 0 ? 0 : c.dr[x] >> 8;
-                if (d >= D) break;
-                const double ps = x < 0 ? 0.0 : c.score[x];
-                const int n = children_reaching(ps, d, KP, lp, L);
-                if (n == 0) break;
-                const int base = atomicAdd(total, n);
-                if (base + n > cap) {
-                    *over = 1;
-                    break;
-                }
-                uint4 row = {0u, 0u, 0u, 0u};
-                if (x >= 0) {
-                    row = reinterpret_cast<const uint4*>(c.path)[x];
-                    c.fc[x] = static_cast<int16_t>(base);
-                }
-                const int word = d >> 2, shift = 24 - 8 * (d & 3);
-                for (int r = 0; r < n; ++r) {
-                    const int j = base + r;
-                    c.score[j] = ps + lp[d * KP + r];
-                    const uint32_t own = static_cast<uint32_t>(r) << shift;
-                    uint4 mine = row;
-                    mine.x += word == 0 ? own : 0u;
-                    mine.y += word == 1 ? own : 0u;
-                    mine.z += word == 2 ? own : 0u;
-                    mine.w += word == 3 ? own : 0u;
-                    reinterpret_cast<uint4*>(c.path)[j] = mine;
-                    c.par[j] = static_cast<int16_t>(x);
-                    c.dr[j] = static_cast<uint16_t>((d + 1) << 8 | r);
-                    c.fc[j] = -1;
-                    c.ns[j] = static_cast<int16_t>(r + 1 < n ? j + 1 : -1);
-                }
-                if (n == 1) {             // its only child: expand it now
-                    x = base;
-                    continue;
-                }
-                const int at = atomicAdd(next_n, n);          // at + n <= total <= cap
-                for (int r = 0; r < n; ++r) next[at + r] = static_cast<int16_t>(base + r);
-                break;
-            }
-        }
-        __syncwarp();                     // the next round reads these candidates and the list
-        if (*over) return -1;
-        cur_n = *next_n;
-        int16_t* t = cur;
-        cur = next;
-        next = t;
-        __syncwarp();                     // every lane has read next_n before it is reset
-    }
-    return *total;
-}
-
-// Returns whether it placed the nodes (then *count holds how many are real); false: nothing is
-// written to `nodes`, pop them. Every thread of the block calls it (it has block barriers).
-__device__ bool select_nodes(int N, int D, int KP, const double* lp, const Nodes nodes, const Cands c,
-                             uint32_t* hist, double* spine, int16_t* lists, uint8_t* scratch, int cap, int* count, int tid,
-                             int T) {
-    int* n_cands = reinterpret_cast<int*>(scratch + 8);
-    int* fall_back = reinterpret_cast<int*>(scratch + 12);
-    const int lane = tid & 31;
-
-    // 1a. The order's premise, the spine (the rank-0 path's scores, summed as the heap does), an
-    // empty histogram.
-    if (tid == 0) {
-        *fall_back = 0;
-        double v = 0.0;
-        spine[0] = v;
-        for (int d = 0; d < D; ++d) {
-            v = v + lp[d * KP];
-            spine[d + 1] = v;
-        }
-    }
-    for (int i = tid; i < BINS; i += T) hist[i] = 0;
-    __syncthreads();
-    for (int i = tid; i < D * KP; i += T) {
-        const int r = i % KP;
-        if (lp[i] > 0.0 || (r > 0 && lp[i] > lp[i - 1])) *fall_back = 1;
-    }
-
-    // 1b. The family's scores into the histogram.
-    for_each_family_score(D, KP, lp, spine, tid, T, [&](double v) {
-        atomicAdd(reinterpret_cast<int*>(&hist[score_bin(v)]), 1);
-    });
-    __syncthreads();
-    if (*fall_back) return false;
-
-    // 1c and 2 on warp 0: the threshold (the family's N-th best score rounded down to its bin's
-    // edge) and the nodes that reach it. Where more than `cap` do (many scores within the bin's
-    // 1/8 octave below the N-th best: flat distributions, long chains of ties), once more at the
-    // edge of the bin's 1/2048th, found by a second histogram of the family's scores in it.
-    if (tid < 32) {
-        const Reach coarse = bin_reaching(hist, N, lane);
-        int* counters = reinterpret_cast<int*>(scratch + 16);
-        int total = enumerate_candidates(bin_threshold(coarse.bin), D, KP, lp, c, cap, lists, counters, lane);
-        if (total < 0 && coarse.bin < BINS - 1) {
-            for (int k = lane; k < BINS; k += 32) hist[k] = 0;
-            __syncwarp();
-            for_each_family_score(D, KP, lp, spine, lane, 32, [&](double v) {
-                if (score_bin(v) == coarse.bin)
-                    atomicAdd(reinterpret_cast<int*>(&hist[(magnitude_bits(v) >> 38) & (BINS - 1)]), 1);
-            });
-            __syncwarp();
-            const int fine = bin_reaching(hist, N - coarse.below, lane).bin;
-            // Minus the fine bin's upper edge: the coarse bin's start plus fine + 1 2048ths of it
-            // (the coarse bin is not the first, which holds scores below 2^-128 too: its fine
-            // bins are not magnitudes).
-            double L = bin_threshold(coarse.bin);
-            if (coarse.bin > 0 && fine < BINS - 1) {
-                const int e = coarse.bin / 8 + 1023 - 128, m3 = coarse.bin % 8;
-                const uint64_t u = static_cast<uint64_t>(e) << 52 | static_cast<uint64_t>(m3) << 49 |
-                                   static_cast<uint64_t>(fine + 1) << 38;
-                memcpy(&L, &u, 8);
-                L = -L;
-            }
-            total = enumerate_candidates(L, D, KP, lp, c, cap, lists, counters, lane);
-        }
-        if (lane == 0) {
-            *n_cands = total;
-            if (total < 0) *fall_back = 1;
-        }
-    }
-    __syncthreads();
-    if (*fall_back) return false;
-
-    // 3. Each candidate's place in the pop order: the candidates before it, by scores alone
-    // unless one equals its own (then the whole order).
-    const int M = *n_cands;
-    for (int i = tid; i < M; i += T) {
-        const double si = c.score[i];
-        int before = 0;
-        bool tie = false;
-        for (int j = 0; j < M; ++j) {
-            const double sj = c.score[j];
-            before += sj > si;
-            tie |= sj == si && j != i;
-        }
-        if (tie) {
-            before = 0;
-            for (int j = 0; j < M; ++j) before += j != i && cand_before(c, j, i);
-        }
-        c.rank[i] = static_cast<int16_t>(before);
-    }
-    __syncthreads();
-
-    // 3b. The nodes: place + 1, the links by the candidates' places (the root is node 0; its
-    // first child is candidate 0, rank 0 of depth 1, the best node of all).
-    for (int i = tid; i < M; i += T) {
-        const int place = c.rank[i];
-        if (place >= N) continue;
-        const int node = place + 1;
-        nodes.score[node] = c.score[i];
-        reinterpret_cast<uint4*>(nodes.path)[node] = reinterpret_cast<const uint4*>(c.path)[i];
-        nodes.par[node] = static_cast<int16_t>(c.par[i] < 0 ? 0 : c.rank[c.par[i]] + 1);
-        nodes.dr[node] = c.dr[i];
-        const int fc = c.fc[i], ns = c.ns[i];
-        nodes.fc[node] = static_cast<int16_t>(fc >= 0 && c.rank[fc] < N ? c.rank[fc] + 1 : -1);
-        nodes.ns[node] = static_cast<int16_t>(ns >= 0 && c.rank[ns] < N ? c.rank[ns] + 1 : -1);
-    }
-    if (tid == 0) {
-        nodes.fc[0] = static_cast<int16_t>(M > 0 ? c.rank[0] + 1 : -1);
-        *count = M < N ? M : N;
-    }
-    return true;
-}
-
 // One kernel per frontier size S (slots a lane), so that each gets its own register allocation:
 // inlined into one kernel, the largest S set the register budget of all and spilled.
 template <int S>
@@ -728,19 +369,8 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) tree_build_kernel(const Params
     }
     __syncthreads();
 
-    // ---- The nodes: above a threshold (the block), else popped one by one (warp 0).
-    const Cands cands{reinterpret_cast<double*>(smem + L.c_score), reinterpret_cast<uint32_t*>(smem + L.c_path),
-                      reinterpret_cast<int16_t*>(smem + L.c_par), reinterpret_cast<uint16_t*>(smem + L.c_dr),
-                      reinterpret_cast<int16_t*>(smem + L.c_fc), reinterpret_cast<int16_t*>(smem + L.c_ns),
-                      reinterpret_cast<int16_t*>(smem + L.c_rank)};
-    const bool selected = !p.pops_only &&
-        select_nodes(N, D, KP, lp, nodes, cands, reinterpret_cast<uint32_t*>(smem + L.hist),
-                     reinterpret_cast<double*>(smem + L.spine), reinterpret_cast<int16_t*>(smem + L.c_list),
-                     smem + L.scratch, L.cap, count, tid, T);
-#if defined(TVA_EMULATE) && defined(TTB_NO_FALLBACK)
-    if (!p.pops_only && !selected) emu::fail("tree_build: select_nodes fell back to the pops");
-#endif
-    if (!selected && tid < 32) {
+    // ---- The pops (warp 0).
+    if (tid < 32) {
         const int n = pop_nodes<S>(N, D, KP, lp, nodes, tid);
         if (tid == 0) *count = n;
     }
@@ -856,8 +486,7 @@ static cudaError_t prepare(Kernel kernel, int which, int smem) {
 static bool valid(const Params& p, int threads) {
     return p.budget >= 1 && p.budget <= MAX_BUDGET && p.depth >= 1 && p.depth <= MAX_DEPTH && p.kp >= 1 &&
            p.kp <= p.budget && p.words == (p.budget + 32) / 32 && p.lp_dtype >= 0 && p.lp_dtype <= 2 &&
-           threads >= 32 && threads <= MAX_THREADS && threads % 32 == 0 && p.batch >= 0 && p.batch <= 0x7FFFFFFF &&
-           (p.pops_only == 0 || p.pops_only == 1);
+           threads >= 32 && threads <= MAX_THREADS && threads % 32 == 0 && p.batch >= 0 && p.batch <= 0x7FFFFFFF;
 }
 
 }  // namespace ttb

@@ -26,29 +26,16 @@ SKEWED, LOCKSTEP = 4242, 0
 SKEW_SEEDS = (4242, 777)   # the main cases run under two random schedules
 
 
-def _library(tmp_path_factory, defines=()):
-    lib = emulated_library("tree/tree_build.cu", tmp_path_factory.mktemp("emu"), defines)
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory):
+    lib = emulated_library("tree/tree_build.cu", tmp_path_factory.mktemp("emu"))
     build._declare_tree_build(lib)
     assert lib.ttb_struct_size() == ctypes.sizeof(ctb._Params)
     return lib
 
 
-@pytest.fixture(scope="module")
-def emu(tmp_path_factory):
-    return _library(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def emu_select(tmp_path_factory):
-    """A build where select_nodes falling back to the pops fails the launch: the cases run on it
-    are decided by the threshold selection alone."""
-    return _library(tmp_path_factory, ("TTB_NO_FALLBACK",))
-
-
-def emulated_build(lib, lp, ids, budget: int, threads: int | None = None, skew: int = SKEWED,
-                   pops_only: bool = False) -> GpuTree:
-    """Launch the emulated kernel on CPU tensors, into poisoned outputs (pops_only: every node
-    popped by pop_nodes, the threshold selection skipped)."""
+def emulated_build(lib, lp, ids, budget: int, threads: int | None = None, skew: int = SKEWED) -> GpuTree:
+    """Launch the emulated kernel on CPU tensors, into poisoned outputs."""
     lib.emu_configure(0, skew)
     lib.emu_clear_fault()
     out = GpuTree.empty(lp.shape[0], budget, "cpu")
@@ -58,7 +45,6 @@ def emulated_build(lib, lp, ids, budget: int, threads: int | None = None, skew: 
     threads = threads or ctb.DEFAULT_THREADS
     lp, ids = ctb.prepare_inputs(lp, ids)
     p = ctb.make_params(lp, ids, budget, out, threads)
-    p.pops_only = int(pops_only)
     rc = lib.ttb_build_tree(ctypes.byref(p), threads, None)
     assert rc == 0, f"launch failed ({rc}): {lib.emu_last_fault().decode()}"
     return out
@@ -81,48 +67,33 @@ def drafter_topk(b: int, depth: int, k: int, seed: int, scale: float = 1.0, dtyp
 CASES = [(16, 7, 16), (16, 15, 11), (64, 15, 64), (64, 7, 40), (256, 15, 256), (256, 7, 100)]
 
 
-# The two ways the kernel places the nodes: the threshold selection alone (a build where its
-# falling back fails the launch) and the pops alone.
-METHODS = ["select", "pops"]
-
-
-def build_by(method: str, request, lp, ids, budget: int, **kw) -> GpuTree:
-    lib = request.getfixturevalue("emu_select" if method == "select" else "emu")
-    return emulated_build(lib, lp, ids, budget, pops_only=method == "pops", **kw)
-
-
-@pytest.mark.parametrize("scale", [1.0, 8.0, 32.0], ids=["flat", "mid", "peaked"])
-@pytest.mark.parametrize("budget,depth,k,method", [
-    (budget, depth, k, method) for budget, depth, k in CASES for method in METHODS
-    if method == "pops" or budget <= 64])   # N 256: at most 2 N candidates, often the pops
-def test_equals_torch_and_heap(request, method, budget, depth, k, scale):
+@pytest.mark.parametrize("scale", [1.0, 32.0], ids=["flat", "peaked"])
+@pytest.mark.parametrize("budget,depth,k", CASES)
+def test_equals_torch_and_heap(emu, budget, depth, k, scale):
     lp, ids = drafter_topk(2, depth, k, seed=budget * depth + k, scale=scale)
     for skew in SKEW_SEEDS:
-        got = build_by(method, request, lp, ids, budget, skew=skew)
+        got = emulated_build(emu, lp, ids, budget, skew=skew)
         assert_equal_to_torch(got, lp, ids, budget)
     assert_same_as_heap(got, lp, ids, budget)
 
 
-@pytest.mark.parametrize("method", ["auto", "pops"])
 @pytest.mark.parametrize("budget", [16, 64, 256])
-def test_ties_break_like_torch_and_heap(request, emu, method, budget):
+def test_ties_break_like_torch_and_heap(emu, budget):
     """bf16-like log-probs on a grid (ties between siblings, cousins and depths) and certain
-    tokens (log-prob 0: a child ties its parent). So many nodes tie the N-th best score here
-    that the threshold selection gives up on some sequences (more than 4 N reach it): auto."""
+    tokens (log-prob 0: a child ties its parent)."""
     lp, ids = random_topk(2, 15, budget, 1000, seed=budget, grid=0.5)
     lp[:, 4, :2] = 0.0
     lp[:, 9, 0] = 0.0
     lp = lp.sort(-1, descending=True).values
     for skew in SKEW_SEEDS:
-        got = emulated_build(emu, lp, ids, budget, skew=skew, pops_only=method == "pops")
+        got = emulated_build(emu, lp, ids, budget, skew=skew)
         assert_equal_to_torch(got, lp, ids, budget)
     assert_same_as_heap(got, lp, ids, budget)
     if budget <= 64:
         assert_valid_tree(got, budget)
 
 
-@pytest.mark.parametrize("method", METHODS)
-def test_a_single_tie_in_a_pop(request, method):
+def test_a_single_tie_in_a_pop(emu):
     """Ties that come alone: the kernel decides a pop by scores and only re-decides it with the
     rank paths when two compared scores are equal, so each kind of equal pair must be caught on
     its own. Sequence 0 is hand-made: the first pop's child and sibling tie (-2 and -2) and
@@ -137,17 +108,17 @@ def test_a_single_tie_in_a_pop(request, method):
     lp = lp.float().sort(-1, descending=True).values
     ids = torch.stack([torch.randperm(100, generator=gen)[:6] for _ in range(96 * 4)]).view(96, 4, 6)
     for budget in (6, 16):
-        got = build_by(method, request, lp, ids, budget)
+        got = emulated_build(emu, lp, ids, budget)
         assert_equal_to_torch(got, lp, ids, budget)
         assert_same_as_heap(got, lp, ids, budget)
 
 
-@pytest.mark.parametrize("budget,method", [(64, "select"), (64, "pops"), (128, "pops")])
-def test_bf16_logits_ties(request, method, budget):
+@pytest.mark.parametrize("budget", [64, 128])
+def test_bf16_logits_ties(emu, budget):
     """The realistic tie source: bf16 drafter logits (x8: many equal top values)."""
     lp, ids = drafter_topk(2, 15, budget, seed=7 + budget, scale=8.0, dtype=torch.bfloat16)
     assert (lp[..., 1:] == lp[..., :-1]).any()
-    got = build_by(method, request, lp, ids, budget)
+    got = emulated_build(emu, lp, ids, budget)
     assert_equal_to_torch(got, lp, ids, budget)
     assert_same_as_heap(got, lp, ids, budget)
 
@@ -165,46 +136,12 @@ def test_lockstep_schedule(emu):
     assert_equal_to_torch(emulated_build(emu, lp, ids, 64, skew=LOCKSTEP), lp, ids, 64)
 
 
-@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("depth,k,budget", [(7, 2, 256), (3, 3, 64), (1, 5, 16), (2, 4, 32), (1, 64, 64)])
-def test_small_candidate_space_pads(request, method, depth, k, budget):
+def test_small_candidate_space_pads(emu, depth, k, budget):
     lp, ids = random_topk(2, depth, k, 1000, seed=depth * k)
-    got = build_by(method, request, lp, ids, budget)
+    got = emulated_build(emu, lp, ids, budget)
     assert_equal_to_torch(got, lp, ids, budget)
     assert_same_as_heap(got, lp, ids, budget)
-
-
-def test_the_selection_falls_back_where_its_premise_fails(emu, emu_select):
-    """The threshold selection needs each depth's log-probs <= 0 and sorted descending, and at
-    most candidate_cap(N) nodes at its threshold; elsewhere the kernel pops every node, and the
-    tree is still the heap's. The select-only build shows the fallback was taken."""
-    # More nodes than 4 N at the N-th best score itself: 16 depth-1 siblings at -1 and, under
-    # each, 16 children and 256 grandchildren at log-prob 0.
-    crowded = torch.zeros(1, 3, 16)
-    crowded[:, 0] = -1.0
-    # Not sorted: the heap's order is then not the order by score, and only the pops give it.
-    unsorted, _ = random_topk(1, 5, 16, 1000, seed=4)
-    unsorted[:, 2] = unsorted[:, 2].flip(-1)
-    # A positive log-prob: a child would score above its parent.
-    positive, _ = random_topk(1, 5, 16, 1000, seed=5)
-    positive[:, 1, 0] = 0.5
-    for lp in (crowded, unsorted, positive):
-        ids = torch.arange(lp.numel()).view(lp.shape)
-        assert_same_as_heap(emulated_build(emu, lp, ids, 16), lp, ids, 16)
-        with pytest.raises(AssertionError, match="fell back"):
-            emulated_build(emu_select, lp, ids, 16)
-
-
-def test_the_selection_narrows_its_threshold(emu_select):
-    """16 depth-1 siblings at -1 and 256 children at -1.01: the threshold's first bin (1/8 of an
-    octave) lets all 272 in, more than 4 N; the second histogram, 1/2048th of that bin, keeps
-    the children out, and the selection places the nodes itself."""
-    lp = torch.full((1, 3, 16), -0.01)
-    lp[:, 0] = -1.0
-    ids = torch.arange(lp.numel()).view(lp.shape)
-    got = emulated_build(emu_select, lp, ids, 16)
-    assert_equal_to_torch(got, lp, ids, 16)
-    assert_same_as_heap(got, lp, ids, 16)
 
 
 def test_masked_log_probs(emu):

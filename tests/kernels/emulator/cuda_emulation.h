@@ -125,8 +125,6 @@ inline std::string& fault() {
 inline void misaligned(const char* what) {
     if (fault().empty()) fault() = what;
 }
-// A kernel's own check failing in a test build (the launch then reports an error, like a fault).
-inline void fail(const char* what) { misaligned(what); }
 // A refused launch since the last cudaGetLastError() (empty: none), and why.
 inline std::string& launch_refused() {
     static std::string why;
@@ -560,7 +558,6 @@ inline double __shfl_xor_sync(unsigned, double v, int mask) { return emu::shfl_f
 inline int __shfl_sync(unsigned, int v, int src) { return emu::shfl_from(v, src, emu::Shfl::index); }
 inline unsigned __shfl_sync(unsigned, unsigned v, int src) { return emu::shfl_from(v, src, emu::Shfl::index); }
 inline double __shfl_sync(unsigned, double v, int src) { return emu::shfl_from(v, src, emu::Shfl::index); }
-inline int __shfl_up_sync(unsigned, int v, unsigned delta) { return emu::shfl_from(v, static_cast<int>(delta), emu::Shfl::up); }
 inline unsigned __shfl_up_sync(unsigned, unsigned v, unsigned delta) { return emu::shfl_from(v, static_cast<int>(delta), emu::Shfl::up); }
 inline double __shfl_up_sync(unsigned, double v, unsigned delta) { return emu::shfl_from(v, static_cast<int>(delta), emu::Shfl::up); }
 inline unsigned __shfl_down_sync(unsigned, unsigned v, unsigned delta) { return emu::shfl_from(v, static_cast<int>(delta), emu::Shfl::down); }
