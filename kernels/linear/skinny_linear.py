@@ -13,6 +13,12 @@ arrives last at a tile (a per-tile counter) sums the partials in split order and
 resets the counter, so one workspace serves every later call, graph replays included. The sum's
 order is fixed, so a result never depends on which split finished first.
 
+One row (plain decoding at batch 1) takes a plain GEMV instead (`_gemv_kernel`: no tensor cores,
+eight weight rows a program, 1024 columns a step, fp32 products summed per column lane and then
+across the lanes): on the H200 it streams o_proj 11 % and down_proj 9 % faster than the tile
+kernel at one row, q/k/v and gate/up level (kernels/NOTES.md, "One row as a plain GEMV"); the
+lm_head's 151936 rows stay on the tile kernel (GEMV_MAX_N: not measured there).
+
 More rows (the 65-row verify, prefill) go to cuBLAS: at 65 rows it was faster than every
 variant of this kernel tried on the H200 (0.62-0.97x its time: kernels/NOTES.md, "Skinny
 linear"). Reference: torch.nn.functional.linear. Benchmark: the op workload's `linear` family
@@ -35,6 +41,10 @@ from harness.kernels import pdl
 # The most rows the kernel takes: one MMA tile of token rows. At 65 rows (the verify) cuBLAS
 # measured faster on the H200 in every variant tried (kernels/NOTES.md): more go to cuBLAS.
 MAX_ROWS = 16
+# One-row weights of at most this many rows take the GEMV (the layers' q/k/v, o, gate/up and
+# down projections of Qwen3-8B: 4096-24576); the lm_head (151936) keeps the tile kernel.
+GEMV_MAX_N = 32768
+GEMV_BLOCK_N, GEMV_WARPS, GEMV_STAGES = 8, 4, 3
 
 
 def takes(rows: int, K: int) -> bool:
@@ -84,6 +94,32 @@ def _skinny_kernel(X, W, Y, PART, LOCK, M, N, stride_xm, stride_wn, stride_ym, k
             tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
     else:
         tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
+
+
+@triton.jit
+def _gemv_kernel(X, W, Y, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """y = W x for one row x [K]: program i takes weight rows i BLOCK_N .., each thread a few
+    columns of them; products accumulate in fp32 per column lane over K / BLOCK_K steps, then
+    one sum across the lanes (a fixed order: the same bits every call)."""
+    pdl.wait_then_release(PDL)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    w_ptrs = W + n[:, None].to(tl.int64) * stride_wn + tl.arange(0, BLOCK_K)[None, :]
+    x_ptrs = X + tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for _ in range(0, K, BLOCK_K):
+        w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+        x = tl.load(x_ptrs)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    tl.store(Y + n, tl.sum(acc, axis=1).to(Y.dtype.element_ty), mask=n_ok)
+
+
+def gemv_block_k(K: int) -> int:
+    """The GEMV's columns a step: 1024 (the H200 sweep's best at every layer shape), or the
+    largest power of two below it that divides K (K is a multiple of 16)."""
+    return next(b for b in (1024, 512, 256, 128, 64, 32, 16) if K % b == 0)
 
 
 @dataclass(frozen=True)
@@ -140,7 +176,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, config: Config | None = None,
     """F.linear(x, weight) for x [..., K]. More than MAX_ROWS rows in all (the verify,
     prefill), or a K that is not a multiple of 16 (the MMA's depth), go to torch's F.linear
     (cuBLAS), which computes the same. weight [N, K], K-contiguous; with `config`, K a
-    multiple of its block_k * split."""
+    multiple of its block_k * split. One row and no `config`: the GEMV (GEMV_MAX_N)."""
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     M, N = x2.shape[0], weight.shape[0]
@@ -148,12 +184,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, config: Config | None = None,
         return F.linear(x, weight)
     if x2.stride(-1) != 1 or weight.stride(-1) != 1 or weight.shape[1] != K:
         raise ValueError("x and weight need the same, contiguous last dimension")
-    if config is None:
+    gemv = config is None and M == 1 and N <= GEMV_MAX_N
+    if config is None and not gemv:
         config = default_config(M, N, K, _sm_count(x.device))
-    if K % (config.block_k * config.split):
+    if config is not None and K % (config.block_k * config.split):
         raise ValueError(f"K {K} is not a multiple of block_k {config.block_k} x split {config.split}")
     y = out if out is not None else torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
     y2 = y.view(-1, N)
+    if gemv:
+        _gemv_kernel[(triton.cdiv(N, GEMV_BLOCK_N),)](
+            x2, weight, y2, N, K, weight.stride(0), BLOCK_N=GEMV_BLOCK_N, BLOCK_K=gemv_block_k(K),
+            num_warps=GEMV_WARPS, num_stages=GEMV_STAGES, **pdl.launch_options(x.device))
+        return y
     tiles = triton.cdiv(N, config.block_n)
     if config.split > 1:
         part, lock = WORKSPACE.get(x.device, N, config.split, tiles)

@@ -1,6 +1,6 @@
-"""The skinny linear kernel (kernels/linear/skinny_linear.py) under the Triton interpreter
-(conftest.interp): every row count, split-K with its counters, ragged N, and what it hands to
-cuBLAS. On the GPU, in bf16 and in graph replays: tests/kernels/test_skinny_linear_gpu.py."""
+"""The skinny linear kernels (kernels/linear/skinny_linear.py) under the Triton interpreter
+(conftest.interp): every row count, split-K with its counters, ragged N, the one-row GEMV and
+which weights it takes, and what the module hands to cuBLAS. On the GPU, in bf16 and in graph replays: tests/kernels/test_skinny_linear_gpu.py."""
 
 from __future__ import annotations
 
@@ -38,6 +38,46 @@ def _with_no_kernel(x, w):
         return sl.linear(x, w)
     finally:
         sl._skinny_kernel = kernel
+
+
+def _one_row_without_tile_kernel(x, w):
+    """One row with no config: the GEMV, never the tile kernel (a launch of it would raise)."""
+    kernel, sl._skinny_kernel = sl._skinny_kernel, None
+    try:
+        return sl.linear(x, w)
+    finally:
+        sl._skinny_kernel = kernel
+
+
+def _one_row_past_gemv_max_n(x, w):
+    """More weight rows than GEMV_MAX_N (the lm_head): the tile kernel, never the GEMV."""
+    kernel, limit = sl._gemv_kernel, sl.GEMV_MAX_N
+    sl._gemv_kernel, sl.GEMV_MAX_N = None, w.shape[0] - 1
+    try:
+        return sl.linear(x, w)
+    finally:
+        sl._gemv_kernel, sl.GEMV_MAX_N = kernel, limit
+
+
+# (N, K): ragged weight rows past the last 8-row block, and K steps of 512, 32 and 16 columns.
+@pytest.mark.parametrize("N, K", [(203, 512), (64, 96), (40, 2064)])
+def test_one_row_takes_the_gemv_and_matches_float64(interp, N, K):
+    gen = torch.Generator().manual_seed(N + K)
+    x, w = torch.randn(1, K, generator=gen), torch.randn(N, K, generator=gen)
+    y = interp.apply(_one_row_without_tile_kernel, (x, w))
+    assert y.shape == (1, N)
+    assert torch.allclose(y.double(), reference(x, w), rtol=1e-5, atol=1e-4)
+
+
+def test_one_row_of_a_wide_weight_keeps_the_tile_kernel(interp):
+    gen = torch.Generator().manual_seed(9)
+    x, w = torch.randn(1, 256, generator=gen), torch.randn(96, 256, generator=gen)
+    y = interp.apply(_one_row_past_gemv_max_n, (x, w))
+    assert torch.allclose(y.double(), reference(x, w), rtol=1e-5, atol=1e-4)
+
+
+def test_gemv_block_k():
+    assert [sl.gemv_block_k(k) for k in (4096, 12288, 96, 2064, 1536)] == [1024, 1024, 32, 16, 512]
 
 
 @pytest.mark.parametrize("M", [1, 7, 16])
