@@ -36,6 +36,21 @@ def wait_then_release(PDL: tl.constexpr):
         tl.extra.cuda.gdc_launch_dependents()
 
 
+@triton.jit
+def wait(PDL: tl.constexpr):
+    """wait_then_release's first half, for a kernel that lets the next one launch only later
+    (`release`): one of many programs a multiprocessor, whose early-launched dependents would
+    take the places its later programs need."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def release(PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
 @functools.lru_cache(maxsize=None)
 def _capable(index: int) -> bool:
     try:

@@ -100,8 +100,11 @@ def _skinny_kernel(X, W, Y, PART, LOCK, M, N, stride_xm, stride_wn, stride_ym, k
 def _gemv_kernel(X, W, Y, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """y = W x for one row x [K]: program i takes weight rows i BLOCK_N .., each thread a few
     columns of them; products accumulate in fp32 per column lane over K / BLOCK_K steps, then
-    one sum across the lanes (a fixed order: the same bits every call)."""
-    pdl.wait_then_release(PDL)
+    one sum across the lanes (a fixed order: the same bits every call). Its many programs (768
+    for q/k/v) run in waves, so the next kernel may launch only once this program has streamed
+    its rows: launched at the start, its programs took the places of this kernel's later ones
+    (4.59 -> 5.02 ms a graph-captured decode step at 4096 keys on the H200)."""
+    pdl.wait(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     w_ptrs = W + n[:, None].to(tl.int64) * stride_wn + tl.arange(0, BLOCK_K)[None, :]
@@ -113,6 +116,7 @@ def _gemv_kernel(X, W, Y, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
+    pdl.release(PDL)
     tl.store(Y + n, tl.sum(acc, axis=1).to(Y.dtype.element_ty), mask=n_ok)
 
 
