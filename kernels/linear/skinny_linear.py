@@ -97,7 +97,8 @@ def _skinny_kernel(X, W, Y, PART, LOCK, M, N, stride_xm, stride_wn, stride_ym, k
 
 
 @triton.jit
-def _gemv_kernel(X, W, Y, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _gemv_kernel(X, W, Y, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
+                 PDL: tl.constexpr):
     """y = W x for one row x [K]: program i takes weight rows i BLOCK_N .., each thread a few
     columns of them; products accumulate in fp32 per column lane over K / BLOCK_K steps, then
     one sum across the lanes (a fixed order: the same bits every call). Its many programs (768
@@ -111,7 +112,10 @@ def _gemv_kernel(X, W, Y, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
     x_ptrs = X + tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for _ in range(0, K, BLOCK_K):
-        w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+        if EVEN_N:                # no mask: the loads stay 16-byte vectors
+            w = tl.load(w_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
         x = tl.load(x_ptrs)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         w_ptrs += BLOCK_K
@@ -198,6 +202,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, config: Config | None = None,
     if gemv:
         _gemv_kernel[(triton.cdiv(N, GEMV_BLOCK_N),)](
             x2, weight, y2, N, K, weight.stride(0), BLOCK_N=GEMV_BLOCK_N, BLOCK_K=gemv_block_k(K),
+            EVEN_N=N % GEMV_BLOCK_N == 0,
             num_warps=GEMV_WARPS, num_stages=GEMV_STAGES, **pdl.launch_options(x.device))
         return y
     tiles = triton.cdiv(N, config.block_n)
