@@ -15,9 +15,10 @@ order is fixed, so a result never depends on which split finished first.
 
 One row (plain decoding at batch 1) takes a plain GEMV instead (`_gemv_kernel`: no tensor cores,
 eight weight rows a program, 1024 columns a step, fp32 products summed per column lane and then
-across the lanes): on the H200 it streams o_proj 11 % and down_proj 9 % faster than the tile
-kernel at one row, q/k/v and gate/up level (kernels/NOTES.md, "One row as a plain GEMV"); the
-lm_head's 151936 rows stay on the tile kernel (GEMV_MAX_N: not measured there).
+across the lanes): on the H200 a layer's four GEMMs at one row take 96.1 µs against the tile
+kernel's 106.4, and graph-captured plain decoding runs 3.5-6.1 % faster (kernels/NOTES.md, "One
+row as a plain GEMV"); the lm_head's 151936 rows stay on the tile kernel (GEMV_MAX_N: not
+measured there).
 
 More rows (the 65-row verify, prefill) go to cuBLAS: at 65 rows it was faster than every
 variant of this kernel tried on the H200 (0.62-0.97x its time: kernels/NOTES.md, "Skinny
