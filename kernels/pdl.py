@@ -38,9 +38,8 @@ def wait_then_release(PDL: tl.constexpr):
 
 @triton.jit
 def wait(PDL: tl.constexpr):
-    """wait_then_release's first half, for a kernel that lets the next one launch only later
-    (`release`): one of many programs a multiprocessor, whose early-launched dependents would
-    take the places its later programs need."""
+    """wait_then_release's first half, for a kernel that lets the next one launch later, after
+    its main loop (`release`)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
 

@@ -102,10 +102,10 @@ def _gemv_kernel(X, W, Y, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
                  PDL: tl.constexpr):
     """y = W x for one row x [K]: program i takes weight rows i BLOCK_N .., each thread a few
     columns of them; products accumulate in fp32 per column lane over K / BLOCK_K steps, then
-    one sum across the lanes (a fixed order: the same bits every call). Its many programs (768
-    for q/k/v) run in waves, so the next kernel may launch only once this program has streamed
-    its rows: launched at the start, its programs took the places of this kernel's later ones
-    (4.59 -> 5.02 ms a graph-captured decode step at 4096 keys on the H200)."""
+    one sum across the lanes (a fixed order: the same bits every call). It lets the next kernel
+    launch after its loop, not first thing: the build that was measured with unmasked loads
+    (with masked ones, first thing read ~3 % faster: kernels/NOTES.md, "One row as a plain
+    GEMV"; to be timed again)."""
     pdl.wait(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
