@@ -1,6 +1,7 @@
-"""The skinny linear kernel (kernels/linear/skinny_linear.py) on a GPU, in bf16, at Qwen3-8B's
-weight shapes and decode's row counts: against cuBLAS and float64, split and unsplit, with no
-host sync, and in CUDA graph replays on new inputs (the split counters reset themselves). Its
+"""The skinny linear kernels (kernels/linear/skinny_linear.py) on a GPU, in bf16, at Qwen3-8B's
+weight shapes and decode's row counts (one row: the GEMV): against cuBLAS and float64, split and
+unsplit, with no host sync, and in CUDA graph replays on new inputs (the split counters reset
+themselves). Its
 timing is the op workload's (`op: linear`, scenarios/ops.yaml)."""
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from harness.kernels.linear import skinny_linear as sl
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096), (200, 4096)]
+# Qwen3-8B's layers and lm_head, and two small N: 200 (a ragged 64-row tile), 203 (a ragged
+# 8-row block of the one-row GEMV, whose loads are masked then).
+SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096), (200, 4096), (203, 4096)]
 
 
 def rel(y, x, w):
@@ -57,3 +60,19 @@ def test_graph_replays_on_new_inputs_with_split():
         x.copy_(torch.randn_like(x))
         g.replay()
         assert torch.equal(out, sl.linear(x, w, cfg))
+
+
+def test_one_row_graph_replays_on_new_inputs():
+    """The one-row GEMV (no config), captured once and replayed on new x: every replay equals an
+    eager call bit for bit (its sum has a fixed order), and no call syncs."""
+    x = torch.randn(1, 4096, device="cuda").bfloat16()
+    w = (torch.randn(6144, 4096, device="cuda") * 0.02).bfloat16()
+    out = torch.empty(1, 6144, device="cuda", dtype=torch.bfloat16)
+    sl.linear(x, w, out=out)
+    with no_host_sync():
+        sl.linear(x, w, out=out)
+    g = capture(lambda: sl.linear(x, w, out=out))
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        g.replay()
+        assert torch.equal(out, sl.linear(x, w))
