@@ -29,6 +29,9 @@
 //   it, 128-byte swizzle applied to absolute shared addresses, at the first wait on their
 //   barrier (the latest a waiter that sees the phase complete allows; TVA_EMU_EARLY=1: at
 //   issue). A phase that can never complete is a deadlock, reported as one.
+// - Named barriers 1..15 (named_barrier_sync / _arrive: bar.sync / bar.arrive with a thread
+//   count) and setmaxnreg_inc / _dec (every thread of the warpgroup executes it; the block's
+//   warpgroups may not budget more than 64 K registers): warp specialisation's pieces.
 // - Skew (a non-zero seed) makes the scheduler skip random warps in each round, so warps drift
 //   apart between barriers and a missing __syncthreads shows up as wrong numbers.
 // - emu_configure(early, skew_seed) (extern "C") sets both; the environment variables
@@ -289,6 +292,11 @@ struct Block {
     long bar_gen = 0;
     std::vector<int> warp_count, group_count;
     std::vector<long> warp_gen, group_gen;
+    // Named barriers 1..15 (bar.sync / bar.arrive with a thread count; 0 is __syncthreads):
+    // arrivals in the current generation, the generation, the count they were given.
+    std::array<int, 16> named_count{}, named_threads{};
+    std::array<long, 16> named_gen{};
+    std::vector<int> group_regs;                    // setmaxnreg's count per warpgroup (0: unset)
     std::vector<std::array<uint32_t, 16>> slots;   // per thread: values it shares with its warp
     std::vector<struct MBarrier> mbarriers;         // by shared address (mbarrier.init)
     std::vector<struct BulkCopy> bulk_copies;       // tensor copies issued, not landed yet
@@ -358,6 +366,45 @@ inline void warpgroup_sync() {
     barrier(b->group_count[warp() / 4], b->group_gen[warp() / 4], 128);
 }
 
+// bar.sync id, threads (wait: true) and bar.arrive id, threads (false): the barrier completes
+// when `threads` threads have arrived; a sync waits for that, an arrive does not (a producer
+// signals consumers that wait). Refused: an id outside 1..15 (0 is __syncthreads), a count not
+// a positive multiple of the warp, arrivals that disagree on the count within one generation.
+inline void named_barrier(int id, int threads, bool wait) {
+    Block* b = current_block();
+    if (id < 1 || id > 15) die("named barrier: id outside 1..15 (0 is __syncthreads)");
+    if (threads <= 0 || threads % 32 || threads > static_cast<int>(b->dim.x))
+        die("named barrier: thread count not a positive multiple of 32 within the block");
+    if (b->named_count[id] > 0 && b->named_threads[id] != threads)
+        die("named barrier: arrivals disagree on its thread count");
+    b->named_threads[id] = threads;
+    const long mine = b->named_gen[id];
+    ++b->progress;
+    if (++b->named_count[id] == threads) {
+        b->named_count[id] = 0;
+        ++b->named_gen[id];
+        return;
+    }
+    while (wait && b->named_gen[id] == mine) yield();
+}
+
+// setmaxnreg.{inc,dec}.sync.aligned.u32 regs: every thread of the warpgroup executes it (a
+// warpgroup barrier here, so a warp that does not hangs the emulation as it would the GPU).
+// Refused (the launch reports a fault): a count outside 24..256 or not a multiple of 8, and
+// warpgroups whose counts, once all are set, need more than the multiprocessor's 64 K registers.
+inline void setmaxnreg(int regs) {
+    if (regs < 24 || regs > 256 || regs % 8) misaligned("setmaxnreg: count outside 24..256 or not a multiple of 8");
+    warpgroup_sync();
+    Block* b = current_block();
+    b->group_regs[warp() / 4] = regs;
+    long total = 0;
+    for (int r : b->group_regs) {
+        if (r == 0) return;
+        total += 128L * r;
+    }
+    if (total > 65536) misaligned("setmaxnreg: the warpgroups' registers exceed 64 K");
+}
+
 inline uint8_t* smem_at(uint32_t addr, uint32_t bytes) {
     Block* b = current_block();
     if (addr < kSmemBase || static_cast<size_t>(addr - kSmemBase) + bytes > b->smem_size)
@@ -419,6 +466,7 @@ inline void run_block(Block& b) {
     b.warp_gen.assign((b.dim.x + 31) / 32, 0);
     b.group_count.assign((b.dim.x + 127) / 128, 0);
     b.group_gen.assign((b.dim.x + 127) / 128, 0);
+    b.group_regs.assign((b.dim.x + 127) / 128, 0);
     for (unsigned t = 0; t < b.dim.x; ++t) {
         Fiber& f = b.fibers[t];
         f.tid = static_cast<int>(t);
@@ -952,6 +1000,14 @@ inline void mbar_init(uint32_t bar, uint32_t count) {
     emu::current_block()->mbarriers.push_back(emu::MBarrier{bar, count, count, 0, 0});
 }
 inline void fence_mbarrier_init() {}
+// Warp specialisation's other two pieces: named barriers (a kernel's bar.sync / bar.arrive with
+// an id and a thread count) and setmaxnreg (a warpgroup's register budget moved to another).
+inline void named_barrier_sync(int id, int threads) { emu::named_barrier(id, threads, true); }
+inline void named_barrier_arrive(int id, int threads) { emu::named_barrier(id, threads, false); }
+template <int REGS>
+inline void setmaxnreg_inc() { emu::setmaxnreg(REGS); }
+template <int REGS>
+inline void setmaxnreg_dec() { emu::setmaxnreg(REGS); }
 // One arrival that also expects `bytes` more transaction bytes in this phase.
 inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
     emu::MBarrier& m = emu::mbarrier_at(bar);
