@@ -128,6 +128,9 @@ inline std::string& fault() {
 inline void misaligned(const char* what) {
     if (fault().empty()) fault() = what;
 }
+// A kernel breaking a rule the GPU would fault or hang on, recorded like a misaligned access
+// (the launch then returns an error, its message from emu_last_fault()).
+inline void fail(const char* what) { misaligned(what); }
 // A refused launch since the last cudaGetLastError() (empty: none), and why.
 inline std::string& launch_refused() {
     static std::string why;
@@ -393,7 +396,7 @@ inline void named_barrier(int id, int threads, bool wait) {
 // Refused (the launch reports a fault): a count outside 24..256 or not a multiple of 8, and
 // warpgroups whose counts, once all are set, need more than the multiprocessor's 64 K registers.
 inline void setmaxnreg(int regs) {
-    if (regs < 24 || regs > 256 || regs % 8) misaligned("setmaxnreg: count outside 24..256 or not a multiple of 8");
+    if (regs < 24 || regs > 256 || regs % 8) fail("setmaxnreg: count outside 24..256 or not a multiple of 8");
     warpgroup_sync();
     Block* b = current_block();
     b->group_regs[warp() / 4] = regs;
@@ -402,7 +405,7 @@ inline void setmaxnreg(int regs) {
         if (r == 0) return;
         total += 128L * r;
     }
-    if (total > 65536) misaligned("setmaxnreg: the warpgroups' registers exceed 64 K");
+    if (total > 65536) fail("setmaxnreg: the warpgroups' registers exceed 64 K");
 }
 
 inline uint8_t* smem_at(uint32_t addr, uint32_t bytes) {
