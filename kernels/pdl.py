@@ -46,6 +46,7 @@ def wait(PDL: tl.constexpr):
 
 @triton.jit
 def release(PDL: tl.constexpr):
+    """wait's other half: from here on the kernel after this one may launch."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
 

@@ -1,6 +1,7 @@
 """The skinny linear kernels (kernels/linear/skinny_linear.py) under the Triton interpreter
 (conftest.interp): every row count, split-K with its counters, ragged N, the one-row GEMV and
-which weights it takes, and what the module hands to cuBLAS. On the GPU, in bf16 and in graph replays: tests/kernels/test_skinny_linear_gpu.py."""
+which weights it takes, and what the module hands to cuBLAS. On the GPU, in bf16 and in graph
+replays: tests/kernels/test_skinny_linear_gpu.py."""
 
 from __future__ import annotations
 

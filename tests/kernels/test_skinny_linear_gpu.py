@@ -1,8 +1,7 @@
 """The skinny linear kernels (kernels/linear/skinny_linear.py) on a GPU, in bf16, at Qwen3-8B's
 weight shapes and decode's row counts (one row: the GEMV): against cuBLAS and float64, split and
 unsplit, with no host sync, and in CUDA graph replays on new inputs (the split counters reset
-themselves). Its
-timing is the op workload's (`op: linear`, scenarios/ops.yaml)."""
+themselves). Their timing is the op workload's (`op: linear`, scenarios/ops.yaml)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 // produces (tensor copies of tile t into a ring of stages, each stage's "full" barrier taking
 // the bytes, its "empty" barrier waited for before reuse), warpgroups 1 and 2 consume every
 // tile (the even and the odd columns' sums) and take turns in a section ordered by two named
-// barriers (the ping-pong FA3 schedules its MMAs with). tests/kernels/test_warp_specialized_
-// emulated.py checks the sums, the turns, and what the emulator refuses.
+// barriers (the ping-pong FA3 schedules its MMAs with).
+// tests/kernels/test_warp_specialized_emulated.py checks the sums, the turns, and what the
+// emulator refuses.
 #include "cuda_emulation.h"
 
 namespace {
