@@ -17,7 +17,8 @@ One row (plain decoding at batch 1) takes a plain GEMV instead (`_gemv_kernel`: 
 eight weight rows a program, 1024 columns a step, fp32 products summed per column lane and then
 across the lanes): on the H200 a layer's four GEMMs at one row take 96.1 µs against the tile
 kernel's 106.4, and graph-captured plain decoding runs 3.5-6.1 % faster (kernels/NOTES.md, "One
-row as a plain GEMV"); the lm_head's 151936 rows too (GEMV_MAX_N).
+row as a plain GEMV"); the lm_head's 151936 rows stay on the tile kernel (GEMV_MAX_N: not
+measured there).
 
 More rows (the 65-row verify, prefill) go to cuBLAS: at 65 rows it was faster than every
 variant of this kernel tried on the H200 (0.62-0.97x its time: kernels/NOTES.md, "Skinny
@@ -41,9 +42,9 @@ from harness.kernels import pdl
 # The most rows the kernel takes: one MMA tile of token rows. At 65 rows (the verify) cuBLAS
 # measured faster on the H200 in every variant tried (kernels/NOTES.md): more go to cuBLAS.
 MAX_ROWS = 16
-# One-row weights of at most this many rows take the GEMV: the layers' q/k/v, o, gate/up and
-# down projections of Qwen3-8B (4096-24576) and its lm_head (151936).
-GEMV_MAX_N = 1 << 20
+# One-row weights of at most this many rows take the GEMV (the layers' q/k/v, o, gate/up and
+# down projections of Qwen3-8B: 4096-24576); the lm_head (151936) keeps the tile kernel.
+GEMV_MAX_N = 32768
 GEMV_BLOCK_N, GEMV_WARPS, GEMV_STAGES = 8, 4, 3
 
 
