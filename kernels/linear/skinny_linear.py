@@ -103,9 +103,10 @@ def _gemv_kernel(X, W, Y, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
     """y = W x for one row x [K]: program i takes weight rows i BLOCK_N .., each thread a few
     columns of them; products accumulate in fp32 per column lane over K / BLOCK_K steps, then
     one sum across the lanes (a fixed order: the same bits every call). It lets the next kernel
-    launch first thing, like the step's other kernels (A/B against releasing after the loop:
-    kernels/NOTES.md, "One row as a plain GEMV")."""
-    pdl.wait_then_release(PDL)
+    launch after its loop, not first thing: the build that was measured with unmasked loads
+    (with masked ones, first thing read ~3 % faster: kernels/NOTES.md, "One row as a plain
+    GEMV"; to be timed again)."""
+    pdl.wait(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     w_ptrs = W + n[:, None].to(tl.int64) * stride_wn + tl.arange(0, BLOCK_K)[None, :]
@@ -120,6 +121,7 @@ def _gemv_kernel(X, W, Y, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
+    pdl.release(PDL)
     tl.store(Y + n, tl.sum(acc, axis=1).to(Y.dtype.element_ty), mask=n_ok)
 
 
