@@ -17,8 +17,8 @@ One row (plain decoding at batch 1) takes a plain GEMV instead (`_gemv_kernel`: 
 eight weight rows a program, 1024 columns a step, fp32 products summed per column lane and then
 across the lanes): on the H200 a layer's four GEMMs at one row take 96.1 µs against the tile
 kernel's 106.4, and graph-captured plain decoding runs 3.5-6.1 % faster (kernels/NOTES.md, "One
-row as a plain GEMV"); the lm_head's 151936 rows stay on the tile kernel (GEMV_MAX_N: not
-measured there).
+row as a plain GEMV"); the lm_head's 151936 rows stay on the tile kernel (GEMV_MAX_N: on the
+GEMV, plain decoding measured 0.2-0.7 % slower).
 
 More rows (the 65-row verify, prefill) go to cuBLAS: at 65 rows it was faster than every
 variant of this kernel tried on the H200 (0.62-0.97x its time: kernels/NOTES.md, "Skinny
@@ -43,7 +43,8 @@ from harness.kernels import pdl
 # measured faster on the H200 in every variant tried (kernels/NOTES.md): more go to cuBLAS.
 MAX_ROWS = 16
 # One-row weights of at most this many rows take the GEMV (the layers' q/k/v, o, gate/up and
-# down projections of Qwen3-8B: 4096-24576); the lm_head (151936) keeps the tile kernel.
+# down projections of Qwen3-8B: 4096-24576); the lm_head (151936) keeps the tile kernel, whose
+# split-K plan read it faster than the GEMV's 8-row programs on the H200.
 GEMV_MAX_N = 32768
 GEMV_BLOCK_N, GEMV_WARPS, GEMV_STAGES = 8, 4, 3
 
@@ -103,9 +104,9 @@ def _gemv_kernel(X, W, Y, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
     """y = W x for one row x [K]: program i takes weight rows i BLOCK_N .., each thread a few
     columns of them; products accumulate in fp32 per column lane over K / BLOCK_K steps, then
     one sum across the lanes (a fixed order: the same bits every call). It lets the next kernel
-    launch after its loop, not first thing: the build that was measured with unmasked loads
-    (with masked ones, first thing read ~3 % faster: kernels/NOTES.md, "One row as a plain
-    GEMV"; to be timed again)."""
+    launch after its loop, not first thing: with these unmasked loads, releasing first thing
+    made plain decoding 0.4-1.5 % slower on the H200 (kernels/NOTES.md, "One row as a plain
+    GEMV")."""
     pdl.wait(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
