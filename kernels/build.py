@@ -35,6 +35,10 @@ DEBUG_FLAGS = ("-DTVA_DEBUG",)
 # cache feeds its K and V tiles by tensor copies (TMA) instead of cp.async, to A/B against the
 # default build in one process or device call (kernels/NOTES.md, "Tensor copies").
 TMA_FLAGS = ("-DTVA_TMA",)
+# HARNESS_KERNEL_WS=1: a build (its own cache entry) whose pipelined GQA verify on a contiguous
+# cache is warp-specialised (a producer warpgroup on tensor copies, two consumer warpgroups, a
+# split each), to A/B likewise (kernels/NOTES.md, "The warp-specialised kernel").
+WS_FLAGS = ("-DTVA_TMA", "-DTVA_WS")
 
 
 def _on(name: str) -> bool:
@@ -43,7 +47,7 @@ def _on(name: str) -> bool:
 
 def nvcc_flags() -> tuple[str, ...]:
     return (NVCC_FLAGS + (DEBUG_FLAGS if _on("HARNESS_KERNEL_DEBUG") else ())
-            + (TMA_FLAGS if _on("HARNESS_KERNEL_TMA") else ()))
+            + (WS_FLAGS if _on("HARNESS_KERNEL_WS") else TMA_FLAGS if _on("HARNESS_KERNEL_TMA") else ()))
 
 # Architectures built as exactly that machine code; any other GPU gets its own SASS plus PTX.
 # Hopper builds 9.0a: its wgmma instructions exist only in the arch-specific target.
@@ -133,6 +137,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tva_gqa_smem_bytes.restype = c_int
     lib.tva_mla_smem_bytes.argtypes = []
     lib.tva_mla_smem_bytes.restype = c_int
+    lib.tva_gqa_split_pairs.argtypes = []
+    lib.tva_gqa_split_pairs.restype = c_int
     lib.tva_error_string.argtypes = [c_int]
     lib.tva_error_string.restype = ctypes.c_char_p
     lib.tva_struct_size.argtypes = []

@@ -311,6 +311,28 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, c
     __trap();
 #endif
 }
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Warp specialisation's pieces: a barrier of `threads` threads under id 1-15 (0 is
+// __syncthreads), and a warpgroup's register budget moved (sm_90a; every thread of the
+// warpgroup executes it).
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#ifdef TVA_WGMMA
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+#endif
+}
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#ifdef TVA_WGMMA
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+#endif
+}
 #endif  // TVA_EMULATE
 
 // Shared-memory matrix descriptor for wgmma: K-major operand, 128-byte swizzle, rows of 128
@@ -1156,6 +1178,223 @@ gqa_tma_kernel(const __grid_constant__ GqaTmaParams a) {
     gqa_pipelined<D, NW, false, true>(a.p, &a.k, &a.v);
 }
 
+#ifdef TVA_WS
+// ------------------------------------------------------------------------------------------
+// Warp-specialised GQA kernel (FlashAttention-3's split): a producer warpgroup issues every
+// K and V tile as tensor copies and two consumer warpgroups only wait on mbarriers, run the
+// MMAs and the softmax. Head dim 128, contiguous cache, 64 rows (one row block) a CTA.
+// ------------------------------------------------------------------------------------------
+
+// Each consumer takes a split of its own (CTA y's consumers: splits 2y and 2y + 1), so a CTA
+// of three warpgroups does what two co-resident CTAs of the pipelined kernel did, and the
+// partials and the combine are the same. The consumer's loop is the pipelined kernel's (S_{j+1}
+// with P_j V_j, the softmax under P_j V_j, the lazy rescale) with the barrier and the copies
+// taken out: it waits for a tile's full barrier, and releases a stage (every consumer thread
+// arrives on its empty barrier) once its own wait_group has retired the MMAs that read it.
+namespace ws {
+constexpr int D = 128, STAGES = 3, TILE = BN * D * 2;       // a K or V tile: 16 KB
+constexpr int Q_BYTES = 64 * D * 2;                        // a consumer's 64 rows of Q
+constexpr int REGION = Q_BYTES + 2 * STAGES * TILE;        // a consumer's Q, K ring and V ring
+constexpr int BARRIERS = 2 * 4 * STAGES;                   // per consumer: full / empty of K / V
+constexpr int SMEM = 1024 + 2 * REGION + BARRIERS * 8;     // 230592 (+1 KB: alignment)
+// 128 x 24 + 256 x 240 = 64512 of the multiprocessor's 64 K registers (one CTA a multiprocessor).
+constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+enum Barrier { FULL_K, FULL_V, EMPTY_K, EMPTY_V };
+}  // namespace ws
+
+__global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ GqaTmaParams a) {
+    wait_for_previous_kernel();
+    constexpr int D = ws::D, STAGES = ws::STAGES, TILE = ws::TILE, NT = 128;
+    const AttnParams& p = a.p;
+    TVA_DYNAMIC_SMEM(smem);
+    const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;    // 1024-byte aligned for the swizzle
+    const uint32_t bars = base + 2 * ws::REGION;
+    auto bar = [&](int c, ws::Barrier kind, int tile) {
+        return bars + 8u * static_cast<uint32_t>((c * 4 + kind) * STAGES + tile % STAGES);
+    };
+    auto q_tile = [&](int c) { return base + static_cast<uint32_t>(c * ws::REGION); };
+    auto k_stage = [&](int c, int tile) { return q_tile(c) + ws::Q_BYTES + (tile % STAGES) * TILE; };
+    auto v_stage = [&](int c, int tile) { return q_tile(c) + ws::Q_BYTES + (STAGES + tile % STAGES) * TILE; };
+
+    const int tid = threadIdx.x, group = tid / 128;
+    const int mblock = blockIdx.x;
+    const int b = blockIdx.z / p.heads_kv, h = blockIdx.z % p.heads_kv;
+    const int T = p.tokens, G = p.heads_q / p.heads_kv, M = G * T;
+    const int L = read_length(p, b);
+    if (tid == 0) {
+        for (int i = 0; i < ws::BARRIERS; ++i) mbar_init(bars + 8u * i, (i / STAGES) % 4 >= ws::EMPTY_K ? NT : 1);
+        fence_mbarrier_init();
+    }
+    __syncthreads();              // the barriers are initialised before anyone waits on one
+
+    if (group == 0) {             // the producer: lane 0 of warp c feeds consumer c
+        setmaxnreg_dec<ws::PRODUCER_REGS>();
+        const int c = tid / 32, split = 2 * static_cast<int>(blockIdx.y) + c;
+        if (c > 1 || (tid & 31) || split >= p.num_splits) return;
+        const SplitRange sr = split_range(L + T, p.num_splits, split);
+        auto load = [&](const CUtensorMap* map, uint32_t dst, uint32_t full, int tile) {
+            mbar_arrive_expect_tx(full, TILE);
+#pragma unroll
+            for (int cc = 0; cc < D / 64; ++cc) {
+                const int32_t at[4] = {64 * cc, sr.begin + tile * BN, h, b};
+                tma_load(dst + cc * (BN * 128), map, at, full);
+            }
+        };
+        // K_j, then V_{j-1}: the order the consumer releases them in (K_j's stage at S_j's
+        // retirement, V_j's a tile later). A stage's use u waits for the release of use u - 1;
+        // the first use waits for the phase before the barrier's first, complete from the start.
+        for (int j = 0; j <= sr.tiles; ++j) {
+            if (j < sr.tiles) {
+                mbar_wait(bar(c, ws::EMPTY_K, j), static_cast<uint32_t>(j / STAGES + 1) & 1u);
+                load(&a.k, k_stage(c, j), bar(c, ws::FULL_K, j), j);
+            }
+            if (j > 0) {
+                mbar_wait(bar(c, ws::EMPTY_V, j - 1), static_cast<uint32_t>((j - 1) / STAGES + 1) & 1u);
+                load(&a.v, v_stage(c, j - 1), bar(c, ws::FULL_V, j - 1), j - 1);
+            }
+        }
+        return;
+    }
+
+    setmaxnreg_inc<ws::CONSUMER_REGS>();
+    const int c = group - 1, split = 2 * static_cast<int>(blockIdx.y) + c;
+    if (split >= p.num_splits) return;
+    const int ctid = tid - 128 * group, warp = ctid >> 5, lane = tid & 31;
+    const SplitRange sr = split_range(L + T, p.num_splits, split);
+    const int n = sr.tiles;
+    const char* qbase = static_cast<const char*>(p.q) + (b * p.q_sb + static_cast<int64_t>(h) * G * p.q_sh) * 2;
+    copy_q_tile<64, D / 8, NT>(p, q_tile(c), qbase, ctid, mblock, M);
+    cp_async_commit();
+    cp_async_wait<0>();
+    named_barrier_sync(1 + c, NT);            // this warpgroup's Q tile, whole
+    uint32_t qa[D / 16][4];
+    load_q_fragments<D>(qa, q_tile(c), warp, lane);
+
+    const float scale = static_cast<float>(p.sm_scale) * LOG2E;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int r0 = mblock * 64 + warp * 16 + gid;          // this thread's rows: r0, r0 + 8
+    const int32_t* bits_row[2];
+    tree_mask_rows(p, b, r0, M, bits_row);
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    uint32_t pa[2][BN / 16][4];
+
+    // As in gqa_pipelined (see its comments: fresh S a tile, P packed after the wait, the lazy
+    // rescale).
+    auto issue_s = [&](float (&s)[BN / 8][4], int tile) {
+        const uint64_t k_desc = desc_kmajor_sw128(k_stage(c, tile));
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            wgmma_m64n64k16(s, qa[kk], desc_advance(k_desc, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+        wgmma_commit();
+    };
+    auto softmax = [&](const float (&s)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&alpha)[2]) {
+        float m_tile[2];
+        masked_tile_max<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, x, m_tile);
+        const bool rescale = __any_sync(0xffffffffu, m_tile[0] > m_run[0] + RESCALE_LOG2 ||
+                                                     m_tile[1] > m_run[1] + RESCALE_LOG2);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            alpha[hf] = 1.f;
+            if (rescale) {
+                const float m_new = fmaxf(m_run[hf], m_tile[hf]);
+                alpha[hf] = fast_exp2(m_run[hf] - max_ref(m_new));
+                m_run[hf] = m_new;
+            }
+            const float m_use = max_ref(m_run[hf]);
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt) {
+                x[nt][2 * hf] = fast_exp2(fmaf(x[nt][2 * hf], scale, -m_use));
+                x[nt][2 * hf + 1] = fast_exp2(fmaf(x[nt][2 * hf + 1], scale, -m_use));
+            }
+            l_run[hf] = l_run[hf] * alpha[hf] + row_sum(x, hf);
+        }
+        return rescale;
+    };
+    auto pack_p = [&](const float (&x)[BN / 8][4], uint32_t (&pk)[BN / 16][4]) {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            pk[kk][0] = pack_bf16(x[2 * kk][0], x[2 * kk][1]);
+            pk[kk][1] = pack_bf16(x[2 * kk][2], x[2 * kk][3]);
+            pk[kk][2] = pack_bf16(x[2 * kk + 1][0], x[2 * kk + 1][1]);
+            pk[kk][3] = pack_bf16(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+        }
+    };
+
+    if (n > 0) {
+        float s[BN / 8][4], x[BN / 8][4], alpha[2];
+        mbar_wait(bar(c, ws::FULL_K, 0), 0);
+        wgmma_fence();
+        issue_s(s, 0);
+        wgmma_wait<0>();
+        keep_live(s);
+        mbar_arrive(bar(c, ws::EMPTY_K, 0));
+        softmax(s, 0, x, alpha);    // O is still zero: alpha is not needed
+        pack_p(x, pa[0]);
+    }
+    auto step = [&](int tile, auto pa_index) {
+        constexpr int PA = decltype(pa_index)::value;
+        const bool more = tile + 1 < n;
+        if (more) mbar_wait(bar(c, ws::FULL_K, tile + 1), static_cast<uint32_t>((tile + 1) / STAGES) & 1u);
+        mbar_wait(bar(c, ws::FULL_V, tile), static_cast<uint32_t>(tile / STAGES) & 1u);
+        // A box reads the cache's rows past the sequence: P is 0 there, but 0 times a NaN V row
+        // is NaN, so those rows become zeros first (only the sequence's last tile has any).
+        const int valid = L + T - (sr.begin + tile * BN);
+        if (valid < BN) {
+            zero_rows<BN, D / 8, NT>(v_stage(c, tile), valid > 0 ? valid : 0, ctid);
+            fence_proxy_async();
+            named_barrier_sync(1 + c, NT);
+        }
+        // S_{tile+1} then P_tile V_tile; on the last tile S again on K_tile, dropped (no branch
+        // between the fence and the MMAs: C7513). K_tile's stage was released, but no later
+        // tile is copied into it.
+        float s[BN / 8][4];
+        wgmma_fence();
+        issue_s(s, more ? tile + 1 : tile);
+        const uint64_t v_desc = desc_mnmajor_sw128(v_stage(c, tile));
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
+        wgmma_commit();
+        if (more) {
+            float x[BN / 8][4], alpha[2];
+            wgmma_wait<1>();          // S_{tile+1} and P_{tile-1} V_{tile-1} retired
+            keep_live(s);
+            mbar_arrive(bar(c, ws::EMPTY_K, tile + 1));
+            if (tile > 0) mbar_arrive(bar(c, ws::EMPTY_V, tile - 1));
+            const bool rescale = softmax(s, tile + 1, x, alpha);
+            if (rescale) {            // warp-uniform
+                wgmma_wait<0>();
+                keep_live(o);
+#pragma unroll
+                for (int dt = 0; dt < D / 8; ++dt) {
+                    o[dt][0] *= alpha[0];
+                    o[dt][1] *= alpha[0];
+                    o[dt][2] *= alpha[1];
+                    o[dt][3] *= alpha[1];
+                }
+            }
+            pack_p(x, pa[1 - PA]);
+        } else {
+            wgmma_wait<0>();
+            keep_live(o);
+        }
+    };
+    int tile = 0;
+    for (; tile + 1 < n; tile += 2) {
+        step(tile, std::integral_constant<int, 0>{});
+        step(tile + 1, std::integral_constant<int, 1>{});
+    }
+    if (tile < n) step(tile, std::integral_constant<int, 0>{});
+    wgmma_wait<0>();
+    keep_live(o);
+
+    write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
+}
+#endif  // TVA_WS
+
 // ------------------------------------------------------------------------------------------
 // MLA latent kernel: keys 576 wide (512 latent + 64 rope), values = the first 512, one KV head.
 // ------------------------------------------------------------------------------------------
@@ -1803,6 +2042,23 @@ static cudaError_t launch_gqa_tma(const AttnParams& p, cudaStream_t stream, int 
     TVA_LAUNCH(kernel, grid, NW * 32, smem, stream, a);
     return launch_status(stream);
 }
+
+#ifdef TVA_WS
+// Two splits a CTA (one a consumer warpgroup): the plan's split count, whatever its parity.
+static cudaError_t launch_gqa_ws(const AttnParams& p, cudaStream_t stream, int m_blocks) {
+    auto kernel = gqa_ws_kernel;
+    cudaError_t err = prepare(kernel, ws::SMEM);
+    if (err != cudaSuccess) return err;
+    GqaTmaParams a;
+    a.p = p;
+    if (!encode_cache_map(&a.k, p.k, p, p.k_sb, p.k_sh, p.k_st, ws::D) ||
+        !encode_cache_map(&a.v, p.v, p, p.v_sb, p.v_sh, p.v_st, ws::D))
+        return cudaErrorInvalidValue;
+    dim3 grid(m_blocks, static_cast<unsigned>((p.num_splits + 1) / 2), static_cast<unsigned>(p.batch * p.heads_kv));
+    TVA_LAUNCH(kernel, grid, 384, ws::SMEM, stream, a);
+    return launch_status(stream);
+}
+#endif  // TVA_WS
 #endif  // TVA_TMA
 
 template <int D>
@@ -1829,6 +2085,9 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
         case 16: return launch_gqa<D, 4, PAGED, 0>(p, stream, m_blocks);
         case 17: return launch_gqa<D, 4, PAGED, 1>(p, stream, m_blocks);
         case 18:
+#ifdef TVA_WS
+            if constexpr (!PAGED && D == 128) return launch_gqa_ws(p, stream, m_blocks);
+#endif
 #ifdef TVA_TMA
             if constexpr (!PAGED && D == 128) return launch_gqa_tma<D, 4>(p, stream, m_blocks);
 #endif
@@ -1853,6 +2112,16 @@ int tva_gqa_smem_bytes(int head_dim, int num_warps, int wgmma) {
 }
 
 int tva_mla_smem_bytes() { return tva::mla::SMEM; }
+
+// 1 where this build's pipelined GQA kernel (head dim 128, 4 warps, contiguous cache) is the
+// warp-specialised one, whose CTAs take two splits each (the split plan pairs them).
+int tva_gqa_split_pairs() {
+#ifdef TVA_WS
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 // CTAs of the GQA kernel that fit on one multiprocessor (0 on error).
 int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {

@@ -1019,7 +1019,13 @@ inline void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
     --m.pending;
     emu::complete_phase_if_done(m);
 }
-inline void mbar_arrive(uint32_t bar) { mbar_arrive_expect_tx(bar, 0); }
+// A plain arrival (a consumer releasing a stage) then a switch to another thread: on the GPU the
+// producer waiting on that barrier may run, and its next copy land, before this thread's next
+// instruction, so a stage released before the MMAs reading it retire is overwritten under them.
+inline void mbar_arrive(uint32_t bar) {
+    mbar_arrive_expect_tx(bar, 0);
+    emu::yield();
+}
 // Until the phase of parity `parity` has completed (mbarrier.try_wait.parity in a loop).
 inline void mbar_wait(uint32_t bar, uint32_t parity) {
     for (;;) {
