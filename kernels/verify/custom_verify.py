@@ -136,27 +136,23 @@ def gqa_slots(m_blocks: int, occupancy: int, sms: int, per_row_pages: bool = Fal
     return sms if m_blocks == 1 and not per_row_pages else occupancy * sms
 
 
-def _splits(requested, ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int,
-            pairs: bool = False) -> int:
+def _splits(requested, ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int) -> int:
     if requested is not None:
         if not 1 <= int(requested) <= MAX_REQUESTED_SPLITS:
             raise ValueError(f"num_splits must be in [1, {MAX_REQUESTED_SPLITS}], got {requested}")
         return int(requested)
-    return best_splits(ctas_per_split, slots, max_keys, overhead_keys, pairs)
+    return best_splits(ctas_per_split, slots, max_keys, overhead_keys)
 
 
 @functools.lru_cache(maxsize=4096)
-def best_splits(ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int, pairs: bool = False) -> int:
+def best_splits(ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int) -> int:
     """Split count with the shortest modelled time: waves of CTAs (`slots` run at once) times
     the keys one CTA streams (its chunk, whole tiles) plus a fixed cost per CTA in keys (start-up
     latency, and writing and re-reading its partial output). Wave quantisation matters: 144
-    CTAs on 132 SMs take two waves, 128 take one. `pairs`: a CTA takes two splits (the
-    warp-specialised kernel's two consumers; `slots` counts consumers), so an odd count leaves
-    a consumer idle."""
+    CTAs on 132 SMs take two waves, 128 take one."""
     def cost(s: int) -> int:
         chunk = math.ceil(math.ceil(max_keys / s) / TILE_KEYS) * TILE_KEYS
-        ctas = 2 * math.ceil(s / 2) if pairs else s
-        return math.ceil(ctas * ctas_per_split / slots) * (chunk + overhead_keys)
+        return math.ceil(s * ctas_per_split / slots) * (chunk + overhead_keys)
     top = max(1, min(MAX_SPLITS, math.ceil(max_keys / TILE_KEYS)))
     return min(range(1, top + 1), key=lambda s: (cost(s), s))
 
@@ -193,13 +189,12 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
     occupancy = _gqa_occupancy(index, d, warps, paged, wgmma)
     per_row_pages = paged and wgmma != _IMPL_CODE["wgmma_pv"]   # only the pipelined copy shares them
     slots = gqa_slots(m_blocks, occupancy, _sm_count(index), per_row_pages=per_row_pages)
-    # A warp-specialised build (HARNESS_KERNEL_WS) runs this shape as CTAs of two consumers on
-    # a split each, one CTA a multiprocessor.
-    pairs = wgmma == _IMPL_CODE["wgmma_pv"] and warps == 4 and not paged and bool(_lib().tva_gqa_split_pairs())
-    if pairs:
+    # A warp-specialised build (HARNESS_KERNEL_WS) runs this shape as CTAs of two consumers,
+    # one CTA a multiprocessor: two of these CTAs' work a multiprocessor, whatever the row blocks.
+    if wgmma == _IMPL_CODE["wgmma_pv"] and warps == 4 and not paged and _lib().tva_gqa_split_pairs():
         slots = 2 * _sm_count(index)
     splits = _splits(num_splits, b * heads_kv * m_blocks, slots, max_keys,
-                     _overhead_keys(16 * warps, d, 4 * d), pairs)
+                     _overhead_keys(16 * warps, d, 4 * d))
     return dict(num_warps=warps, m_blocks=m_blocks, num_splits=splits, dv=d, wgmma=wgmma)
 
 

@@ -316,10 +316,13 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 }
 
 // Warp specialisation's pieces: a barrier of `threads` threads under id 1-15 (0 is
-// __syncthreads), and a warpgroup's register budget moved (sm_90a; every thread of the
+// __syncthreads; sync waits for the count, arrive does not), and a warpgroup's register budget moved (sm_90a; every thread of the
 // warpgroup executes it).
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 template <int REGS>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -1185,9 +1188,11 @@ gqa_tma_kernel(const __grid_constant__ GqaTmaParams a) {
 // MMAs and the softmax. Head dim 128, contiguous cache, 64 rows (one row block) a CTA.
 // ------------------------------------------------------------------------------------------
 
-// Each consumer takes a split of its own (CTA y's consumers: splits 2y and 2y + 1), so a CTA
-// of three warpgroups does what two co-resident CTAs of the pipelined kernel did, and the
-// partials and the combine are the same. The consumer's loop is the pipelined kernel's (S_{j+1}
+// Each consumer takes a task of its own: the pipelined kernel's CTAs (row block, split, batch
+// and KV head; row blocks fastest) numbered in launch order, CTA i's consumers tasks 2i and
+// 2i + 1. So a CTA of three warpgroups does what two co-resident CTAs of the pipelined kernel
+// did, the split plan and its partials and the combine are the same, and two consumers of a CTA
+// mostly stream the same tiles (neighbouring row blocks of one split: the second read from L2). The consumer's loop is the pipelined kernel's (S_{j+1}
 // with P_j V_j, the softmax under P_j V_j, the lazy rescale) with the barrier and the copies
 // taken out: it waits for a tile's full barrier, and releases a stage (every consumer thread
 // arrives on its empty barrier) once its own wait_group has retired the MMAs that read it.
@@ -1200,6 +1205,21 @@ constexpr int SMEM = 1024 + 2 * REGION + BARRIERS * 8;     // 230592 (+1 KB: ali
 // 128 x 24 + 256 x 240 = 64512 of the multiprocessor's 64 K registers (one CTA a multiprocessor).
 constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
 enum Barrier { FULL_K, FULL_V, EMPTY_K, EMPTY_V };
+
+struct Task {
+    int mblock, split, b, h;
+    bool valid;
+};
+__device__ __forceinline__ Task task(const AttnParams& p, int index) {
+    const int M = p.heads_q / p.heads_kv * p.tokens, m_blocks = (M + 63) / 64;
+    Task t;
+    t.mblock = index % m_blocks;
+    const int rest = index / m_blocks, bh = rest / p.num_splits;
+    t.split = rest % p.num_splits;
+    t.b = bh / p.heads_kv, t.h = bh % p.heads_kv;
+    t.valid = t.b < p.batch;
+    return t;
+}
 }  // namespace ws
 
 __global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ GqaTmaParams a) {
@@ -1217,10 +1237,7 @@ __global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ 
     auto v_stage = [&](int c, int tile) { return q_tile(c) + ws::Q_BYTES + (STAGES + tile % STAGES) * TILE; };
 
     const int tid = threadIdx.x, group = tid / 128;
-    const int mblock = blockIdx.x;
-    const int b = blockIdx.z / p.heads_kv, h = blockIdx.z % p.heads_kv;
     const int T = p.tokens, G = p.heads_q / p.heads_kv, M = G * T;
-    const int L = read_length(p, b);
     if (tid == 0) {
         for (int i = 0; i < ws::BARRIERS; ++i) mbar_init(bars + 8u * i, (i / STAGES) % 4 >= ws::EMPTY_K ? NT : 1);
         fence_mbarrier_init();
@@ -1229,9 +1246,12 @@ __global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ 
 
     if (group == 0) {             // the producer: lane 0 of warp c feeds consumer c
         setmaxnreg_dec<ws::PRODUCER_REGS>();
-        const int c = tid / 32, split = 2 * static_cast<int>(blockIdx.y) + c;
-        if (c > 1 || (tid & 31) || split >= p.num_splits) return;
-        const SplitRange sr = split_range(L + T, p.num_splits, split);
+        const int c = tid / 32;
+        if (c > 1 || (tid & 31)) return;
+        const ws::Task t = ws::task(p, 2 * static_cast<int>(blockIdx.x) + c);
+        if (!t.valid) return;
+        const int b = t.b, h = t.h;
+        const SplitRange sr = split_range(read_length(p, b) + T, p.num_splits, t.split);
         auto load = [&](const CUtensorMap* map, uint32_t dst, uint32_t full, int tile) {
             mbar_arrive_expect_tx(full, TILE);
 #pragma unroll
@@ -1257,11 +1277,23 @@ __global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ 
     }
 
     setmaxnreg_inc<ws::CONSUMER_REGS>();
-    const int c = group - 1, split = 2 * static_cast<int>(blockIdx.y) + c;
-    if (split >= p.num_splits) return;
+    const int c = group - 1;
+    const ws::Task t = ws::task(p, 2 * static_cast<int>(blockIdx.x) + c);
+    if (!t.valid) return;
+    const int mblock = t.mblock, split = t.split, b = t.b, h = t.h;
     const int ctid = tid - 128 * group, warp = ctid >> 5, lane = tid & 31;
+    const int L = read_length(p, b);
     const SplitRange sr = split_range(L + T, p.num_splits, split);
     const int n = sr.tiles;
+#ifdef TVA_WS_PINGPONG
+    // FlashAttention-3's ping-pong: the two consumers take turns issuing their MMAs (named
+    // barriers 3 and 4, each synced by its consumer and arrived at by the other), so one's
+    // softmax runs while the other's MMAs hold the tensor cores. For the tiles both have: the
+    // other consumer's task may be shorter or absent.
+    const ws::Task u = ws::task(p, 2 * static_cast<int>(blockIdx.x) + 1 - c);
+    const int n_both = u.valid ? min(n, split_range(read_length(p, u.b) + T, p.num_splits, u.split).tiles) : 0;
+    if (c == 1 && n_both > 0) named_barrier_arrive(3, 256);      // consumer 0 goes first
+#endif
     const char* qbase = static_cast<const char*>(p.q) + (b * p.q_sb + static_cast<int64_t>(h) * G * p.q_sh) * 2;
     copy_q_tile<64, D / 8, NT>(p, q_tile(c), qbase, ctid, mblock, M);
     cp_async_commit();
@@ -1352,12 +1384,19 @@ __global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ 
         // between the fence and the MMAs: C7513). K_tile's stage was released, but no later
         // tile is copied into it.
         float s[BN / 8][4];
+#ifdef TVA_WS_PINGPONG
+        if (tile < n_both) named_barrier_sync(3 + c, 256);      // this consumer's turn
+#endif
         wgmma_fence();
         issue_s(s, more ? tile + 1 : tile);
         const uint64_t v_desc = desc_mnmajor_sw128(v_stage(c, tile));
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
         wgmma_commit();
+#ifdef TVA_WS_PINGPONG
+        // The other's turn; consumer 1's last turn passes none (consumer 0 has no turn left).
+        if (tile < n_both && !(c == 1 && tile == n_both - 1)) named_barrier_arrive(4 - c, 256);
+#endif
         if (more) {
             float x[BN / 8][4], alpha[2];
             wgmma_wait<1>();          // S_{tile+1} and P_{tile-1} V_{tile-1} retired
@@ -2044,7 +2083,7 @@ static cudaError_t launch_gqa_tma(const AttnParams& p, cudaStream_t stream, int 
 }
 
 #ifdef TVA_WS
-// Two splits a CTA (one a consumer warpgroup): the plan's split count, whatever its parity.
+// Two of the pipelined kernel's CTAs a CTA (one a consumer warpgroup).
 static cudaError_t launch_gqa_ws(const AttnParams& p, cudaStream_t stream, int m_blocks) {
     auto kernel = gqa_ws_kernel;
     cudaError_t err = prepare(kernel, ws::SMEM);
@@ -2054,8 +2093,8 @@ static cudaError_t launch_gqa_ws(const AttnParams& p, cudaStream_t stream, int m
     if (!encode_cache_map(&a.k, p.k, p, p.k_sb, p.k_sh, p.k_st, ws::D) ||
         !encode_cache_map(&a.v, p.v, p, p.v_sb, p.v_sh, p.v_st, ws::D))
         return cudaErrorInvalidValue;
-    dim3 grid(m_blocks, static_cast<unsigned>((p.num_splits + 1) / 2), static_cast<unsigned>(p.batch * p.heads_kv));
-    TVA_LAUNCH(kernel, grid, 384, ws::SMEM, stream, a);
+    const int64_t tasks = static_cast<int64_t>(m_blocks) * p.num_splits * p.batch * p.heads_kv;
+    TVA_LAUNCH(kernel, dim3(static_cast<unsigned>((tasks + 1) / 2)), 384, ws::SMEM, stream, a);
     return launch_status(stream);
 }
 #endif  // TVA_WS
@@ -2114,7 +2153,7 @@ int tva_gqa_smem_bytes(int head_dim, int num_warps, int wgmma) {
 int tva_mla_smem_bytes() { return tva::mla::SMEM; }
 
 // 1 where this build's pipelined GQA kernel (head dim 128, 4 warps, contiguous cache) is the
-// warp-specialised one, whose CTAs take two splits each (the split plan pairs them).
+// warp-specialised one: one CTA a multiprocessor, two consumers (the split plan's slots) each.
 int tva_gqa_split_pairs() {
 #ifdef TVA_WS
     return 1;

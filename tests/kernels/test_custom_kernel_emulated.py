@@ -211,19 +211,22 @@ def test_gqa_tma_kernel_matches_reference(emu_tma, case, schedule):
     assert _run(emu_tma, pt, lengths, splits, warps=warps, wgmma=2, nan_tail=37) < 5e-3
 
 
-@pytest.fixture(scope="module")
-def emu_ws(tmp_path_factory):
-    """The warp-specialised build (-DTVA_TMA -DTVA_WS): a producer warpgroup's tensor copies,
-    two consumer warpgroups a CTA, a split each."""
-    lib = emulated_library("verify/verify_attention.cu", tmp_path_factory.mktemp("emu_ws"),
-                           defines=("TVA_TMA", "TVA_WS"))
+@pytest.fixture(scope="module", params=["ws", "pingpong"])
+def emu_ws(request, tmp_path_factory):
+    """The warp-specialised builds (-DTVA_TMA -DTVA_WS, and with -DTVA_WS_PINGPONG): a producer
+    warpgroup's tensor copies, two consumer warpgroups a CTA, a task each; the second build's
+    consumers take turns issuing their MMAs."""
+    flags = build.PINGPONG_FLAGS if request.param == "pingpong" else build.WS_FLAGS
+    lib = emulated_library("verify/verify_attention.cu", tmp_path_factory.mktemp(f"emu_{request.param}"),
+                           defines=tuple(f[2:] for f in flags))
     build._declare(lib)
     assert lib.tva_gqa_split_pairs() == 1
     return lib
 
 
-# The tensor-copy cases (odd split counts leave a CTA's second consumer without a split; one
-# split, a consumer alone) and rings run through many phases: splits of 12-16 tiles.
+# The tensor-copy cases (an odd task count leaves the last CTA's second consumer idle: one row
+# block, one split, three sequences; five row blocks pair tasks of different splits, and so of
+# different lengths), and rings run through many phases: splits of 12-16 tiles.
 WS_CASES = TMA_CASES | {
     "ws-long-splits-3": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [2200, 700], 3, 4),
     "ws-long-splits-2": (_point(heads=4, kv_heads=1, T=16, d=128), [2000], 2, 4),
@@ -234,8 +237,9 @@ WS_CASES = TMA_CASES | {
 @pytest.mark.parametrize("case", list(WS_CASES))
 def test_gqa_warp_specialized_kernel_matches_reference(emu_ws, case, schedule):
     """Every stage's full and empty barriers through their phases (a stage released before the
-    MMAs reading it retire reads the next tile: the emulator reads shared operands at the
-    wait), NaN past each sequence, as the tensor-copy build."""
+    MMAs reading it retire is refilled under them: the emulator reads shared operands at the
+    wait and lets a waiting producer run at each release), NaN past each sequence, as the
+    tensor-copy build; with the ping-pong, turns for the tiles both consumers have."""
     emu_ws.emu_configure(*SCHEDULES[schedule])
     pt, lengths, splits, warps = WS_CASES[case]
     assert _run(emu_ws, pt, lengths, splits, warps=warps, wgmma=2, nan_tail=37) < 5e-3
@@ -360,9 +364,6 @@ def test_splits_avoid_a_partial_second_wave():
     assert cv.gqa_slots(1, 2, 132, per_row_pages=True) == 264
     assert cv.best_splits(8, cv.gqa_slots(1, 2, 132), 16400, 192) == 16
     assert cv.best_splits(40, cv.gqa_slots(5, 2, 132), 65601, 192) == 13
-    # Two splits a CTA (the warp-specialised build, 264 consumers): 13 splits would take 7 CTAs
-    # a row block and head (280, three waves of 132), so 26 (520: four waves of half the keys).
-    assert cv.best_splits(40, 264, 65601, 192, pairs=True) == 26
     # Tiny contexts never split below one tile per split.
     assert cv.best_splits(8, 264, 100, 192) <= 2
     assert cv.best_splits(1, 1, 10**6, 64) == 1
