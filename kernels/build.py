@@ -37,10 +37,8 @@ DEBUG_FLAGS = ("-DTVA_DEBUG",)
 TMA_FLAGS = ("-DTVA_TMA",)
 # HARNESS_KERNEL_WS=1: a build (its own cache entry) whose pipelined GQA verify on a contiguous
 # cache is warp-specialised (a producer warpgroup on tensor copies, two consumer warpgroups, a
-# task each), to A/B likewise (kernels/NOTES.md, "The warp-specialised kernel");
-# HARNESS_KERNEL_WS=pingpong: the consumers also take turns issuing their MMAs.
+# task each), to A/B likewise (kernels/NOTES.md, "The warp-specialised kernel").
 WS_FLAGS = ("-DTVA_TMA", "-DTVA_WS")
-PINGPONG_FLAGS = WS_FLAGS + ("-DTVA_WS_PINGPONG",)
 
 
 def _on(name: str) -> bool:
@@ -49,16 +47,7 @@ def _on(name: str) -> bool:
 
 def nvcc_flags() -> tuple[str, ...]:
     return (NVCC_FLAGS + (DEBUG_FLAGS if _on("HARNESS_KERNEL_DEBUG") else ())
-            + _ws_or_tma_flags())
-
-
-def _ws_or_tma_flags() -> tuple[str, ...]:
-    ws = os.environ.get("HARNESS_KERNEL_WS", "")
-    if ws == "pingpong":
-        return PINGPONG_FLAGS
-    if _on("HARNESS_KERNEL_WS"):
-        return WS_FLAGS
-    return TMA_FLAGS if _on("HARNESS_KERNEL_TMA") else ()
+            + (WS_FLAGS if _on("HARNESS_KERNEL_WS") else TMA_FLAGS if _on("HARNESS_KERNEL_TMA") else ()))
 
 # Architectures built as exactly that machine code; any other GPU gets its own SASS plus PTX.
 # Hopper builds 9.0a: its wgmma instructions exist only in the arch-specific target.
@@ -148,8 +137,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tva_gqa_smem_bytes.restype = c_int
     lib.tva_mla_smem_bytes.argtypes = []
     lib.tva_mla_smem_bytes.restype = c_int
-    lib.tva_gqa_split_pairs.argtypes = []
-    lib.tva_gqa_split_pairs.restype = c_int
     lib.tva_error_string.argtypes = [c_int]
     lib.tva_error_string.restype = ctypes.c_char_p
     lib.tva_struct_size.argtypes = []

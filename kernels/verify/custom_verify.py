@@ -189,10 +189,6 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
     occupancy = _gqa_occupancy(index, d, warps, paged, wgmma)
     per_row_pages = paged and wgmma != _IMPL_CODE["wgmma_pv"]   # only the pipelined copy shares them
     slots = gqa_slots(m_blocks, occupancy, _sm_count(index), per_row_pages=per_row_pages)
-    # A warp-specialised build (HARNESS_KERNEL_WS) runs this shape as CTAs of two consumers,
-    # one CTA a multiprocessor: two of these CTAs' work a multiprocessor, whatever the row blocks.
-    if wgmma == _IMPL_CODE["wgmma_pv"] and warps == 4 and not paged and _lib().tva_gqa_split_pairs():
-        slots = 2 * _sm_count(index)
     splits = _splits(num_splits, b * heads_kv * m_blocks, slots, max_keys,
                      _overhead_keys(16 * warps, d, 4 * d))
     return dict(num_warps=warps, m_blocks=m_blocks, num_splits=splits, dv=d, wgmma=wgmma)

@@ -316,13 +316,10 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 }
 
 // Warp specialisation's pieces: a barrier of `threads` threads under id 1-15 (0 is
-// __syncthreads; sync waits for the count, arrive does not), and a warpgroup's register budget moved (sm_90a; every thread of the
+// __syncthreads), and a warpgroup's register budget moved (sm_90a; every thread of the
 // warpgroup executes it).
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 template <int REGS>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -1285,15 +1282,7 @@ __global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ 
     const int L = read_length(p, b);
     const SplitRange sr = split_range(L + T, p.num_splits, split);
     const int n = sr.tiles;
-#ifdef TVA_WS_PINGPONG
-    // FlashAttention-3's ping-pong: the two consumers take turns issuing their MMAs (named
-    // barriers 3 and 4, each synced by its consumer and arrived at by the other), so one's
-    // softmax runs while the other's MMAs hold the tensor cores. For the tiles both have: the
-    // other consumer's task may be shorter or absent.
-    const ws::Task u = ws::task(p, 2 * static_cast<int>(blockIdx.x) + 1 - c);
-    const int n_both = u.valid ? min(n, split_range(read_length(p, u.b) + T, p.num_splits, u.split).tiles) : 0;
-    if (c == 1 && n_both > 0) named_barrier_arrive(3, 256);      // consumer 0 goes first
-#endif
+
     const char* qbase = static_cast<const char*>(p.q) + (b * p.q_sb + static_cast<int64_t>(h) * G * p.q_sh) * 2;
     copy_q_tile<64, D / 8, NT>(p, q_tile(c), qbase, ctid, mblock, M);
     cp_async_commit();
@@ -1384,19 +1373,12 @@ __global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ 
         // between the fence and the MMAs: C7513). K_tile's stage was released, but no later
         // tile is copied into it.
         float s[BN / 8][4];
-#ifdef TVA_WS_PINGPONG
-        if (tile < n_both) named_barrier_sync(3 + c, 256);      // this consumer's turn
-#endif
         wgmma_fence();
         issue_s(s, more ? tile + 1 : tile);
         const uint64_t v_desc = desc_mnmajor_sw128(v_stage(c, tile));
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
         wgmma_commit();
-#ifdef TVA_WS_PINGPONG
-        // The other's turn; consumer 1's last turn passes none (consumer 0 has no turn left).
-        if (tile < n_both && !(c == 1 && tile == n_both - 1)) named_barrier_arrive(4 - c, 256);
-#endif
         if (more) {
             float x[BN / 8][4], alpha[2];
             wgmma_wait<1>();          // S_{tile+1} and P_{tile-1} V_{tile-1} retired
@@ -2151,16 +2133,6 @@ int tva_gqa_smem_bytes(int head_dim, int num_warps, int wgmma) {
 }
 
 int tva_mla_smem_bytes() { return tva::mla::SMEM; }
-
-// 1 where this build's pipelined GQA kernel (head dim 128, 4 warps, contiguous cache) is the
-// warp-specialised one: one CTA a multiprocessor, two consumers (the split plan's slots) each.
-int tva_gqa_split_pairs() {
-#ifdef TVA_WS
-    return 1;
-#else
-    return 0;
-#endif
-}
 
 // CTAs of the GQA kernel that fit on one multiprocessor (0 on error).
 int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {

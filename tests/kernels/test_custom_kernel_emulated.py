@@ -211,16 +211,13 @@ def test_gqa_tma_kernel_matches_reference(emu_tma, case, schedule):
     assert _run(emu_tma, pt, lengths, splits, warps=warps, wgmma=2, nan_tail=37) < 5e-3
 
 
-@pytest.fixture(scope="module", params=["ws", "pingpong"])
-def emu_ws(request, tmp_path_factory):
-    """The warp-specialised builds (-DTVA_TMA -DTVA_WS, and with -DTVA_WS_PINGPONG): a producer
-    warpgroup's tensor copies, two consumer warpgroups a CTA, a task each; the second build's
-    consumers take turns issuing their MMAs."""
-    flags = build.PINGPONG_FLAGS if request.param == "pingpong" else build.WS_FLAGS
-    lib = emulated_library("verify/verify_attention.cu", tmp_path_factory.mktemp(f"emu_{request.param}"),
-                           defines=tuple(f[2:] for f in flags))
+@pytest.fixture(scope="module")
+def emu_ws(tmp_path_factory):
+    """The warp-specialised build (-DTVA_TMA -DTVA_WS): a producer warpgroup's tensor copies,
+    two consumer warpgroups a CTA, a task each."""
+    lib = emulated_library("verify/verify_attention.cu", tmp_path_factory.mktemp("emu_ws"),
+                           defines=tuple(f[2:] for f in build.WS_FLAGS))
     build._declare(lib)
-    assert lib.tva_gqa_split_pairs() == 1
     return lib
 
 
@@ -239,7 +236,7 @@ def test_gqa_warp_specialized_kernel_matches_reference(emu_ws, case, schedule):
     """Every stage's full and empty barriers through their phases (a stage released before the
     MMAs reading it retire is refilled under them: the emulator reads shared operands at the
     wait and lets a waiting producer run at each release), NaN past each sequence, as the
-    tensor-copy build; with the ping-pong, turns for the tiles both consumers have."""
+    tensor-copy build."""
     emu_ws.emu_configure(*SCHEDULES[schedule])
     pt, lengths, splits, warps = WS_CASES[case]
     assert _run(emu_ws, pt, lengths, splits, warps=warps, wgmma=2, nan_tail=37) < 5e-3
