@@ -57,7 +57,7 @@ def takes(rows: int, K: int) -> bool:
 @triton.jit
 def _skinny_kernel(X, W, Y, PART, LOCK, M, N, stride_xm, stride_wn, stride_ym, k_split,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                   SPLIT: tl.constexpr, EVEN_N: tl.constexpr, PDL: tl.constexpr):
+                   SPLIT: tl.constexpr, PDL: tl.constexpr):
     pdl.wait_then_release(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -70,10 +70,7 @@ def _skinny_kernel(X, W, Y, PART, LOCK, M, N, stride_xm, stride_wn, stride_ym, k
     x_ptrs = X + m[None, :] * stride_xm + kk[:, None]                 # x^T tile [BLOCK_K, BLOCK_M]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for _ in range(0, k_split, BLOCK_K):
-        if EVEN_N:                # every tile whole: unmasked, as the GEMV's loads (to be timed)
-            w = tl.load(w_ptrs)
-        else:
-            w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+        w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
         x = tl.load(x_ptrs, mask=m_ok[None, :], other=0.0)
         acc = tl.dot(w, x, acc)
         w_ptrs += BLOCK_K
@@ -218,7 +215,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, config: Config | None = None,
     _skinny_kernel[(tiles, config.split)](
         x2, weight, y2, part, lock, M, N, x2.stride(0), weight.stride(0), y2.stride(0),
         K // config.split, BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_M=MAX_ROWS,
-        SPLIT=config.split > 1, EVEN_N=N % config.block_n == 0, num_warps=config.num_warps,
+        SPLIT=config.split > 1, num_warps=config.num_warps,
         num_stages=config.num_stages, **pdl.launch_options(x.device))
     return y
 

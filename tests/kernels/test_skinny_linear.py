@@ -81,16 +81,14 @@ def test_gemv_block_k():
     assert [sl.gemv_block_k(k) for k in (4096, 12288, 96, 2064, 1536)] == [1024, 1024, 32, 16, 512]
 
 
-@pytest.mark.parametrize("N", [200, 192])
 @pytest.mark.parametrize("M", [1, 7, 16])
 @pytest.mark.parametrize("split", [1, 4])
-def test_each_row_count_and_split_matches_float64(interp, M, split, N):
-    """N 200: the last 64-row tile is ragged (masked weight loads); 192: whole tiles, unmasked."""
+def test_each_row_count_and_split_matches_float64(interp, M, split):
     gen = torch.Generator().manual_seed(M * 10 + split)
     x = torch.randn(M, 512, generator=gen)
-    w = torch.randn(N, 512, generator=gen)
+    w = torch.randn(200, 512, generator=gen)       # 200: the last 64-row tile is ragged
     y = interp.apply(_linear, (x, w, sl.Config(block_n=64, block_k=64, split=split)))
-    assert y.shape == (M, N)
+    assert y.shape == (M, 200)
     assert torch.allclose(y.double(), reference(x, w), rtol=1e-5, atol=1e-4)
 
 

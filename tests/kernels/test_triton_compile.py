@@ -90,12 +90,12 @@ def test_move_kv_compiles(arch, d, d_block):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("split, even_n", [(False, False), (True, False), (True, True)])
-def test_skinny_linear_compiles(arch, split, even_n):
+@pytest.mark.parametrize("split", [False, True])
+def test_skinny_linear_compiles(arch, split):
     fn = skinny_linear._skinny_kernel
     ptrs = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "PART": "*fp32", "LOCK": "*i32"}
     k = compile_for(fn, arch, typed(fn, ptrs), dict(BLOCK_N=64, BLOCK_K=128, BLOCK_M=16,
-                                                    SPLIT=split, EVEN_N=even_n, PDL=False), num_warps=4)
+                                                    SPLIT=split, PDL=False), num_warps=4)
     assert k.asm["cubin"]
     if split:   # the partials' arrival: an acq_rel atomic at GPU scope after a block barrier
         assert "atom.global.gpu.acq_rel.add" in k.asm["ptx"] and "bar.sync" in k.asm["ptx"]
@@ -133,7 +133,7 @@ def test_pdl_kernels_wait_before_any_access(arch):
     fn = skinny_linear._skinny_kernel
     ptrs = {"X": "*bf16", "W": "*bf16", "Y": "*bf16", "PART": "*fp32", "LOCK": "*i32"}
     ptx = compile_for(fn, arch, typed(fn, ptrs), dict(BLOCK_N=64, BLOCK_K=128, BLOCK_M=16,
-                                                      SPLIT=True, EVEN_N=False, PDL=True), num_warps=4).asm["ptx"]
+                                                      SPLIT=True, PDL=True), num_warps=4).asm["ptx"]
     wait = ptx.index("griddepcontrol.wait")
     assert all(wait < ptx.index(op) for op in ("ld.global", "st.global", "cp.async") if op in ptx)
     fn = skinny_linear._gemv_kernel           # waits first, releases its dependents after its loop
