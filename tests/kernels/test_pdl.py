@@ -73,7 +73,7 @@ def test_every_cuda_verify_kernel_waits_first():
     src = (KERNELS / "verify" / "verify_attention.cu").read_text()
     kernels = re.findall(r"__global__ void[^{]*?\b(\w+)\(const (?:__grid_constant__ )?\w+ \w\) \{\n\s*(\S[^\n]*)",
                          src)
-    assert len(kernels) == 6, kernels      # gqa, gqa pipelined, its TMA build, mla, mla_pv, combine
+    assert len(kernels) == 7, kernels      # gqa, gqa pipelined, its TMA and WS builds, mla, mla_pv, combine
     for name, first in kernels:
         assert first == "wait_for_previous_kernel();", (name, first)
     assert "cudaLaunchAttributeProgrammaticStreamSerialization" in src
