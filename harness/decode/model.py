@@ -194,20 +194,14 @@ class Attention(nn.Module):
     def forward_fused(self, x, rope, cache: KVCache, layer: int, slots, mask: attention.Mask):
         """`forward` on the fused kernels: q/k norms, RoPE and the cache write in one launch,
         and the attention output written in the [b, T, h, d] layout o_proj reads."""
-        return self.attend_fused(linear(self.qkv_proj, x, mask.kernels), overlaps_gemm(x, mask.kernels),
-                                 rope, cache, layer, slots, mask)
-
-    def attend_fused(self, qkv, overlap: bool, rope, cache: KVCache, layer: int, slots,
-                     mask: attention.Mask):
-        """forward_fused from the projection qkv [b, T, (heads + 2 kv_heads) d] on; `overlap`:
-        whether the GEMM that made it lets the next kernel launch early (overlaps_gemm)."""
         from harness.kernels.fused import triton_fused
-        b, T, _ = qkv.shape
+        b, T, _ = x.shape
         cfg = self.cfg
-        qkv = qkv.view(b, T, cfg.heads + 2 * cfg.kv_heads, cfg.head_dim)
+        qkv = linear(self.qkv_proj, x, mask.kernels).view(b, T, cfg.heads + 2 * cfg.kv_heads,
+                                                          cfg.head_dim)
         q = triton_fused.qk_norm_rope_store(qkv, cfg.heads, self.q_norm.weight, self.k_norm.weight,
                                             cfg.rms_eps, *rope, cache.k[layer], cache.v[layer], slots,
-                                            overlap=overlap)
+                                            overlap=overlaps_gemm(x, mask.kernels))
         S = mask.kv_len
         out = torch.empty_like(q)
         attention.attend(q.transpose(1, 2), cache.k[layer, :, :, :S], cache.v[layer, :, :, :S], mask,
@@ -226,18 +220,14 @@ class MLP(nn.Module):
         return linear(self.down_proj, F.silu(gate) * up, kernels)
 
     def forward_fused(self, x, kernels: Kernels = Kernels()):
-        return self.down_fused(linear(self.gate_up_proj, x, kernels), overlaps_gemm(x, kernels), kernels)
-
-    def down_fused(self, gate_up, overlap: bool, kernels: Kernels = Kernels()):
-        """forward_fused from the projection gate_up on: at one row on the GEMV, silu(gate) * up
-        made as it loads (one launch), else triton_fused.silu_mul then the down projection."""
         from harness.kernels.fused import triton_fused
-        w = self.down_proj.weight
+        gate_up = linear(self.gate_up_proj, x, kernels)
         if kernels.linear == "triton":
             from harness.kernels.linear import skinny_linear
-            if skinny_linear.takes_one_row(gate_up, w, 2 * w.shape[1]):
-                return skinny_linear.silu_mul_linear(gate_up, w)
-        return linear(self.down_proj, triton_fused.silu_mul(gate_up, overlap), kernels)
+            if skinny_linear.takes_silu_mul(gate_up, self.down_proj.weight):   # one row: one launch
+                return skinny_linear.silu_mul_linear(gate_up, self.down_proj.weight)
+        return linear(self.down_proj, triton_fused.silu_mul(gate_up, overlaps_gemm(x, kernels)),
+                      kernels)
 
 
 class Layer(nn.Module):
@@ -254,19 +244,9 @@ class Layer(nn.Module):
 
     def forward_fused(self, h, residual, rope, cache, layer, slots, mask):
         """`forward` on the fused kernels. The stream travels split, x = h + residual
-        (residual None: x = h), so each sublayer's residual add happens inside the next norm.
-        At one row on the GEMV each norm happens inside the projection after it."""
+        (residual None: x = h), so each sublayer's residual add happens inside the next norm."""
         from harness.kernels.fused import triton_fused
         n1, n2 = self.input_layernorm, self.post_attention_layernorm
-        attn, mlp = self.self_attn, self.mlp
-        if mask.kernels.linear == "triton":
-            from harness.kernels.linear import skinny_linear as sl
-            qkv_w, gate_up_w = attn.qkv_proj.weight, mlp.gate_up_proj.weight
-            if sl.takes_one_row(h, qkv_w, qkv_w.shape[1]) and sl.takes_one_row(h, gate_up_w, gate_up_w.shape[1]):
-                qkv, residual = sl.add_rmsnorm_linear(h, residual, n1.weight, n1.eps, qkv_w)
-                h = attn.attend_fused(qkv, True, rope, cache, layer, slots, mask)
-                gate_up, residual = sl.add_rmsnorm_linear(h, residual, n2.weight, n2.eps, gate_up_w)
-                return mlp.down_fused(gate_up, True, mask.kernels), residual
         overlap = overlaps_gemm(h, mask.kernels)   # each norm follows a GEMM of these rows
         x, residual = triton_fused.add_rmsnorm(h, n1.weight, n1.eps, residual, overlap)
         h = self.self_attn.forward_fused(x, rope, cache, layer, slots, mask)

@@ -98,76 +98,38 @@ def _skinny_kernel(X, W, Y, PART, LOCK, M, N, stride_xm, stride_wn, stride_ym, k
         tl.store(y_ptrs, acc.to(Y.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 
 
-# What the GEMV makes its x of as it loads it (X_OP): x itself; silu(gate) * up of [gate, up];
-# rms_norm(h) * w; rms_norm(h + residual) * w, the sum also stored (add_rmsnorm's pair).
-# constexpr: a Triton kernel reads no other globals.
-X_PLAIN, X_SILU_MUL, X_RMSNORM, X_ADD_RMSNORM = (tl.constexpr(i) for i in range(4))
-
-
 @triton.jit
-def _norm_input(X, R, cols, ADD: tl.constexpr):
-    """h (ADD: h + residual, rounded to the activation dtype as add_rmsnorm's residual stream
-    is) at `cols`, in fp32."""
-    h = tl.load(X + cols).to(tl.float32)
-    if ADD:
-        h = (h + tl.load(R + cols).to(tl.float32)).to(X.dtype.element_ty).to(tl.float32)
-    return h
-
-
-@triton.jit
-def _gemv_kernel(X, W, Y, N, K, stride_wn, R, NORM_W, RES_OUT, eps,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
-                 X_OP: tl.constexpr, PDL: tl.constexpr):
+def _gemv_kernel(X, W, Y, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
+                 SILU_MUL: tl.constexpr, PDL: tl.constexpr):
     """y = W x for one row x [K]: program i takes weight rows i BLOCK_N .., each thread a few
     columns of them; products accumulate in fp32 per column lane over K / BLOCK_K steps, then
     one sum across the lanes (a fixed order: the same bits every call). It lets the next kernel
     launch after its loop, not first thing: with these unmasked loads, releasing first thing
     made plain decoding 0.4-1.5 % slower on the H200 (kernels/NOTES.md, "One row as a plain
-    GEMV").
-
-    X_OP makes x as it loads, so the small kernel before the GEMM is not launched: X_SILU_MUL
-    from X = [gate, up] (2K, as the MLP's gate_up_proj stacks them), with triton_fused.silu_mul's
-    bf16 roundings (the same bits); X_RMSNORM / X_ADD_RMSNORM from X = h (and R = the residual):
-    every program first sums the row's squares itself (16 KB from L2 at K 4096), then x =
-    h rstd NORM_W rounded to the activation dtype as add_rmsnorm's output is, and program 0
-    stores h + residual to RES_OUT (the sum's order is not add_rmsnorm's: rstd may differ from
-    it in its last bits)."""
+    GEMV"). SILU_MUL: X is [gate, up] (2K, as the MLP's gate_up_proj stacks them) and x =
+    silu(gate) * up is made as it loads, with triton_fused.silu_mul's bf16 roundings (the same
+    bits): the MLP's down projection without that kernel's launch."""
     pdl.wait(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     w_ptrs = W + n[:, None].to(tl.int64) * stride_wn + tl.arange(0, BLOCK_K)[None, :]
     x_ptrs = X + tl.arange(0, BLOCK_K)
-    rstd = 0.0
-    if X_OP >= X_RMSNORM:
-        ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            h = _norm_input(X, R, k0 + tl.arange(0, BLOCK_K), X_OP == X_ADD_RMSNORM)
-            ss += h * h
-        rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
-    cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for _ in range(0, K, BLOCK_K):
         if EVEN_N:                # no mask: masked, these loads made the kernel 9 % slower on the H200
             w = tl.load(w_ptrs)
         else:
             w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
-        if X_OP == X_SILU_MUL:
+        if SILU_MUL:
             g = tl.load(x_ptrs).to(tl.float32)
             u = tl.load(x_ptrs + K).to(tl.float32)
             s = (g / (1.0 + tl.exp(-g))).to(X.dtype.element_ty).to(tl.float32)
             x = (s * u).to(X.dtype.element_ty)
-        elif X_OP >= X_RMSNORM:
-            h = _norm_input(X, R, cols, X_OP == X_ADD_RMSNORM)
-            if X_OP == X_ADD_RMSNORM:
-                if tl.program_id(0) == 0:
-                    tl.store(RES_OUT + cols, h.to(RES_OUT.dtype.element_ty))
-            x = (h * rstd * tl.load(NORM_W + cols).to(tl.float32)).to(X.dtype.element_ty)
         else:
             x = tl.load(x_ptrs)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-        cols += BLOCK_K
     pdl.release(PDL)
     tl.store(Y + n, tl.sum(acc, axis=1).to(Y.dtype.element_ty), mask=n_ok)
 
@@ -248,7 +210,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, config: Config | None = None,
     y = out if out is not None else torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
     y2 = y.view(-1, N)
     if gemv:
-        _gemv(x2, weight, y2, X_PLAIN)
+        _gemv_kernel[(triton.cdiv(N, GEMV_BLOCK_N),)](
+            x2, weight, y2, N, K, weight.stride(0), BLOCK_N=GEMV_BLOCK_N, BLOCK_K=gemv_block_k(K),
+            EVEN_N=N % GEMV_BLOCK_N == 0, SILU_MUL=False,
+            num_warps=GEMV_WARPS, num_stages=GEMV_STAGES, **pdl.launch_options(x.device))
         return y
     tiles = triton.cdiv(N, config.block_n)
     if config.split > 1:
@@ -263,62 +228,29 @@ def linear(x: torch.Tensor, weight: torch.Tensor, config: Config | None = None,
     return y
 
 
-def _gemv(x2, weight, y2, x_op, residual=None, norm_weight=None, res_out=None, eps=0.0) -> None:
-    N, K = weight.shape
-    _gemv_kernel[(triton.cdiv(N, GEMV_BLOCK_N),)](
-        x2, weight, y2, N, K, weight.stride(0),
-        residual if residual is not None else x2, norm_weight if norm_weight is not None else x2,
-        res_out if res_out is not None else x2, eps,
-        BLOCK_N=GEMV_BLOCK_N, BLOCK_K=gemv_block_k(K), EVEN_N=N % GEMV_BLOCK_N == 0, X_OP=x_op.value,
-        num_warps=GEMV_WARPS, num_stages=GEMV_STAGES, **pdl.launch_options(x2.device))
-
-
-def takes_one_row(x: torch.Tensor, weight: torch.Tensor, x_cols: int) -> bool:
-    """Whether the GEMV takes x (one row of `x_cols` columns) against weight [N, K] with the
-    x it makes as it loads (silu_mul_linear: x_cols 2K; add_rmsnorm_linear: K): a CUDA tensor
-    (or the interpreter), K a multiple of 16, N within GEMV_MAX_N."""
-    K = weight.shape[1]
-    return (x.numel() == x_cols and x.shape[-1] == x_cols and weight.shape[0] <= GEMV_MAX_N
-            and K % 16 == 0 and (x.device.type == "cuda" or _interpreting()))
-
-
-def _one_row(x: torch.Tensor, weight: torch.Tensor, x_cols: int, what: str) -> torch.Tensor:
-    if not takes_one_row(x, weight, x_cols):
-        raise ValueError(f"{what} takes one row of {x_cols} columns and a weight [N, K] on the GEMV")
-    x2 = x.reshape(1, x_cols)
-    if x2.stride(-1) != 1 or weight.stride(-1) != 1:
-        raise ValueError(f"{what}: x and weight need contiguous last dimensions")
-    return x2
+def takes_silu_mul(gate_up: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether silu_mul_linear runs: one row on the GEMV (a CUDA tensor, or the interpreter)."""
+    K = gate_up.shape[-1] // 2
+    return (gate_up.numel() == 2 * K and weight.shape[0] <= GEMV_MAX_N and weight.shape[1] == K
+            and K % 16 == 0 and (gate_up.device.type == "cuda" or _interpreting()))
 
 
 def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """F.linear(silu(gate) * up, weight) for one row gate_up [..., 2K] (gate then up), on the
-    GEMV computing silu(gate) * up as it loads it (takes_one_row(gate_up, weight, 2K) says
-    when): one launch where triton_fused.silu_mul and linear take two, the same bits."""
-    N, K = weight.shape
-    x2 = _one_row(gate_up, weight, 2 * K, "silu_mul_linear")
+    GEMV computing silu(gate) * up as it loads it (takes_silu_mul says when): one launch where
+    triton_fused.silu_mul and linear take two, the same bits."""
+    if not takes_silu_mul(gate_up, weight):
+        raise ValueError("silu_mul_linear takes one row of [gate, up] and a weight [N, K] on the GEMV")
+    K, N = weight.shape[1], weight.shape[0]
+    x2 = gate_up.reshape(1, 2 * K)
+    if x2.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError("gate_up and weight need contiguous last dimensions")
     y = torch.empty(*gate_up.shape[:-1], N, dtype=gate_up.dtype, device=gate_up.device)
-    _gemv(x2, weight, y.view(1, N), X_SILU_MUL)
+    _gemv_kernel[(triton.cdiv(N, GEMV_BLOCK_N),)](
+        x2, weight, y.view(1, N), N, K, weight.stride(0), BLOCK_N=GEMV_BLOCK_N,
+        BLOCK_K=gemv_block_k(K), EVEN_N=N % GEMV_BLOCK_N == 0, SILU_MUL=True,
+        num_warps=GEMV_WARPS, num_stages=GEMV_STAGES, **pdl.launch_options(gate_up.device))
     return y
-
-
-def add_rmsnorm_linear(h: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor,
-                       eps: float, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(F.linear(rms_norm(h + residual) * norm_weight, weight), h + residual) for one row h
-    [..., K] (residual None: h alone, returned as the residual, as triton_fused.add_rmsnorm
-    does), on the GEMV normalising as it loads (takes_one_row(h, weight, K) says when): one
-    launch where add_rmsnorm and linear take two. rstd's sum runs in another order than
-    add_rmsnorm's, so x may differ from its in the last bit."""
-    N, K = weight.shape
-    x2 = _one_row(h, weight, K, "add_rmsnorm_linear")
-    y = torch.empty(*h.shape[:-1], N, dtype=h.dtype, device=h.device)
-    if residual is None:
-        _gemv(x2, weight, y.view(1, N), X_RMSNORM, norm_weight=norm_weight, eps=eps)
-        return y, h
-    res = torch.empty_like(h)
-    _gemv(x2, weight, y.view(1, N), X_ADD_RMSNORM, residual=residual.reshape(1, K), norm_weight=norm_weight,
-          res_out=res.view(1, K), eps=eps)
-    return y, res
 
 
 def _interpreting() -> bool:
