@@ -222,10 +222,6 @@ class MLP(nn.Module):
     def forward_fused(self, x, kernels: Kernels = Kernels()):
         from harness.kernels.fused import triton_fused
         gate_up = linear(self.gate_up_proj, x, kernels)
-        if kernels.linear == "triton":
-            from harness.kernels.linear import skinny_linear
-            if skinny_linear.takes_silu_mul(gate_up, self.down_proj.weight):   # one row: one launch
-                return skinny_linear.silu_mul_linear(gate_up, self.down_proj.weight)
         return linear(self.down_proj, triton_fused.silu_mul(gate_up, overlaps_gemm(x, kernels)),
                       kernels)
 

@@ -100,15 +100,13 @@ def _skinny_kernel(X, W, Y, PART, LOCK, M, N, stride_xm, stride_wn, stride_ym, k
 
 @triton.jit
 def _gemv_kernel(X, W, Y, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
-                 SILU_MUL: tl.constexpr, PDL: tl.constexpr):
+                 PDL: tl.constexpr):
     """y = W x for one row x [K]: program i takes weight rows i BLOCK_N .., each thread a few
     columns of them; products accumulate in fp32 per column lane over K / BLOCK_K steps, then
     one sum across the lanes (a fixed order: the same bits every call). It lets the next kernel
     launch after its loop, not first thing: with these unmasked loads, releasing first thing
     made plain decoding 0.4-1.5 % slower on the H200 (kernels/NOTES.md, "One row as a plain
-    GEMV"). SILU_MUL: X is [gate, up] (2K, as the MLP's gate_up_proj stacks them) and x =
-    silu(gate) * up is made as it loads, with triton_fused.silu_mul's bf16 roundings (the same
-    bits): the MLP's down projection without that kernel's launch."""
+    GEMV")."""
     pdl.wait(PDL)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
@@ -120,13 +118,7 @@ def _gemv_kernel(X, W, Y, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
             w = tl.load(w_ptrs)
         else:
             w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
-        if SILU_MUL:
-            g = tl.load(x_ptrs).to(tl.float32)
-            u = tl.load(x_ptrs + K).to(tl.float32)
-            s = (g / (1.0 + tl.exp(-g))).to(X.dtype.element_ty).to(tl.float32)
-            x = (s * u).to(X.dtype.element_ty)
-        else:
-            x = tl.load(x_ptrs)
+        x = tl.load(x_ptrs)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
@@ -212,7 +204,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, config: Config | None = None,
     if gemv:
         _gemv_kernel[(triton.cdiv(N, GEMV_BLOCK_N),)](
             x2, weight, y2, N, K, weight.stride(0), BLOCK_N=GEMV_BLOCK_N, BLOCK_K=gemv_block_k(K),
-            EVEN_N=N % GEMV_BLOCK_N == 0, SILU_MUL=False,
+            EVEN_N=N % GEMV_BLOCK_N == 0,
             num_warps=GEMV_WARPS, num_stages=GEMV_STAGES, **pdl.launch_options(x.device))
         return y
     tiles = triton.cdiv(N, config.block_n)
@@ -225,31 +217,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, config: Config | None = None,
         K // config.split, BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_M=MAX_ROWS,
         SPLIT=config.split > 1, num_warps=config.num_warps,
         num_stages=config.num_stages, **pdl.launch_options(x.device))
-    return y
-
-
-def takes_silu_mul(gate_up: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether silu_mul_linear runs: one row on the GEMV (a CUDA tensor, or the interpreter)."""
-    K = gate_up.shape[-1] // 2
-    return (gate_up.numel() == 2 * K and weight.shape[0] <= GEMV_MAX_N and weight.shape[1] == K
-            and K % 16 == 0 and (gate_up.device.type == "cuda" or _interpreting()))
-
-
-def silu_mul_linear(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """F.linear(silu(gate) * up, weight) for one row gate_up [..., 2K] (gate then up), on the
-    GEMV computing silu(gate) * up as it loads it (takes_silu_mul says when): one launch where
-    triton_fused.silu_mul and linear take two, the same bits."""
-    if not takes_silu_mul(gate_up, weight):
-        raise ValueError("silu_mul_linear takes one row of [gate, up] and a weight [N, K] on the GEMV")
-    K, N = weight.shape[1], weight.shape[0]
-    x2 = gate_up.reshape(1, 2 * K)
-    if x2.stride(-1) != 1 or weight.stride(-1) != 1:
-        raise ValueError("gate_up and weight need contiguous last dimensions")
-    y = torch.empty(*gate_up.shape[:-1], N, dtype=gate_up.dtype, device=gate_up.device)
-    _gemv_kernel[(triton.cdiv(N, GEMV_BLOCK_N),)](
-        x2, weight, y.view(1, N), N, K, weight.stride(0), BLOCK_N=GEMV_BLOCK_N,
-        BLOCK_K=gemv_block_k(K), EVEN_N=N % GEMV_BLOCK_N == 0, SILU_MUL=True,
-        num_warps=GEMV_WARPS, num_stages=GEMV_STAGES, **pdl.launch_options(gate_up.device))
     return y
 
 

@@ -70,36 +70,6 @@ def test_one_row_takes_the_gemv_and_matches_float64(interp, N, K):
     assert torch.allclose(y.double(), reference(x, w), rtol=1e-5, atol=1e-4)
 
 
-def _silu_mul_both_ways(gate_up, w):
-    from harness.kernels.fused import triton_fused
-    return sl.silu_mul_linear(gate_up, w), sl.linear(triton_fused.silu_mul(gate_up), w)
-
-
-# (N, K): a ragged 8-row block, K steps of 512 and 16.
-@pytest.mark.parametrize("N, K", [(203, 1024), (40, 2064)])
-def test_silu_mul_on_the_gemv_is_silu_mul_then_the_gemv(interp, N, K):
-    """The down projection with silu(gate) * up made as the GEMV loads it: the same bits as
-    triton_fused.silu_mul followed by the GEMV (the same bf16 roundings), and float64's answer
-    within the GEMV's tolerance."""
-    gen = torch.Generator().manual_seed(N + K)
-    gate_up, w = torch.randn(1, 2 * K, generator=gen).to(torch.bfloat16), torch.randn(N, K, generator=gen)
-    fused, apart = interp.apply(_silu_mul_both_ways, (gate_up, w.to(torch.bfloat16)))
-    assert fused.shape == (1, N) and torch.equal(fused, apart)
-    g, u = gate_up.double().chunk(2, dim=-1)
-    x = (g * torch.sigmoid(g)).to(torch.bfloat16).double() * u
-    want = x.to(torch.bfloat16).double() @ w.to(torch.bfloat16).double().T
-    # x and y are bf16, and the interpreter's exp moves some of silu's roundings by an ulp
-    assert float((fused.double() - want).norm() / want.norm()) < 3e-2
-
-
-def test_silu_mul_linear_takes_one_row_only():
-    w = torch.zeros(8, 32)
-    assert not sl.takes_silu_mul(torch.zeros(2, 64), w)            # two rows
-    assert not sl.takes_silu_mul(torch.zeros(1, 64), torch.zeros(8, 16))   # K mismatch
-    with pytest.raises(ValueError):
-        sl.silu_mul_linear(torch.zeros(2, 64), w)
-
-
 def test_one_row_of_a_wide_weight_keeps_the_tile_kernel(interp):
     gen = torch.Generator().manual_seed(9)
     x, w = torch.randn(1, 256, generator=gen), torch.randn(96, 256, generator=gen)

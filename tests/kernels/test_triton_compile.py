@@ -137,10 +137,8 @@ def test_pdl_kernels_wait_before_any_access(arch):
     wait = ptx.index("griddepcontrol.wait")
     assert all(wait < ptx.index(op) for op in ("ld.global", "st.global", "cp.async") if op in ptx)
     fn = skinny_linear._gemv_kernel           # waits first, releases its dependents after its loop
-    for silu_mul in (False, True):            # plain, and making silu(gate) * up as it loads
-        ptx = compile_for(fn, arch, typed(fn, {"X": "*bf16", "W": "*bf16", "Y": "*bf16"}),
-                          dict(BLOCK_N=8, BLOCK_K=1024, EVEN_N=True, SILU_MUL=silu_mul, PDL=True),
-                          num_warps=4).asm["ptx"]
-        wait, release = ptx.index("griddepcontrol.wait"), ptx.index("griddepcontrol.launch_dependents")
-        assert all(wait < ptx.index(op) for op in ("ld.global", "st.global", "cp.async") if op in ptx)
-        assert ptx.index("ld.global") < release < ptx.index("st.global")
+    ptx = compile_for(fn, arch, typed(fn, {"X": "*bf16", "W": "*bf16", "Y": "*bf16"}),
+                      dict(BLOCK_N=8, BLOCK_K=1024, EVEN_N=True, PDL=True), num_warps=4).asm["ptx"]
+    wait, release = ptx.index("griddepcontrol.wait"), ptx.index("griddepcontrol.launch_dependents")
+    assert all(wait < ptx.index(op) for op in ("ld.global", "st.global", "cp.async") if op in ptx)
+    assert ptx.index("ld.global") < release < ptx.index("st.global")
