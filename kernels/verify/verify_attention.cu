@@ -575,6 +575,56 @@ __device__ __forceinline__ void masked_tile_max(const float (&s)[NK / 8][4], int
     }
 }
 
+// The pipelined kernels' softmax of one tile's S (raw scores; the scale is folded into the
+// exponent): P = 2^(S scale - m) in fp32 into x, and the running sum l. The reference max m
+// moves lazily (FlashAttention-4's rescale threshold): only when some row of the warp sees a tile
+// max above m + RESCALE_LOG2 does the warp move every row's m to its true running max and return
+// `true`, with `alpha` the factor O must be rescaled by; otherwise m stays, P <= 2^RESCALE_LOG2,
+// and O needs no rescale (its 64 multiplies a tile are skipped). Exact either way: O and l share
+// the reference max, and the final lse is m + log2(l). Max and sum are balanced trees (row_max,
+// row_sum), not 16-deep dependent chains. The caller packs P to bf16 (pack_p) into the A
+// registers P_j V_j is not reading: packed into the ones it reads, ptxas serialises every wgmma
+// of the kernel (C7513).
+template <int NK>
+__device__ __forceinline__ bool online_softmax(const float (&s)[NK / 8][4], int kb, int L, int k_end,
+                                               const int32_t* const (&bits_row)[2], int tig, float scale,
+                                               float (&m_run)[2], float (&l_run)[2], float (&x)[NK / 8][4],
+                                               float (&alpha)[2]) {
+    float m_tile[2];        // the tree part and the keys past this split masked
+    masked_tile_max<NK>(s, kb, L, k_end, bits_row, tig, scale, x, m_tile);
+    const bool rescale = __any_sync(0xffffffffu, m_tile[0] > m_run[0] + RESCALE_LOG2 ||
+                                                 m_tile[1] > m_run[1] + RESCALE_LOG2);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        alpha[hf] = 1.f;
+        if (rescale) {
+            const float m_new = fmaxf(m_run[hf], m_tile[hf]);
+            alpha[hf] = fast_exp2(m_run[hf] - max_ref(m_new));
+            m_run[hf] = m_new;
+        }
+        const float m_use = max_ref(m_run[hf]);
+#pragma unroll
+        for (int nt = 0; nt < NK / 8; ++nt) {
+            x[nt][2 * hf] = fast_exp2(fmaf(x[nt][2 * hf], scale, -m_use));
+            x[nt][2 * hf + 1] = fast_exp2(fmaf(x[nt][2 * hf + 1], scale, -m_use));
+        }
+        l_run[hf] = l_run[hf] * alpha[hf] + row_sum(x, hf);
+    }
+    return rescale;
+}
+
+// P (fp32, the C layout of S) as bf16 A fragments of P V, one per 16 keys.
+template <int NK>
+__device__ __forceinline__ void pack_p(const float (&x)[NK / 8][4], uint32_t (&pk)[NK / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < NK / 16; ++kk) {
+        pk[kk][0] = pack_bf16(x[2 * kk][0], x[2 * kk][1]);
+        pk[kk][1] = pack_bf16(x[2 * kk][2], x[2 * kk][3]);
+        pk[kk][2] = pack_bf16(x[2 * kk + 1][0], x[2 * kk + 1][1]);
+        pk[kk][3] = pack_bf16(x[2 * kk + 1][2], x[2 * kk + 1][3]);
+    }
+}
+
 // The Q rows of row block `mblock` (BM rows of CH 16-byte chunks, zeros past M) into a swizzled
 // tile at sQ: row r is (g, t) = (r / T, r % T), query head h G + g of the KV head at qbase.
 template <int BM, int CH, int NT>
@@ -1014,47 +1064,8 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             wgmma_m64n64k16(s, qa[kk], desc_advance(k_desc, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
         wgmma_commit();
     };
-    // Softmax of S (raw scores; the scale is folded into the exponent): P = 2^(S scale - m) in
-    // fp32 and the running sum. The reference max m moves lazily (FlashAttention-4's rescale
-    // threshold): only when some row of the warp sees a tile max above m + RESCALE_LOG2 does the
-    // warp move every row's m to its true running max and report `true`, with `alpha` the factor
-    // O must be rescaled by; otherwise m stays, P <= 2^RESCALE_LOG2, and O needs no rescale (its
-    // 64 multiplies a tile are skipped). Exact either way: O and l share the reference max, and
-    // the final lse is m + log2(l). Max and sum are balanced trees (row_max, row_sum), not
-    // 16-deep dependent chains. The caller packs P to bf16 (the A layout of P V) into the A
-    // registers P_j V_j is not reading: packed into the ones it reads, ptxas serialises every
-    // wgmma of the kernel (C7513).
     auto softmax = [&](const float (&s)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&alpha)[2]) {
-        float m_tile[2];        // the tree part and the keys past this split masked
-        masked_tile_max<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, x, m_tile);
-        const bool rescale = __any_sync(0xffffffffu, m_tile[0] > m_run[0] + RESCALE_LOG2 ||
-                                                     m_tile[1] > m_run[1] + RESCALE_LOG2);
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            alpha[hf] = 1.f;
-            if (rescale) {
-                const float m_new = fmaxf(m_run[hf], m_tile[hf]);
-                alpha[hf] = fast_exp2(m_run[hf] - max_ref(m_new));
-                m_run[hf] = m_new;
-            }
-            const float m_use = max_ref(m_run[hf]);
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) {
-                x[nt][2 * hf] = fast_exp2(fmaf(x[nt][2 * hf], scale, -m_use));
-                x[nt][2 * hf + 1] = fast_exp2(fmaf(x[nt][2 * hf + 1], scale, -m_use));
-            }
-            l_run[hf] = l_run[hf] * alpha[hf] + row_sum(x, hf);
-        }
-        return rescale;
-    };
-    auto pack_p = [&](const float (&x)[BN / 8][4], uint32_t (&pk)[BN / 16][4]) {
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            pk[kk][0] = pack_bf16(x[2 * kk][0], x[2 * kk][1]);
-            pk[kk][1] = pack_bf16(x[2 * kk][2], x[2 * kk][3]);
-            pk[kk][2] = pack_bf16(x[2 * kk + 1][0], x[2 * kk + 1][1]);
-            pk[kk][3] = pack_bf16(x[2 * kk + 1][2], x[2 * kk + 1][3]);
-        }
+        return online_softmax<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
     };
 
     if (n > 0) {
@@ -1064,7 +1075,7 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
         wgmma_wait<0>();
         keep_live(s);
         softmax(s, 0, x, alpha);    // O is still zero: alpha is not needed
-        pack_p(x, pa[0]);
+        pack_p<BN>(x, pa[0]);
     }
     // One tile. P_tile is in pa[PA] (tile's parity: the loop runs tiles in pairs, so the index is
     // a constant); P_{tile+1} goes to the other one while P_tile V_tile may still run.
@@ -1137,7 +1148,7 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
                     o[dt][3] *= alpha[1];
                 }
             }
-            pack_p(x, pa[1 - PA]);
+            pack_p<BN>(x, pa[1 - PA]);
         } else {
             wgmma_wait<0>();
             keep_live(o);
@@ -1303,8 +1314,7 @@ __global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ 
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
     uint32_t pa[2][BN / 16][4];
 
-    // As in gqa_pipelined (see its comments: fresh S a tile, P packed after the wait, the lazy
-    // rescale).
+    // As in gqa_pipelined (see its comments: a fresh S a tile, P packed after the wait).
     auto issue_s = [&](float (&s)[BN / 8][4], int tile) {
         const uint64_t k_desc = desc_kmajor_sw128(k_stage(c, tile));
 #pragma unroll
@@ -1313,36 +1323,7 @@ __global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ 
         wgmma_commit();
     };
     auto softmax = [&](const float (&s)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&alpha)[2]) {
-        float m_tile[2];
-        masked_tile_max<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, x, m_tile);
-        const bool rescale = __any_sync(0xffffffffu, m_tile[0] > m_run[0] + RESCALE_LOG2 ||
-                                                     m_tile[1] > m_run[1] + RESCALE_LOG2);
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            alpha[hf] = 1.f;
-            if (rescale) {
-                const float m_new = fmaxf(m_run[hf], m_tile[hf]);
-                alpha[hf] = fast_exp2(m_run[hf] - max_ref(m_new));
-                m_run[hf] = m_new;
-            }
-            const float m_use = max_ref(m_run[hf]);
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) {
-                x[nt][2 * hf] = fast_exp2(fmaf(x[nt][2 * hf], scale, -m_use));
-                x[nt][2 * hf + 1] = fast_exp2(fmaf(x[nt][2 * hf + 1], scale, -m_use));
-            }
-            l_run[hf] = l_run[hf] * alpha[hf] + row_sum(x, hf);
-        }
-        return rescale;
-    };
-    auto pack_p = [&](const float (&x)[BN / 8][4], uint32_t (&pk)[BN / 16][4]) {
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            pk[kk][0] = pack_bf16(x[2 * kk][0], x[2 * kk][1]);
-            pk[kk][1] = pack_bf16(x[2 * kk][2], x[2 * kk][3]);
-            pk[kk][2] = pack_bf16(x[2 * kk + 1][0], x[2 * kk + 1][1]);
-            pk[kk][3] = pack_bf16(x[2 * kk + 1][2], x[2 * kk + 1][3]);
-        }
+        return online_softmax<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
     };
 
     if (n > 0) {
@@ -1354,7 +1335,7 @@ __global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ 
         keep_live(s);
         mbar_arrive(bar(c, ws::EMPTY_K, 0));
         softmax(s, 0, x, alpha);    // O is still zero: alpha is not needed
-        pack_p(x, pa[0]);
+        pack_p<BN>(x, pa[0]);
     }
     auto step = [&](int tile, auto pa_index) {
         constexpr int PA = decltype(pa_index)::value;
@@ -1397,7 +1378,7 @@ __global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ 
                     o[dt][3] *= alpha[1];
                 }
             }
-            pack_p(x, pa[1 - PA]);
+            pack_p<BN>(x, pa[1 - PA]);
         } else {
             wgmma_wait<0>();
             keep_live(o);
