@@ -613,6 +613,18 @@ __device__ __forceinline__ bool online_softmax(const float (&s)[NK / 8][4], int 
     return rescale;
 }
 
+// O's two rows of this thread (the C layout) times their factors.
+template <int D>
+__device__ __forceinline__ void rescale_rows(float (&o)[D / 8][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+        o[dt][0] *= alpha[0];
+        o[dt][1] *= alpha[0];
+        o[dt][2] *= alpha[1];
+        o[dt][3] *= alpha[1];
+    }
+}
+
 // P (fp32, the C layout of S) as bf16 A fragments of P V, one per 16 keys.
 template <int NK>
 __device__ __forceinline__ void pack_p(const float (&x)[NK / 8][4], uint32_t (&pk)[NK / 16][4]) {
@@ -1140,13 +1152,7 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             if (rescale) {        // warp-uniform
                 wgmma_wait<0>();
                 keep_live(o);
-#pragma unroll
-                for (int dt = 0; dt < D / 8; ++dt) {
-                    o[dt][0] *= alpha[0];
-                    o[dt][1] *= alpha[0];
-                    o[dt][2] *= alpha[1];
-                    o[dt][3] *= alpha[1];
-                }
+                rescale_rows<D>(o, alpha);
             }
             pack_p<BN>(x, pa[1 - PA]);
         } else {
@@ -1370,13 +1376,7 @@ __global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ 
             if (rescale) {            // warp-uniform
                 wgmma_wait<0>();
                 keep_live(o);
-#pragma unroll
-                for (int dt = 0; dt < D / 8; ++dt) {
-                    o[dt][0] *= alpha[0];
-                    o[dt][1] *= alpha[0];
-                    o[dt][2] *= alpha[1];
-                    o[dt][3] *= alpha[1];
-                }
+                rescale_rows<D>(o, alpha);
             }
             pack_p<BN>(x, pa[1 - PA]);
         } else {
