@@ -101,22 +101,14 @@ def test_tree_build_compiles_for_sm90a_and_sm120_without_spills(tmp_path):
     assert not found, "register spills:\n" + "\n".join(found)
 
 
-def test_the_tensor_copy_build_compiles_without_spills_or_serialised_wgmma(tmp_path):
-    """HARNESS_KERNEL_TMA's build (gqa_tma_kernel instantiated, kernels/build.py) on Hopper."""
-    proc, out = nvcc_compile(tmp_path, SOURCE, ("90a",), threads=2, flags=build.TMA_FLAGS)
+@pytest.mark.parametrize("flags, kernel", [(build.TMA_FLAGS, "gqa_tma_kernel"), (build.WS_FLAGS, "gqa_ws_kernel")],
+                         ids=["tensor-copy", "warp-specialised"])
+def test_the_opt_in_builds_compile_without_spills_or_serialised_wgmma(tmp_path, flags, kernel):
+    """HARNESS_KERNEL_TMA's build (gqa_tma_kernel) and HARNESS_KERNEL_WS's (gqa_ws_kernel:
+    setmaxnreg, named barriers, mbarrier releases), kernels/build.py, on Hopper."""
+    proc, out = nvcc_compile(tmp_path, SOURCE, ("90a",), threads=2, flags=flags)
     assert_compiled_cleanly(proc, out, ("90a",))
-    assert "gqa_tma_kernel" in proc.stderr
-    assert not [ln for ln in proc.stderr.splitlines() if "(C75" in ln]
-    found = spills(proc.stderr, ("90a",))
-    assert not found, "register spills on Hopper:\n" + "\n".join(found)
-
-
-def test_the_warp_specialized_build_compiles_without_spills_or_serialised_wgmma(tmp_path):
-    """HARNESS_KERNEL_WS's build (gqa_ws_kernel: setmaxnreg, named barriers, mbarrier releases)
-    on Hopper."""
-    proc, out = nvcc_compile(tmp_path, SOURCE, ("90a",), threads=2, flags=build.WS_FLAGS)
-    assert_compiled_cleanly(proc, out, ("90a",))
-    assert "gqa_ws_kernel" in proc.stderr
+    assert kernel in proc.stderr
     assert not [ln for ln in proc.stderr.splitlines() if "(C75" in ln]
     found = spills(proc.stderr, ("90a",))
     assert not found, "register spills on Hopper:\n" + "\n".join(found)
