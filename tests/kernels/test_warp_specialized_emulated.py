@@ -25,13 +25,13 @@ def probe(tmp_path_factory):
     return lib
 
 
-def _run(lib, tiles=7, *, consumer_waits=True, producer_regs=40, consumer_regs=232, skew=4242):
+def _run(lib, tiles=7, *, consumer_waits=1, producer_regs=40, consumer_regs=232, skew=4242, early=False):
     rng = np.random.default_rng(tiles)
     values = rng.integers(-8, 9, size=(tiles * ROWS, COLS)).astype(np.float32)
     src = (values.view(np.uint32) >> 16).astype(np.uint16)        # exact in bf16
     sums = np.zeros((2, tiles), dtype=np.float32)
     turns = np.full(2 * tiles, -1, dtype=np.int32)
-    lib.emu_configure(0, skew)
+    lib.emu_configure(int(early), skew)
     lib.emu_clear_fault()
     rc = lib.probe_producer_consumer(src.ctypes.data, sums.ctypes.data, turns.ctypes.data, tiles,
                                      int(consumer_waits), producer_regs, consumer_regs)
@@ -39,9 +39,10 @@ def _run(lib, tiles=7, *, consumer_waits=True, producer_regs=40, consumer_regs=2
     return rc, sums, turns, want
 
 
+@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("skew", [0, 4242, 777])
-def test_consumers_see_every_tile_and_take_turns(probe, skew):
-    rc, sums, turns, want = _run(probe, skew=skew)
+def test_consumers_see_every_tile_and_take_turns(probe, skew, early):
+    rc, sums, turns, want = _run(probe, skew=skew, early=early)
     assert rc == 0, probe.emu_last_fault().decode()
     np.testing.assert_array_equal(sums, want)
     tiles = sums.shape[1]
@@ -51,7 +52,18 @@ def test_consumers_see_every_tile_and_take_turns(probe, skew):
 def test_a_consumer_that_reads_before_its_wait_misses_the_copy(probe):
     """Reading the stage before waiting on its full barrier (then waiting) reads it before the
     tile lands: the poison, or the tile two before."""
-    rc, sums, _, want = _run(probe, consumer_waits=False)
+    rc, sums, _, want = _run(probe, consumer_waits=0)
+    assert rc == 0
+    assert not np.array_equal(sums, want)
+
+
+@pytest.mark.parametrize("skew", [0, 4242])
+def test_a_consumer_that_releases_before_it_reads_reads_the_next_copy(probe, skew):
+    """Releasing a stage (its empty barrier) before reading it lets the producer refill it
+    first: the emulator switches threads at a release, and with copies landing at issue the
+    read sees the tile a ring later (what the warp-specialised verify kernel's releases after
+    its MMAs retire must avoid)."""
+    rc, sums, _, want = _run(probe, consumer_waits=2, early=True, skew=skew)
     assert rc == 0
     assert not np.array_equal(sums, want)
 

@@ -15,6 +15,8 @@ constexpr int COLS = 64, ROWS = 8, STAGES = 2, TILE_BYTES = COLS * ROWS * 2;
 struct Params {
     float* sums;               // [2][tiles]: consumer c's sum of tile t's columns of parity c
     int* turns;                // [2 tiles]: who ran the ordered section, in order (c * 1000 + t)
+    // consumer_waits: 1 wait for the tile, read it, release it; 0 read before the wait (a
+    // mutant); 2 wait, release, then read (a mutant: the stage may be refilled under the read)
     int tiles, consumer_waits, producer_regs, consumer_regs;
     CUtensorMap map;           // the tiles: [tiles * ROWS][COLS] bf16, a box a tile
 };
@@ -73,13 +75,14 @@ __global__ void producer_consumer_kernel(const __grid_constant__ Params p) {
         const int s = t % STAGES;
         const uint32_t parity = static_cast<uint32_t>(t / STAGES) & 1u;
         if (p.consumer_waits) mbar_wait(full + 8 * s, parity);
+        if (p.consumer_waits == 2) mbar_arrive(empty + 8 * s);
         float v = 0.f;                                 // this thread's share: 2 elements
         for (int i = gtid; i < ROWS * COLS / 2; i += 128) {
             const int row = (2 * i) / COLS, col = (2 * i) % COLS + c;
             v += bf16_at(stage0 + s * TILE_BYTES + (row * COLS + col) * 2);
         }
         if (!p.consumer_waits) mbar_wait(full + 8 * s, parity);    // the mutant: read, then wait
-        mbar_arrive(empty + 8 * s);
+        if (p.consumer_waits != 2) mbar_arrive(empty + 8 * s);
         // The ordered section: turn (c, t) after the other's turn (c', t) or (c', t - 1).
         named_barrier_sync(1 + c, 256);
         if (gtid == 0) {
