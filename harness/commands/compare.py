@@ -5,7 +5,9 @@ the repeats), head/base (the gate's Hodges–Lehmann estimate over the repeats),
 or "slower" in the metric's own sense, the statistical
 gate's verdict with its p-value and interval (harness.gate.runs.compare, the verdict `harness
 report --compare` shows), and a noise flag when either side's host facts say the host was
-loaded, throttled or shared. Cells of BASE that HEAD does not have are listed after.
+loaded, throttled or shared, or when the sides ran different builds of the CUDA kernels or in
+different CUDA graph states (the gate's warnings: a difference that is not the code's alone).
+Cells of BASE that HEAD does not have are listed after.
 
 Exit codes: 0 (a comparison, whatever it found; `harness gate` is the command that fails CI),
 2 bad input (a run that is not in the journal).
@@ -52,7 +54,7 @@ def compare(
 
 def comparison_table(head: dict[str, dict], base: dict[str, dict], verdicts: dict,
                      title: str) -> Table:
-    from harness.gate.noise import host_notes
+    from harness.gate.noise import graph_state_notes, host_notes, kernel_build_notes
 
     table = Table(title=escape(title), title_justify="left", header_style="bold")
     table.add_column("cell", min_width=24, overflow="fold")
@@ -61,6 +63,8 @@ def comparison_table(head: dict[str, dict], base: dict[str, dict], verdicts: dic
     for cid, h in sorted(head.items(), key=lambda kv: kv[1].get("label", kv[0])):
         v = verdicts[cid]
         notes = host_notes([r for r in (h, base.get(cid)) if r])
+        per_side = {"base": [base[cid]] if cid in base else [], "head": [h]}
+        notes += kernel_build_notes(per_side) + graph_state_notes(per_side)
         noisy = any(r.get("noisy") for r in (h, base.get(cid)) if r)
         style = VERDICT_STYLE.get(v.verdict, "")
         table.add_row(escape(h.get("label", cid)), v.metric, _num(v.base), _num(v.head),

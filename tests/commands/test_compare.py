@@ -48,6 +48,20 @@ def test_the_other_way_round_the_same_cells_are_slower():
     assert "slower" in tree and "regressed" in tree
 
 
+def test_sides_of_different_kernel_builds_are_flagged():
+    """The default build against HARNESS_KERNEL_WS's (session 21's verify-ab A/B): every cell
+    says the sides ran different builds; two runs of one build say nothing of it."""
+    default, ws, default_again = "20261204-143629-7ce87d", "20261204-143626-3f8eb2", "20261204-143613-878452"
+    code, out = harness("compare", default, ws, "--results", str(RESULTS))
+    assert code == 0, out
+    kernel_rows = [v for k, v in rows(out).items() if k.startswith("kernel custom")]
+    assert len(kernel_rows) == 8
+    noise = " ".join(line.split("│")[-2].strip() for line in out.splitlines() if line.startswith("│"))
+    assert noise.count("different builds of the CUDA kernels") == 8
+    code, out = harness("compare", default_again, default, "--results", str(RESULTS))
+    assert code == 0 and "different builds" not in out
+
+
 def test_an_unknown_run_is_one_line_and_exit_2(tmp_path):
     code, out = harness("compare", "20990101-000000-abcdef", HEAD, "--results", str(RESULTS))
     assert code == 2
