@@ -1206,10 +1206,13 @@ gqa_tma_kernel(const __grid_constant__ GqaTmaParams a) {
 // and KV head; row blocks fastest) numbered in launch order, CTA i's consumers tasks 2i and
 // 2i + 1. So a CTA of three warpgroups does what two co-resident CTAs of the pipelined kernel
 // did, the split plan and its partials and the combine are the same, and two consumers of a CTA
-// mostly stream the same tiles (neighbouring row blocks of one split: the second read from L2). The consumer's loop is the pipelined kernel's (S_{j+1}
-// with P_j V_j, the softmax under P_j V_j, the lazy rescale) with the barrier and the copies
-// taken out: it waits for a tile's full barrier, and releases a stage (every consumer thread
-// arrives on its empty barrier) once its own wait_group has retired the MMAs that read it.
+// mostly stream the same tiles (neighbouring row blocks of one split: the second read from L2).
+// The consumer's loop is the pipelined kernel's (S_{j+1} with P_j V_j, the softmax under P_j V_j,
+// the lazy rescale) with the barrier and the copies taken out: it waits for a tile's full
+// barrier, and releases a stage (every consumer thread arrives on its empty barrier) once its own
+// wait_group has retired the MMAs that read it. Measured level with the pipelined kernel at 65
+// tree tokens and slower at 16 on the H200 (kernels/NOTES.md, "The warp-specialised kernel"):
+// an opt-in build (HARNESS_KERNEL_WS), not the default.
 namespace ws {
 constexpr int D = 128, STAGES = 3, TILE = BN * D * 2;       // a K or V tile: 16 KB
 constexpr int Q_BYTES = 64 * D * 2;                        // a consumer's 64 rows of Q
