@@ -28,27 +28,25 @@ import triton.language as tl
 
 
 @triton.jit
-def wait_then_release(PDL: tl.constexpr):
-    """First thing in a PDL kernel: wait for the kernel before (its writes are visible after
-    this), then let the kernel after this one launch (it waits in turn before any access)."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
 def wait(PDL: tl.constexpr):
-    """wait_then_release's first half, for a kernel that lets the next one launch later, after
-    its main loop (`release`)."""
+    """Wait for the kernel before (its writes are visible after this); before any access."""
     if PDL:
         tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
 def release(PDL: tl.constexpr):
-    """wait's other half: from here on the kernel after this one may launch."""
+    """From here on the kernel after this one may launch (it waits in turn before any access);
+    a kernel may release after its main loop (the one-row GEMV) rather than first thing."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def wait_then_release(PDL: tl.constexpr):
+    """First thing in a PDL kernel: wait for the kernel before, then let the one after launch."""
+    wait(PDL)
+    release(PDL)
 
 
 @functools.lru_cache(maxsize=None)
