@@ -39,9 +39,6 @@ TMA_FLAGS = ("-DTVA_TMA",)
 # cache is warp-specialised (a producer warpgroup on tensor copies, two consumer warpgroups, a
 # task each), to A/B likewise (kernels/NOTES.md, "The warp-specialised kernel").
 WS_FLAGS = ("-DTVA_TMA", "-DTVA_WS")
-# HARNESS_KERNEL_WS=wide: the same with tiles of 128 keys, the two consumers sharing one ring of
-# them (kernels/NOTES.md, "The wide warp-specialised kernel").
-WS_WIDE_FLAGS = WS_FLAGS + ("-DTVA_WS_WIDE",)
 
 
 def _on(name: str) -> bool:
@@ -49,10 +46,8 @@ def _on(name: str) -> bool:
 
 
 def nvcc_flags() -> tuple[str, ...]:
-    ws = os.environ.get("HARNESS_KERNEL_WS", "")
     return (NVCC_FLAGS + (DEBUG_FLAGS if _on("HARNESS_KERNEL_DEBUG") else ())
-            + (WS_WIDE_FLAGS if ws == "wide" else WS_FLAGS if _on("HARNESS_KERNEL_WS")
-               else TMA_FLAGS if _on("HARNESS_KERNEL_TMA") else ()))
+            + (WS_FLAGS if _on("HARNESS_KERNEL_WS") else TMA_FLAGS if _on("HARNESS_KERNEL_TMA") else ()))
 
 # Architectures built as exactly that machine code; any other GPU gets its own SASS plus PTX.
 # Hopper builds 9.0a: its wgmma instructions exist only in the arch-specific target.

@@ -249,23 +249,6 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t de
 #endif
 }
 
-// d[64 x 128] (+)= A[64 x 16] x B[16 x 128], both operands K-major through shared-memory
-// descriptors: the wide warp-specialised kernel's S = Q K^T (Q and a 128-key K tile in shared memory).
-__device__ __forceinline__ void wgmma_m64n128k16_ss(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b,
-                                                    int accumulate) {
-#ifdef TVA_WGMMA
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-#else
-    __trap();
-#endif
-}
-
 // d[64 x N] += A[64 x 16] x B[16 x N] with B N-major (imm-trans-b 1): the P V product, P from
 // registers (the mma.m16n8k16 A layout per warp, as for S) and V through an MN-major descriptor.
 __device__ __forceinline__ void wgmma_m64n128k16_tb(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
@@ -364,11 +347,11 @@ __host__ __device__ __forceinline__ uint64_t desc_kmajor_sw128(uint32_t smem_byt
 
 // The same for an MN-major operand (B of P V: V tiles stored as K tiles are, 64-column blocks of
 // 128-byte rows, one row per key): the leading byte offset is the stride between 64-column
-// blocks along N (`rows` x 128 bytes: BN, or the wide kernel's 128-key tiles), the stride byte
-// offset the stride between groups of 8 rows along K (1024 bytes).
-__host__ __device__ __forceinline__ uint64_t desc_mnmajor_sw128(uint32_t smem_byte_addr, int rows = BN) {
+// blocks along N (BN rows x 128 bytes), the stride byte offset the stride between groups of 8
+// rows along K (1024 bytes).
+__host__ __device__ __forceinline__ uint64_t desc_mnmajor_sw128(uint32_t smem_byte_addr) {
     return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) |
-           (static_cast<uint64_t>((rows * 128) >> 4) << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
+           (static_cast<uint64_t>((BN * 128) >> 4) << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
            (static_cast<uint64_t>(1) << 62);
 }
 
@@ -471,24 +454,16 @@ __device__ __forceinline__ int64_t key_offset(const AttnParams& p, int b, int ke
 // (nt, 2 hf + 1): this thread's 2 NT8 scores of row hf) as a balanced tree: a running fmaxf or
 // add over them is 2 NT8 dependent instructions, the tree log2(2 NT8) deep. ncu on the H200 found
 // the pipelined kernel's warps stalled mostly on fixed-latency dependencies (kernels/NOTES.md).
-// The tree's levels as a compile-time recursion: a `w /= 2` loop is not unrolled at NT8 16 (the
-// wide kernel's), which puts v in local memory.
-template <int W, typename Op>
-__device__ __forceinline__ void fold_halves(float* v, Op op) {
-    if constexpr (W > 0) {
-#pragma unroll
-        for (int i = 0; i < W; ++i) v[i] = op(v[i], v[i + W]);
-        fold_halves<W / 2>(v, op);
-    }
-}
-
 template <int NT8, typename Op>
 __device__ __forceinline__ float row_reduce(const float (&x)[NT8][4], int hf, Op op) {
     static_assert((NT8 & (NT8 - 1)) == 0, "a power of two");
     float v[NT8];
 #pragma unroll
     for (int nt = 0; nt < NT8; ++nt) v[nt] = op(x[nt][2 * hf], x[nt][2 * hf + 1]);
-    fold_halves<NT8 / 2>(v, op);
+#pragma unroll
+    for (int w = NT8 / 2; w > 0; w /= 2)
+#pragma unroll
+        for (int i = 0; i < w; ++i) v[i] = op(v[i], v[i + w]);
     return v[0];
 }
 
@@ -1423,215 +1398,6 @@ __global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ 
 
     write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
 }
-
-#ifdef TVA_WS_WIDE
-// ------------------------------------------------------------------------------------------
-// The wide warp-specialised GQA kernel: gqa_ws_kernel with tiles of 128 keys (FlashAttention-3's
-// tile at head dim 128) instead of 64, which halves what a tile costs a consumer beyond its
-// elements (the row reductions' shuffles, the waits, the descriptors, the lazy-rescale test) and
-// gives each thread twice the independent elements between them. Two 32 KB tiles a stage do not
-// fit a ring per consumer, so the two consumers share one ring: they take neighbouring row
-// blocks (2i, 2i + 1) of the same split, sequence and KV head, and Q comes from shared memory (S
-// as a shared-memory-operand MMA) to leave the larger S and P their registers. An odd last row
-// block runs alone on its CTA (the other consumer exits). The split plan, partials and combine
-// are the pipelined kernel's. An opt-in build (HARNESS_KERNEL_WS=wide).
-// ------------------------------------------------------------------------------------------
-namespace wide {
-constexpr int D = 128, BK = 128, STAGES = 3, TILE = BK * D * 2;   // a K or V tile: 32 KB
-constexpr int Q_BYTES = 64 * D * 2;                              // a consumer's 64 rows of Q
-constexpr int BARRIERS = 4 * STAGES;                             // full / empty of K / V
-constexpr int SMEM = 1024 + 2 * Q_BYTES + 2 * STAGES * TILE + BARRIERS * 8;   // 230496 (+1 KB: alignment)
-constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
-enum Barrier { FULL_K, FULL_V, EMPTY_K, EMPTY_V };
-
-// CTA `index`: row-block pair, split, sequence and KV head (pairs fastest), and how many of its
-// two consumers have a row block.
-struct Task {
-    int pair, split, b, h, consumers;
-};
-__device__ __forceinline__ Task task(const AttnParams& p, int index) {
-    const int M = p.heads_q / p.heads_kv * p.tokens, m_blocks = (M + 63) / 64, pairs = (m_blocks + 1) / 2;
-    Task t;
-    t.pair = index % pairs;
-    const int rest = index / pairs, bh = rest / p.num_splits;
-    t.split = rest % p.num_splits;
-    t.b = bh / p.heads_kv, t.h = bh % p.heads_kv;
-    t.consumers = t.b < p.batch ? min(2, m_blocks - 2 * t.pair) : 0;
-    return t;
-}
-
-__device__ __forceinline__ int tiles(const SplitRange& sr) { return sr.end > sr.begin ? (sr.end - sr.begin + BK - 1) / BK : 0; }
-}  // namespace wide
-
-__global__ void __launch_bounds__(384, 1) gqa_ws_wide_kernel(const __grid_constant__ GqaTmaParams a) {
-    wait_for_previous_kernel();
-    constexpr int D = wide::D, BK = wide::BK, STAGES = wide::STAGES, TILE = wide::TILE, NT = 128;
-    const AttnParams& p = a.p;
-    TVA_DYNAMIC_SMEM(smem);
-    const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;    // 1024-byte aligned for the swizzle
-    const uint32_t bars = base + 2 * wide::Q_BYTES + 2 * STAGES * TILE;
-    auto bar = [&](wide::Barrier kind, int tile) { return bars + 8u * static_cast<uint32_t>(kind * STAGES + tile % STAGES); };
-    auto q_tile = [&](int c) { return base + static_cast<uint32_t>(c * wide::Q_BYTES); };
-    auto k_stage = [&](int tile) { return base + 2 * wide::Q_BYTES + (tile % STAGES) * TILE; };
-    auto v_stage = [&](int tile) { return base + 2 * wide::Q_BYTES + (STAGES + tile % STAGES) * TILE; };
-
-    const int tid = threadIdx.x, group = tid / 128;
-    const int T = p.tokens, G = p.heads_q / p.heads_kv, M = G * T;
-    const wide::Task t = wide::task(p, static_cast<int>(blockIdx.x));
-    if (t.consumers == 0) return;
-    const int b = t.b, h = t.h;
-    const int L = read_length(p, b);
-    const SplitRange sr = split_range(L + T, p.num_splits, t.split);
-    const int n = wide::tiles(sr);
-    if (tid == 0) {           // a stage is empty again once every thread of every consumer released it
-        for (int i = 0; i < wide::BARRIERS; ++i)
-            mbar_init(bars + 8u * i, i / STAGES >= wide::EMPTY_K ? NT * t.consumers : 1);
-        fence_mbarrier_init();
-    }
-    __syncthreads();          // the barriers are initialised before anyone waits on one
-
-    if (group == 0) {         // the producer: one lane issues every tile, in the consumers' release order
-        setmaxnreg_dec<wide::PRODUCER_REGS>();
-        if (tid != 0) return;
-        auto load = [&](const CUtensorMap* map, uint32_t dst, uint32_t full, int tile) {
-            mbar_arrive_expect_tx(full, TILE);
-#pragma unroll
-            for (int cc = 0; cc < D / 64; ++cc)
-#pragma unroll
-                for (int half = 0; half < BK / BN; ++half) {      // boxes of BN rows (past the cache: zeros)
-                    const int32_t at[4] = {64 * cc, sr.begin + tile * BK + half * BN, h, b};
-                    tma_load(dst + cc * (BK * 128) + half * (BN * 128), map, at, full);
-                }
-        };
-        for (int j = 0; j <= n; ++j) {
-            if (j < n) {
-                mbar_wait(bar(wide::EMPTY_K, j), static_cast<uint32_t>(j / STAGES + 1) & 1u);
-                load(&a.k, k_stage(j), bar(wide::FULL_K, j), j);
-            }
-            if (j > 0) {
-                mbar_wait(bar(wide::EMPTY_V, j - 1), static_cast<uint32_t>((j - 1) / STAGES + 1) & 1u);
-                load(&a.v, v_stage(j - 1), bar(wide::FULL_V, j - 1), j - 1);
-            }
-        }
-        return;
-    }
-
-    setmaxnreg_inc<wide::CONSUMER_REGS>();
-    const int c = group - 1;
-    if (c >= t.consumers) return;
-    const int mblock = 2 * t.pair + c;
-    const int ctid = tid - 128 * group, warp = ctid >> 5, lane = tid & 31;
-
-    // Q's 64 rows as a K-major 128-byte-swizzle operand: two blocks of 64 columns, 128-byte rows.
-    {
-        const char* qbase = static_cast<const char*>(p.q) + (b * p.q_sb + static_cast<int64_t>(h) * G * p.q_sh) * 2;
-#pragma unroll
-        for (int i = 0; i < 64 * (D / 8) / NT; ++i) {
-            const int idx = ctid + i * NT, row = idx / (D / 8), ch = idx % (D / 8);
-            const int r = mblock * 64 + row;
-            const bool ok = r < M;
-            const int g = ok ? r / T : 0, tk = ok ? r % T : 0;
-            const uint32_t dst = q_tile(c) + (ch >> 3) * (64 * 128) + row * 128 + (((ch & 7) ^ (row & 7)) << 4);
-            cp_async16(dst, qbase + (g * p.q_sh + tk * p.q_st) * 2 + ch * 16, ok);
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        fence_proxy_async();                  // the copies, visible to the MMAs that read them
-        named_barrier_sync(1 + c, NT);        // this warpgroup's Q tile, whole
-    }
-    const uint64_t q_desc = desc_kmajor_sw128(q_tile(c));
-
-    const float scale = static_cast<float>(p.sm_scale) * LOG2E;
-    const int gid = lane >> 2, tig = lane & 3;
-    const int r0 = mblock * 64 + warp * 16 + gid;          // this thread's rows: r0, r0 + 8
-    const int32_t* bits_row[2];
-    tree_mask_rows(p, b, r0, M, bits_row);
-
-    float o[D / 8][4];
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-    uint32_t pa[2][BK / 16][4];
-
-    auto issue_s = [&](float (&s)[BK / 8][4], int tile) {
-        const uint64_t k_desc = desc_kmajor_sw128(k_stage(tile));
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-            wgmma_m64n128k16_ss(s, desc_advance(q_desc, (kk >> 2) * (64 * 128) + (kk & 3) * 32),
-                                desc_advance(k_desc, (kk >> 2) * (BK * 128) + (kk & 3) * 32), kk > 0);
-        wgmma_commit();
-    };
-    // A tile may reach past the split's end into the next split's prefix keys, which count
-    // there: the mask takes the prefix to end at the split's end at most (where it ends before L,
-    // no tree key is in this split, so the tree bits' offset from it is never used).
-    const int prefix = min(L, sr.end);
-    auto softmax = [&](const float (&s)[BK / 8][4], int tile, float (&x)[BK / 8][4], float (&alpha)[2]) {
-        return online_softmax<BK>(s, sr.begin + tile * BK, prefix, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
-    };
-
-    // gqa_ws_kernel's loop (S_{j+1} with P_j V_j, the softmax under P_j V_j, the lazy rescale)
-    // on 128-key tiles and the shared ring.
-    if (n > 0) {
-        float s[BK / 8][4], x[BK / 8][4], alpha[2];
-        mbar_wait(bar(wide::FULL_K, 0), 0);
-        wgmma_fence();
-        issue_s(s, 0);
-        wgmma_wait<0>();
-        keep_live(s);
-        mbar_arrive(bar(wide::EMPTY_K, 0));
-        softmax(s, 0, x, alpha);    // O is still zero: alpha is not needed
-        pack_p<BK>(x, pa[0]);
-    }
-    auto step = [&](int tile, auto pa_index) {
-        constexpr int PA = decltype(pa_index)::value;
-        const bool more = tile + 1 < n;
-        if (more) mbar_wait(bar(wide::FULL_K, tile + 1), static_cast<uint32_t>((tile + 1) / STAGES) & 1u);
-        mbar_wait(bar(wide::FULL_V, tile), static_cast<uint32_t>(tile / STAGES) & 1u);
-        // Rows past the sequence (the last tile's) hold whatever the cache does: zeros first,
-        // as P is 0 there but 0 times a NaN is not (both consumers write the same zeros).
-        const int valid = L + T - (sr.begin + tile * BK);
-        if (valid < BK) {
-            zero_rows<BK, D / 8, NT>(v_stage(tile), valid > 0 ? valid : 0, ctid);
-            fence_proxy_async();
-            named_barrier_sync(1 + c, NT);
-        }
-        float s[BK / 8][4];
-        wgmma_fence();
-        issue_s(s, more ? tile + 1 : tile);
-        const uint64_t v_desc = desc_mnmajor_sw128(v_stage(tile), BK);
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
-        wgmma_commit();
-        if (more) {
-            float x[BK / 8][4], alpha[2];
-            wgmma_wait<1>();          // S_{tile+1} and P_{tile-1} V_{tile-1} retired
-            keep_live(s);
-            mbar_arrive(bar(wide::EMPTY_K, tile + 1));
-            if (tile > 0) mbar_arrive(bar(wide::EMPTY_V, tile - 1));
-            const bool rescale = softmax(s, tile + 1, x, alpha);
-            if (rescale) {            // warp-uniform
-                wgmma_wait<0>();
-                keep_live(o);
-                rescale_rows<D>(o, alpha);
-            }
-            pack_p<BK>(x, pa[1 - PA]);
-        } else {
-            wgmma_wait<0>();
-            keep_live(o);
-        }
-    };
-    int tile = 0;
-    for (; tile + 1 < n; tile += 2) {
-        step(tile, std::integral_constant<int, 0>{});
-        step(tile + 1, std::integral_constant<int, 1>{});
-    }
-    if (tile < n) step(tile, std::integral_constant<int, 0>{});
-    wgmma_wait<0>();
-    keep_live(o);
-
-    write_rows<D>(p, o, m_run, l_run, r0, b, h, t.split, tig);
-}
-#endif  // TVA_WS_WIDE
 #endif  // TVA_WS
 
 // ------------------------------------------------------------------------------------------
@@ -2297,23 +2063,6 @@ static cudaError_t launch_gqa_ws(const AttnParams& p, cudaStream_t stream, int m
     TVA_LAUNCH(kernel, dim3(static_cast<unsigned>((tasks + 1) / 2)), 384, ws::SMEM, stream, a);
     return launch_status(stream);
 }
-
-#ifdef TVA_WS_WIDE
-// A CTA a pair of row blocks of one split, sequence and KV head (the consumers share its tiles).
-static cudaError_t launch_gqa_ws_wide(const AttnParams& p, cudaStream_t stream, int m_blocks) {
-    auto kernel = gqa_ws_wide_kernel;
-    cudaError_t err = prepare(kernel, wide::SMEM);
-    if (err != cudaSuccess) return err;
-    GqaTmaParams a;
-    a.p = p;
-    if (!encode_cache_map(&a.k, p.k, p, p.k_sb, p.k_sh, p.k_st, wide::D) ||
-        !encode_cache_map(&a.v, p.v, p, p.v_sb, p.v_sh, p.v_st, wide::D))
-        return cudaErrorInvalidValue;
-    const int64_t ctas = static_cast<int64_t>((m_blocks + 1) / 2) * p.num_splits * p.batch * p.heads_kv;
-    TVA_LAUNCH(kernel, dim3(static_cast<unsigned>(ctas)), 384, wide::SMEM, stream, a);
-    return launch_status(stream);
-}
-#endif  // TVA_WS_WIDE
 #endif  // TVA_WS
 #endif  // TVA_TMA
 
@@ -2341,9 +2090,6 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
         case 16: return launch_gqa<D, 4, PAGED, 0>(p, stream, m_blocks);
         case 17: return launch_gqa<D, 4, PAGED, 1>(p, stream, m_blocks);
         case 18:
-#ifdef TVA_WS_WIDE
-            if constexpr (!PAGED && D == 128) return launch_gqa_ws_wide(p, stream, m_blocks);
-#endif
 #ifdef TVA_WS
             if constexpr (!PAGED && D == 128) return launch_gqa_ws(p, stream, m_blocks);
 #endif

@@ -242,35 +242,6 @@ def test_gqa_warp_specialized_kernel_matches_reference(emu_ws, case, schedule):
     assert _run(emu_ws, pt, lengths, splits, warps=warps, wgmma=2, nan_tail=37) < 5e-3
 
 
-@pytest.fixture(scope="module")
-def emu_wide(tmp_path_factory):
-    """The wide warp-specialised build (HARNESS_KERNEL_WS=wide): 128-key tiles, a CTA's two
-    consumers sharing one ring (row blocks 2i and 2i + 1), Q read by the MMA from shared memory."""
-    lib = emulated_library("verify/verify_attention.cu", tmp_path_factory.mktemp("emu_wide"),
-                           defines=tuple(f[2:] for f in build.WS_WIDE_FLAGS))
-    build._declare(lib)
-    return lib
-
-
-# The warp-specialised cases, and splits whose 64-key chunks are odd in number (a 128-key tile
-# reaching into the next split's keys, which must count there only) and a pair whose second
-# consumer has rows only partly (T 24, group 4: 96 rows).
-WIDE_CASES = WS_CASES | {
-    "wide-odd-chunks": (_point(heads=8, kv_heads=2, T=24, d=128), [1000], 3, 4),
-    "wide-odd-chunks-b2": (_point(b=2, heads=4, kv_heads=1, T=65, d=128), [1500, 333], 5, 4),
-}
-
-
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
-@pytest.mark.parametrize("case", list(WIDE_CASES))
-def test_gqa_wide_kernel_matches_reference(emu_wide, case, schedule):
-    """Every stage's barriers with two consumers releasing it (or one, on an odd last row
-    block), tiles crossing split boundaries, NaN past each sequence."""
-    emu_wide.emu_configure(*SCHEDULES[schedule])
-    pt, lengths, splits, warps = WIDE_CASES[case]
-    assert _run(emu_wide, pt, lengths, splits, warps=warps, wgmma=2, nan_tail=37) < 5e-3
-
-
 @pytest.mark.parametrize("schedule", ["lockstep", "skewed"])
 def test_wgmma_pv_rescales_when_the_max_grows(emu, schedule):
     """The pipelined kernel moves a row's reference max only when a tile's max exceeds it by

@@ -216,12 +216,3 @@ def test_the_warp_specialized_build_matches_the_reference(case, monkeypatch):
     pt, lengths = CASES[case]
     assert check(pt, lengths, impl="wgmma_pv", nan_tail=37) < TOL
 
-
-@pytest.mark.parametrize("case", ["d128-g4-T16", "d128-g4-T64-b2", "d128-g4-T65", "d128-g4-T128"])
-def test_the_wide_warp_specialized_build_matches_the_reference(case, monkeypatch):
-    """HARNESS_KERNEL_WS=wide (kernels/build.py's WS_WIDE_FLAGS): 128-key tiles, a CTA's two
-    consumers sharing one ring, Q read by the MMA from shared memory; NaN past each sequence."""
-    monkeypatch.setenv("HARNESS_KERNEL_WS", "wide")
-    pt, lengths = CASES[case]
-    assert check(pt, lengths, impl="wgmma_pv", nan_tail=37) < TOL
-

@@ -889,9 +889,6 @@ inline void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_
 inline void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     emu_wgmma_issue(emu::Wgmma::kSmemA, 64, &d[0][0], desc_a, desc_b, nullptr, accumulate);
 }
-inline void wgmma_m64n128k16_ss(float (&d)[16][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
-    emu_wgmma_issue(emu::Wgmma::kSmemA, 128, &d[0][0], desc_a, desc_b, nullptr, accumulate);
-}
 // A K-major and B MN-major, both by descriptor, always accumulating (the MLA kernel's P V).
 inline void wgmma_m64n256k16_ss_tb(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b) {
     emu_wgmma_issue(emu::Wgmma::kSmemATransB, 256, &d[0][0], desc_a, desc_b, nullptr, 1);
