@@ -227,9 +227,14 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
     wide = fp32 or d > 128              # keep fp32 / wide heads inside shared memory
     if wide:
         block_m = min(block_m, 64)
+    # One query row per head of the group (plain decoding, M = G <= 16): tiles of 128 keys and
+    # fewer, longer splits (below) took 4.9 / 3.2 % less time than 64 keys and two programs a
+    # multiprocessor at 4096 / 16384 keys on the H200, level at 65536 (kernels/NOTES.md, "Plain
+    # decoding's attention: tiles and splits").
+    decode = M <= 16 and not wide
     # fp32 (tests, lossless checks) takes IEEE dots on CUDA cores: register-hungry, so no
     # pipelining and 8 warps (the least spilling of the configs compiled for sm_90).
-    p = dict(BLOCK_M=block_m, BLOCK_N=32 if wide else 64,
+    p = dict(BLOCK_M=block_m, BLOCK_N=32 if wide else 128 if decode else 64,
              num_warps=8 if fp32 or block_m * max(d, 64) >= 128 * 128 else 4,
              num_stages=1 if fp32 else 2 if wide else 3,
              # The interpreter pays per program: give it a few big combine programs.
@@ -238,10 +243,11 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
     m_tiles = triton.cdiv(M, p["BLOCK_M"])
     if num_splits is None:
         # One wave of about two programs per SM, the tree chunk's included (a second, partial
-        # wave would double the time), and no split shorter than MIN_CHUNK keys.
+        # wave would double the time), and no split shorter than MIN_CHUNK keys; plain decoding
+        # about three programs for every four multiprocessors.
         per_split = b * hkv * m_tiles
-        num_splits = max(1, min(2 * _sm_count(q.device) // per_split - 1,
-                                triton.cdiv(S, MIN_CHUNK), 256))
+        wave = 3 * _sm_count(q.device) // 4 // per_split if decode else 2 * _sm_count(q.device) // per_split - 1
+        num_splits = max(1, min(wave, triton.cdiv(S, MIN_CHUNK), 256))
         min_chunk_tiles = max(1, MIN_CHUNK // p["BLOCK_N"])
     else:
         min_chunk_tiles = 1      # the caller asked for exactly this many

@@ -145,6 +145,19 @@ def test_default_splits_on_long_prefix(interp):
     assert rel_err(out, reference(q, k, v, L, vis)) <= 1e-2
 
 
+def test_plain_decoding_takes_longer_tiles_and_fewer_splits():
+    # One query row per head (M = G = 4): 128-key tiles and about three programs for every four
+    # multiprocessors; the tree shapes (M = 64, 260) keep 64-key tiles and two a multiprocessor.
+    k = torch.empty(1, 8, 8192, 128, dtype=torch.float16)
+    plans = {T: triton_verify.plan(torch.empty(1, 32, T, 128, dtype=torch.float16), k) for T in (1, 16, 65)}
+    assert plans[1]["BLOCK_N"] == 128 and plans[16]["BLOCK_N"] == plans[65]["BLOCK_N"] == 64
+    sm = triton_verify._sm_count(k.device)
+    assert plans[1]["num_splits"] == max(1, 3 * sm // 4 // 8)
+    assert plans[16]["num_splits"] == 2 * sm // 8 - 1
+    # fp32 (the lossless checks) keeps its narrow tiles
+    assert triton_verify.plan(torch.empty(1, 32, 1, 128), k.float())["BLOCK_N"] == 32
+
+
 @pytest.mark.parametrize("shape", ["chain", "star"])
 def test_tree_shapes(interp, shape):
     # chain: token i sees tree keys 0..i; star: only the root and itself.

@@ -3,7 +3,8 @@
 dispatch (harness.decode.attention.attend: sdpa, triton, flex, custom), against the float64
 reference (harness.kernels.verify.verify_reference).
 
-Shapes: qwen3-8b attention (GQA 32/8, d 128), T = 1 + N tree tokens in {16, 65}, committed
+Shapes: qwen3-8b attention (GQA 32/8, d 128), T = 1 + N tree tokens in {16, 65} and T = 1 (plain
+decoding's plan: 128-key tiles), committed
 prefixes 4096 / 16384 / 65536, batch 1 and a batch of 2 with different lengths; q a transposed
 view and k, v views of a bigger cache buffer, as the model passes them. The tree keys are scaled
 up so the tree part carries real weight next to 65k prefix keys (else a tree-mask bug would hide
@@ -83,7 +84,7 @@ def triton_call(s: dict, dtype=torch.bfloat16, **kwargs) -> torch.Tensor:
     return out
 
 
-SHAPES = [(T, lengths) for T in (16, 65) for ctx in (4096, 16384, 65536)
+SHAPES = [(T, lengths) for T in (1, 16, 65) for ctx in (4096, 16384, 65536)
           for lengths in ([ctx], [ctx, ctx // 2 + 123])]
 
 
