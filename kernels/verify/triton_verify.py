@@ -211,6 +211,35 @@ def _interpreting() -> bool:
     return not isinstance(_split_kernel, triton.runtime.JITFunction)
 
 
+# A program's start-up and its partial's write, in tiles of keys (the wave model below).
+PROGRAM_OVERHEAD_TILES = 3
+
+
+def splits_by_waves(n_tiles: int, tree_tiles: int, per_split: int, slots: int, cap: int,
+                    min_chunk_tiles: int = 1) -> int:
+    """Prefix splits for several row blocks of 64 (65 tree tokens: five a KV head), where every
+    program is busy on the tensor cores: the count with the least (waves of prefix programs) x
+    (tiles a program + PROGRAM_OVERHEAD_TILES), plus one short program more when the tree
+    chunk's programs (T keys each) do not fit beside the last wave. Ties keep fewer splits (fewer
+    partials to combine). On the H200 at 65 tree tokens, b 1, this model's cost ratios between
+    split counts matched the measured times within ~3 % (6, 8, 12, 16, 24 splits at 65536 keys:
+    6 took 230.7 us, 8 332.6, against 267.4 for the 5 of the old two-programs-a-multiprocessor
+    rule), and it keeps 5 at 4096 keys, where 6 measured 11 % slower (kernels/NOTES.md, "The
+    Triton verify's split count")."""
+    best_cost, best = None, 1
+    for s in range(1, max(1, cap) + 1):
+        chunk = max(triton.cdiv(n_tiles, s), min_chunk_tiles)
+        used = triton.cdiv(n_tiles, chunk)
+        if used < s:                        # more splits than chunks: the same as `used`
+            break
+        waves = triton.cdiv(used * per_split, slots)
+        overflow = used * per_split + per_split > waves * slots
+        cost = waves * (chunk + PROGRAM_OVERHEAD_TILES) + (tree_tiles + PROGRAM_OVERHEAD_TILES if overflow else 0)
+        if best_cost is None or cost < best_cost:
+            best_cost, best = cost, s
+    return best
+
+
 def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
          config: dict | None = None) -> dict:
     """Tile sizes, number of prefix splits and workspace shape for these inputs (host only).
@@ -246,9 +275,17 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
         # wave would double the time), and no split shorter than MIN_CHUNK keys; plain decoding
         # about three programs for every four multiprocessors.
         per_split = b * hkv * m_tiles
-        wave = 3 * _sm_count(q.device) // 4 // per_split if decode else 2 * _sm_count(q.device) // per_split - 1
-        num_splits = max(1, min(wave, triton.cdiv(S, MIN_CHUNK), 256))
         min_chunk_tiles = max(1, MIN_CHUNK // p["BLOCK_N"])
+        sms = _sm_count(q.device)
+        cap = min(triton.cdiv(S, MIN_CHUNK), 256)
+        if decode:
+            wave = 3 * sms // 4 // per_split
+        elif m_tiles > 1 and p["BLOCK_M"] == 64 and not wide:
+            wave = splits_by_waves(triton.cdiv(S, p["BLOCK_N"]), triton.cdiv(T, p["BLOCK_N"]),
+                                   per_split, 2 * sms, cap, min_chunk_tiles)
+        else:
+            wave = 2 * sms // per_split - 1
+        num_splits = max(1, min(wave, cap))
     else:
         min_chunk_tiles = 1      # the caller asked for exactly this many
     p.update(G=G, BLOCK_D=max(16, triton.next_power_of_2(d)), m_tiles=m_tiles,

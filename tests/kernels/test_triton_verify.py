@@ -158,6 +158,25 @@ def test_plain_decoding_takes_longer_tiles_and_fewer_splits():
     assert triton_verify.plan(torch.empty(1, 32, 1, 128), k.float())["BLOCK_N"] == 32
 
 
+def test_split_count_fills_whole_waves(monkeypatch):
+    # 65 tree tokens, b 1, an H200's 132 multiprocessors at two programs each: five row blocks of
+    # 64 rows a KV head, 40 programs a split. 4096 keys keep 5 (6 measured 11 % slower); longer
+    # prefixes take a count whose programs fill their last wave (8 at 65536 keys, a second wave a
+    # fifth full, measured 44 % slower than 6), never the old rule's 5 (one wave three quarters full).
+    cdiv = lambda a, b: -(-a // b)
+    pick = {keys: triton_verify.splits_by_waves(cdiv(keys, 64), 2, 40, 264, min(cdiv(keys, 256), 256), 4)
+            for keys in (4096, 16384, 65536, 131072)}
+    assert pick[4096] == 5
+    for keys in (16384, 65536, 131072):
+        used = cdiv(cdiv(keys, 64), cdiv(cdiv(keys, 64), pick[keys]))
+        assert pick[keys] != 5 and used * 40 / (cdiv(used * 40, 264) * 264) >= 0.9, (keys, pick[keys])
+    # plan() takes it for 65 tree tokens; one row block (T 16) keeps two programs a multiprocessor
+    monkeypatch.setattr(triton_verify, "_sm_count", lambda device: 132)
+    k = torch.empty(1, 8, 65536, 128, dtype=torch.float16)
+    assert triton_verify.plan(torch.empty(1, 32, 65, 128, dtype=torch.float16), k)["num_splits"] == pick[65536]
+    assert triton_verify.plan(torch.empty(1, 32, 16, 128, dtype=torch.float16), k)["num_splits"] == 2 * 132 // 8 - 1
+
+
 @pytest.mark.parametrize("shape", ["chain", "star"])
 def test_tree_shapes(interp, shape):
     # chain: token i sees tree keys 0..i; star: only the root and itself.
