@@ -271,21 +271,22 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
     p.update(config or {})
     m_tiles = triton.cdiv(M, p["BLOCK_M"])
     if num_splits is None:
-        # One wave of about two programs per SM, the tree chunk's included (a second, partial
-        # wave would double the time), and no split shorter than MIN_CHUNK keys; plain decoding
-        # about three programs for every four multiprocessors.
+        # No split shorter than MIN_CHUNK keys, and: plain decoding about three programs for
+        # every four multiprocessors; several row blocks of 64 whole waves of two programs a
+        # multiprocessor (splits_by_waves); otherwise one wave of about two programs a
+        # multiprocessor, the tree chunk's included (a second, partial wave would double the time).
         per_split = b * hkv * m_tiles
         min_chunk_tiles = max(1, MIN_CHUNK // p["BLOCK_N"])
         sms = _sm_count(q.device)
         cap = min(triton.cdiv(S, MIN_CHUNK), 256)
         if decode:
-            wave = 3 * sms // 4 // per_split
+            splits = 3 * sms // 4 // per_split
         elif m_tiles > 1 and p["BLOCK_M"] == 64 and not wide:
-            wave = splits_by_waves(triton.cdiv(S, p["BLOCK_N"]), triton.cdiv(T, p["BLOCK_N"]),
-                                   per_split, 2 * sms, cap, min_chunk_tiles)
+            splits = splits_by_waves(triton.cdiv(S, p["BLOCK_N"]), triton.cdiv(T, p["BLOCK_N"]),
+                                     per_split, 2 * sms, cap, min_chunk_tiles)
         else:
-            wave = 2 * sms // per_split - 1
-        num_splits = max(1, min(wave, cap))
+            splits = 2 * sms // per_split - 1
+        num_splits = max(1, min(splits, cap))
     else:
         min_chunk_tiles = 1      # the caller asked for exactly this many
     p.update(G=G, BLOCK_D=max(16, triton.next_power_of_2(d)), m_tiles=m_tiles,
