@@ -272,15 +272,20 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
     m_tiles = triton.cdiv(M, p["BLOCK_M"])
     if num_splits is None:
         # No split shorter than MIN_CHUNK keys, and: plain decoding about three programs for
-        # every four multiprocessors; several row blocks of 64 whole waves of two programs a
-        # multiprocessor (splits_by_waves); otherwise one wave of about two programs a
-        # multiprocessor, the tree chunk's included (a second, partial wave would double the time).
+        # every four multiprocessors; one row block (16 tree tokens: bandwidth-bound) about three
+        # for every two (24 splits took 30.1 / 76.7 µs at 16384 / 65536 keys on the H200 against
+        # 33.5 / 78.5 for the 32 of two a multiprocessor; kernels/NOTES.md, "The Triton verify's
+        # split count"); several row blocks of 64 whole waves of two programs a multiprocessor
+        # (splits_by_waves); otherwise one wave of about two programs a multiprocessor, the tree
+        # chunk's included (a second, partial wave would double the time).
         per_split = b * hkv * m_tiles
         min_chunk_tiles = max(1, MIN_CHUNK // p["BLOCK_N"])
         sms = _sm_count(q.device)
         cap = min(triton.cdiv(S, MIN_CHUNK), 256)
         if decode:
             splits = 3 * sms // 4 // per_split
+        elif m_tiles == 1 and not wide:
+            splits = 3 * sms // 2 // per_split
         elif m_tiles > 1 and p["BLOCK_M"] == 64 and not wide:
             splits = splits_by_waves(triton.cdiv(S, p["BLOCK_N"]), triton.cdiv(T, p["BLOCK_N"]),
                                      per_split, 2 * sms, cap, min_chunk_tiles)
