@@ -213,6 +213,8 @@ def _interpreting() -> bool:
 
 # A program's start-up and its partial's write, in tiles of keys (the wave model below).
 PROGRAM_OVERHEAD_TILES = 3
+# One row block: below this many tiles a program, fewer and longer programs (plan()).
+SHORT_CHUNK_TILES = 16
 
 
 def splits_by_waves(n_tiles: int, tree_tiles: int, per_split: int, slots: int, cap: int,
@@ -272,19 +274,22 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
     m_tiles = triton.cdiv(M, p["BLOCK_M"])
     if num_splits is None:
         # No split shorter than MIN_CHUNK keys, and: plain decoding about three programs for
-        # every four multiprocessors; one row block (16 tree tokens: bandwidth-bound) about three
-        # for every two (24 splits took 30.1 / 76.7 µs at 16384 / 65536 keys on the H200 against
-        # 33.5 / 78.5 for the 32 of two a multiprocessor; kernels/NOTES.md, "The Triton verify's
-        # split count"); several row blocks of 64 whole waves of two programs a multiprocessor
-        # (splits_by_waves); otherwise one wave of about two programs a multiprocessor, the tree
-        # chunk's included (a second, partial wave would double the time).
+        # every four multiprocessors; several row blocks of 64 whole waves of two programs a
+        # multiprocessor (splits_by_waves); otherwise one wave of about two programs a
+        # multiprocessor, the tree chunk's included (a second, partial wave would double the
+        # time), except that one row block (16 tree tokens) whose programs would stream under
+        # SHORT_CHUNK_TILES tiles each takes about three for every two multiprocessors (16384
+        # keys: 24 splits 29.2-29.3 µs against 32.4-32.5 for 32 on the H200; at 65536 keys,
+        # 43 tiles a program, 24 measured 2 % slower: kernels/NOTES.md, "The Triton verify's
+        # split count").
         per_split = b * hkv * m_tiles
         min_chunk_tiles = max(1, MIN_CHUNK // p["BLOCK_N"])
         sms = _sm_count(q.device)
         cap = min(triton.cdiv(S, MIN_CHUNK), 256)
         if decode:
             splits = 3 * sms // 4 // per_split
-        elif m_tiles == 1 and not wide:
+        elif (m_tiles == 1 and not wide
+              and triton.cdiv(S, p["BLOCK_N"]) < SHORT_CHUNK_TILES * (2 * sms // per_split - 1)):
             splits = 3 * sms // 2 // per_split
         elif m_tiles > 1 and p["BLOCK_M"] == 64 and not wide:
             splits = splits_by_waves(triton.cdiv(S, p["BLOCK_N"]), triton.cdiv(T, p["BLOCK_N"]),
