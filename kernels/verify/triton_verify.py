@@ -273,15 +273,14 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
     p.update(config or {})
     m_tiles = triton.cdiv(M, p["BLOCK_M"])
     if num_splits is None:
-        # No split shorter than MIN_CHUNK keys, and: plain decoding about three programs for
-        # every four multiprocessors; several row blocks of 64 whole waves of two programs a
-        # multiprocessor (splits_by_waves); otherwise one wave of about two programs a
-        # multiprocessor, the tree chunk's included (a second, partial wave would double the
-        # time), except that one row block (16 tree tokens) whose programs would stream under
-        # SHORT_CHUNK_TILES tiles each takes about three for every two multiprocessors (16384
-        # keys: 24 splits 29.2-29.3 µs against 32.4-32.5 for 32 on the H200; at 65536 keys,
-        # 43 tiles a program, 24 measured 2 % slower: kernels/NOTES.md, "The Triton verify's
-        # split count").
+        # No split shorter than MIN_CHUNK keys, and (measured on the H200: kernels/NOTES.md,
+        # "The Triton verify's split count"):
+        #   plain decoding: about three programs for every four multiprocessors;
+        #   one row block (16 tree tokens): one wave of about two programs a multiprocessor, the
+        #     tree chunk's included (a second, partial wave would double the time), or three for
+        #     every two where that would leave a program under SHORT_CHUNK_TILES tiles (16384
+        #     keys: 29.2 against 32.4 µs; at 65536, 43 tiles a program, 2 % slower);
+        #   several row blocks of 64 (65 tree tokens): whole waves (splits_by_waves).
         per_split = b * hkv * m_tiles
         min_chunk_tiles = max(1, MIN_CHUNK // p["BLOCK_N"])
         sms = _sm_count(q.device)
