@@ -285,16 +285,17 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
         min_chunk_tiles = max(1, MIN_CHUNK // p["BLOCK_N"])
         sms = _sm_count(q.device)
         cap = min(triton.cdiv(S, MIN_CHUNK), 256)
+        one_wave = 2 * sms // per_split - 1
+        n_tiles = triton.cdiv(S, p["BLOCK_N"])
         if decode:
             splits = 3 * sms // 4 // per_split
-        elif (m_tiles == 1 and not wide
-              and triton.cdiv(S, p["BLOCK_N"]) < SHORT_CHUNK_TILES * (2 * sms // per_split - 1)):
+        elif m_tiles == 1 and not wide and n_tiles < SHORT_CHUNK_TILES * one_wave:
             splits = 3 * sms // 2 // per_split
         elif m_tiles > 1 and p["BLOCK_M"] == 64 and not wide:
-            splits = splits_by_waves(triton.cdiv(S, p["BLOCK_N"]), triton.cdiv(T, p["BLOCK_N"]),
-                                     per_split, 2 * sms, cap, min_chunk_tiles)
+            splits = splits_by_waves(n_tiles, triton.cdiv(T, p["BLOCK_N"]), per_split, 2 * sms, cap,
+                                     min_chunk_tiles)
         else:
-            splits = 2 * sms // per_split - 1
+            splits = one_wave
         num_splits = max(1, min(splits, cap))
     else:
         min_chunk_tiles = 1      # the caller asked for exactly this many

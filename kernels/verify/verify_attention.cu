@@ -613,6 +613,19 @@ __device__ __forceinline__ bool online_softmax(const float (&s)[NK / 8][4], int 
     return rescale;
 }
 
+// Tiles 0 .. n - 1 through `step(tile, P)`, two a loop iteration so that the two register sets
+// of P (P_j V_j reads one while P_{j+1} is packed into the other) alternate by a compile-time
+// index: a runtime index would put them in local memory.
+template <typename Step>
+__device__ __forceinline__ void run_tiles(int n, Step&& step) {
+    int tile = 0;
+    for (; tile + 1 < n; tile += 2) {
+        step(tile, std::integral_constant<int, 0>{});
+        step(tile + 1, std::integral_constant<int, 1>{});
+    }
+    if (tile < n) step(tile, std::integral_constant<int, 0>{});
+}
+
 // O's two rows of this thread (the C layout) times their factors.
 template <int D>
 __device__ __forceinline__ void rescale_rows(float (&o)[D / 8][4], const float (&alpha)[2]) {
@@ -1160,12 +1173,7 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             keep_live(o);
         }
     };
-    int tile = 0;
-    for (; tile + 1 < n; tile += 2) {
-        step(tile, std::integral_constant<int, 0>{});
-        step(tile + 1, std::integral_constant<int, 1>{});
-    }
-    if (tile < n) step(tile, std::integral_constant<int, 0>{});
+    run_tiles(n, step);
     // The last step waited for every product; ptxas cannot tell across the loops, and would
     // inject this wait itself (advisory C7517).
     wgmma_wait<0>();
@@ -1387,12 +1395,7 @@ __global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ 
             keep_live(o);
         }
     };
-    int tile = 0;
-    for (; tile + 1 < n; tile += 2) {
-        step(tile, std::integral_constant<int, 0>{});
-        step(tile + 1, std::integral_constant<int, 1>{});
-    }
-    if (tile < n) step(tile, std::integral_constant<int, 0>{});
+    run_tiles(n, step);
     wgmma_wait<0>();
     keep_live(o);
 
