@@ -613,19 +613,6 @@ __device__ __forceinline__ bool online_softmax(const float (&s)[NK / 8][4], int 
     return rescale;
 }
 
-// Tiles 0 .. n - 1 through `step(tile, P)`, two a loop iteration so that the two register sets
-// of P (P_j V_j reads one while P_{j+1} is packed into the other) alternate by a compile-time
-// index: a runtime index would put them in local memory.
-template <typename Step>
-__device__ __forceinline__ void run_tiles(int n, Step&& step) {
-    int tile = 0;
-    for (; tile + 1 < n; tile += 2) {
-        step(tile, std::integral_constant<int, 0>{});
-        step(tile + 1, std::integral_constant<int, 1>{});
-    }
-    if (tile < n) step(tile, std::integral_constant<int, 0>{});
-}
-
 // O's two rows of this thread (the C layout) times their factors.
 template <int D>
 __device__ __forceinline__ void rescale_rows(float (&o)[D / 8][4], const float (&alpha)[2]) {
@@ -648,6 +635,39 @@ __device__ __forceinline__ void pack_p(const float (&x)[NK / 8][4], uint32_t (&p
         pk[kk][2] = pack_bf16(x[2 * kk + 1][0], x[2 * kk + 1][1]);
         pk[kk][3] = pack_bf16(x[2 * kk + 1][2], x[2 * kk + 1][3]);
     }
+}
+
+// The pipelined loop's work under P_tile V_tile once S_{tile+1} has retired: its softmax (the
+// kernel's `softmax(s, tile, x, alpha)`), O rescaled only when the reference max moved (rarely,
+// with the lazy rescale), and only then a wait for P_tile V_tile: otherwise that product keeps
+// running under the softmax, the packing of P_{tile+1} into the other registers and the next
+// tile's waits, and P_{tile+1} V_{tile+1} accumulates behind it. (An unconditional wait_group 0
+// is scheduled by ptxas first thing after the wait_group 1, ahead of the softmax it was meant to
+// overlap: SASS of an earlier kernel.)
+template <int D, int NK, typename Softmax>
+__device__ __forceinline__ void softmax_rescale_pack(const float (&s)[NK / 8][4], int tile, Softmax& softmax,
+                                                     float (&o)[D / 8][4], uint32_t (&pk)[NK / 16][4]) {
+    float x[NK / 8][4], alpha[2];
+    const bool rescale = softmax(s, tile, x, alpha);
+    if (rescale) {            // warp-uniform
+        wgmma_wait<0>();
+        keep_live(o);
+        rescale_rows<D>(o, alpha);
+    }
+    pack_p<NK>(x, pk);
+}
+
+// Tiles 0 .. n - 1 through `step(tile, P)`, two a loop iteration so that the two register sets
+// of P (P_j V_j reads one while P_{j+1} is packed into the other) alternate by a compile-time
+// index: a runtime index would put them in local memory.
+template <typename Step>
+__device__ __forceinline__ void run_tiles(int n, Step&& step) {
+    int tile = 0;
+    for (; tile + 1 < n; tile += 2) {
+        step(tile, std::integral_constant<int, 0>{});
+        step(tile + 1, std::integral_constant<int, 1>{});
+    }
+    if (tile < n) step(tile, std::integral_constant<int, 0>{});
 }
 
 // The Q rows of row block `mblock` (BM rows of CH 16-byte chunks, zeros past M) into a swizzled
@@ -1150,24 +1170,11 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
         if (tile + 3 < n) voff = offs3;
         cp_async_commit();
         if (more) {
-            float x[BN / 8][4], alpha[2];
             // S_{tile+1}, and with it every older group: P_{tile-1} V_{tile-1} too. Only P_tile
             // V_tile may still run.
             wgmma_wait<1>();
             keep_live(s);
-            const bool rescale = softmax(s, tile + 1, x, alpha);
-            // O is rescaled only when the reference max moved (rarely, with the lazy rescale),
-            // and only then does this iteration wait for P_tile V_tile: otherwise it keeps
-            // running under the softmax, the packing of P_{tile+1} (into the other registers)
-            // and the next iteration's barrier, and P_{tile+1} V_{tile+1} accumulates behind it.
-            // ptxas schedules an unconditional wait_group 0 first thing after wait_group 1,
-            // ahead of the softmax it was meant to overlap (SASS of the earlier kernel).
-            if (rescale) {        // warp-uniform
-                wgmma_wait<0>();
-                keep_live(o);
-                rescale_rows<D>(o, alpha);
-            }
-            pack_p<BN>(x, pa[1 - PA]);
+            softmax_rescale_pack<D, BN>(s, tile + 1, softmax, o, pa[1 - PA]);
         } else {
             wgmma_wait<0>();
             keep_live(o);
@@ -1378,18 +1385,11 @@ __global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ 
         for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
         wgmma_commit();
         if (more) {
-            float x[BN / 8][4], alpha[2];
             wgmma_wait<1>();          // S_{tile+1} and P_{tile-1} V_{tile-1} retired
             keep_live(s);
             mbar_arrive(bar(c, ws::EMPTY_K, tile + 1));
             if (tile > 0) mbar_arrive(bar(c, ws::EMPTY_V, tile - 1));
-            const bool rescale = softmax(s, tile + 1, x, alpha);
-            if (rescale) {            // warp-uniform
-                wgmma_wait<0>();
-                keep_live(o);
-                rescale_rows<D>(o, alpha);
-            }
-            pack_p<BN>(x, pa[1 - PA]);
+            softmax_rescale_pack<D, BN>(s, tile + 1, softmax, o, pa[1 - PA]);
         } else {
             wgmma_wait<0>();
             keep_live(o);
