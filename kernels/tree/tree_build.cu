@@ -24,6 +24,9 @@
 // lanes' best, then a broadcast of the winner) took 25.9 us at N 64, D 15 (graph replay, 256
 // threads): ~150 warp instructions a pop, each waiting on the one before. The sorted frontier
 // takes the search and the broadcast off that chain: 21.95 us (kernels/NOTES.md, session 10).
+// Where a popped node's first child pops next, a round pops the run of rank-0 descendants that
+// do (run_round) and merges its candidates into the frontier at once, so the loop's peaked
+// trees (runs of single children) take about half the rounds.
 
 // Outputs (harness/decode/tree_gpu.GpuTree): tokens, depths, parents, first_child, next_sibling,
 // scores, bits, visibility. Fewer candidates than N (a tiny vocabulary): the frontier runs empty
@@ -165,13 +168,20 @@ __device__ __forceinline__ double load_lp(const void* base, int64_t i, int dtype
 
 // Byte offsets of the shared-memory arrays (host and device agree through this one function).
 struct Layout {
-    int lp, node_score, path, par, dr, fc, ns, bits, count, total;
+    int lp, node_score, path, par, dr, fc, ns, bits, count, front_score, front_meta, total;
 };
 
 __host__ __device__ inline int take(int& at, int bytes) {
     const int here = at;
     at = (at + bytes + 15) & ~15;
     return here;
+}
+
+// Frontier slots a lane for a budget of N nodes: 32 S >= floor((N + 1) / 2) (pop_nodes), S one
+// of the three kernels' 1, 2, 4.
+__host__ __device__ inline int frontier_slots(int N) {
+    const int S = ((N + 1) / 2 + 31) / 32;
+    return S <= 1 ? 1 : S <= 2 ? 2 : 4;
 }
 
 __host__ __device__ inline Layout layout(int N, int D, int KP, int W) {
@@ -186,6 +196,9 @@ __host__ __device__ inline Layout layout(int N, int D, int KP, int W) {
     L.ns = take(at, (N + 1) * 2);             // i16 [N+1] next sibling
     L.bits = take(at, (N + 1) * W * 4);       // u32 [N+1][W] ancestor bitmasks
     L.count = take(at, 4);                    // int: real nodes
+    const int F = 32 * frontier_slots(N);
+    L.front_score = take(at, F * 8);          // double [32 S] the frontier, after a run round
+    L.front_meta = take(at, F * 4);           // u32 [32 S]
     L.total = at;
     return L;
 }
@@ -197,7 +210,128 @@ struct Nodes {      // the popped nodes, in shared memory
     uint16_t* dr;
     int16_t* fc;
     int16_t* ns;
+    double* front_score;    // the frontier's 32 S entries, rewritten by a run round (pop_nodes)
+    uint32_t* front_meta;
 };
+
+// The most nodes a round pops after its first (a run of rank-0 descendants, pop_nodes).
+constexpr int RUN = 3;
+
+// A run round (pop_nodes): node `node` (x, at depth d, its rank path `row`) has just popped and
+// its first child c pops before every other candidate. Pop c and, while each does so too, its
+// rank-0 descendants (at most RUN after x): a node's rank-0 child has its parent's padded path
+// and the sum the heap would make (its parent's score + the log-prob), and it pops next exactly
+// when its score beats the best of the rest (h1, x's sibling s and the siblings the run put
+// back), which one running max tracks. Strictly: an equal score ends the run, and the general
+// merge below decides it with the rank paths. The round's candidates (s, each run node's next
+// sibling, the last node's first child) then go into the frontier at once: each lane counts
+// where its entries move (the candidates before them) and lane i where candidate i lands (the
+// entries before it by one ballot each, the candidates before it), all write the merged order
+// to shared memory, and read their slots and the first two entries back. Every lane computes
+// the run itself (it holds every candidate), so the merge needs no shuffle. On the loop's
+// peaked distribution (the drafter's logits x 32) a round pops ~3 nodes where it pops more than
+// one (a CPU replay of the heap: 64 nodes in ~32 rounds at RUN 3 instead of 64).
+// Returns the nodes popped so far (N: done).
+template <int S>
+__device__ int run_round(int N, int D, int KP, const double* lp, const Nodes nodes, int lane, int node, int d,
+                         const uint4 row, Cand c, const Cand& s, Cand (&slot)[S], Cand& h0, Cand& h1) {
+    constexpr int PUT = RUN + 2;          // s, the run nodes' siblings, the last one's child
+    constexpr int CAP = 32 * S;
+    Cand put[PUT];
+    put[0] = s;
+    double best = fmax(h1.score, s.score);
+    int cur = node, cd = d;
+    double cur_score = h0.score;
+    bool go = true;
+#pragma unroll
+    for (int j = 1; j <= RUN; ++j) {
+        put[j] = no_cand();
+        if (go) {                          // the same in every lane
+            const int popped = node + j;   // c pops as node `popped`, under `cur`
+            reinterpret_cast<uint4*>(nodes.path)[popped] = row;
+            nodes.score[popped] = c.score;
+            if (lane == 0) {
+                nodes.par[popped] = static_cast<int16_t>(cur);
+                nodes.dr[popped] = static_cast<uint16_t>((cd + 1) << 8);
+                nodes.fc[cur] = static_cast<int16_t>(popped);
+            }
+            if (popped == N) return N;
+            const bool has_sibling = 1 < KP, has_child = cd + 1 < D;
+            const double lp_sibling = lp[has_sibling ? cd * KP + 1 : 0];
+            const double lp_child = lp[has_child ? (cd + 1) * KP : 0];
+            Cand sib{cur_score + lp_sibling, static_cast<uint32_t>(cur | popped << 9 | (cd + 1) << 18 | 1 << 23)};
+            Cand next{c.score + lp_child, static_cast<uint32_t>(popped | (cd + 2) << 18)};
+            assign_if(sib, !has_sibling, no_cand());
+            assign_if(next, !has_child, no_cand());
+            put[j] = sib;
+            best = fmax(best, sib.score);
+            cur = popped;
+            cur_score = c.score;
+            ++cd;
+            c = next;
+            go = j < RUN && c.meta != 0u && c.score > best;
+        }
+    }
+    put[PUT - 1] = c;                      // the last run node's first child (or none)
+    const int popped = cur;
+
+    Cand mine = no_cand();                 // lane i places candidate i
+#pragma unroll
+    for (int i = 0; i < PUT; ++i) assign_if(mine, lane == i, put[i]);
+    int dest[S], at = 0;
+    const auto merge = [&](auto before) {
+#pragma unroll
+        for (int k = 0; k < S; ++k) {
+            int moved = lane * S + k - 1;
+#pragma unroll
+            for (int i = 0; i < PUT; ++i) moved += before(put[i], slot[k]);
+            dest[k] = moved;
+        }
+        at = 0;
+#pragma unroll
+        for (int i = 0; i < PUT; ++i) {
+            int olds = 0;
+#pragma unroll
+            for (int k = 0; k < S; ++k)
+                olds += __popc(__ballot_sync(FULL, (lane != 0 || k != 0) && before(slot[k], put[i])));
+            at += lane == i ? olds : 0;
+            at += before(put[i], mine);     // a strict order: never before itself
+        }
+    };
+    merge([](const Cand& a, const Cand& b) { return a.score > b.score; });
+    // Equal scores among the compared pairs (a candidate and an entry, two candidates): decided
+    // again with the rank paths, as pop_nodes does.
+    bool tie = false;
+#pragma unroll
+    for (int i = 0; i < PUT; ++i) {
+#pragma unroll
+        for (int k = 0; k < S; ++k)
+            tie |= (lane != 0 || k != 0) && put[i].meta != 0u && slot[k].meta != 0u && put[i].score == slot[k].score;
+        tie |= lane != i && mine.meta != 0u && put[i].meta != 0u && put[i].score == mine.score;
+    }
+    if (__any_sync(FULL, tie)) merge([&](const Cand& a, const Cand& b) { return pops_before(a, b, nodes.path); });
+
+    __syncwarp();                          // the last run round's reads are done
+#pragma unroll
+    for (int k = 0; k < S; ++k)
+        if ((lane != 0 || k != 0) && dest[k] < CAP) {
+            nodes.front_score[dest[k]] = slot[k].score;
+            nodes.front_meta[dest[k]] = slot[k].meta;
+        }
+    if (mine.meta != 0u && at < CAP) {
+        nodes.front_score[at] = mine.score;
+        nodes.front_meta[at] = mine.meta;
+    }
+    // The merged order fills entries 0 .. CAP - 1 whenever a candidate is real. None is only
+    // with k' = 1 (no siblings) at the depth limit, where x was the frontier's one entry: the
+    // frontier is empty (entry 0 written empty) and the loop ends before reading more.
+    __syncwarp();
+#pragma unroll
+    for (int k = 0; k < S; ++k) slot[k] = Cand{nodes.front_score[lane * S + k], nodes.front_meta[lane * S + k]};
+    h0 = Cand{nodes.front_score[0], nodes.front_meta[0]};
+    h1 = Cand{nodes.front_score[1], nodes.front_meta[1]};
+    return popped;
+}
 
 // The pops, by the 32 lanes of one warp. The frontier is kept sorted in pop order across the
 // lanes, S slots a lane, lane-major (entry i: lane i / S, slot i % S), so the next pop is always
@@ -220,7 +354,7 @@ __device__ int pop_nodes(int N, int D, int KP, const double* lp, const Nodes nod
     Cand h0{0.0 + lp[0], 1u << 18}, h1 = no_cand();   // rank 0 of depth 1, under the root
     if (lane == 0) slot[0] = h0;
 
-    for (int t = 0; t < N; ++t) {
+    for (int t = 0; t < N;) {
         if (h0.meta == 0u) return t;  // the frontier is empty (h0 is the same in every lane)
         const uint32_t meta = h0.meta;
         const int par = meta & 511, prev = (meta >> 9) & 511, d = (meta >> 18) & 31, r = meta >> 23;
@@ -243,7 +377,7 @@ __device__ int pop_nodes(int N, int D, int KP, const double* lp, const Nodes nod
             if (r == 0) nodes.fc[par] = static_cast<int16_t>(node);
             else nodes.ns[prev] = static_cast<int16_t>(node);
         }
-        if (t + 1 == N) break;        // the last pop puts nothing back
+        if (node == N) break;         // the last pop puts nothing back
 
         // Entry 2 and each slot's neighbours: they do not depend on this pop.
         const Cand e2 = shfl_cand(slot[2 % S], 2 / S);
@@ -259,6 +393,12 @@ __device__ int pop_nodes(int N, int D, int KP, const double* lp, const Nodes nod
         Cand s{nodes.score[par] + lp_sibling, static_cast<uint32_t>(par | node << 9 | d << 18 | (r + 1) << 23)};
         assign_if(c, !has_child, no_cand());
         assign_if(s, !has_sibling, no_cand());
+        // The first child pops next (before h1, the best of the rest, and the sibling, strictly
+        // by score): a run round pops it and its rank-0 descendants while they keep doing so.
+        if (c.meta != 0u && c.score > h1.score && c.score > s.score) {
+            t = run_round<S>(N, D, KP, lp, nodes, lane, node, d, row, c, s, slot, h0, h1);
+            continue;
+        }
         // The order, decided by the scores alone; where two of the compared scores are equal
         // (rare: bf16 log-probs, a log-prob of 0) the whole pop is decided again with the rank
         // paths, so the common pop runs no path comparison and no branch per comparison.
@@ -323,6 +463,7 @@ __device__ int pop_nodes(int N, int D, int KP, const double* lp, const Nodes nod
         assign_if(n1, f_first && g_second, g);
         h0 = n0;
         h1 = n1;
+        t = node;
     }
     return N;
 }
@@ -346,7 +487,8 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) tree_build_kernel(const Params
     double* lp = reinterpret_cast<double*>(smem + L.lp);
     const Nodes nodes{reinterpret_cast<double*>(smem + L.node_score), reinterpret_cast<uint32_t*>(smem + L.path),
                       reinterpret_cast<int16_t*>(smem + L.par), reinterpret_cast<uint16_t*>(smem + L.dr),
-                      reinterpret_cast<int16_t*>(smem + L.fc), reinterpret_cast<int16_t*>(smem + L.ns)};
+                      reinterpret_cast<int16_t*>(smem + L.fc), reinterpret_cast<int16_t*>(smem + L.ns),
+                      reinterpret_cast<double*>(smem + L.front_score), reinterpret_cast<uint32_t*>(smem + L.front_meta)};
     uint32_t* bits_s = reinterpret_cast<uint32_t*>(smem + L.bits);
     int* count = reinterpret_cast<int*>(smem + L.count);
 
@@ -461,8 +603,8 @@ using Kernel = void (*)(Params);
 
 // The kernel of N's frontier size, and its index among the three.
 static Kernel kernel_for(int N, int& which) {
-    const int S = ((N + 1) / 2 + 31) / 32;   // pop_nodes: 32 S >= floor((N + 1) / 2)
-    which = S <= 1 ? 0 : S <= 2 ? 1 : 2;
+    const int S = frontier_slots(N);
+    which = S == 1 ? 0 : S == 2 ? 1 : 2;
     static const Kernel kernels[3] = {tree_build_kernel<1>, tree_build_kernel<2>, tree_build_kernel<4>};
     return kernels[which];
 }

@@ -113,6 +113,24 @@ def test_a_single_tie_in_a_pop(emu):
         assert_same_as_heap(got, lp, ids, budget)
 
 
+@pytest.mark.parametrize("budget", [8, 16, 64])
+def test_runs_and_their_ties(emu, budget):
+    """A round pops a node's rank-0 descendants while each beats every other candidate strictly
+    by score. Peaked and coarse log-probs (rank 0 at 0, -1/8 or -1/4, the rest on a grid of
+    1/8 below): long runs, and run nodes that tie a candidate whose rank path pops first (so a
+    run that went on at an equal score would take the wrong node), or tie each other's
+    siblings in the merge."""
+    gen = torch.Generator().manual_seed(budget)
+    n, depth, k = 64, 6, 5
+    first = -torch.randint(0, 3, (n, depth, 1), generator=gen).double() / 8
+    rest = -torch.randint(1, 12, (n, depth, k - 1), generator=gen).double() / 8
+    lp = torch.cat([first, rest], -1).float().sort(-1, descending=True).values
+    ids = torch.stack([torch.randperm(100, generator=gen)[:k] for _ in range(n * depth)]).view(n, depth, k)
+    got = emulated_build(emu, lp, ids, budget)
+    assert_equal_to_torch(got, lp, ids, budget)
+    assert_same_as_heap(got, lp, ids, budget)
+
+
 @pytest.mark.parametrize("budget", [64, 128])
 def test_bf16_logits_ties(emu, budget):
     """The realistic tie source: bf16 drafter logits (x8: many equal top values)."""
