@@ -243,14 +243,6 @@ __device__ int run_round(int N, int D, int KP, const double* lp, const Nodes nod
     int cur = node, cd = d;
     double cur_score = h0.score;
     bool go = true;
-    // The log-probs a run may add, loaded up front: run node j (at depth d + j) puts back its
-    // next sibling and its first child. Only the sums stay on the chain from one to the next.
-    double lp_sib[RUN], lp_ch[RUN];
-#pragma unroll
-    for (int j = 1; j <= RUN; ++j) {
-        lp_sib[j - 1] = lp[1 < KP && d + j <= D ? (d + j - 1) * KP + 1 : 0];
-        lp_ch[j - 1] = lp[d + j < D ? (d + j) * KP : 0];
-    }
 #pragma unroll
     for (int j = 1; j <= RUN; ++j) {
         put[j] = no_cand();
@@ -264,9 +256,11 @@ __device__ int run_round(int N, int D, int KP, const double* lp, const Nodes nod
                 nodes.fc[cur] = static_cast<int16_t>(popped);
             }
             if (popped == N) return N;
-            const bool has_sibling = 1 < KP, has_child = cd + 1 < D;     // cd = d + j - 1
-            Cand sib{cur_score + lp_sib[j - 1], static_cast<uint32_t>(cur | popped << 9 | (cd + 1) << 18 | 1 << 23)};
-            Cand next{c.score + lp_ch[j - 1], static_cast<uint32_t>(popped | (cd + 2) << 18)};
+            const bool has_sibling = 1 < KP, has_child = cd + 1 < D;
+            const double lp_sibling = lp[has_sibling ? cd * KP + 1 : 0];
+            const double lp_child = lp[has_child ? (cd + 1) * KP : 0];
+            Cand sib{cur_score + lp_sibling, static_cast<uint32_t>(cur | popped << 9 | (cd + 1) << 18 | 1 << 23)};
+            Cand next{c.score + lp_child, static_cast<uint32_t>(popped | (cd + 2) << 18)};
             assign_if(sib, !has_sibling, no_cand());
             assign_if(next, !has_child, no_cand());
             put[j] = sib;
@@ -284,22 +278,22 @@ __device__ int run_round(int N, int D, int KP, const double* lp, const Nodes nod
     Cand mine = no_cand();                 // lane i places candidate i
 #pragma unroll
     for (int i = 0; i < PUT; ++i) assign_if(mine, lane == i, put[i]);
-    // Where each entry and candidate goes. Empty candidates (a short run leaves most) are
-    // skipped: the same in every lane, and never before anything.
     int dest[S], at = 0;
     const auto merge = [&](auto before) {
 #pragma unroll
-        for (int k = 0; k < S; ++k) dest[k] = lane * S + k - 1;
+        for (int k = 0; k < S; ++k) {
+            int moved = lane * S + k - 1;
+#pragma unroll
+            for (int i = 0; i < PUT; ++i) moved += before(put[i], slot[k]);
+            dest[k] = moved;
+        }
         at = 0;
 #pragma unroll
         for (int i = 0; i < PUT; ++i) {
-            if (put[i].meta == 0u) continue;
             int olds = 0;
 #pragma unroll
-            for (int k = 0; k < S; ++k) {
-                dest[k] += before(put[i], slot[k]);
+            for (int k = 0; k < S; ++k)
                 olds += __popc(__ballot_sync(FULL, (lane != 0 || k != 0) && before(slot[k], put[i])));
-            }
             at += lane == i ? olds : 0;
             at += before(put[i], mine);     // a strict order: never before itself
         }
@@ -310,11 +304,10 @@ __device__ int run_round(int N, int D, int KP, const double* lp, const Nodes nod
     bool tie = false;
 #pragma unroll
     for (int i = 0; i < PUT; ++i) {
-        if (put[i].meta == 0u) continue;
 #pragma unroll
         for (int k = 0; k < S; ++k)
-            tie |= (lane != 0 || k != 0) && slot[k].meta != 0u && put[i].score == slot[k].score;
-        tie |= lane != i && mine.meta != 0u && put[i].score == mine.score;
+            tie |= (lane != 0 || k != 0) && put[i].meta != 0u && slot[k].meta != 0u && put[i].score == slot[k].score;
+        tie |= lane != i && mine.meta != 0u && put[i].meta != 0u && put[i].score == mine.score;
     }
     if (__any_sync(FULL, tie)) merge([&](const Cand& a, const Cand& b) { return pops_before(a, b, nodes.path); });
 
