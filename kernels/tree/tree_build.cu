@@ -215,7 +215,7 @@ struct Nodes {      // the popped nodes, in shared memory
 };
 
 // The most nodes a round pops after its first (a run of rank-0 descendants, pop_nodes).
-constexpr int RUN = 3;
+constexpr int RUN = 4;
 
 // A run round (pop_nodes): node `node` (x, at depth d, its rank path `row`) has just popped and
 // its first child c pops before every other candidate. Pop c and, while each does so too, its
@@ -230,7 +230,7 @@ constexpr int RUN = 3;
 // to shared memory, and read their slots and the first two entries back. Every lane computes
 // the run itself (it holds every candidate), so the merge needs no shuffle. On the loop's
 // peaked distribution (the drafter's logits x 32) a round pops ~3 nodes where it pops more than
-// one (a CPU replay of the heap: 64 nodes in ~32 rounds at RUN 3 instead of 64).
+// one (a CPU replay of the heap: 64 nodes in ~31 rounds at RUN 4 instead of 64).
 // Returns the nodes popped so far (N: done).
 template <int S>
 __device__ int run_round(int N, int D, int KP, const double* lp, const Nodes nodes, int lane, int node, int d,
