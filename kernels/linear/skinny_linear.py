@@ -132,30 +132,28 @@ def _gemv_kernel(X, W, Y, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
 def _gemv_swiglu_kernel(X, W, Y, F, K, stride_wn, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr,
                         PDL: tl.constexpr):
     """silu(gate) * up for one row x [K] of a stacked [gate; up] weight [2F, K]: `_gemv_kernel`
-    whose program takes gate rows i BLOCK_F .. and the same up rows, each in its own
-    accumulator, so SwiGLU is its epilogue and the separate silu_mul launch (~2.4 µs a layer of
-    plain decoding on the H200) goes. It rounds where gate/up's store and silu_mul round.
-    (One tile of interleaved gate and up rows, split after the sums, ran 14-27 % slower than the
-    GEMV and silu_mul on the H200: kernels/NOTES.md, "SwiGLU in the gate/up GEMV".)"""
+    whose program takes gate rows i BLOCK_F .. and the same up rows (interleaved: tile row 2j is
+    gate row j, 2j + 1 up row j), so SwiGLU is its epilogue and the separate silu_mul launch
+    (~2.4 µs a layer of plain decoding on the H200) goes. The tile and its sums are the GEMV's,
+    and the epilogue rounds where gate/up's store and silu_mul round: the same bits as the two
+    kernels."""
     pdl.wait(PDL)
-    f = tl.program_id(0) * BLOCK_F + tl.arange(0, BLOCK_F)
-    cols = tl.arange(0, BLOCK_K)[None, :]
-    g_ptrs = W + f[:, None].to(tl.int64) * stride_wn + cols
-    u_ptrs = W + (f + F)[:, None].to(tl.int64) * stride_wn + cols
+    r = tl.arange(0, 2 * BLOCK_F)
+    n = tl.program_id(0) * BLOCK_F + r // 2 + (r % 2) * F
+    w_ptrs = W + n[:, None].to(tl.int64) * stride_wn + tl.arange(0, BLOCK_K)[None, :]
     x_ptrs = X + tl.arange(0, BLOCK_K)
-    acc_g = tl.zeros((BLOCK_F, BLOCK_K), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_F, BLOCK_K), dtype=tl.float32)
+    acc = tl.zeros((2 * BLOCK_F, BLOCK_K), dtype=tl.float32)
     for _ in range(0, K, BLOCK_K):
-        x = tl.load(x_ptrs).to(tl.float32)[None, :]
-        acc_g += tl.load(g_ptrs).to(tl.float32) * x     # F a multiple of BLOCK_F: no mask
-        acc_u += tl.load(u_ptrs).to(tl.float32) * x
-        g_ptrs += BLOCK_K
-        u_ptrs += BLOCK_K
+        w = tl.load(w_ptrs)       # F is a multiple of BLOCK_F: no mask (see _gemv_kernel)
+        x = tl.load(x_ptrs)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     pdl.release(PDL)
-    gate = tl.sum(acc_g, axis=1).to(Y.dtype.element_ty).to(tl.float32)
-    up = tl.sum(acc_u, axis=1).to(Y.dtype.element_ty).to(tl.float32)
+    gate_up = tl.sum(acc, axis=1).to(Y.dtype.element_ty).to(tl.float32)
+    gate, up = tl.split(tl.reshape(gate_up, (BLOCK_F, 2)))
     silu = (gate / (1.0 + tl.exp(-gate))).to(Y.dtype.element_ty).to(tl.float32)   # as silu_mul
+    f = tl.program_id(0) * BLOCK_F + tl.arange(0, BLOCK_F)
     tl.store(Y + f, (silu * up).to(Y.dtype.element_ty))
 
 
