@@ -221,11 +221,6 @@ class MLP(nn.Module):
 
     def forward_fused(self, x, kernels: Kernels = Kernels()):
         from harness.kernels.fused import triton_fused
-        if kernels.linear == "triton":
-            from harness.kernels.linear import skinny_linear
-            if skinny_linear.swiglu_takes(x, self.gate_up_proj.weight):    # one row: one launch
-                return linear(self.down_proj, skinny_linear.gate_up_silu(x, self.gate_up_proj.weight),
-                              kernels)
         gate_up = linear(self.gate_up_proj, x, kernels)
         return linear(self.down_proj, triton_fused.silu_mul(gate_up, overlaps_gemm(x, kernels)),
                       kernels)

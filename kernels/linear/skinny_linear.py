@@ -47,8 +47,6 @@ MAX_ROWS = 16
 # split-K plan read it faster than the GEMV's 8-row programs on the H200.
 GEMV_MAX_N = 32768
 GEMV_BLOCK_N, GEMV_WARPS, GEMV_STAGES = 8, 4, 3
-# The SwiGLU GEMV's program: the GEMV's 8 weight rows, 4 of gate and the same 4 of up.
-SWIGLU_BLOCK_F = GEMV_BLOCK_N // 2
 
 
 def takes(rows: int, K: int) -> bool:
@@ -126,35 +124,6 @@ def _gemv_kernel(X, W, Y, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
         x_ptrs += BLOCK_K
     pdl.release(PDL)
     tl.store(Y + n, tl.sum(acc, axis=1).to(Y.dtype.element_ty), mask=n_ok)
-
-
-@triton.jit
-def _gemv_swiglu_kernel(X, W, Y, F, K, stride_wn, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr,
-                        PDL: tl.constexpr):
-    """silu(gate) * up for one row x [K] of a stacked [gate; up] weight [2F, K]: `_gemv_kernel`
-    whose program takes gate rows i BLOCK_F .. and the same up rows (interleaved: tile row 2j is
-    gate row j, 2j + 1 up row j), so SwiGLU is its epilogue and the separate silu_mul launch
-    (~2.4 µs a layer of plain decoding on the H200) goes. The tile and its sums are the GEMV's,
-    and the epilogue rounds where gate/up's store and silu_mul round: the same bits as the two
-    kernels."""
-    pdl.wait(PDL)
-    r = tl.arange(0, 2 * BLOCK_F)
-    n = tl.program_id(0) * BLOCK_F + r // 2 + (r % 2) * F
-    w_ptrs = W + n[:, None].to(tl.int64) * stride_wn + tl.arange(0, BLOCK_K)[None, :]
-    x_ptrs = X + tl.arange(0, BLOCK_K)
-    acc = tl.zeros((2 * BLOCK_F, BLOCK_K), dtype=tl.float32)
-    for _ in range(0, K, BLOCK_K):
-        w = tl.load(w_ptrs)       # F is a multiple of BLOCK_F: no mask (see _gemv_kernel)
-        x = tl.load(x_ptrs)
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
-    pdl.release(PDL)
-    gate_up = tl.sum(acc, axis=1).to(Y.dtype.element_ty).to(tl.float32)
-    gate, up = tl.split(tl.reshape(gate_up, (BLOCK_F, 2)))
-    silu = (gate / (1.0 + tl.exp(-gate))).to(Y.dtype.element_ty).to(tl.float32)   # as silu_mul
-    f = tl.program_id(0) * BLOCK_F + tl.arange(0, BLOCK_F)
-    tl.store(Y + f, (silu * up).to(Y.dtype.element_ty))
 
 
 def gemv_block_k(K: int) -> int:
@@ -248,29 +217,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, config: Config | None = None,
         K // config.split, BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_M=MAX_ROWS,
         SPLIT=config.split > 1, num_warps=config.num_warps,
         num_stages=config.num_stages, **pdl.launch_options(x.device))
-    return y
-
-
-def swiglu_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `gate_up_silu` fuses SwiGLU into the one-row GEMV for this input and stacked
-    weight (else it is the GEMM, then fused_ops' silu_mul)."""
-    K, N = x.shape[-1], weight.shape[0]
-    return (x.numel() == K and takes(1, K) and N <= GEMV_MAX_N and N % (2 * SWIGLU_BLOCK_F) == 0
-            and (x.device.type == "cuda" or _interpreting()))
-
-
-def gate_up_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up of x [..., K] (one row) and the stacked weight [gate; up] [2F, K], as
-    `linear` then triton_fused.silu_mul compute it, in one launch (`_gemv_swiglu_kernel`).
-    The caller asks `swiglu_takes` first."""
-    K, F_ = x.shape[-1], weight.shape[0] // 2
-    x2 = x.reshape(1, K)
-    if x2.stride(-1) != 1 or weight.stride(-1) != 1 or weight.shape[1] != K:
-        raise ValueError("x and weight need the same, contiguous last dimension")
-    y = torch.empty(*x.shape[:-1], F_, dtype=x.dtype, device=x.device)
-    _gemv_swiglu_kernel[(F_ // SWIGLU_BLOCK_F,)](
-        x2, weight, y, F_, K, weight.stride(0), BLOCK_F=SWIGLU_BLOCK_F, BLOCK_K=gemv_block_k(K),
-        num_warps=GEMV_WARPS, num_stages=GEMV_STAGES, **pdl.launch_options(x.device))
     return y
 
 

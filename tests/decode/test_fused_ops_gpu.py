@@ -158,25 +158,6 @@ def test_qwen3_shaped_verify_forward_fused_vs_unfused(cuda):
     assert agree(fused, ref) >= agree(plain, ref) - 0.1
 
 
-def test_one_row_mlp_takes_the_swiglu_gemv_with_the_same_bits(cuda):
-    """Plain decoding's MLP (one row, the skinny kernels): SwiGLU made by the gate/up GEMV,
-    one launch fewer, and the output exactly that of the GEMV, silu_mul and the down GEMV."""
-    from harness.decode.model import MLP
-    from harness.kernels.linear import skinny_linear
-    cfg = TargetConfig(**QWEN)
-    mlp = MLP(cfg).to(cuda, BF)
-    with torch.no_grad():
-        for p in mlp.parameters():
-            p.normal_(0, 0.02)
-        x = randn(cuda, 3)(1, 1, HIDDEN).to(BF)
-        kernels = Kernels(linear="triton", fused_ops=True)
-        got = mlp.forward_fused(x, kernels)
-        gate_up = skinny_linear.linear(x, mlp.gate_up_proj.weight)
-        want = skinny_linear.linear(triton_fused.silu_mul(gate_up), mlp.down_proj.weight)
-    assert skinny_linear.swiglu_takes(x, mlp.gate_up_proj.weight)
-    assert torch.equal(got, want)
-
-
 def test_move_kv_compacts_like_indexing(cuda):
     """The accepted path's keys and values moved to the window's front in every layer and head
     (destinations overlapping sources), exactly as torch indexing moves them."""

@@ -77,40 +77,6 @@ def test_one_row_of_a_wide_weight_keeps_the_tile_kernel(interp):
     assert torch.allclose(y.double(), reference(x, w), rtol=1e-5, atol=1e-4)
 
 
-def _swiglu_and_unfused(x, w):
-    from harness.kernels.fused import triton_fused
-    return sl.gate_up_silu(x, w), triton_fused.silu_mul(sl.linear(x, w))
-
-
-# (F, K): F a multiple of 4 but not of 8 (programs of 4 gate rows), K steps of 512, 32 and 16.
-@pytest.mark.parametrize("F, K", [(36, 512), (8, 96), (20, 2064)])
-def test_swiglu_gemv_is_the_gemv_then_silu_mul_bit_for_bit(interp, F, K):
-    """The fused SwiGLU takes gate row j and up row j into one program: its output is exactly
-    what the GEMV then silu_mul make, and silu(gate) * up of float64 to within rounding."""
-    gen = torch.Generator().manual_seed(F + K)
-    x, w = torch.randn(1, K, generator=gen), torch.randn(2 * F, K, generator=gen)
-    fused, unfused = interp.apply(_swiglu_and_unfused, (x, w))
-    assert fused.shape == (1, F)
-    assert torch.equal(fused, unfused)
-    gate, up = reference(x, w).chunk(2, dim=-1)
-    assert torch.allclose(fused.double(), torch.nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-4)
-
-
-def _swiglu_takes_cases():
-    one, two = torch.zeros(1, 1, 256), torch.zeros(2, 256)
-    return [sl.swiglu_takes(x, w) for x, w in (
-        (one, torch.zeros(24, 256)),            # one row, F 12: taken
-        (two, torch.zeros(24, 256)),            # two rows: the GEMM, then silu_mul
-        (one, torch.zeros(20, 256)),            # F 10: not whole 4-row programs
-        (torch.zeros(1, 24), torch.zeros(24, 24)),   # K off the 16-column step
-        (one, torch.zeros(2 * (sl.GEMV_MAX_N // 2 + 4), 256)))]   # past the GEMV's rows
-
-
-def test_swiglu_gemv_takes_one_row_of_a_stacked_weight_only(interp):
-    assert interp.apply(_swiglu_takes_cases, ()) == [True, False, False, False, False]
-    assert not sl.swiglu_takes(torch.zeros(1, 256), torch.zeros(24, 256))   # CPU, no interpreter
-
-
 def test_gemv_block_k():
     assert [sl.gemv_block_k(k) for k in (4096, 12288, 96, 2064, 1536)] == [1024, 1024, 32, 16, 512]
 
