@@ -214,7 +214,9 @@ struct Nodes {      // the popped nodes, in shared memory
     uint32_t* front_meta;
 };
 
-// The most nodes a round pops after its first (a run of rank-0 descendants, pop_nodes).
+// The most nodes a round pops after its first (a run of rank-0 descendants, pop_nodes). Each
+// run round's merge costs RUN + 2 candidates however short its run; on the H200 at N 64 runs of
+// at most 4 measured best of 2-6 (kernels/NOTES.md, "The tree build's pops in runs").
 constexpr int RUN = 4;
 
 // A run round (pop_nodes): node `node` (x, at depth d, its rank path `row`) has just popped and

@@ -113,7 +113,7 @@ def test_a_single_tie_in_a_pop(emu):
         assert_same_as_heap(got, lp, ids, budget)
 
 
-@pytest.mark.parametrize("budget", [8, 16, 64])
+@pytest.mark.parametrize("budget", [8, 16, 64, 128, 256])     # 1, 2 and 4 frontier slots a lane
 def test_runs_and_their_ties(emu, budget):
     """A round pops a node's rank-0 descendants while each beats every other candidate strictly
     by score. Peaked and coarse log-probs (rank 0 at 0, -1/8 or -1/4, the rest on a grid of
