@@ -103,25 +103,33 @@ def _gemv_kernel(X, W, Y, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.co
                  PDL: tl.constexpr):
     """y = W x for one row x [K]: program i takes weight rows i BLOCK_N .., each thread a few
     columns of them; products accumulate in fp32 per column lane over K / BLOCK_K steps, then
-    one sum across the lanes (a fixed order: the same bits every call). It lets the next kernel
-    launch after its loop, not first thing: with these unmasked loads, releasing first thing
-    made plain decoding 0.4-1.5 % slower on the H200 (kernels/NOTES.md, "One row as a plain
-    GEMV")."""
-    pdl.wait(PDL)
+    one sum across the lanes (a fixed order: the same bits every call). It loads its first
+    weight step before waiting for the kernel before (below), and lets the next kernel launch
+    after its loop, not first thing: with these unmasked loads, releasing first thing made plain
+    decoding 0.4-1.5 % slower on the H200 (kernels/NOTES.md, "One row as a plain GEMV")."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     w_ptrs = W + n[:, None].to(tl.int64) * stride_wn + tl.arange(0, BLOCK_K)[None, :]
     x_ptrs = X + tl.arange(0, BLOCK_K)
+    # The first step's weights go out before the wait: no kernel writes them, only x depends on
+    # the kernel before, so under PDL they stream while that kernel (a norm, the attention's
+    # combine, silu_mul) still runs, where HBM would otherwise idle.
+    if EVEN_N:                    # no mask: masked, these loads made the kernel 9 % slower on the H200
+        w = tl.load(w_ptrs)
+    else:
+        w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+    pdl.wait(PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for _ in range(0, K, BLOCK_K):
-        if EVEN_N:                # no mask: masked, these loads made the kernel 9 % slower on the H200
+    acc += w.to(tl.float32) * tl.load(x_ptrs).to(tl.float32)[None, :]
+    for _ in range(BLOCK_K, K, BLOCK_K):
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+        if EVEN_N:
             w = tl.load(w_ptrs)
         else:
             w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
         x = tl.load(x_ptrs)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
     pdl.release(PDL)
     tl.store(Y + n, tl.sum(acc, axis=1).to(Y.dtype.element_ty), mask=n_ok)
 

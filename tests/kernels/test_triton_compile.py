@@ -10,6 +10,9 @@ Blackwell), with the dtypes and constexprs the decode loop uses.
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import pytest
 
 triton = pytest.importorskip("triton", reason="Triton is needed (Linux wheels only)")
@@ -136,9 +139,19 @@ def test_pdl_kernels_wait_before_any_access(arch):
                                                       SPLIT=True, PDL=True), num_warps=4).asm["ptx"]
     wait = ptx.index("griddepcontrol.wait")
     assert all(wait < ptx.index(op) for op in ("ld.global", "st.global", "cp.async") if op in ptx)
-    fn = skinny_linear._gemv_kernel           # waits first, releases its dependents after its loop
+    # The GEMV loads its first weight step before the wait (no kernel writes weights), x and
+    # everything else after it, and releases its dependents after its loop.
+    fn = skinny_linear._gemv_kernel
     ptx = compile_for(fn, arch, typed(fn, {"X": "*bf16", "W": "*bf16", "Y": "*bf16"}),
                       dict(BLOCK_N=8, BLOCK_K=1024, EVEN_N=True, PDL=True), num_warps=4).asm["ptx"]
     wait, release = ptx.index("griddepcontrol.wait"), ptx.index("griddepcontrol.launch_dependents")
-    assert all(wait < ptx.index(op) for op in ("ld.global", "st.global", "cp.async") if op in ptx)
-    assert ptx.index("ld.global") < release < ptx.index("st.global")
+    early = ptx[:wait]
+    assert "ld.global" in early and "st.global" not in early and "cp.async" not in early
+    # Which source lines the loads before the wait come from (PTX .loc: file 1 is the kernel's).
+    lines = inspect.getsourcelines(fn.fn)
+    first = lines[1]
+    x_lines = {first + i for i, text in enumerate(lines[0]) if "tl.load(x_ptrs" in text}
+    w_lines = {first + i for i, text in enumerate(lines[0]) if "tl.load(w_ptrs" in text}
+    early_lines = {int(n) for n in re.findall(r"\.loc\s+1 (\d+) ", early)}
+    assert early_lines & w_lines and not early_lines & x_lines, (early_lines, x_lines)
+    assert wait < release < ptx.index("st.global")
