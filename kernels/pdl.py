@@ -29,7 +29,9 @@ import triton.language as tl
 
 @triton.jit
 def wait(PDL: tl.constexpr):
-    """Wait for the kernel before (its writes are visible after this); before any access."""
+    """Wait for the kernel before (its writes are visible after this): before any access to
+    memory that kernel may write (the one-row GEMV reads its weights, which no kernel writes,
+    before it)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
 
