@@ -80,18 +80,15 @@ def causal_mask(lengths: torch.Tensor, T: int, kv_len: int, kernels: Kernels = K
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
-           out: torch.Tensor | None = None, prefix_ready: bool = False) -> torch.Tensor:
+           out: torch.Tensor | None = None) -> torch.Tensor:
     """q [b, h, T, d]; k, v [b, kv_heads, S, d] (grouped-query; S >= mask.kv_len for sdpa).
     Returns [b, h, T, d], written into `out` (any strides, e.g. a transposed [b, T, h, d]
-    buffer that o_proj reads without a copy) when given. `prefix_ready`: the last kernel
-    launched before this call wrote neither mask.lengths nor any key or value below them (the
-    Triton kernel then reads its first prefix tiles while that kernel runs)."""
+    buffer that o_proj reads without a copy) when given."""
     verify = mask.kernels.verify
     if out is not None:
         if verify == "triton":
             from harness.kernels.verify.triton_verify import tree_verify_attention
-            return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out,
-                                         prefix_ready=prefix_ready)
+            return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out)
         if verify == "custom":
             from harness.kernels.verify.custom_verify import tree_verify_attention
             return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out,

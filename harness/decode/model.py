@@ -204,10 +204,8 @@ class Attention(nn.Module):
                                             overlap=overlaps_gemm(x, mask.kernels))
         S = mask.kv_len
         out = torch.empty_like(q)
-        # The store above wrote q and the new rows at `slots` (at or past mask.lengths) and
-        # nothing else: the prefix is ready for the attention to read before its PDL wait.
         attention.attend(q.transpose(1, 2), cache.k[layer, :, :, :S], cache.v[layer, :, :, :S], mask,
-                         out=out.transpose(1, 2), prefix_ready=True)
+                         out=out.transpose(1, 2))
         return linear(self.o_proj, out.view(b, T, cfg.heads * cfg.head_dim), mask.kernels)
 
 

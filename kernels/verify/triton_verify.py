@@ -40,8 +40,10 @@ MIN_CHUNK = 256      # keys per split at least, when num_splits is chosen here: 
 
 
 @triton.jit
-def _online_softmax(q, kT, visible, m_i, l_i, qk_scale, DOT_PRECISION: tl.constexpr):
-    """The softmax half of one online-softmax step over a key tile: (p, alpha, m, l)."""
+def _attend_tile(q, kT_ptrs, v_ptrs, visible, m_i, l_i, acc, load_mask_kT, load_mask_v, qk_scale,
+                 DOT_PRECISION: tl.constexpr):
+    """One online-softmax step over one key tile. `visible` [BLOCK_M, BLOCK_N] is the mask."""
+    kT = tl.load(kT_ptrs, mask=load_mask_kT, other=0.0)
     qk = tl.dot(q, kT, input_precision=DOT_PRECISION) * qk_scale       # log2 domain
     qk = tl.where(visible, qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -49,26 +51,10 @@ def _online_softmax(q, kT, visible, m_i, l_i, qk_scale, DOT_PRECISION: tl.conste
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.math.exp2(qk - m_safe[:, None])
     alpha = tl.math.exp2(m_i - m_safe)
-    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
-
-
-@triton.jit
-def _attend_tile(q, kT_ptrs, v_ptrs, visible, m_i, l_i, acc, load_mask_kT, load_mask_v, qk_scale,
-                 DOT_PRECISION: tl.constexpr):
-    """One online-softmax step over one key tile. `visible` [BLOCK_M, BLOCK_N] is the mask."""
-    kT = tl.load(kT_ptrs, mask=load_mask_kT, other=0.0)
-    p, alpha, m_i, l_i = _online_softmax(q, kT, visible, m_i, l_i, qk_scale, DOT_PRECISION)
     v = tl.load(v_ptrs, mask=load_mask_v, other=0.0)
+    l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _attend_loaded(q, kT, v, visible, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr):
-    """`_attend_tile` on a tile already loaded."""
-    p, alpha, m_i, l_i = _online_softmax(q, kT, visible, m_i, l_i, qk_scale, DOT_PRECISION)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return m_i, l_i, acc
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -80,13 +66,9 @@ def _split_kernel(
     stride_bb, stride_bt, stride_bw,
     T, HKV, D, M_PAD, num_splits, min_chunk_tiles, qk_scale,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr, PREFIX_READY: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
-    # PREFIX_READY: the kernel before this one wrote neither lengths nor any prefix key (it
-    # wrote the tree's own rows and q, as the fused q/k norm + RoPE + cache store does), so the
-    # prefix chunk's first tile is loaded before the PDL wait, while that kernel still runs.
-    if not PREFIX_READY:
-        pdl.wait_then_release(PDL)
+    pdl.wait_then_release(PDL)
     pid_m = tl.program_id(0)
     split = tl.program_id(1)            # 0: the tree chunk; s >= 1: prefix chunk s - 1
     bh = tl.program_id(2)
@@ -104,6 +86,7 @@ def _split_kernel(
 
     q_ptrs = (Q + bi * stride_qb + (kvh * G + g)[:, None] * stride_qh + t[:, None] * stride_qt
               + offs_d[None, :] * stride_qd)
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     k_base = K + bi * stride_kb + kvh * stride_kh
     v_base = V + bi * stride_vb + kvh * stride_vh
 
@@ -119,21 +102,8 @@ def _split_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    # Prefix: every key below lengths[b] is visible to every tree query. Its first tile is
-    # loaded apart from the loop (before the wait where PREFIX_READY; masked off where this
-    # program has no prefix keys), the rest in the loop.
-    keys = p_start + offs_n
-    key_ok = keys < p_end
-    kT0 = tl.load(k_base + keys[None, :] * stride_ks + offs_d[:, None] * stride_kd,
-                  mask=d_ok[:, None] & key_ok[None, :], other=0.0)
-    v0 = tl.load(v_base + keys[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                 mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-    if PREFIX_READY:
-        pdl.wait_then_release(PDL)
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    if p_start < p_end:
-        m_i, l_i, acc = _attend_loaded(q, kT0, v0, key_ok[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION)
-    for start_n in range(p_start + BLOCK_N, p_end, BLOCK_N):
+    # Prefix: every key below lengths[b] is visible to every tree query.
+    for start_n in range(p_start, p_end, BLOCK_N):
         keys = start_n + offs_n
         key_ok = keys < p_end
         kT_ptrs = k_base + keys[None, :] * stride_ks + offs_d[:, None] * stride_kd
@@ -349,18 +319,14 @@ def alloc_workspace(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = N
 def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
                           tree_bits: torch.Tensor, sm_scale: float | None = None,
                           num_splits: int | None = None, *, out: torch.Tensor | None = None,
-                          workspace=None, config: dict | None = None,
-                          prefix_ready: bool = False) -> torch.Tensor:
+                          workspace=None, config: dict | None = None) -> torch.Tensor:
     """Tree-verify attention (see the module docstring).
 
     q [b, Hq, T, d]; k, v [b, Hkv, S, d] (last dim contiguous; any other strides, e.g. a view of
     a larger cache); lengths [b] int32/int64 on the device, with lengths[b] + T <= S (not checked:
     that would sync); tree_bits [b, T, ceil(T/32)] int32. Returns [b, Hq, T, d] in q's dtype
     (written into `out` when given). `workspace` comes from `alloc_workspace` with the same
-    num_splits and config. Keys read per sequence: lengths[b] + T. `prefix_ready`: the caller
-    vouches that the kernel launched just before this call writes neither `lengths` nor any key
-    or value below lengths[b] (it may write q and the tree's own rows), so with PDL the prefix's
-    first tiles load while that kernel still runs.
+    num_splits and config. Keys read per sequence: lengths[b] + T.
     """
     b, hq, T, d = q.shape
     hkv, S = k.shape[1], k.shape[2]
@@ -393,7 +359,7 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
         q, k, v, lengths, tree_bits, acc, ml,
         *q.stride(), *k.stride(), *v.stride(), *tree_bits.stride(),
         T, hkv, d, p["M_PAD"], p["num_splits"], p["min_chunk_tiles"], scale,
-        **tiles, DOT_PRECISION="ieee" if q.dtype == torch.float32 else None, PREFIX_READY=prefix_ready,
+        **tiles, DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=p["num_warps"], num_stages=p["num_stages"], **pdl.launch_options(q.device))
     _combine_kernel[(triton.cdiv(T * p["G"], p["COMBINE_ROWS"]), b * hkv)](
         acc, ml, lengths, out, *out.stride(),

@@ -155,28 +155,3 @@ def test_pdl_kernels_wait_before_any_access(arch):
     early_lines = {int(n) for n in re.findall(r"\.loc\s+1 (\d+) ", early)}
     assert early_lines & w_lines and not early_lines & x_lines, (early_lines, x_lines)
     assert wait < release < ptx.index("st.global")
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("prefix_ready", [False, True])
-def test_triton_verify_waits_before_what_the_kernel_before_writes(arch, prefix_ready):
-    """The Triton verify's split kernel with PDL: first thing by default; with PREFIX_READY
-    (the caller vouches that the kernel before wrote neither lengths nor prefix keys) after the
-    prefix's first K and V tile, but still before q (the kernel before wrote it) and every store."""
-    from harness.kernels.verify import triton_verify
-    fn = triton_verify._split_kernel
-    ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Lengths": "*i32", "Bits": "*i32",
-            "Acc": "*fp32", "ML": "*fp32"}
-    ptx = compile_for(fn, arch, typed(fn, ptrs, floats=("qk_scale",)),
-                      dict(G=4, BLOCK_M=16, BLOCK_N=128, BLOCK_D=128, DOT_PRECISION=None, PDL=True,
-                           PREFIX_READY=prefix_ready), num_warps=4).asm["ptx"]
-    early = ptx[:ptx.index("griddepcontrol.wait")]
-    assert "st.global" not in early and "griddepcontrol.launch_dependents" not in early
-    if not prefix_ready:
-        assert "ld.global" not in early
-        return
-    src, first = inspect.getsourcelines(fn.fn)
-    q_lines = {first + i for i, text in enumerate(src) if "tl.load(q_ptrs" in text}
-    kv_lines = {first + i for i, text in enumerate(src) if text.lstrip().startswith(("kT0 =", "v0 ="))}
-    early_lines = {int(n) for n in re.findall(r"\.loc\s+1 (\d+) ", early)}
-    assert "ld.global" in early and early_lines & kv_lines and not early_lines & q_lines, early_lines

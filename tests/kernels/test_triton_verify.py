@@ -122,23 +122,6 @@ def test_matches_reference(interp, hq, hkv, d, T, dtype):
     assert rel_err(out, reference(q, k, v, L, vis)) <= TOL[dtype]
 
 
-def _both_prefix_orders(q, k, v, lengths, bits, num_splits):
-    return [triton_verify.tree_verify_attention(q, k, v, lengths, bits, num_splits=num_splits,
-                                                prefix_ready=ready) for ready in (False, True)]
-
-
-@pytest.mark.parametrize("num_splits", [1, 3, 16])
-def test_prefix_ready_reads_the_first_tile_early_with_the_same_result(interp, num_splits):
-    """prefix_ready moves the prefix's first tile ahead of the PDL wait (a no-op here, where
-    nothing launches with PDL): the same bits, splits with no keys included (16)."""
-    g = gen_for("prefix_ready", num_splits)
-    q, k, v, L = make_inputs(2, 4, 2, 32, 3, [300, 20], torch.float32, g)
-    vis = random_tree(2, 3, g)
-    late, early = call(interp, _both_prefix_orders, q, k, v, L, visibility_bits(vis), num_splits)
-    assert torch.equal(late, early)
-    assert rel_err(early, reference(q, k, v, L, vis)) <= 1e-4
-
-
 @pytest.mark.parametrize("num_splits", [1, 3, 4, 16])
 def test_split_prefix(interp, num_splits):
     # 300 and 130 keys are 10 and 5 tiles of 32 (fp32): 3 and 4 splits leave uneven chunks, 16
