@@ -1,7 +1,8 @@
 """Programmatic dependent launch (kernels/pdl.py): where it is on, and that every kernel that
-may be launched with it waits for the kernel before first thing. A PDL kernel that touched
-memory before its wait would race the kernel ahead of it; these checks hold the convention for
-kernels added later. The PTX-level check is test_triton_compile.py's
+may be launched with it waits for the kernel before first thing (or, listed with its reason,
+reads only memory no kernel writes before it). A PDL kernel that touched other memory before
+its wait would race the kernel ahead of it; these checks hold the convention for kernels added
+later. The PTX-level check is test_triton_compile.py's
 test_pdl_kernels_wait_before_any_access."""
 
 from __future__ import annotations
@@ -29,12 +30,19 @@ def test_off_where_it_does_not_exist(interp):
     assert interp.apply(_enabled_on_cuda, ()) is False
 
 
+# Kernels that read memory before their wait, and through which pointers: memory no kernel
+# writes (the one-row GEMV's first weight step, loaded while the kernel before still runs).
+READS_BEFORE_WAIT = {"_gemv_kernel": {"w_ptrs"}}
+WAITS = ("pdl.wait_then_release(PDL)", "pdl.wait(PDL)")
+
+
 @pytest.mark.parametrize("path", ["fused/triton_fused.py", "linear/skinny_linear.py",
                                   "verify/triton_verify.py", "tree/triton_topk.py",
                                   "accept/triton_accept.py"])
 def test_every_pdl_triton_kernel_waits_first(path):
     """First thing: wait_then_release, or wait with a release later in the kernel (the one-row
-    GEMV lets its dependents launch after its loop)."""
+    GEMV lets its dependents launch after its loop). Before the wait a kernel touches no memory,
+    except the reads READS_BEFORE_WAIT allows it."""
     tree = ast.parse((KERNELS / path).read_text())
     kernels = [f for f in tree.body if isinstance(f, ast.FunctionDef)
                and any(a.arg == "PDL" for a in f.args.args)]
@@ -42,12 +50,24 @@ def test_every_pdl_triton_kernel_waits_first(path):
     for fn in kernels:
         body = [s for s in fn.body if not (isinstance(s, ast.Expr)
                                            and isinstance(s.value, ast.Constant))]  # docstring
-        first = ast.unparse(body[0])
-        assert first in ("pdl.wait_then_release(PDL)", "pdl.wait(PDL)"), \
-            f"{path}:{fn.lineno} {fn.name} starts {first!r}"
-        if first == "pdl.wait(PDL)":       # it lets the next kernel launch later, but it does
+        waits = [i for i, s in enumerate(body) if ast.unparse(s) in WAITS]
+        assert waits, f"{path}:{fn.lineno} {fn.name} never waits at its top level"
+        allowed = READS_BEFORE_WAIT.get(fn.name, set())
+        for stmt in body[:waits[0]]:
+            for node in ast.walk(stmt):
+                if not (isinstance(node, ast.Call) and ast.unparse(node.func).startswith("tl.")):
+                    continue
+                op = ast.unparse(node.func)
+                assert op not in ("tl.store", "tl.atomic_add", "tl.atomic_xchg", "tl.atomic_cas"), \
+                    f"{path}:{node.lineno} {fn.name}: {op} before its wait"
+                if op == "tl.load":
+                    assert ast.unparse(node.args[0]) in allowed, \
+                        f"{path}:{node.lineno} {fn.name} loads {ast.unparse(node.args[0])} before its wait"
+        if ast.unparse(body[waits[0]]) == "pdl.wait(PDL)":   # it lets the next kernel launch later
             calls = [ast.unparse(n) for n in ast.walk(fn) if isinstance(n, ast.Call)]
             assert "pdl.release(PDL)" in calls, f"{path}:{fn.lineno} {fn.name} never releases"
+        if not allowed:
+            assert waits[0] == 0, f"{path}:{fn.lineno} {fn.name} starts {ast.unparse(body[0])!r}"
 
 
 def test_every_launch_passes_the_launch_options():
