@@ -148,10 +148,9 @@ def test_pdl_kernels_wait_before_any_access(arch):
     early = ptx[:wait]
     assert "ld.global" in early and "st.global" not in early and "cp.async" not in early
     # Which source lines the loads before the wait come from (PTX .loc: file 1 is the kernel's).
-    lines = inspect.getsourcelines(fn.fn)
-    first = lines[1]
-    x_lines = {first + i for i, text in enumerate(lines[0]) if "tl.load(x_ptrs" in text}
-    w_lines = {first + i for i, text in enumerate(lines[0]) if "tl.load(w_ptrs" in text}
+    src, first = inspect.getsourcelines(fn.fn)
+    x_lines = {first + i for i, text in enumerate(src) if "tl.load(x_ptrs" in text}
+    w_lines = {first + i for i, text in enumerate(src) if "tl.load(w_ptrs" in text}
     early_lines = {int(n) for n in re.findall(r"\.loc\s+1 (\d+) ", early)}
     assert early_lines & w_lines and not early_lines & x_lines, (early_lines, x_lines)
     assert wait < release < ptx.index("st.global")
