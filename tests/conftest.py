@@ -6,7 +6,7 @@ check is `torch.cuda.is_available()` alone, made once and only when a collected 
 the marker, so collecting on a CPU host initialises nothing. `pytest -m gpu` runs exactly these
 tests (ci/gpu/selfcheck.sh runs them and then the kernels under compute-sanitizer). GPU tests
 ask for the device through the `cuda` fixture; a test that does is marked `gpu` here if its
-file forgot to.
+file forgot to. The same hook collects the slowest files first (SLOW_FILES).
 """
 
 from __future__ import annotations
@@ -30,8 +30,25 @@ def _no_gpu_reason() -> str | None:
     return None
 
 
+# The files that take longest on a two-CPU CI machine (tens of seconds each: real workflows,
+# a serving engine, nvcc, browsers), collected first: `make test` hands whole files to its
+# workers in collection order (pytest-xdist, --dist loadfile), so one of these collected late
+# ran alone at the end of the suite (~600 s with it there).
+SLOW_FILES = (
+    "tests/ci/test_nightly_workflow_runs.py",
+    "tests/service/test_service_engine.py",
+    "tests/kernels/test_kernels_compile.py",
+    "tests/ci/test_pr_workflow_runs.py",
+    "tests/kernels/test_custom_kernel_emulated.py",
+    "tests/hosts/test_slurm.py",
+    "tests/dashboards/test_mlflow_ui.py",
+)
+
+
 @pytest.hookimpl(tryfirst=True)        # before `-m gpu` selects: the marker added here counts
 def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))   # stable
     for item in items:                  # a test that asks for the GPU is a gpu test
         if "cuda" in getattr(item, "fixturenames", ()) and item.get_closest_marker("gpu") is None:
             item.add_marker(pytest.mark.gpu)
