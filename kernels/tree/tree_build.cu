@@ -275,7 +275,6 @@ __device__ int run_round(int N, int D, int KP, const double* lp, const Nodes nod
         }
     }
     put[PUT - 1] = c;                      // the last run node's first child (or none)
-    const int popped = cur;
 
     Cand mine = no_cand();                 // lane i places candidate i
 #pragma unroll
@@ -332,7 +331,7 @@ __device__ int run_round(int N, int D, int KP, const double* lp, const Nodes nod
     for (int k = 0; k < S; ++k) slot[k] = Cand{nodes.front_score[lane * S + k], nodes.front_meta[lane * S + k]};
     h0 = Cand{nodes.front_score[0], nodes.front_meta[0]};
     h1 = Cand{nodes.front_score[1], nodes.front_meta[1]};
-    return popped;
+    return cur;                            // the run's last node: the nodes popped so far
 }
 
 // The pops, by the 32 lanes of one warp. The frontier is kept sorted in pop order across the
