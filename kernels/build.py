@@ -9,7 +9,8 @@ disk by (source hash, flags, arch, torch and CUDA versions) under $HARNESS_CACHE
 file lock keeps concurrent workers on one host from building the same thing twice.
 
 `load_library(source=TREE_BUILD_SOURCE)` builds kernels/tree/tree_build.cu (the DDTree tree build,
-kernels/tree/cuda_tree_build.py) the same way, into its own cached library keyed by that source.
+kernels/tree/cuda_tree_build.py) the same way, into its own cached library keyed by that source;
+`source=STREAM_LINEAR_SOURCE` kernels/linear/stream_linear.cu (the verify's weight GEMMs).
 
 Importing this module needs neither a GPU nor nvcc; only `load_library()` does.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).parent / "verify" / "verify_attention.cu"
 TREE_BUILD_SOURCE = Path(__file__).parent / "tree" / "tree_build.cu"
+STREAM_LINEAR_SOURCE = Path(__file__).parent / "linear" / "stream_linear.cu"
 # -lineinfo costs nothing at run time and lets a profiler (or compute-sanitizer) map to source lines.
 NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
 # HARNESS_KERNEL_DEBUG=1: a debug build (its own cache entry) whose launchers wait for each kernel
@@ -119,7 +121,8 @@ def load_library(device=None, verbose: bool = False, source: Path = SOURCE) -> c
                                build_directory=str(build_dir), is_python_module=False,
                                verbose=verbose)
         lib = ctypes.CDLL(str(build_dir / f"{name}.so"))
-        {SOURCE: _declare, TREE_BUILD_SOURCE: _declare_tree_build}[source](lib)
+        {SOURCE: _declare, TREE_BUILD_SOURCE: _declare_tree_build,
+         STREAM_LINEAR_SOURCE: _declare_stream_linear}[source](lib)
         _libraries[name] = lib
         return lib
 
@@ -154,3 +157,14 @@ def _declare_tree_build(lib: ctypes.CDLL) -> None:
     lib.ttb_error_string.restype = ctypes.c_char_p
     lib.ttb_struct_size.argtypes = []
     lib.ttb_struct_size.restype = c_int
+
+
+def _declare_stream_linear(lib: ctypes.CDLL) -> None:
+    """C signatures of the extern "C" entry points of stream_linear.cu."""
+    c_int, c_void_p = ctypes.c_int, ctypes.c_void_p
+    lib.tsl_linear.argtypes = [c_void_p, c_void_p]
+    lib.tsl_linear.restype = c_int
+    lib.tsl_error_string.argtypes = [c_int]
+    lib.tsl_error_string.restype = ctypes.c_char_p
+    lib.tsl_struct_size.argtypes = []
+    lib.tsl_struct_size.restype = c_int

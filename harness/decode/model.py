@@ -28,11 +28,21 @@ def linear(layer: nn.Linear, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
 def linear_weight(weight: torch.Tensor, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
     """F.linear(x, weight) on cuBLAS, or on the skinny Triton kernel, which takes forwards of
     up to skinny_linear.MAX_ROWS rows (plain decoding's 1, the draft block's 16) and hands
-    larger ones (the verify's 65, prefill) to cuBLAS itself."""
-    if kernels.linear == "triton":
+    larger ones (the verify's 65, prefill) to cuBLAS itself; `wgmma` also gives the verify's
+    17-72 rows to the stream-K CUDA kernel (stream_linear.py)."""
+    if kernels.linear == "wgmma" and _stream_linear_takes(x, weight):
+        from harness.kernels.linear import stream_linear
+        return stream_linear.linear(x, weight)
+    if kernels.linear in ("triton", "wgmma"):
         from harness.kernels.linear import skinny_linear
         return skinny_linear.linear(x, weight)
     return F.linear(x, weight)
+
+
+def _stream_linear_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    from harness.kernels.linear import stream_linear
+    return (x.device.type == "cuda" and weight.dtype == x.dtype
+            and stream_linear.takes(x.numel() // x.shape[-1], x.shape[-1], x.dtype))
 
 
 def overlaps_gemm(x: torch.Tensor, kernels: Kernels) -> bool:
@@ -43,11 +53,13 @@ def overlaps_gemm(x: torch.Tensor, kernels: Kernels) -> bool:
 
 
 def gemm_overlaps(rows: int, K: int, kernels: Kernels) -> bool:
-    """`overlaps_gemm` for a GEMM of `rows` rows of depth K."""
-    if kernels.linear != "triton":
+    """`overlaps_gemm` for a GEMM of `rows` rows of depth K (bf16 where the stream-K kernel
+    takes it: the only dtype it runs)."""
+    if kernels.linear not in ("triton", "wgmma"):
         return False
-    from harness.kernels.linear import skinny_linear
-    return skinny_linear.takes(rows, K)
+    from harness.kernels.linear import skinny_linear, stream_linear
+    return skinny_linear.takes(rows, K) or (
+        kernels.linear == "wgmma" and stream_linear.takes(rows, K, torch.bfloat16))
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,10 @@ inline int max_dynamic_smem(const void* kernel) {
         if (kv.first == kernel) return kv.second;
     return kDefaultDynamicSmem;
 }
+inline bool& reverse_blocks() {   // run a grid's blocks last to first (kernels whose blocks meet)
+    static bool reverse = false;
+    return reverse;
+}
 inline bool& dry_run() {      // validate launches, run no blocks (launch-parameter tests)
     static bool on = false;
     return on;
@@ -533,22 +537,22 @@ inline void launch(void (*kernel)(const P), dim3 grid, dim3 block, size_t smem_b
                       std::to_string(smem_limit) + " (cudaFuncAttributeMaxDynamicSharedMemorySize)");
     ++launches();
     if (dry_run()) return;
-    for (unsigned z = 0; z < grid.z; ++z)
-        for (unsigned y = 0; y < grid.y; ++y)
-            for (unsigned x = 0; x < grid.x; ++x) {
-                Block b;
-                b.idx = dim3(x, y, z);
-                b.dim = block;
-                // Host address == shared address modulo 1024, so typed accesses through
-                // `smem` have the alignment their shared addresses have.
-                b.smem_store.assign(smem_bytes + 2048, 0xff);   // poison: bf16 NaN, fp32 NaN
-                const uintptr_t raw = reinterpret_cast<uintptr_t>(b.smem_store.data());
-                b.smem = reinterpret_cast<uint8_t*>(((raw + 1023) & ~uintptr_t(1023)) + kSmemBase);
-                b.smem_size = smem_bytes;
-                b.body = &Call::body;
-                b.arg = &call;
-                run_block(b);
-            }
+    const unsigned blocks = grid.x * grid.y * grid.z;
+    for (unsigned n = 0; n < blocks; ++n) {
+        const unsigned i = reverse_blocks() ? blocks - 1 - n : n;
+        Block b;
+        b.idx = dim3(i % grid.x, i / grid.x % grid.y, i / (grid.x * grid.y));
+        b.dim = block;
+        // Host address == shared address modulo 1024, so typed accesses through
+        // `smem` have the alignment their shared addresses have.
+        b.smem_store.assign(smem_bytes + 2048, 0xff);   // poison: bf16 NaN, fp32 NaN
+        const uintptr_t raw = reinterpret_cast<uintptr_t>(b.smem_store.data());
+        b.smem = reinterpret_cast<uint8_t*>(((raw + 1023) & ~uintptr_t(1023)) + kSmemBase);
+        b.smem_size = smem_bytes;
+        b.body = &Call::body;
+        b.arg = &call;
+        run_block(b);
+    }
 }
 
 inline uint8_t* shared_memory() { return current_block()->smem; }
@@ -641,6 +645,15 @@ inline int atomicAdd(int* address, int value) {
 struct alignas(16) uint4 {      // as CUDA's: a 16-byte vector type
     unsigned x, y, z, w;
 };
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+// Blocks run one after another here, so a global load past L1 (ld.global.cg) is a plain load
+// and a memory fence orders nothing more than program order already does.
+template <typename T>
+inline T __ldcg(const T* p) { return *p; }
+inline void __threadfence() {}
 
 // -- the PTX helpers of verify_attention.cu ---------------------------------------------------------
 inline uint32_t smem_addr(const void* p) {
@@ -1096,6 +1109,9 @@ extern "C" void emu_clear_fault() {
 }
 // dry = 1: launches are validated (and counted) but run no blocks.
 extern "C" void emu_dry_run(int dry) { emu::dry_run() = dry != 0; }
+// reverse = 1: a grid's blocks run last to first (blocks run one after another here, so which
+// block of a group meeting at a counter arrives last follows the order).
+extern "C" void emu_reverse_blocks(int reverse) { emu::reverse_blocks() = reverse != 0; }
 extern "C" long emu_launch_count() { return emu::launches(); }
 
 // -fsanitize=alignment reports (the UBSan ABI of GCC and Clang): a typed load or store through a

@@ -1,0 +1,487 @@
+// The verify forward's weight GEMMs on Hopper: y = x W^T for 17-72 token rows, stream-K on wgmma.
+//
+// The tree-verify forward multiplies 65 token rows (the tree's 64 nodes and its root) by each
+// weight matrix of the target: q/k/v, o, gate/up, down, 8-1200 MB each. That is weight streaming
+// (65 rows make ~65 flops a weight byte, a tenth of the H200's balance point), and cuBLAS does it
+// at ~79 % of the copy bandwidth on an H200 (kernels/NOTES.md, "Skinny linear"), with a plain
+// kernel boundary before and after each GEMM that programmatic dependent launch cannot overlap,
+// and a second kernel (split-K's reduce) after two of the four.
+//
+// This kernel computes y^T = W x^T: W's rows are the MMA's M side (a tile is 128 of them, two
+// m64 row blocks), the token rows its N side (72: the 65 rows zero-padded by the tensor copy,
+// which reads nothing past the tensor). Both operands arrive by tensor copies (TMA) into a ring
+// of STAGES shared-memory stages of 64 K columns (128-byte swizzled rows, the layout the wgmma
+// descriptors read); one producer thread issues them, one consumer warpgroup runs the MMAs.
+//
+// Work is split stream-K: the (tile, 64-column K step) iterations, tile-major, are divided
+// evenly among one persistent CTA a multiprocessor, so every multiprocessor streams the same
+// number of weight bytes whatever the shape. A tile that one CTA covers whole is written
+// directly; a tile cut between CTAs is summed by the last of them to arrive (a counter per
+// tile, reset by that CTA) from fp32 partials, in CTA order, so the result never depends on
+// which CTA finished first, and one workspace serves every later call and graph replay.
+//
+// Weights are never written by a kernel, so the producer issues the first STAGES stages' weight
+// copies before waiting for the kernel ahead of it on the stream (griddepcontrol.wait): the
+// GEMM's ramp (the first weight bytes arriving ~1 µs after issue) overlaps that kernel's tail.
+// The activations x, the partials and y are touched only after the wait.
+//
+// No torch headers: plain CUDA C++ with an extern "C" launcher (kernels/linear/stream_linear.py
+// calls it through ctypes; kernels/build.py compiles it on the GPU host for sm_90a). The launcher
+// never synchronises and never allocates, so it can be captured in a CUDA graph. Tests compile
+// this file as C++ with -DTVA_EMULATE against tests/kernels/emulator/cuda_emulation.h.
+
+#ifdef TVA_EMULATE
+#include "cuda_emulation.h"
+#define TSL_DYNAMIC_SMEM(name) uint8_t* name = emu::shared_memory()
+#define TSL_LAUNCH(kernel, grid, block, smem, stream, p) emu::launch(kernel, grid, block, smem, p)
+#else
+#include <cuda.h>               // CUtensorMap
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#define TSL_DYNAMIC_SMEM(name) extern __shared__ __align__(128) uint8_t name[]
+#define TSL_LAUNCH(kernel, grid, block, smem, stream, p) tsl_launch(kernel, grid, block, smem, stream, p)
+
+// Programmatic dependent launch on sm_90+ (kernels/pdl.py): the kernel may be scheduled while
+// the one before it on the stream finishes. As verify_attention.cu's tva_launch.
+template <typename Kernel, typename Params>
+static void tsl_launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       const Params& p) {
+    cudaLaunchAttribute pdl;
+    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = &pdl;
+    cfg.numAttrs = 1;
+    cudaLaunchKernelEx(&cfg, kernel, p);      // its error is the runtime's last error
+}
+#endif
+#include <stdint.h>
+
+#include <mutex>
+
+namespace tsl {
+
+constexpr int BK = 64;                 // K columns a stage: one 128-byte swizzled row of bf16
+constexpr int BW = 128;                // weight rows a tile: two m64 row blocks
+constexpr int NT = 72;                 // token rows an MMA reads (the n of m64n72k16)
+constexpr int MAX_ROWS = NT;
+constexpr int STAGES = 8;
+constexpr int CONSUMERS = 128;         // one warpgroup: the MMAs and the epilogue
+constexpr int THREADS = CONSUMERS + 32;  // and one warp whose lane 0 issues the copies
+constexpr uint32_t W_BYTES = BW * BK * 2, X_BYTES = NT * BK * 2, STAGE_BYTES = W_BYTES + X_BYTES;
+constexpr int ACC = 2 * NT / 2;        // fp32 accumulators a consumer thread: two m64 x n72 halves
+constexpr int SMEM = 1024 + STAGES * STAGE_BYTES + 1024;   // alignment, the ring, the barriers
+static_assert(STAGE_BYTES % 1024 == 0, "stages keep the swizzle's 1024-byte alignment");
+static_assert(ACC % 4 == 0, "partials move as float4");
+
+// Mirrored by a ctypes structure in stream_linear.py (every field 8 bytes wide).
+struct Args {
+    const void* x;            // bf16 [M, K], rows x_stride elements apart, last dim contiguous
+    const void* w;            // bf16 [N, K], rows w_stride elements apart
+    void* y;                  // bf16 [M, N], rows y_stride elements apart
+    float* partials;          // fp32 [ctas, 2, ACC, CONSUMERS]: a CTA's first and last segment
+    int32_t* counters;        // [ceil(N / BW)], zero; every call leaves them zero
+    int64_t M, N, K, x_stride, w_stride, y_stride;
+    int64_t ctas;             // the persistent grid: one CTA a multiprocessor
+};
+
+// The tensor maps first: a CUtensorMap is 64-byte aligned (the emulator's 128).
+struct Params {
+    CUtensorMap map_x, map_w;
+    Args a;
+};
+
+// ------------------------------------------------------------------------------------------
+// PTX helpers (the emulation header defines the same functions for TVA_EMULATE builds)
+// ------------------------------------------------------------------------------------------
+#ifndef TVA_EMULATE
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void fence_mbarrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nTSL_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra TSL_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+// A 2-d box (coords innermost first) into shared memory at `dst`.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, const int32_t (&c)[2], uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst), "l"(map), "r"(c[0]), "r"(c[1]), "r"(bar) : "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void let_next_kernel_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ uint16_t bf16_bits(float v) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TSL_WGMMA 1
+#endif
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef TSL_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef TSL_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef TSL_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// d[64 x 72] (+)= A[64 x 16] x B[16 x 72], bf16 -> fp32, both operands K-major through
+// shared-memory descriptors; d per warp w: rows 16w + lane/4 (+8), n-tile j columns
+// 8j + 2(lane%4) (+1), as d[j][2h + c].
+__device__ __forceinline__ void wgmma_m64n72k16_ss(float (&d)[9][4], uint64_t desc_a, uint64_t desc_b,
+                                                   int accumulate) {
+#ifdef TSL_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n72k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+        "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}, "
+        "%36, %37, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#else
+    __trap();
+#endif
+}
+#else   // TVA_EMULATE
+inline void wait_for_previous_kernel() {}
+inline void let_next_kernel_launch() {}
+inline uint16_t bf16_bits(float v) { return emu_f2bf(v); }
+inline void wgmma_m64n72k16_ss(float (&d)[9][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    emu_wgmma_issue(emu::Wgmma::kSmemA, 72, &d[0][0], desc_a, desc_b, nullptr, accumulate);
+}
+#endif  // TVA_EMULATE
+
+// Shared-memory matrix descriptor for wgmma: K-major operand, 128-byte swizzle, rows of 128
+// bytes, groups of 8 rows 1024 bytes apart (verify_attention.cu's desc_kmajor_sw128).
+__host__ __device__ __forceinline__ uint64_t desc_kmajor_sw128(uint32_t smem_byte_addr) {
+    return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
+           (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+// ------------------------------------------------------------------------------------------
+// The stream-K partition: CTA c takes iterations [first_iter(c), first_iter(c + 1)) of the
+// tiles x k_steps iterations, tile-major.
+// ------------------------------------------------------------------------------------------
+__host__ __device__ __forceinline__ int64_t first_iter(int64_t c, int64_t iters, int64_t ctas) {
+    return c * iters / ctas;
+}
+// The CTA whose range holds iteration `it` (the largest c with first_iter(c) <= it).
+__host__ __device__ __forceinline__ int64_t cta_of(int64_t it, int64_t iters, int64_t ctas) {
+    return ((it + 1) * ctas - 1) / iters;
+}
+
+// The fp32 partial slot of CTA c's first (0) or last (1) segment: ACC float4-interleaved rows
+// of CONSUMERS, so thread t's accumulators are written and read back by thread t, coalesced.
+__device__ __forceinline__ float* partial_slot(const Args& a, int64_t c, int which) {
+    return a.partials + (c * 2 + which) * static_cast<int64_t>(ACC * CONSUMERS);
+}
+
+// y[token, row] for the consumer thread's accumulators acc[half][j][2h + c] of tile `tile`.
+__device__ __forceinline__ void store_tile(const Args& a, int64_t tile, const float (&acc)[2][9][4], int tid) {
+    uint16_t* y = static_cast<uint16_t*>(a.y);
+    const int w = tid >> 5, lane = tid & 31;
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int64_t row = tile * BW + half * 64 + 16 * w + lane / 4 + 8 * h;
+            if (row >= a.N) continue;
+#pragma unroll
+            for (int j = 0; j < 9; ++j)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int token = 8 * j + 2 * (lane % 4) + c;
+                    if (token < a.M) y[token * a.y_stride + row] = bf16_bits(acc[half][j][2 * h + c]);
+                }
+        }
+}
+
+__device__ __forceinline__ void write_partial(const Args& a, int64_t c, int which, const float (&acc)[2][9][4],
+                                              int tid) {
+    float4* slot = reinterpret_cast<float4*>(partial_slot(a, c, which));
+    const float* v = &acc[0][0][0];
+#pragma unroll
+    for (int q = 0; q < ACC / 4; ++q)
+        slot[q * CONSUMERS + tid] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+}
+
+// acc += CTA c's partial (read past L1: another multiprocessor wrote it).
+__device__ __forceinline__ void add_partial(const Args& a, int64_t c, int which, float (&acc)[2][9][4], int tid) {
+    const float4* slot = reinterpret_cast<const float4*>(partial_slot(a, c, which));
+    float* v = &acc[0][0][0];
+#pragma unroll
+    for (int q = 0; q < ACC / 4; ++q) {
+        const float4 p = __ldcg(slot + q * CONSUMERS + tid);
+        v[4 * q] += p.x, v[4 * q + 1] += p.y, v[4 * q + 2] += p.z, v[4 * q + 3] += p.w;
+    }
+}
+
+// A segment's result: tile `tile`'s k steps [k0, k1) of `k_steps`, by CTA c (segment `which`:
+// its first or its last). Whole tiles go straight to y; a cut tile's partial goes to the
+// workspace, and the tile's last CTA to arrive sums every partial in CTA order and writes y.
+__device__ void finish_segment(const Args& a, int64_t c, int which, int64_t tile, int64_t k0, int64_t k1,
+                               int64_t k_steps, int64_t iters, float (&acc)[2][9][4], int tid,
+                               volatile int32_t* last_flag) {
+    if (k0 == 0 && k1 == k_steps) {
+        store_tile(a, tile, acc, tid);
+        return;
+    }
+    const int64_t c_first = cta_of(tile * k_steps, iters, a.ctas);
+    const int64_t c_last = cta_of((tile + 1) * k_steps - 1, iters, a.ctas);
+    write_partial(a, c, which, acc, tid);
+    __threadfence();                                   // this thread's partial, then the count
+    named_barrier_sync(1, CONSUMERS);
+    if (tid == 0) {
+        const int arrived = atomicAdd(&a.counters[tile], 1) + 1;
+        const bool last = arrived == static_cast<int>(c_last - c_first + 1);
+        if (last) a.counters[tile] = 0;                // for the next call: no one else counts now
+        *last_flag = last;
+    }
+    named_barrier_sync(1, CONSUMERS);
+    if (!*last_flag) return;
+    __threadfence();
+    float sum[2][9][4];
+    float* s = &sum[0][0][0];
+#pragma unroll
+    for (int i = 0; i < ACC; ++i) s[i] = 0.f;
+    for (int64_t cc = c_first; cc <= c_last; ++cc) {
+        // CTA cc's segment of this tile is its first unless the tile starts before cc's range.
+        const int slot = cc == c_first && first_iter(cc, iters, a.ctas) < tile * k_steps ? 1 : 0;
+        add_partial(a, cc, slot, sum, tid);
+    }
+    store_tile(a, tile, sum, tid);
+}
+
+__global__ void __launch_bounds__(THREADS, 1) stream_linear_kernel(const __grid_constant__ Params p) {
+    const Args& a = p.a;
+    TSL_DYNAMIC_SMEM(smem);
+    const uint32_t ring = (smem_addr(smem) + 1023u) & ~1023u;
+    const uint32_t bars = ring + STAGES * STAGE_BYTES;          // full[STAGES], empty[STAGES]
+    volatile int32_t* last_flag = reinterpret_cast<volatile int32_t*>(smem + (bars + 2 * STAGES * 8 - smem_addr(smem)));
+    const int tid = static_cast<int>(threadIdx.x);
+    const int64_t c = blockIdx.x;
+    const int64_t k_steps = (a.K + BK - 1) / BK, tiles = (a.N + BW - 1) / BW, iters = tiles * k_steps;
+    const int64_t it0 = first_iter(c, iters, a.ctas), n = first_iter(c + 1, iters, a.ctas) - it0;
+
+    if (tid == CONSUMERS) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(bars + 8 * s, 1);
+            mbar_init(bars + 8 * (STAGES + s), CONSUMERS);
+        }
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    if (tid >= CONSUMERS) {                                      // the producer warp
+        if (tid == CONSUMERS) {
+            const int64_t ahead = n < STAGES ? n : STAGES;
+            // Weights first, before the wait: no kernel writes them.
+            for (int64_t i = 0; i < ahead; ++i) {
+                const int64_t it = it0 + i;
+                const int32_t at_w[2] = {static_cast<int32_t>((it % k_steps) * BK), static_cast<int32_t>((it / k_steps) * BW)};
+                const uint32_t full = bars + 8 * static_cast<uint32_t>(i);
+                mbar_arrive_expect_tx(full, STAGE_BYTES);
+                tma_load(ring + static_cast<uint32_t>(i) * STAGE_BYTES, &p.map_w, at_w, full);
+            }
+            wait_for_previous_kernel();
+            let_next_kernel_launch();
+            for (int64_t i = 0; i < n; ++i) {
+                const int s = static_cast<int>(i % STAGES);
+                const int64_t it = it0 + i;
+                const uint32_t stage = ring + static_cast<uint32_t>(s) * STAGE_BYTES, full = bars + 8 * s;
+                const int32_t at_x[2] = {static_cast<int32_t>((it % k_steps) * BK), 0};
+                if (i >= STAGES) {
+                    mbar_wait(bars + 8 * (STAGES + s), static_cast<uint32_t>((i / STAGES - 1) & 1));
+                    const int32_t at_w[2] = {static_cast<int32_t>((it % k_steps) * BK),
+                                             static_cast<int32_t>((it / k_steps) * BW)};
+                    mbar_arrive_expect_tx(full, STAGE_BYTES);
+                    tma_load(stage, &p.map_w, at_w, full);
+                }
+                tma_load(stage + W_BYTES, &p.map_x, at_x, full);
+            }
+        }
+        return;
+    }
+
+    // The consumer warpgroup.
+    wait_for_previous_kernel();            // before the epilogue's stores (y, partials, counters)
+    let_next_kernel_launch();
+    float acc[2][9][4];
+    int64_t i = 0;
+    while (i < n) {
+        const int64_t it = it0 + i, tile = it / k_steps, k0 = it % k_steps;
+        const int64_t k1 = k0 + (n - i) < k_steps ? k0 + (n - i) : k_steps;
+        const int which = i == 0 ? 0 : 1;
+        for (int64_t k = k0; k < k1; ++k, ++i) {
+            const int s = static_cast<int>(i % STAGES);
+            const uint32_t stage = ring + static_cast<uint32_t>(s) * STAGE_BYTES;
+            mbar_wait(bars + 8 * s, static_cast<uint32_t>((i / STAGES) & 1));
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; ++kk) {
+                const int accumulate = k > k0 || kk > 0;
+                const uint64_t dx = desc_kmajor_sw128(stage + W_BYTES + 32 * kk);
+                wgmma_m64n72k16_ss(acc[0], desc_kmajor_sw128(stage + 32 * kk), dx, accumulate);
+                wgmma_m64n72k16_ss(acc[1], desc_kmajor_sw128(stage + 64 * 128 + 32 * kk), dx, accumulate);
+            }
+            wgmma_commit();
+            wgmma_wait<1>();                    // the stage before this one is read: release it
+            if (k > k0) mbar_arrive(bars + 8 * (STAGES + static_cast<int>((i - 1) % STAGES)));
+        }
+        wgmma_wait<0>();
+        mbar_arrive(bars + 8 * (STAGES + static_cast<int>((i - 1) % STAGES)));
+        finish_segment(a, c, which, tile, k0, k1, k_steps, iters, acc, tid, last_flag);
+    }
+}
+
+#ifdef TVA_EMULATE
+static CUresult encode(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t stride,
+                       uint32_t box_rows) {
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride * 2)};
+    const cuuint32_t box[2] = {BK, box_rows}, unit[2] = {1, 1};
+    return cuTensorMapEncodeTiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
+                                  box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+#else
+// cuTensorMapEncodeTiled, from the driver (the runtime links no libcuda; its entry point since
+// CUDA 12.0).
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static EncodeTiled encode_tiled() {
+    static const EncodeTiled fn = [] {
+        void* f = nullptr;
+        cudaDriverEntryPointQueryResult found;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+                cudaSuccess || found != cudaDriverEntryPointSuccess)
+            return static_cast<EncodeTiled>(nullptr);
+        return reinterpret_cast<EncodeTiled>(f);
+    }();
+    return fn;
+}
+// A bf16 matrix [rows, cols] (rows `stride` elements apart) as boxes of 64 columns by
+// `box_rows` rows, 128-byte swizzled; rows and columns past the matrix read as zeros.
+static CUresult encode(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t stride,
+                       uint32_t box_rows) {
+    const EncodeTiled fn = encode_tiled();
+    if (fn == nullptr) return CUDA_ERROR_NOT_FOUND;
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride * 2)};
+    const cuuint32_t box[2] = {BK, box_rows}, unit[2] = {1, 1};
+    return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, unit,
+              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+#endif
+
+static bool valid(const Args& a) {
+    const auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+    return a.M >= 1 && a.M <= MAX_ROWS && a.N >= 1 && a.K >= 1 && a.ctas >= 1 && a.ctas <= 65535 &&
+           a.x_stride >= a.K && a.w_stride >= a.K && a.y_stride >= a.N && a.x_stride % 8 == 0 &&
+           a.w_stride % 8 == 0 && aligned16(a.x) && aligned16(a.w) && aligned16(a.partials) &&
+           a.y != nullptr && a.counters != nullptr;
+}
+
+// The kernel's shared-memory limit raised once per device (the attribute is per device).
+static cudaError_t prepare() {
+    static bool done[64] = {false};
+    static std::mutex lock;               // ctypes drops the GIL
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return err;
+    std::lock_guard<std::mutex> guard(lock);
+    if (device >= 0 && device < 64 && done[device]) return cudaSuccess;
+    err = cudaFuncSetAttribute(stream_linear_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+    if (err == cudaSuccess && device >= 0 && device < 64) done[device] = true;
+    return err;
+}
+
+}  // namespace tsl
+
+extern "C" {
+
+// Rows the kernel takes at most; workspace floats (partials) a persistent grid of `ctas` needs.
+int tsl_max_rows() { return tsl::MAX_ROWS; }
+int64_t tsl_partial_floats(int64_t ctas) { return ctas * 2 * tsl::ACC * tsl::CONSUMERS; }
+int64_t tsl_tile_rows() { return tsl::BW; }
+
+// y = x W^T. Returns a cudaError_t (0 = success), or minus the driver's CUresult where it refuses
+// a tensor map. Asynchronous on `stream`.
+int tsl_linear(const tsl::Args* args, void* stream) {
+    const tsl::Args& a = *args;
+    if (!tsl::valid(a)) return static_cast<int>(cudaErrorInvalidValue);
+    tsl::Params p;
+    p.a = a;
+    // Every CTA gets at least one iteration, so every CTA a cut tile counts arrives at it.
+    const int64_t iters = ((a.N + tsl::BW - 1) / tsl::BW) * ((a.K + tsl::BK - 1) / tsl::BK);
+    if (p.a.ctas > iters) p.a.ctas = iters;
+    CUresult rc = tsl::encode(&p.map_x, a.x, a.K, a.M, a.x_stride, tsl::NT);
+    if (rc == CUDA_SUCCESS) rc = tsl::encode(&p.map_w, a.w, a.K, a.N, a.w_stride, tsl::BW);
+    if (rc != CUDA_SUCCESS) return -static_cast<int>(rc);
+    cudaError_t err = tsl::prepare();
+    if (err != cudaSuccess) return static_cast<int>(err);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    TSL_LAUNCH(tsl::stream_linear_kernel, dim3(static_cast<unsigned>(p.a.ctas)), dim3(tsl::THREADS), tsl::SMEM, s, p);
+    err = cudaGetLastError();
+#if defined(TVA_DEBUG) && !defined(TVA_EMULATE)
+    if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+#else
+    (void)s;
+#endif
+    return static_cast<int>(err);
+}
+
+const char* tsl_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+
+int tsl_struct_size() { return static_cast<int>(sizeof(tsl::Args)); }
+
+}  // extern "C"

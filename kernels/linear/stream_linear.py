@@ -1,0 +1,118 @@
+"""The verify forward's weight GEMMs on Hopper: y = x @ W^T for 17-72 rows, one CUDA C++ kernel.
+
+    linear(x, weight) -> y          x [..., K] bf16 with 17..72 rows in all, weight [N, K]
+
+kernels/linear/stream_linear.cu: stream-K over one persistent CTA a multiprocessor, weights and
+tokens by tensor copies (TMA) into an eight-stage ring, m64n72k16 warpgroup MMAs with the weight
+rows on the M side, and the first stages' weight copies issued before the wait for the kernel
+ahead (programmatic dependent launch), so the GEMM's ramp hides under that kernel's tail. The
+tree-verify forward's 65 rows (a 64-node tree and its root) take it; the skinny Triton kernel
+keeps up to 16 rows (skinny_linear.py), cuBLAS everything else.
+
+The call never synchronises with the host and allocates only its output, so it can be captured
+in a CUDA graph; make the first call outside the capture (it compiles and loads the library:
+kernels/build.py, cached on disk). Importing this module works on a host without a GPU.
+
+Reference: torch.nn.functional.linear. Tests: tests/kernels/test_stream_linear_emulated.py
+(the CUDA source on the CPU emulator) and test_stream_linear_gpu.py. Benchmark: the op
+workload's `linear` family at 65 rows (scenarios/ops.yaml), and the decode loop's cells with
+linear_impl wgmma.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+import torch.nn.functional as F
+
+MIN_ROWS, MAX_ROWS = 17, 72        # fewer rows: the skinny kernel; MAX_ROWS = stream_linear.cu's NT
+TILE_ROWS, ACC, CONSUMERS = 128, 72, 128     # = stream_linear.cu's BW, ACC, CONSUMERS
+
+
+class Args(ctypes.Structure):
+    """Mirror of tsl::Args (every field 8 bytes wide)."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("x", "w", "y", "partials", "counters")] + \
+               [(name, ctypes.c_int64) for name in
+                ("M", "N", "K", "x_stride", "w_stride", "y_stride", "ctas")]
+
+
+def takes(rows: int, K: int, dtype: torch.dtype) -> bool:
+    """Whether `linear` runs this kernel for `rows` rows of depth K (the caller checks the GPU:
+    Hopper, sm_90)."""
+    return MIN_ROWS <= rows <= MAX_ROWS and K % 8 == 0 and dtype == torch.bfloat16
+
+
+def partial_floats(ctas: int) -> int:
+    """The fp32 workspace a grid of `ctas` needs: each CTA's first and last segment."""
+    return ctas * 2 * ACC * CONSUMERS
+
+
+class _Workspace:
+    """Each device's partials and tile counters, made on first use and kept: a CUDA graph that
+    captured a call keeps their addresses, so a buffer is never replaced, only a larger one
+    added for a larger N. The kernel resets every counter it counts, so one zeroed allocation
+    serves every later call; calls on one stream run one after another, so they share it."""
+
+    def __init__(self):
+        self._partials: dict[torch.device, torch.Tensor] = {}
+        self._counters: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+    def get(self, device: torch.device, ctas: int, tiles: int):
+        if device not in self._partials:
+            self._partials[device] = torch.empty(partial_floats(ctas), dtype=torch.float32, device=device)
+        key = (device, tiles)
+        if key not in self._counters:
+            self._counters[key] = torch.zeros(tiles, dtype=torch.int32, device=device)
+        return self._partials[device], self._counters[key]
+
+
+WORKSPACE = _Workspace()
+
+
+def _lib():
+    from harness.kernels.build import STREAM_LINEAR_SOURCE, load_library
+
+    lib = load_library(source=STREAM_LINEAR_SOURCE)
+    if lib.tsl_struct_size() != ctypes.sizeof(Args):
+        raise RuntimeError("stream_linear.cu and stream_linear.py disagree on the argument struct")
+    return lib
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, ctas: int | None = None) -> torch.Tensor:
+    """F.linear(x, weight) for x [..., K] of MIN_ROWS..MAX_ROWS rows in all, bf16, on a CUDA
+    device (others: F.linear). `ctas`: the persistent grid (default one a multiprocessor)."""
+    K = x.shape[-1]
+    x2 = x.reshape(-1, K)
+    M, N = x2.shape[0], weight.shape[0]
+    if not takes(M, K, x.dtype) or x.device.type != "cuda":
+        return F.linear(x, weight)
+    if x2.stride(-1) != 1 or weight.stride(-1) != 1 or weight.shape[1] != K or weight.dtype != x.dtype:
+        raise ValueError("x and weight need the same dtype and the same, contiguous last dimension")
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    grid = int(ctas) if ctas is not None else _sm_count(index)
+    tiles = -(-N // TILE_ROWS)
+    partials, counters = WORKSPACE.get(x.device, max(grid, _sm_count(index)), tiles)
+    if partials.numel() < partial_floats(grid):
+        raise ValueError(f"ctas {grid} needs more workspace than this device's "
+                         f"{partials.numel() // partial_floats(1)} CTAs")
+    y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
+    a = Args(x=x2.data_ptr(), w=weight.data_ptr(), y=y.data_ptr(), partials=partials.data_ptr(),
+             counters=counters.data_ptr(), M=M, N=N, K=K, x_stride=x2.stride(0),
+             w_stride=weight.stride(0), y_stride=N, ctas=grid)
+    with torch.cuda.device(x.device):
+        lib = _lib()
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        rc = lib.tsl_linear(ctypes.byref(a), ctypes.c_void_p(stream))
+    if rc != 0:
+        why = (f"the driver refused a tensor map (CUresult {-rc})" if rc < 0
+               else lib.tsl_error_string(rc).decode())
+        raise RuntimeError(f"stream-K linear launch failed: {why}")
+    return y
