@@ -66,27 +66,39 @@ static void tsl_launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaSt
 namespace tsl {
 
 constexpr int BK = 64;                 // K columns a stage: one 128-byte swizzled row of bf16
-constexpr int BW = 128;                // weight rows a tile: two m64 row blocks
+constexpr int GROUP_ROWS = 128;        // weight rows a consumer warpgroup: two m64 row blocks
 constexpr int NT = 72;                 // token rows an MMA reads (the n of m64n72k16)
 constexpr int MAX_ROWS = NT;
-constexpr int STAGES = 8;
-constexpr int CONSUMERS = 128;         // one warpgroup: the MMAs and the epilogue
-constexpr int THREADS = CONSUMERS + 32;  // and one warp whose lane 0 issues the copies
-constexpr uint32_t W_BYTES = BW * BK * 2, X_BYTES = NT * BK * 2, STAGE_BYTES = W_BYTES + X_BYTES;
+constexpr int MAX_GROUPS = 2;          // consumer warpgroups a CTA (a tile: 128 rows each)
+constexpr int MAX_THREADS = MAX_GROUPS * 128 + 32;   // and one warp whose lane 0 issues the copies
+constexpr uint32_t GROUP_W_BYTES = GROUP_ROWS * BK * 2, X_BYTES = NT * BK * 2;
 constexpr int ACC = 2 * NT / 2;        // fp32 accumulators a consumer thread: two m64 x n72 halves
-constexpr int SMEM = 1024 + STAGES * STAGE_BYTES + 1024;   // alignment, the ring, the barriers
-static_assert(STAGE_BYTES % 1024 == 0, "stages keep the swizzle's 1024-byte alignment");
+constexpr int MAX_SMEM = 232448;       // an H200 CTA's dynamic shared memory at most
+static_assert(GROUP_W_BYTES % 1024 == 0 && X_BYTES % 1024 == 0, "stages keep the swizzle's 1024-byte alignment");
 static_assert(ACC % 4 == 0, "partials move as float4");
+
+// A launch's shape: `groups` consumer warpgroups share each stage's token tile (more weight rows a
+// tile: fewer token bytes read from L2 a weight byte), a ring of `stages` stages.
+struct Shape {
+    int groups, stages;
+    __host__ __device__ int consumers() const { return 128 * groups; }
+    __host__ __device__ int threads() const { return consumers() + 32; }
+    __host__ __device__ int tile_rows() const { return GROUP_ROWS * groups; }
+    __host__ __device__ uint32_t w_bytes() const { return GROUP_W_BYTES * groups; }
+    __host__ __device__ uint32_t stage_bytes() const { return w_bytes() + X_BYTES; }
+    __host__ __device__ int smem() const { return 1024 + stages * static_cast<int>(stage_bytes()) + 1024; }
+};
 
 // Mirrored by a ctypes structure in stream_linear.py (every field 8 bytes wide).
 struct Args {
     const void* x;            // bf16 [M, K], rows x_stride elements apart, last dim contiguous
     const void* w;            // bf16 [N, K], rows w_stride elements apart
     void* y;                  // bf16 [M, N], rows y_stride elements apart
-    float* partials;          // fp32 [ctas, 2, ACC, CONSUMERS]: a CTA's first and last segment
-    int32_t* counters;        // [ceil(N / BW)], zero; every call leaves them zero
+    float* partials;          // fp32 [ctas, 2, ACC, consumers]: a CTA's first and last segment
+    int32_t* counters;        // [ceil(N / tile rows)], zero; every call leaves them zero
     int64_t M, N, K, x_stride, w_stride, y_stride;
     int64_t ctas;             // the persistent grid: one CTA a multiprocessor
+    int64_t groups, stages;   // the Shape
 };
 
 // The tensor maps first: a CUtensorMap is 64-byte aligned (the emulator's 128).
@@ -218,20 +230,22 @@ __host__ __device__ __forceinline__ int64_t cta_of(int64_t it, int64_t iters, in
 }
 
 // The fp32 partial slot of CTA c's first (0) or last (1) segment: ACC float4-interleaved rows
-// of CONSUMERS, so thread t's accumulators are written and read back by thread t, coalesced.
-__device__ __forceinline__ float* partial_slot(const Args& a, int64_t c, int which) {
-    return a.partials + (c * 2 + which) * static_cast<int64_t>(ACC * CONSUMERS);
+// of the consumers, so thread t's accumulators are written and read back by thread t, coalesced.
+__device__ __forceinline__ float* partial_slot(const Args& a, int consumers, int64_t c, int which) {
+    return a.partials + (c * 2 + which) * static_cast<int64_t>(ACC) * consumers;
 }
 
-// y[token, row] for the consumer thread's accumulators acc[half][j][2h + c] of tile `tile`.
-__device__ __forceinline__ void store_tile(const Args& a, int64_t tile, const float (&acc)[2][9][4], int tid) {
+// y[token, row] for the consumer thread's accumulators acc[half][j][2h + c] of tile `tile`
+// (consumer thread tid: warpgroup tid / 128's 128 rows, warp (tid / 32) % 4's 16 of each half).
+__device__ __forceinline__ void store_tile(const Args& a, const Shape& sh, int64_t tile, const float (&acc)[2][9][4],
+                                           int tid) {
     uint16_t* y = static_cast<uint16_t*>(a.y);
-    const int w = tid >> 5, lane = tid & 31;
+    const int g = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31;
 #pragma unroll
     for (int half = 0; half < 2; ++half)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int64_t row = tile * BW + half * 64 + 16 * w + lane / 4 + 8 * h;
+            const int64_t row = tile * sh.tile_rows() + g * GROUP_ROWS + half * 64 + 16 * w + lane / 4 + 8 * h;
             if (row >= a.N) continue;
 #pragma unroll
             for (int j = 0; j < 9; ++j)
@@ -243,116 +257,124 @@ __device__ __forceinline__ void store_tile(const Args& a, int64_t tile, const fl
         }
 }
 
-__device__ __forceinline__ void write_partial(const Args& a, int64_t c, int which, const float (&acc)[2][9][4],
-                                              int tid) {
-    float4* slot = reinterpret_cast<float4*>(partial_slot(a, c, which));
+__device__ __forceinline__ void write_partial(const Args& a, int consumers, int64_t c, int which,
+                                              const float (&acc)[2][9][4], int tid) {
+    float4* slot = reinterpret_cast<float4*>(partial_slot(a, consumers, c, which));
     const float* v = &acc[0][0][0];
 #pragma unroll
     for (int q = 0; q < ACC / 4; ++q)
-        slot[q * CONSUMERS + tid] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+        slot[q * consumers + tid] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
 }
 
 // acc += CTA c's partial (read past L1: another multiprocessor wrote it).
-__device__ __forceinline__ void add_partial(const Args& a, int64_t c, int which, float (&acc)[2][9][4], int tid) {
-    const float4* slot = reinterpret_cast<const float4*>(partial_slot(a, c, which));
+__device__ __forceinline__ void add_partial(const Args& a, int consumers, int64_t c, int which, float (&acc)[2][9][4],
+                                            int tid) {
+    const float4* slot = reinterpret_cast<const float4*>(partial_slot(a, consumers, c, which));
     float* v = &acc[0][0][0];
 #pragma unroll
     for (int q = 0; q < ACC / 4; ++q) {
-        const float4 p = __ldcg(slot + q * CONSUMERS + tid);
+        const float4 p = __ldcg(slot + q * consumers + tid);
         v[4 * q] += p.x, v[4 * q + 1] += p.y, v[4 * q + 2] += p.z, v[4 * q + 3] += p.w;
     }
 }
 
 // A segment's result: tile `tile`'s k steps [k0, k1) of `k_steps`, by CTA c (segment `which`:
 // its first or its last). Whole tiles go straight to y; a cut tile's partial goes to the
-// workspace, and the tile's last CTA to arrive sums every partial in CTA order and writes y.
-__device__ void finish_segment(const Args& a, int64_t c, int which, int64_t tile, int64_t k0, int64_t k1,
-                               int64_t k_steps, int64_t iters, float (&acc)[2][9][4], int tid,
+// workspace, and the tile's last CTA to arrive sums every partial (its own too, read back) in
+// CTA order and writes y.
+__device__ void finish_segment(const Args& a, const Shape& sh, int64_t c, int which, int64_t tile, int64_t k0,
+                               int64_t k1, int64_t k_steps, int64_t iters, float (&acc)[2][9][4], int tid,
                                volatile int32_t* last_flag) {
     if (k0 == 0 && k1 == k_steps) {
-        store_tile(a, tile, acc, tid);
+        store_tile(a, sh, tile, acc, tid);
         return;
     }
     const int64_t c_first = cta_of(tile * k_steps, iters, a.ctas);
     const int64_t c_last = cta_of((tile + 1) * k_steps - 1, iters, a.ctas);
-    write_partial(a, c, which, acc, tid);
+    write_partial(a, sh.consumers(), c, which, acc, tid);
     __threadfence();                                   // this thread's partial, then the count
-    named_barrier_sync(1, CONSUMERS);
+    named_barrier_sync(1, sh.consumers());
     if (tid == 0) {
         const int arrived = atomicAdd(&a.counters[tile], 1) + 1;
         const bool last = arrived == static_cast<int>(c_last - c_first + 1);
         if (last) a.counters[tile] = 0;                // for the next call: no one else counts now
         *last_flag = last;
     }
-    named_barrier_sync(1, CONSUMERS);
+    named_barrier_sync(1, sh.consumers());
     if (!*last_flag) return;
     __threadfence();
-    float sum[2][9][4];
-    float* s = &sum[0][0][0];
+    float* v = &acc[0][0][0];
 #pragma unroll
-    for (int i = 0; i < ACC; ++i) s[i] = 0.f;
+    for (int i = 0; i < ACC; ++i) v[i] = 0.f;
     for (int64_t cc = c_first; cc <= c_last; ++cc) {
         // CTA cc's segment of this tile is its first unless the tile starts before cc's range.
         const int slot = cc == c_first && first_iter(cc, iters, a.ctas) < tile * k_steps ? 1 : 0;
-        add_partial(a, cc, slot, sum, tid);
+        add_partial(a, sh.consumers(), cc, slot, acc, tid);
     }
-    store_tile(a, tile, sum, tid);
+    store_tile(a, sh, tile, acc, tid);
 }
 
-__global__ void __launch_bounds__(THREADS, 1) stream_linear_kernel(const __grid_constant__ Params p) {
+__global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __grid_constant__ Params p) {
     const Args& a = p.a;
+    const Shape sh{static_cast<int>(a.groups), static_cast<int>(a.stages)};
+    const int stages = sh.stages, consumers = sh.consumers();
+    const uint32_t stage_bytes = sh.stage_bytes(), w_bytes = sh.w_bytes();
     TSL_DYNAMIC_SMEM(smem);
     const uint32_t ring = (smem_addr(smem) + 1023u) & ~1023u;
-    const uint32_t bars = ring + STAGES * STAGE_BYTES;          // full[STAGES], empty[STAGES]
-    volatile int32_t* last_flag = reinterpret_cast<volatile int32_t*>(smem + (bars + 2 * STAGES * 8 - smem_addr(smem)));
+    const uint32_t bars = ring + static_cast<uint32_t>(stages) * stage_bytes;   // full[stages], empty[stages]
+    volatile int32_t* last_flag =
+        reinterpret_cast<volatile int32_t*>(smem + (bars + 16 * stages - smem_addr(smem)));
     const int tid = static_cast<int>(threadIdx.x);
     const int64_t c = blockIdx.x;
-    const int64_t k_steps = (a.K + BK - 1) / BK, tiles = (a.N + BW - 1) / BW, iters = tiles * k_steps;
+    const int64_t k_steps = (a.K + BK - 1) / BK, tiles = (a.N + sh.tile_rows() - 1) / sh.tile_rows();
+    const int64_t iters = tiles * k_steps;
     const int64_t it0 = first_iter(c, iters, a.ctas), n = first_iter(c + 1, iters, a.ctas) - it0;
 
-    if (tid == CONSUMERS) {
-        for (int s = 0; s < STAGES; ++s) {
+    if (tid == consumers) {
+        for (int s = 0; s < stages; ++s) {
             mbar_init(bars + 8 * s, 1);
-            mbar_init(bars + 8 * (STAGES + s), CONSUMERS);
+            mbar_init(bars + 8 * (stages + s), consumers);
         }
         fence_mbarrier_init();
     }
     __syncthreads();
 
-    if (tid >= CONSUMERS) {                                      // the producer warp
-        if (tid == CONSUMERS) {
-            const int64_t ahead = n < STAGES ? n : STAGES;
+    if (tid >= consumers) {                                      // the producer warp
+        if (tid == consumers) {
+            const int64_t ahead = n < stages ? n : stages;
             // Weights first, before the wait: no kernel writes them.
             for (int64_t i = 0; i < ahead; ++i) {
                 const int64_t it = it0 + i;
-                const int32_t at_w[2] = {static_cast<int32_t>((it % k_steps) * BK), static_cast<int32_t>((it / k_steps) * BW)};
+                const int32_t at_w[2] = {static_cast<int32_t>((it % k_steps) * BK),
+                                         static_cast<int32_t>((it / k_steps) * sh.tile_rows())};
                 const uint32_t full = bars + 8 * static_cast<uint32_t>(i);
-                mbar_arrive_expect_tx(full, STAGE_BYTES);
-                tma_load(ring + static_cast<uint32_t>(i) * STAGE_BYTES, &p.map_w, at_w, full);
+                mbar_arrive_expect_tx(full, stage_bytes);
+                tma_load(ring + static_cast<uint32_t>(i) * stage_bytes, &p.map_w, at_w, full);
             }
             wait_for_previous_kernel();
             let_next_kernel_launch();
             for (int64_t i = 0; i < n; ++i) {
-                const int s = static_cast<int>(i % STAGES);
+                const int s = static_cast<int>(i % stages);
                 const int64_t it = it0 + i;
-                const uint32_t stage = ring + static_cast<uint32_t>(s) * STAGE_BYTES, full = bars + 8 * s;
+                const uint32_t stage = ring + static_cast<uint32_t>(s) * stage_bytes, full = bars + 8 * s;
                 const int32_t at_x[2] = {static_cast<int32_t>((it % k_steps) * BK), 0};
-                if (i >= STAGES) {
-                    mbar_wait(bars + 8 * (STAGES + s), static_cast<uint32_t>((i / STAGES - 1) & 1));
+                if (i >= stages) {
+                    mbar_wait(bars + 8 * (stages + s), static_cast<uint32_t>((i / stages - 1) & 1));
                     const int32_t at_w[2] = {static_cast<int32_t>((it % k_steps) * BK),
-                                             static_cast<int32_t>((it / k_steps) * BW)};
-                    mbar_arrive_expect_tx(full, STAGE_BYTES);
+                                             static_cast<int32_t>((it / k_steps) * sh.tile_rows())};
+                    mbar_arrive_expect_tx(full, stage_bytes);
                     tma_load(stage, &p.map_w, at_w, full);
                 }
-                tma_load(stage + W_BYTES, &p.map_x, at_x, full);
+                tma_load(stage + w_bytes, &p.map_x, at_x, full);
             }
         }
         return;
     }
 
-    // The consumer warpgroup.
+    // The consumer warpgroups: group g multiplies the tile's rows [128 g, 128 g + 128).
     wait_for_previous_kernel();            // before the epilogue's stores (y, partials, counters)
     let_next_kernel_launch();
+    const uint32_t rows = static_cast<uint32_t>(tid >> 7) * GROUP_W_BYTES;
     float acc[2][9][4];
     int64_t i = 0;
     while (i < n) {
@@ -360,24 +382,24 @@ __global__ void __launch_bounds__(THREADS, 1) stream_linear_kernel(const __grid_
         const int64_t k1 = k0 + (n - i) < k_steps ? k0 + (n - i) : k_steps;
         const int which = i == 0 ? 0 : 1;
         for (int64_t k = k0; k < k1; ++k, ++i) {
-            const int s = static_cast<int>(i % STAGES);
-            const uint32_t stage = ring + static_cast<uint32_t>(s) * STAGE_BYTES;
-            mbar_wait(bars + 8 * s, static_cast<uint32_t>((i / STAGES) & 1));
+            const int s = static_cast<int>(i % stages);
+            const uint32_t stage = ring + static_cast<uint32_t>(s) * stage_bytes;
+            mbar_wait(bars + 8 * s, static_cast<uint32_t>((i / stages) & 1));
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / 16; ++kk) {
                 const int accumulate = k > k0 || kk > 0;
-                const uint64_t dx = desc_kmajor_sw128(stage + W_BYTES + 32 * kk);
-                wgmma_m64n72k16_ss(acc[0], desc_kmajor_sw128(stage + 32 * kk), dx, accumulate);
-                wgmma_m64n72k16_ss(acc[1], desc_kmajor_sw128(stage + 64 * 128 + 32 * kk), dx, accumulate);
+                const uint64_t dx = desc_kmajor_sw128(stage + w_bytes + 32 * kk);
+                wgmma_m64n72k16_ss(acc[0], desc_kmajor_sw128(stage + rows + 32 * kk), dx, accumulate);
+                wgmma_m64n72k16_ss(acc[1], desc_kmajor_sw128(stage + rows + 64 * 128 + 32 * kk), dx, accumulate);
             }
             wgmma_commit();
             wgmma_wait<1>();                    // the stage before this one is read: release it
-            if (k > k0) mbar_arrive(bars + 8 * (STAGES + static_cast<int>((i - 1) % STAGES)));
+            if (k > k0) mbar_arrive(bars + 8 * (stages + static_cast<int>((i - 1) % stages)));
         }
         wgmma_wait<0>();
-        mbar_arrive(bars + 8 * (STAGES + static_cast<int>((i - 1) % STAGES)));
-        finish_segment(a, c, which, tile, k0, k1, k_steps, iters, acc, tid, last_flag);
+        mbar_arrive(bars + 8 * (stages + static_cast<int>((i - 1) % stages)));
+        finish_segment(a, sh, c, which, tile, k0, k1, k_steps, iters, acc, tid, last_flag);
     }
 }
 
@@ -425,7 +447,9 @@ static CUresult encode(CUtensorMap* map, const void* base, int64_t cols, int64_t
 
 static bool valid(const Args& a) {
     const auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-    return a.M >= 1 && a.M <= MAX_ROWS && a.N >= 1 && a.K >= 1 && a.ctas >= 1 && a.ctas <= 65535 &&
+    const Shape sh{static_cast<int>(a.groups), static_cast<int>(a.stages)};
+    return a.groups >= 1 && a.groups <= MAX_GROUPS && a.stages >= 2 && a.stages <= 16 && sh.smem() <= MAX_SMEM &&
+           a.M >= 1 && a.M <= MAX_ROWS && a.N >= 1 && a.K >= 1 && a.ctas >= 1 && a.ctas <= 65535 &&
            a.x_stride >= a.K && a.w_stride >= a.K && a.y_stride >= a.N && a.x_stride % 8 == 0 &&
            a.w_stride % 8 == 0 && aligned16(a.x) && aligned16(a.w) && aligned16(a.partials) &&
            a.y != nullptr && a.counters != nullptr;
@@ -440,7 +464,7 @@ static cudaError_t prepare() {
     if (err != cudaSuccess) return err;
     std::lock_guard<std::mutex> guard(lock);
     if (device >= 0 && device < 64 && done[device]) return cudaSuccess;
-    err = cudaFuncSetAttribute(stream_linear_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM);
+    err = cudaFuncSetAttribute(stream_linear_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_SMEM);
     if (err == cudaSuccess && device >= 0 && device < 64) done[device] = true;
     return err;
 }
@@ -451,8 +475,7 @@ extern "C" {
 
 // Rows the kernel takes at most; workspace floats (partials) a persistent grid of `ctas` needs.
 int tsl_max_rows() { return tsl::MAX_ROWS; }
-int64_t tsl_partial_floats(int64_t ctas) { return ctas * 2 * tsl::ACC * tsl::CONSUMERS; }
-int64_t tsl_tile_rows() { return tsl::BW; }
+int64_t tsl_partial_floats(int64_t ctas, int64_t groups) { return ctas * 2 * tsl::ACC * 128 * groups; }
 
 // y = x W^T. Returns a cudaError_t (0 = success), or minus the driver's CUresult where it refuses
 // a tensor map. Asynchronous on `stream`.
@@ -462,15 +485,16 @@ int tsl_linear(const tsl::Args* args, void* stream) {
     tsl::Params p;
     p.a = a;
     // Every CTA gets at least one iteration, so every CTA a cut tile counts arrives at it.
-    const int64_t iters = ((a.N + tsl::BW - 1) / tsl::BW) * ((a.K + tsl::BK - 1) / tsl::BK);
+    const tsl::Shape sh{static_cast<int>(a.groups), static_cast<int>(a.stages)};
+    const int64_t iters = ((a.N + sh.tile_rows() - 1) / sh.tile_rows()) * ((a.K + tsl::BK - 1) / tsl::BK);
     if (p.a.ctas > iters) p.a.ctas = iters;
     CUresult rc = tsl::encode(&p.map_x, a.x, a.K, a.M, a.x_stride, tsl::NT);
-    if (rc == CUDA_SUCCESS) rc = tsl::encode(&p.map_w, a.w, a.K, a.N, a.w_stride, tsl::BW);
+    if (rc == CUDA_SUCCESS) rc = tsl::encode(&p.map_w, a.w, a.K, a.N, a.w_stride, static_cast<uint32_t>(sh.tile_rows()));
     if (rc != CUDA_SUCCESS) return -static_cast<int>(rc);
     cudaError_t err = tsl::prepare();
     if (err != cudaSuccess) return static_cast<int>(err);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    TSL_LAUNCH(tsl::stream_linear_kernel, dim3(static_cast<unsigned>(p.a.ctas)), dim3(tsl::THREADS), tsl::SMEM, s, p);
+    TSL_LAUNCH(tsl::stream_linear_kernel, dim3(static_cast<unsigned>(p.a.ctas)), dim3(sh.threads()), sh.smem(), s, p);
     err = cudaGetLastError();
 #if defined(TVA_DEBUG) && !defined(TVA_EMULATE)
     if (err == cudaSuccess) err = cudaStreamSynchronize(s);

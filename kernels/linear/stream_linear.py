@@ -23,12 +23,31 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 MIN_ROWS, MAX_ROWS = 17, 72        # fewer rows: the skinny kernel; MAX_ROWS = stream_linear.cu's NT
-TILE_ROWS, ACC, CONSUMERS = 128, 72, 128     # = stream_linear.cu's BW, ACC, CONSUMERS
+GROUP_ROWS, ACC, MAX_GROUPS = 128, 72, 2     # = stream_linear.cu's
+MAX_SMEM = 232448                  # an H200 CTA's dynamic shared memory at most
+STAGE_BYTES = {1: 128 * 64 * 2 + 72 * 64 * 2, 2: 2 * 128 * 64 * 2 + 72 * 64 * 2}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A launch's shape: `groups` consumer warpgroups a CTA (a tile of 128 weight rows each,
+    sharing each stage's token tile), a ring of `stages` stages, `ctas` CTAs (None: one a
+    multiprocessor)."""
+    groups: int = 2
+    stages: int = 5
+    ctas: int | None = None
+
+    def __post_init__(self):
+        if self.groups not in STAGE_BYTES or not 2 <= self.stages <= 16:
+            raise ValueError(f"groups must be 1 or 2 and stages 2..16 (got {self.groups}, {self.stages})")
+        if 2048 + self.stages * STAGE_BYTES[self.groups] > MAX_SMEM:
+            raise ValueError(f"{self.stages} stages of {self.groups} groups exceed {MAX_SMEM} bytes")
 
 
 class Args(ctypes.Structure):
@@ -36,7 +55,7 @@ class Args(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_void_p) for name in ("x", "w", "y", "partials", "counters")] + \
                [(name, ctypes.c_int64) for name in
-                ("M", "N", "K", "x_stride", "w_stride", "y_stride", "ctas")]
+                ("M", "N", "K", "x_stride", "w_stride", "y_stride", "ctas", "groups", "stages")]
 
 
 def takes(rows: int, K: int, dtype: torch.dtype) -> bool:
@@ -45,9 +64,9 @@ def takes(rows: int, K: int, dtype: torch.dtype) -> bool:
     return MIN_ROWS <= rows <= MAX_ROWS and K % 8 == 0 and dtype == torch.bfloat16
 
 
-def partial_floats(ctas: int) -> int:
+def partial_floats(ctas: int, groups: int = MAX_GROUPS) -> int:
     """The fp32 workspace a grid of `ctas` needs: each CTA's first and last segment."""
-    return ctas * 2 * ACC * CONSUMERS
+    return ctas * 2 * ACC * 128 * groups
 
 
 class _Workspace:
@@ -87,9 +106,9 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, ctas: int | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, shape: Shape = Shape()) -> torch.Tensor:
     """F.linear(x, weight) for x [..., K] of MIN_ROWS..MAX_ROWS rows in all, bf16, on a CUDA
-    device (others: F.linear). `ctas`: the persistent grid (default one a multiprocessor)."""
+    device (others: F.linear)."""
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     M, N = x2.shape[0], weight.shape[0]
@@ -98,13 +117,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, ctas: int | None = None) -> to
     if x2.stride(-1) != 1 or weight.stride(-1) != 1 or weight.shape[1] != K or weight.dtype != x.dtype:
         raise ValueError("x and weight need the same dtype and the same, contiguous last dimension")
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    grid = int(ctas) if ctas is not None else _sm_count(index)
-    tiles = -(-N // TILE_ROWS)
+    grid = int(shape.ctas) if shape.ctas is not None else _sm_count(index)
+    tiles = -(-N // GROUP_ROWS)           # enough counters for any tile size
     partials, counters = WORKSPACE.get(x.device, max(grid, _sm_count(index)), tiles)
     y = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
     a = Args(x=x2.data_ptr(), w=weight.data_ptr(), y=y.data_ptr(), partials=partials.data_ptr(),
              counters=counters.data_ptr(), M=M, N=N, K=K, x_stride=x2.stride(0),
-             w_stride=weight.stride(0), y_stride=N, ctas=grid)
+             w_stride=weight.stride(0), y_stride=N, ctas=grid, groups=shape.groups,
+             stages=shape.stages)
     with torch.cuda.device(x.device):
         lib = _lib()
         stream = torch.cuda.current_stream(x.device).cuda_stream

@@ -41,17 +41,17 @@ def _inputs(M, N, K, seed=0, x_stride=None):
     return x_full[:, :K], w
 
 
-def _run(lib, x, w, ctas, reverse=False, early=False):
+def _run(lib, x, w, ctas, reverse=False, early=False, groups=2, stages=5):
     """(rc, y, counters after the call) of one launch on the emulator."""
     M, K = x.shape
     N = w.shape[0]
-    tiles = -(-N // sl.TILE_ROWS)
-    partials = torch.full((sl.partial_floats(ctas),), float("nan"))    # poison: never read unwritten
+    tiles = -(-N // (sl.GROUP_ROWS * groups))
+    partials = torch.full((sl.partial_floats(ctas, groups),), float("nan"))   # poison: never read unwritten
     counters = torch.zeros(tiles, dtype=torch.int32)
     y = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
     a = sl.Args(x=x.data_ptr(), w=w.data_ptr(), y=y.data_ptr(), partials=partials.data_ptr(),
                 counters=counters.data_ptr(), M=M, N=N, K=K, x_stride=x.stride(0),
-                w_stride=w.stride(0), y_stride=N, ctas=ctas)
+                w_stride=w.stride(0), y_stride=N, ctas=ctas, groups=groups, stages=stages)
     lib.emu_configure(int(early), 0)
     lib.emu_reverse_blocks(int(reverse))
     try:
@@ -76,11 +76,13 @@ def test_the_struct_matches(lib):
 
 
 @pytest.mark.parametrize("ctas", [1, 4, 7])
-def test_65_rows_against_float64(lib, ctas):
-    """65 rows, a partial last tile (N 320: 2.5 tiles of 128) and 5 K steps: one CTA takes all
-    15 iterations (the ring wraps: 8 stages), 4 or 7 cut tiles between CTAs."""
+@pytest.mark.parametrize("groups, stages", [(1, 8), (2, 5), (2, 2)])
+def test_65_rows_against_float64(lib, ctas, groups, stages):
+    """65 rows, a partial last tile (N 320: 2.5 tiles of 128, 1.25 of 256) and 5 K steps: one
+    CTA takes every iteration (the ring wraps when they outnumber its stages), or 4 or 7 CTAs
+    cut tiles between them."""
     x, w = _inputs(65, 320, 320)
-    rc, y, counters = _run(lib, x, w, ctas)
+    rc, y, counters = _run(lib, x, w, ctas, groups=groups, stages=stages)
     assert rc == 0
     _check(y, x, w)
     assert (counters == 0).all(), "every counter is reset by the CTA that summed its tile"
@@ -134,19 +136,21 @@ def test_more_ctas_than_iterations(lib):
 
 
 @pytest.mark.parametrize("ctas", [1, 4])
-def test_copies_landing_at_issue_give_the_same_bits(lib, ctas):
+@pytest.mark.parametrize("groups, stages", [(1, 8), (2, 3)])
+def test_copies_landing_at_issue_give_the_same_bits(lib, ctas, groups, stages):
     """Copies landing at issue (TVA_EMU_EARLY) overwrite a stage the moment the producer refills
-    it: with one CTA the ring wraps (15 iterations, 8 stages), so a stage released before the
-    MMAs reading it retire turns their outputs into NaN."""
-    x, w = _inputs(65, 320, 320, seed=5)
-    _, late, _ = _run(lib, x, w, ctas)
-    rc, early, _ = _run(lib, x, w, ctas, early=True)
+    it: with one CTA the ring wraps (15 or 10 iterations), so a stage released before the MMAs
+    reading it retire turns their outputs into NaN."""
+    x, w = _inputs(65, 640, 320, seed=5)
+    _, late, _ = _run(lib, x, w, ctas, groups=groups, stages=stages)
+    rc, early, _ = _run(lib, x, w, ctas, early=True, groups=groups, stages=stages)
     assert rc == 0
     assert torch.equal(late.view(torch.int16), early.view(torch.int16))
 
 
 @pytest.mark.parametrize("M, K", [(73, 128), (0, 128), (65, 0)])
 def test_shapes_it_does_not_take_are_refused(lib, M, K):
+    """Rows outside 1..72 or no depth: cudaErrorInvalidValue, nothing launched."""
     x = torch.zeros(max(M, 1), max(K, 8), dtype=torch.bfloat16)
     w = torch.zeros(128, max(K, 8), dtype=torch.bfloat16)
     y = torch.zeros(max(M, 1), 128, dtype=torch.bfloat16)
@@ -154,5 +158,19 @@ def test_shapes_it_does_not_take_are_refused(lib, M, K):
     counters = torch.zeros(1, dtype=torch.int32)
     a = sl.Args(x=x.data_ptr(), w=w.data_ptr(), y=y.data_ptr(), partials=partials.data_ptr(),
                 counters=counters.data_ptr(), M=M, N=128, K=K, x_stride=max(K, 8), w_stride=max(K, 8),
-                y_stride=128, ctas=1)
+                y_stride=128, ctas=1, groups=2, stages=5)
+    assert lib.tsl_linear(ctypes.byref(a), None) == INVALID_VALUE
+
+
+@pytest.mark.parametrize("groups, stages", [(3, 2), (2, 1), (2, 6), (1, 17)])
+def test_shapes_past_the_limits_are_refused(lib, groups, stages):
+    """At most two consumer groups, 2..16 stages, and the ring within a CTA's shared memory (six
+    stages of two groups are 253 KB)."""
+    x, w = _inputs(65, 128, 128)
+    y = torch.zeros(65, 128, dtype=torch.bfloat16)
+    partials = torch.zeros(sl.partial_floats(1, 3))
+    counters = torch.zeros(1, dtype=torch.int32)
+    a = sl.Args(x=x.data_ptr(), w=w.data_ptr(), y=y.data_ptr(), partials=partials.data_ptr(),
+                counters=counters.data_ptr(), M=65, N=128, K=128, x_stride=128, w_stride=128,
+                y_stride=128, ctas=1, groups=groups, stages=stages)
     assert lib.tsl_linear(ctypes.byref(a), None) == INVALID_VALUE

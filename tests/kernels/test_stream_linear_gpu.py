@@ -43,10 +43,12 @@ def test_matches_float64_as_cublas_does(M, N, K):
 
 
 @pytest.mark.parametrize("ctas", [1, 7, 61, 132, 264])
-def test_any_grid_gives_the_right_answer(ctas):
-    """Grids of 1 to 2 CTAs a multiprocessor cut the 48 q/k/v tiles anywhere along K."""
+@pytest.mark.parametrize("groups, stages", [(1, 8), (1, 4), (2, 5)])
+def test_any_shape_gives_the_right_answer(ctas, groups, stages):
+    """Grids of 1 to 2 CTAs a multiprocessor cut the q/k/v tiles anywhere along K."""
     x, w = _xw(65, 6144, 4096, ctas)
-    assert rel(sl.linear(x, w, ctas=ctas), x, w) <= 2 * rel(x @ w.T, x, w) + 1e-3
+    y = sl.linear(x, w, sl.Shape(groups=groups, stages=stages, ctas=ctas))
+    assert rel(y, x, w) <= 2 * rel(x @ w.T, x, w) + 1e-3
 
 
 def test_the_same_call_gives_the_same_bits():
