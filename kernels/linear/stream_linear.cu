@@ -46,6 +46,7 @@
 template <typename Kernel, typename Params>
 static void tsl_launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                        const Params& p) {
+    // (p.a.pdl 0: a plain launch, for A/B timings)
     cudaLaunchAttribute pdl;
     pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     pdl.val.programmaticStreamSerializationAllowed = 1;
@@ -55,7 +56,7 @@ static void tsl_launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaSt
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cfg.attrs = &pdl;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = p.a.pdl ? 1 : 0;
     cudaLaunchKernelEx(&cfg, kernel, p);      // its error is the runtime's last error
 }
 #endif
@@ -99,6 +100,7 @@ struct Args {
     int64_t M, N, K, x_stride, w_stride, y_stride;
     int64_t ctas;             // the persistent grid: one CTA a multiprocessor
     int64_t groups, stages;   // the Shape
+    int64_t pdl;              // 1: launched with programmatic dependent launch (sm_90+)
 };
 
 // The tensor maps first: a CUtensorMap is 64-byte aligned (the emulator's 128).

@@ -42,6 +42,7 @@ class Shape:
     groups: int = 2
     stages: int = 5
     ctas: int | None = None
+    pdl: bool = True          # launched with programmatic dependent launch (False: for A/B timings)
 
     def __post_init__(self):
         if self.groups not in STAGE_BYTES or not 2 <= self.stages <= 16:
@@ -55,7 +56,8 @@ class Args(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_void_p) for name in ("x", "w", "y", "partials", "counters")] + \
                [(name, ctypes.c_int64) for name in
-                ("M", "N", "K", "x_stride", "w_stride", "y_stride", "ctas", "groups", "stages")]
+                ("M", "N", "K", "x_stride", "w_stride", "y_stride", "ctas", "groups", "stages",
+                 "pdl")]
 
 
 def takes(rows: int, K: int, dtype: torch.dtype) -> bool:
@@ -124,7 +126,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, shape: Shape = Shape()) -> tor
     a = Args(x=x2.data_ptr(), w=weight.data_ptr(), y=y.data_ptr(), partials=partials.data_ptr(),
              counters=counters.data_ptr(), M=M, N=N, K=K, x_stride=x2.stride(0),
              w_stride=weight.stride(0), y_stride=N, ctas=grid, groups=shape.groups,
-             stages=shape.stages)
+             stages=shape.stages, pdl=int(shape.pdl))
     with torch.cuda.device(x.device):
         lib = _lib()
         stream = torch.cuda.current_stream(x.device).cuda_stream

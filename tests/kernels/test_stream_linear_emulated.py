@@ -51,7 +51,7 @@ def _run(lib, x, w, ctas, reverse=False, early=False, groups=2, stages=5):
     y = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
     a = sl.Args(x=x.data_ptr(), w=w.data_ptr(), y=y.data_ptr(), partials=partials.data_ptr(),
                 counters=counters.data_ptr(), M=M, N=N, K=K, x_stride=x.stride(0),
-                w_stride=w.stride(0), y_stride=N, ctas=ctas, groups=groups, stages=stages)
+                w_stride=w.stride(0), y_stride=N, ctas=ctas, groups=groups, stages=stages, pdl=1)
     lib.emu_configure(int(early), 0)
     lib.emu_reverse_blocks(int(reverse))
     try:
