@@ -101,6 +101,10 @@ struct Args {
     int64_t ctas;             // the persistent grid: one CTA a multiprocessor
     int64_t groups, stages;   // the Shape
     int64_t pdl;              // 1: launched with programmatic dependent launch (sm_90+)
+    // A/B knobs: bits 0-1 the copies' L2 promotion (0: 256 B, 1: none, 2: 128 B); bit 2 weight
+    // boxes of 64 rows (else one box a warpgroup's 128); bit 3 a token box of exactly M rows
+    // (else 72, zero-filled past M).
+    int64_t tuning;
 };
 
 // The tensor maps first: a CUtensorMap is 64-byte aligned (the emulator's 128).
@@ -321,6 +325,8 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
     const Shape sh{static_cast<int>(a.groups), static_cast<int>(a.stages)};
     const int stages = sh.stages, consumers = sh.consumers();
     const uint32_t stage_bytes = sh.stage_bytes(), w_bytes = sh.w_bytes();
+    const int w_box = a.tuning & 4 ? 64 : GROUP_ROWS, w_boxes = sh.tile_rows() / w_box;
+    const uint32_t expect = w_bytes + static_cast<uint32_t>(a.tuning & 8 ? a.M : NT) * BK * 2;
     TSL_DYNAMIC_SMEM(smem);
     const uint32_t ring = (smem_addr(smem) + 1023u) & ~1023u;
     const uint32_t bars = ring + static_cast<uint32_t>(stages) * stage_bytes;   // full[stages], empty[stages]
@@ -347,11 +353,13 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
             // Weights first, before the wait: no kernel writes them.
             for (int64_t i = 0; i < ahead; ++i) {
                 const int64_t it = it0 + i;
-                const int32_t at_w[2] = {static_cast<int32_t>((it % k_steps) * BK),
-                                         static_cast<int32_t>((it / k_steps) * sh.tile_rows())};
                 const uint32_t full = bars + 8 * static_cast<uint32_t>(i);
-                mbar_arrive_expect_tx(full, stage_bytes);
-                tma_load(ring + static_cast<uint32_t>(i) * stage_bytes, &p.map_w, at_w, full);
+                mbar_arrive_expect_tx(full, expect);
+                for (int b = 0; b < w_boxes; ++b) {
+                    const int32_t at_w[2] = {static_cast<int32_t>((it % k_steps) * BK),
+                                             static_cast<int32_t>((it / k_steps) * sh.tile_rows() + b * w_box)};
+                    tma_load(ring + static_cast<uint32_t>(i) * stage_bytes + b * w_box * 128, &p.map_w, at_w, full);
+                }
             }
             wait_for_previous_kernel();
             let_next_kernel_launch();
@@ -362,10 +370,12 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
                 const int32_t at_x[2] = {static_cast<int32_t>((it % k_steps) * BK), 0};
                 if (i >= stages) {
                     mbar_wait(bars + 8 * (stages + s), static_cast<uint32_t>((i / stages - 1) & 1));
-                    const int32_t at_w[2] = {static_cast<int32_t>((it % k_steps) * BK),
-                                             static_cast<int32_t>((it / k_steps) * sh.tile_rows())};
-                    mbar_arrive_expect_tx(full, stage_bytes);
-                    tma_load(stage, &p.map_w, at_w, full);
+                    mbar_arrive_expect_tx(full, expect);
+                    for (int b = 0; b < w_boxes; ++b) {
+                        const int32_t at_w[2] = {static_cast<int32_t>((it % k_steps) * BK),
+                                                 static_cast<int32_t>((it / k_steps) * sh.tile_rows() + b * w_box)};
+                        tma_load(stage + b * w_box * 128, &p.map_w, at_w, full);
+                    }
                 }
                 tma_load(stage + w_bytes, &p.map_x, at_x, full);
             }
@@ -407,13 +417,13 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
 
 #ifdef TVA_EMULATE
 static CUresult encode(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t stride,
-                       uint32_t box_rows) {
+                       uint32_t box_rows, CUtensorMapL2promotion promote) {
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride * 2)};
     const cuuint32_t box[2] = {BK, box_rows}, unit[2] = {1, 1};
     return cuTensorMapEncodeTiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
                                   box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                  promote, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 #else
 // cuTensorMapEncodeTiled, from the driver (the runtime links no libcuda; its entry point since
@@ -435,15 +445,14 @@ static EncodeTiled encode_tiled() {
 // A bf16 matrix [rows, cols] (rows `stride` elements apart) as boxes of 64 columns by
 // `box_rows` rows, 128-byte swizzled; rows and columns past the matrix read as zeros.
 static CUresult encode(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t stride,
-                       uint32_t box_rows) {
+                       uint32_t box_rows, CUtensorMapL2promotion promote) {
     const EncodeTiled fn = encode_tiled();
     if (fn == nullptr) return CUDA_ERROR_NOT_FOUND;
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride * 2)};
     const cuuint32_t box[2] = {BK, box_rows}, unit[2] = {1, 1};
     return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, unit,
-              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promote, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 #endif
 
@@ -490,8 +499,13 @@ int tsl_linear(const tsl::Args* args, void* stream) {
     const tsl::Shape sh{static_cast<int>(a.groups), static_cast<int>(a.stages)};
     const int64_t iters = ((a.N + sh.tile_rows() - 1) / sh.tile_rows()) * ((a.K + tsl::BK - 1) / tsl::BK);
     if (p.a.ctas > iters) p.a.ctas = iters;
-    CUresult rc = tsl::encode(&p.map_x, a.x, a.K, a.M, a.x_stride, tsl::NT);
-    if (rc == CUDA_SUCCESS) rc = tsl::encode(&p.map_w, a.w, a.K, a.N, a.w_stride, static_cast<uint32_t>(sh.tile_rows()));
+    const CUtensorMapL2promotion promote = (a.tuning & 3) == 1   ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+                                           : (a.tuning & 3) == 2 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                                                 : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+    const uint32_t x_rows = a.tuning & 8 ? static_cast<uint32_t>(a.M) : tsl::NT;
+    const uint32_t w_rows = a.tuning & 4 ? 64u : static_cast<uint32_t>(tsl::GROUP_ROWS);
+    CUresult rc = tsl::encode(&p.map_x, a.x, a.K, a.M, a.x_stride, x_rows, promote);
+    if (rc == CUDA_SUCCESS) rc = tsl::encode(&p.map_w, a.w, a.K, a.N, a.w_stride, w_rows, promote);
     if (rc != CUDA_SUCCESS) return -static_cast<int>(rc);
     cudaError_t err = tsl::prepare();
     if (err != cudaSuccess) return static_cast<int>(err);

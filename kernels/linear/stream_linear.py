@@ -43,6 +43,7 @@ class Shape:
     stages: int = 5
     ctas: int | None = None
     pdl: bool = True          # launched with programmatic dependent launch (False: for A/B timings)
+    tuning: int = 0           # stream_linear.cu's Args.tuning (A/B knobs of the copies)
 
     def __post_init__(self):
         if self.groups not in STAGE_BYTES or not 2 <= self.stages <= 16:
@@ -57,7 +58,7 @@ class Args(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in ("x", "w", "y", "partials", "counters")] + \
                [(name, ctypes.c_int64) for name in
                 ("M", "N", "K", "x_stride", "w_stride", "y_stride", "ctas", "groups", "stages",
-                 "pdl")]
+                 "pdl", "tuning")]
 
 
 def takes(rows: int, K: int, dtype: torch.dtype) -> bool:
@@ -126,7 +127,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, shape: Shape = Shape()) -> tor
     a = Args(x=x2.data_ptr(), w=weight.data_ptr(), y=y.data_ptr(), partials=partials.data_ptr(),
              counters=counters.data_ptr(), M=M, N=N, K=K, x_stride=x2.stride(0),
              w_stride=weight.stride(0), y_stride=N, ctas=grid, groups=shape.groups,
-             stages=shape.stages, pdl=int(shape.pdl))
+             stages=shape.stages, pdl=int(shape.pdl), tuning=shape.tuning)
     with torch.cuda.device(x.device):
         lib = _lib()
         stream = torch.cuda.current_stream(x.device).cuda_stream

@@ -41,7 +41,7 @@ def _inputs(M, N, K, seed=0, x_stride=None):
     return x_full[:, :K], w
 
 
-def _run(lib, x, w, ctas, reverse=False, early=False, groups=2, stages=5):
+def _run(lib, x, w, ctas, reverse=False, early=False, groups=2, stages=5, tuning=0):
     """(rc, y, counters after the call) of one launch on the emulator."""
     M, K = x.shape
     N = w.shape[0]
@@ -51,7 +51,8 @@ def _run(lib, x, w, ctas, reverse=False, early=False, groups=2, stages=5):
     y = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
     a = sl.Args(x=x.data_ptr(), w=w.data_ptr(), y=y.data_ptr(), partials=partials.data_ptr(),
                 counters=counters.data_ptr(), M=M, N=N, K=K, x_stride=x.stride(0),
-                w_stride=w.stride(0), y_stride=N, ctas=ctas, groups=groups, stages=stages, pdl=1)
+                w_stride=w.stride(0), y_stride=N, ctas=ctas, groups=groups, stages=stages, pdl=1,
+                tuning=tuning)
     lib.emu_configure(int(early), 0)
     lib.emu_reverse_blocks(int(reverse))
     try:
@@ -174,3 +175,11 @@ def test_shapes_past_the_limits_are_refused(lib, groups, stages):
                 counters=counters.data_ptr(), M=65, N=128, K=128, x_stride=128, w_stride=128,
                 y_stride=128, ctas=1, groups=groups, stages=stages)
     assert lib.tsl_linear(ctypes.byref(a), None) == INVALID_VALUE
+
+
+@pytest.mark.parametrize("tuning", [1, 2, 4, 8, 12])
+def test_the_copies_tuning_knobs(lib, tuning):
+    x, w = _inputs(65, 320, 320, seed=6)
+    rc, y, counters = _run(lib, x, w, 4, tuning=tuning)
+    assert rc == 0 and (counters == 0).all()
+    _check(y, x, w)
