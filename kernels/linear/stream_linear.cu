@@ -103,7 +103,8 @@ struct Args {
     int64_t pdl;              // 1: launched with programmatic dependent launch (sm_90+)
     // A/B knobs: bits 0-1 the copies' L2 promotion (0: 256 B, 1: none, 2: 128 B); bit 2 weight
     // boxes of 64 rows (else one box a warpgroup's 128); bit 3 a token box of exactly M rows
-    // (else 72, zero-filled past M).
+    // (else 72, zero-filled past M). Probes (wrong results; timing only): bit 4 no token copies,
+    // bit 5 no weight copies, bit 6 no MMAs.
     int64_t tuning;
 };
 
@@ -326,7 +327,8 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
     const int stages = sh.stages, consumers = sh.consumers();
     const uint32_t stage_bytes = sh.stage_bytes(), w_bytes = sh.w_bytes();
     const int w_box = a.tuning & 4 ? 64 : GROUP_ROWS, w_boxes = sh.tile_rows() / w_box;
-    const uint32_t expect = w_bytes + static_cast<uint32_t>(a.tuning & 8 ? a.M : NT) * BK * 2;
+    const bool copy_x = !(a.tuning & 16), copy_w = !(a.tuning & 32), mma = !(a.tuning & 64);
+    const uint32_t expect = (copy_w ? w_bytes : 0u) + (copy_x ? static_cast<uint32_t>(a.tuning & 8 ? a.M : NT) * BK * 2 : 0u);
     TSL_DYNAMIC_SMEM(smem);
     const uint32_t ring = (smem_addr(smem) + 1023u) & ~1023u;
     const uint32_t bars = ring + static_cast<uint32_t>(stages) * stage_bytes;   // full[stages], empty[stages]
@@ -355,7 +357,7 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
                 const int64_t it = it0 + i;
                 const uint32_t full = bars + 8 * static_cast<uint32_t>(i);
                 mbar_arrive_expect_tx(full, expect);
-                for (int b = 0; b < w_boxes; ++b) {
+                for (int b = 0; copy_w && b < w_boxes; ++b) {
                     const int32_t at_w[2] = {static_cast<int32_t>((it % k_steps) * BK),
                                              static_cast<int32_t>((it / k_steps) * sh.tile_rows() + b * w_box)};
                     tma_load(ring + static_cast<uint32_t>(i) * stage_bytes + b * w_box * 128, &p.map_w, at_w, full);
@@ -371,13 +373,13 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
                 if (i >= stages) {
                     mbar_wait(bars + 8 * (stages + s), static_cast<uint32_t>((i / stages - 1) & 1));
                     mbar_arrive_expect_tx(full, expect);
-                    for (int b = 0; b < w_boxes; ++b) {
+                    for (int b = 0; copy_w && b < w_boxes; ++b) {
                         const int32_t at_w[2] = {static_cast<int32_t>((it % k_steps) * BK),
                                                  static_cast<int32_t>((it / k_steps) * sh.tile_rows() + b * w_box)};
                         tma_load(stage + b * w_box * 128, &p.map_w, at_w, full);
                     }
                 }
-                tma_load(stage + w_bytes, &p.map_x, at_x, full);
+                if (copy_x) tma_load(stage + w_bytes, &p.map_x, at_x, full);
             }
         }
         return;
@@ -399,7 +401,7 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
             mbar_wait(bars + 8 * s, static_cast<uint32_t>((i / stages) & 1));
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BK / 16; ++kk) {
+            for (int kk = 0; mma && kk < BK / 16; ++kk) {
                 const int accumulate = k > k0 || kk > 0;
                 const uint64_t dx = desc_kmajor_sw128(stage + w_bytes + 32 * kk);
                 wgmma_m64n72k16_ss(acc[0], desc_kmajor_sw128(stage + rows + 32 * kk), dx, accumulate);
