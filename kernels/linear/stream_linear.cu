@@ -321,66 +321,80 @@ __device__ void finish_segment(const Args& a, const Shape& sh, int64_t c, int wh
     store_tile(a, sh, tile, acc, tid);
 }
 
+// The ring's position: stage s of the ring, and the parity of the phase its barriers are in.
+struct Ring {
+    int s = 0, stages;
+    uint32_t phase = 0;
+    __device__ __forceinline__ explicit Ring(int n) : stages(n) {}
+    __device__ __forceinline__ void next() {
+        if (++s == stages) s = 0, phase ^= 1;
+    }
+};
+// A (tile, k step) iteration, advanced by one without a division.
+struct Iter {
+    int tile, k, k_steps;
+    __device__ __forceinline__ void next() {
+        if (++k == k_steps) k = 0, ++tile;
+    }
+};
+
 __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __grid_constant__ Params p) {
     const Args& a = p.a;
     const Shape sh{static_cast<int>(a.groups), static_cast<int>(a.stages)};
-    const int stages = sh.stages, consumers = sh.consumers();
+    const int stages = sh.stages, consumers = sh.consumers(), tile_rows = sh.tile_rows();
     const uint32_t stage_bytes = sh.stage_bytes(), w_bytes = sh.w_bytes();
-    const int w_box = a.tuning & 4 ? 64 : GROUP_ROWS, w_boxes = sh.tile_rows() / w_box;
+    const int w_box = a.tuning & 4 ? 64 : GROUP_ROWS, w_boxes = tile_rows / w_box;
     const bool copy_x = !(a.tuning & 16), copy_w = !(a.tuning & 32), mma = !(a.tuning & 64);
     const uint32_t expect = (copy_w ? w_bytes : 0u) + (copy_x ? static_cast<uint32_t>(a.tuning & 8 ? a.M : NT) * BK * 2 : 0u);
     TSL_DYNAMIC_SMEM(smem);
     const uint32_t ring = (smem_addr(smem) + 1023u) & ~1023u;
-    const uint32_t bars = ring + static_cast<uint32_t>(stages) * stage_bytes;   // full[stages], empty[stages]
-    volatile int32_t* last_flag =
-        reinterpret_cast<volatile int32_t*>(smem + (bars + 16 * stages - smem_addr(smem)));
+    const uint32_t full = ring + static_cast<uint32_t>(stages) * stage_bytes, empty = full + 8 * stages;
+    volatile int32_t* last_flag = reinterpret_cast<volatile int32_t*>(smem + (empty + 8 * stages - smem_addr(smem)));
     const int tid = static_cast<int>(threadIdx.x);
     const int64_t c = blockIdx.x;
-    const int64_t k_steps = (a.K + BK - 1) / BK, tiles = (a.N + sh.tile_rows() - 1) / sh.tile_rows();
-    const int64_t iters = tiles * k_steps;
-    const int64_t it0 = first_iter(c, iters, a.ctas), n = first_iter(c + 1, iters, a.ctas) - it0;
+    const int k_steps = static_cast<int>((a.K + BK - 1) / BK);
+    const int64_t iters = static_cast<int64_t>((a.N + tile_rows - 1) / tile_rows) * k_steps;
+    const int64_t it0 = first_iter(c, iters, a.ctas);
+    const int n = static_cast<int>(first_iter(c + 1, iters, a.ctas) - it0);
+    const Iter first{static_cast<int>(it0 / k_steps), static_cast<int>(it0 % k_steps), k_steps};
 
     if (tid == consumers) {
         for (int s = 0; s < stages; ++s) {
-            mbar_init(bars + 8 * s, 1);
-            mbar_init(bars + 8 * (stages + s), consumers);
+            mbar_init(full + 8 * s, 1);
+            mbar_init(empty + 8 * s, consumers / 32);       // a warp's lane 0 releases for it
         }
         fence_mbarrier_init();
     }
     __syncthreads();
 
     if (tid >= consumers) {                                      // the producer warp
-        if (tid == consumers) {
-            const int64_t ahead = n < stages ? n : stages;
-            // Weights first, before the wait: no kernel writes them.
-            for (int64_t i = 0; i < ahead; ++i) {
-                const int64_t it = it0 + i;
-                const uint32_t full = bars + 8 * static_cast<uint32_t>(i);
-                mbar_arrive_expect_tx(full, expect);
-                for (int b = 0; copy_w && b < w_boxes; ++b) {
-                    const int32_t at_w[2] = {static_cast<int32_t>((it % k_steps) * BK),
-                                             static_cast<int32_t>((it / k_steps) * sh.tile_rows() + b * w_box)};
-                    tma_load(ring + static_cast<uint32_t>(i) * stage_bytes + b * w_box * 128, &p.map_w, at_w, full);
-                }
+        if (tid != consumers) return;
+        const auto copy_w_tile = [&](const Iter& at, uint32_t stage, uint32_t bar) {
+            for (int b = 0; copy_w && b < w_boxes; ++b) {
+                const int32_t xy[2] = {at.k * BK, at.tile * tile_rows + b * w_box};
+                tma_load(stage + static_cast<uint32_t>(b * w_box * 128), &p.map_w, xy, bar);
             }
-            wait_for_previous_kernel();
-            let_next_kernel_launch();
-            for (int64_t i = 0; i < n; ++i) {
-                const int s = static_cast<int>(i % stages);
-                const int64_t it = it0 + i;
-                const uint32_t stage = ring + static_cast<uint32_t>(s) * stage_bytes, full = bars + 8 * s;
-                const int32_t at_x[2] = {static_cast<int32_t>((it % k_steps) * BK), 0};
-                if (i >= stages) {
-                    mbar_wait(bars + 8 * (stages + s), static_cast<uint32_t>((i / stages - 1) & 1));
-                    mbar_arrive_expect_tx(full, expect);
-                    for (int b = 0; copy_w && b < w_boxes; ++b) {
-                        const int32_t at_w[2] = {static_cast<int32_t>((it % k_steps) * BK),
-                                                 static_cast<int32_t>((it / k_steps) * sh.tile_rows() + b * w_box)};
-                        tma_load(stage + b * w_box * 128, &p.map_w, at_w, full);
-                    }
-                }
-                if (copy_x) tma_load(stage + w_bytes, &p.map_x, at_x, full);
+        };
+        // Weights first, before the wait: no kernel writes them.
+        Iter at = first;
+        const int ahead = n < stages ? n : stages;
+        for (int i = 0; i < ahead; ++i, at.next()) {
+            mbar_arrive_expect_tx(full + 8 * i, expect);
+            copy_w_tile(at, ring + static_cast<uint32_t>(i) * stage_bytes, full + 8 * i);
+        }
+        wait_for_previous_kernel();
+        let_next_kernel_launch();
+        at = first;
+        Ring r(stages);
+        for (int i = 0; i < n; ++i, at.next(), r.next()) {
+            const uint32_t stage = ring + static_cast<uint32_t>(r.s) * stage_bytes, bar = full + 8 * r.s;
+            if (i >= stages) {
+                mbar_wait(empty + 8 * r.s, r.phase ^ 1);         // released in the ring's last round
+                mbar_arrive_expect_tx(bar, expect);
+                copy_w_tile(at, stage, bar);
             }
+            const int32_t xy[2] = {at.k * BK, 0};
+            if (copy_x) tma_load(stage + w_bytes, &p.map_x, xy, bar);
         }
         return;
     }
@@ -390,15 +404,15 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
     let_next_kernel_launch();
     const uint32_t rows = static_cast<uint32_t>(tid >> 7) * GROUP_W_BYTES;
     float acc[2][9][4];
-    int64_t i = 0;
-    while (i < n) {
-        const int64_t it = it0 + i, tile = it / k_steps, k0 = it % k_steps;
-        const int64_t k1 = k0 + (n - i) < k_steps ? k0 + (n - i) : k_steps;
-        const int which = i == 0 ? 0 : 1;
-        for (int64_t k = k0; k < k1; ++k, ++i) {
-            const int s = static_cast<int>(i % stages);
-            const uint32_t stage = ring + static_cast<uint32_t>(s) * stage_bytes;
-            mbar_wait(bars + 8 * s, static_cast<uint32_t>((i / stages) & 1));
+    Ring r(stages);
+    Iter at = first;
+    int released = -1;                     // the stage of the iteration before, not yet released
+    for (int i = 0; i < n;) {
+        const int tile = at.tile, k0 = at.k, which = i == 0 ? 0 : 1;
+        const int k1 = k0 + (n - i) < k_steps ? k0 + (n - i) : k_steps;
+        for (int k = k0; k < k1; ++k, ++i, at.next(), r.next()) {
+            const uint32_t stage = ring + static_cast<uint32_t>(r.s) * stage_bytes;
+            mbar_wait(full + 8 * r.s, r.phase);
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; mma && kk < BK / 16; ++kk) {
@@ -409,10 +423,16 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
             }
             wgmma_commit();
             wgmma_wait<1>();                    // the stage before this one is read: release it
-            if (k > k0) mbar_arrive(bars + 8 * (stages + static_cast<int>((i - 1) % stages)));
+            if (released >= 0) {
+                __syncwarp();
+                if ((tid & 31) == 0) mbar_arrive(empty + 8 * released);
+            }
+            released = r.s;
         }
         wgmma_wait<0>();
-        mbar_arrive(bars + 8 * (stages + static_cast<int>((i - 1) % stages)));
+        __syncwarp();
+        if ((tid & 31) == 0) mbar_arrive(empty + 8 * released);
+        released = -1;
         finish_segment(a, sh, c, which, tile, k0, k1, k_steps, iters, acc, tid, last_flag);
     }
 }
