@@ -104,7 +104,8 @@ struct Args {
     // A/B knobs: bits 0-1 the copies' L2 promotion (0: 256 B, 1: none, 2: 128 B); bit 2 weight
     // boxes of 64 rows (else one box a warpgroup's 128); bit 3 a token box of exactly M rows
     // (else 72, zero-filled past M). Probes (wrong results; timing only): bit 4 no token copies,
-    // bit 5 no weight copies, bit 6 no MMAs.
+    // bit 5 no weight copies, bit 6 no MMAs. Bit 7: two MMA groups in flight (a stage released
+    // two iterations later).
     int64_t tuning;
 };
 
@@ -407,6 +408,8 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
     Ring r(stages);
     Iter at = first;
     int released = -1;                     // the stage of the iteration before, not yet released
+    int released2 = -1;                    // (deep: and of the one before that)
+    const bool deep = a.tuning & 128;
     for (int i = 0; i < n;) {
         const int tile = at.tile, k0 = at.k, which = i == 0 ? 0 : 1;
         const int k1 = k0 + (n - i) < k_steps ? k0 + (n - i) : k_steps;
@@ -422,17 +425,29 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
                 wgmma_m64n72k16_ss(acc[1], desc_kmajor_sw128(stage + rows + 64 * 128 + 32 * kk), dx, accumulate);
             }
             wgmma_commit();
-            wgmma_wait<1>();                    // the stage before this one is read: release it
-            if (released >= 0) {
-                __syncwarp();
-                if ((tid & 31) == 0) mbar_arrive(empty + 8 * released);
+            if (deep) {
+                wgmma_wait<2>();                // the stage two before this one is read: release it
+                if (released2 >= 0) {
+                    __syncwarp();
+                    if ((tid & 31) == 0) mbar_arrive(empty + 8 * released2);
+                }
+                released2 = released;
+            } else {
+                wgmma_wait<1>();                // the stage before this one is read: release it
+                if (released >= 0) {
+                    __syncwarp();
+                    if ((tid & 31) == 0) mbar_arrive(empty + 8 * released);
+                }
             }
             released = r.s;
         }
         wgmma_wait<0>();
         __syncwarp();
-        if ((tid & 31) == 0) mbar_arrive(empty + 8 * released);
-        released = -1;
+        if ((tid & 31) == 0) {
+            if (deep && released2 >= 0) mbar_arrive(empty + 8 * released2);
+            mbar_arrive(empty + 8 * released);
+        }
+        released = released2 = -1;
         finish_segment(a, sh, c, which, tile, k0, k1, k_steps, iters, acc, tid, last_flag);
     }
 }

@@ -177,7 +177,7 @@ def test_shapes_past_the_limits_are_refused(lib, groups, stages):
     assert lib.tsl_linear(ctypes.byref(a), None) == INVALID_VALUE
 
 
-@pytest.mark.parametrize("tuning", [1, 2, 4, 8, 12])
+@pytest.mark.parametrize("tuning", [1, 2, 4, 8, 12, 128])
 def test_the_copies_tuning_knobs(lib, tuning):
     x, w = _inputs(65, 320, 320, seed=6)
     rc, y, counters = _run(lib, x, w, 4, tuning=tuning)
