@@ -104,8 +104,8 @@ struct Args {
     // A/B knobs: bits 0-1 the copies' L2 promotion (0: 256 B, 1: none, 2: 128 B); bit 2 weight
     // boxes of 64 rows (else one box a warpgroup's 128); bit 3 a token box of exactly M rows
     // (else 72, zero-filled past M). Probes (wrong results; timing only): bit 4 no token copies,
-    // bit 5 no weight copies, bit 6 no MMAs. Bit 7: two MMA groups in flight (a stage released
-    // two iterations later).
+    // bit 5 no weight copies, bit 6 no MMAs, bit 8 no epilogue. Bit 7: two MMA groups in flight (a
+    // stage released two iterations later).
     int64_t tuning;
 };
 
@@ -300,17 +300,21 @@ __device__ void finish_segment(const Args& a, const Shape& sh, int64_t c, int wh
     const int64_t c_first = cta_of(tile * k_steps, iters, a.ctas);
     const int64_t c_last = cta_of((tile + 1) * k_steps - 1, iters, a.ctas);
     write_partial(a, sh.consumers(), c, which, acc, tid);
-    __threadfence();                                   // this thread's partial, then the count
+    // The consumers' partials, then the count: the barrier orders every thread's stores before
+    // thread 0's fence, which is cumulative (as CUTLASS's semaphores release).
     named_barrier_sync(1, sh.consumers());
     if (tid == 0) {
+        __threadfence();
         const int arrived = atomicAdd(&a.counters[tile], 1) + 1;
         const bool last = arrived == static_cast<int>(c_last - c_first + 1);
-        if (last) a.counters[tile] = 0;                // for the next call: no one else counts now
+        if (last) {
+            a.counters[tile] = 0;                      // for the next call: no one else counts now
+            __threadfence();                           // the other CTAs' partials before our reads
+        }
         *last_flag = last;
     }
     named_barrier_sync(1, sh.consumers());
     if (!*last_flag) return;
-    __threadfence();
     float* v = &acc[0][0][0];
 #pragma unroll
     for (int i = 0; i < ACC; ++i) v[i] = 0.f;
@@ -448,7 +452,7 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
             mbar_arrive(empty + 8 * released);
         }
         released = released2 = -1;
-        finish_segment(a, sh, c, which, tile, k0, k1, k_steps, iters, acc, tid, last_flag);
+        if (!(a.tuning & 256)) finish_segment(a, sh, c, which, tile, k0, k1, k_steps, iters, acc, tid, last_flag);
     }
 }
 
