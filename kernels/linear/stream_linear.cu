@@ -237,10 +237,11 @@ __host__ __device__ __forceinline__ int64_t cta_of(int64_t it, int64_t iters, in
     return ((it + 1) * ctas - 1) / iters;
 }
 
-// The fp32 partial slot of CTA c's first (0) or last (1) segment: ACC float4-interleaved rows
-// of the consumers, so thread t's accumulators are written and read back by thread t, coalesced.
-__device__ __forceinline__ float* partial_slot(const Args& a, int consumers, int64_t c, int which) {
-    return a.partials + (c * 2 + which) * static_cast<int64_t>(ACC) * consumers;
+// CTA c's fp32 partial (of its first segment: the only one it can hand to another CTA): ACC
+// float4-interleaved rows of the consumers, so thread t's accumulators are written and read back
+// by thread t, coalesced.
+__device__ __forceinline__ float* partial_slot(const Args& a, int consumers, int64_t c) {
+    return a.partials + c * static_cast<int64_t>(ACC) * consumers;
 }
 
 // y[token, row] for the consumer thread's accumulators acc[half][j][2h + c] of tile `tile`
@@ -265,9 +266,9 @@ __device__ __forceinline__ void store_tile(const Args& a, const Shape& sh, int64
         }
 }
 
-__device__ __forceinline__ void write_partial(const Args& a, int consumers, int64_t c, int which,
-                                              const float (&acc)[2][9][4], int tid) {
-    float4* slot = reinterpret_cast<float4*>(partial_slot(a, consumers, c, which));
+__device__ __forceinline__ void write_partial(const Args& a, int consumers, int64_t c, const float (&acc)[2][9][4],
+                                              int tid) {
+    float4* slot = reinterpret_cast<float4*>(partial_slot(a, consumers, c));
     const float* v = &acc[0][0][0];
 #pragma unroll
     for (int q = 0; q < ACC / 4; ++q)
@@ -275,9 +276,8 @@ __device__ __forceinline__ void write_partial(const Args& a, int consumers, int6
 }
 
 // acc += CTA c's partial (read past L1: another multiprocessor wrote it).
-__device__ __forceinline__ void add_partial(const Args& a, int consumers, int64_t c, int which, float (&acc)[2][9][4],
-                                            int tid) {
-    const float4* slot = reinterpret_cast<const float4*>(partial_slot(a, consumers, c, which));
+__device__ __forceinline__ void add_partial(const Args& a, int consumers, int64_t c, float (&acc)[2][9][4], int tid) {
+    const float4* slot = reinterpret_cast<const float4*>(partial_slot(a, consumers, c));
     float* v = &acc[0][0][0];
 #pragma unroll
     for (int q = 0; q < ACC / 4; ++q) {
@@ -286,43 +286,53 @@ __device__ __forceinline__ void add_partial(const Args& a, int consumers, int64_
     }
 }
 
-// A segment's result: tile `tile`'s k steps [k0, k1) of `k_steps`, by CTA c (segment `which`:
-// its first or its last). Whole tiles go straight to y; a cut tile's partial goes to the
-// workspace, and the tile's last CTA to arrive sums every partial (its own too, read back) in
-// CTA order and writes y.
-__device__ void finish_segment(const Args& a, const Shape& sh, int64_t c, int which, int64_t tile, int64_t k0,
-                               int64_t k1, int64_t k_steps, int64_t iters, float (&acc)[2][9][4], int tid,
-                               volatile int32_t* last_flag) {
+// Until `count` CTAs have counted themselves in at `counter` (acquire: their partials are
+// visible after it).
+#ifdef TVA_EMULATE
+// Blocks run one after another here, so a wait for a block that has not run would never end:
+// the tests launch them last to first (emu_reverse_blocks), which runs every part before its owner.
+inline void wait_for_parts(const int32_t* counter, int count) {
+    if (*counter < count) emu::die("stream_linear: a tile's owner waits for a CTA that has not run");
+}
+#else
+__device__ __forceinline__ void wait_for_parts(const int32_t* counter, int count) {
+    int v;
+    do {
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(counter) : "memory");
+    } while (v < count);
+}
+#endif
+
+// A segment's result: tile `tile`'s k steps [k0, k1) of `k_steps`, by CTA c. A whole tile goes
+// straight to y. A tile cut between CTAs is summed by its owner, the CTA that computes its first
+// k steps: that is the last segment of the owner's range, so the other CTAs' parts (the first
+// segments of theirs) are usually done by then. They write their partials and count themselves
+// in (one fence and one atomic by thread 0; the other consumer threads go straight on); the
+// owner waits for the count, adds the partials to its own accumulators in CTA order (the same
+// bits whoever finished first) and writes y. Waiting on other CTAs needs them resident: the
+// launcher keeps the grid to one CTA a multiprocessor.
+__device__ void finish_segment(const Args& a, const Shape& sh, int64_t c, int64_t tile, int k0, int k1, int k_steps,
+                               int64_t iters, float (&acc)[2][9][4], int tid) {
     if (k0 == 0 && k1 == k_steps) {
         store_tile(a, sh, tile, acc, tid);
         return;
     }
-    const int64_t c_first = cta_of(tile * k_steps, iters, a.ctas);
-    const int64_t c_last = cta_of((tile + 1) * k_steps - 1, iters, a.ctas);
-    write_partial(a, sh.consumers(), c, which, acc, tid);
-    // The consumers' partials, then the count: the barrier orders every thread's stores before
-    // thread 0's fence, which is cumulative (as CUTLASS's semaphores release).
-    named_barrier_sync(1, sh.consumers());
-    if (tid == 0) {
-        __threadfence();
-        const int arrived = atomicAdd(&a.counters[tile], 1) + 1;
-        const bool last = arrived == static_cast<int>(c_last - c_first + 1);
-        if (last) {
-            a.counters[tile] = 0;                      // for the next call: no one else counts now
-            __threadfence();                           // the other CTAs' partials before our reads
+    if (k0 > 0) {                                      // a part of another CTA's tile
+        write_partial(a, sh.consumers(), c, acc, tid);
+        named_barrier_sync(1, sh.consumers());         // every thread's stores before thread 0's fence
+        if (tid == 0) {
+            __threadfence();                           // cumulative: the CTA's partial, then the count
+            atomicAdd(&a.counters[tile], 1);
         }
-        *last_flag = last;
+        return;
+    }
+    const int64_t c_last = cta_of((tile + 1) * k_steps - 1, iters, a.ctas);
+    if (tid == 0) {
+        wait_for_parts(&a.counters[tile], static_cast<int>(c_last - c));
+        a.counters[tile] = 0;                          // for the next call: every part is in
     }
     named_barrier_sync(1, sh.consumers());
-    if (!*last_flag) return;
-    float* v = &acc[0][0][0];
-#pragma unroll
-    for (int i = 0; i < ACC; ++i) v[i] = 0.f;
-    for (int64_t cc = c_first; cc <= c_last; ++cc) {
-        // CTA cc's segment of this tile is its first unless the tile starts before cc's range.
-        const int slot = cc == c_first && first_iter(cc, iters, a.ctas) < tile * k_steps ? 1 : 0;
-        add_partial(a, sh.consumers(), cc, slot, acc, tid);
-    }
+    for (int64_t cc = c + 1; cc <= c_last; ++cc) add_partial(a, sh.consumers(), cc, acc, tid);
     store_tile(a, sh, tile, acc, tid);
 }
 
@@ -354,7 +364,6 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
     TSL_DYNAMIC_SMEM(smem);
     const uint32_t ring = (smem_addr(smem) + 1023u) & ~1023u;
     const uint32_t full = ring + static_cast<uint32_t>(stages) * stage_bytes, empty = full + 8 * stages;
-    volatile int32_t* last_flag = reinterpret_cast<volatile int32_t*>(smem + (empty + 8 * stages - smem_addr(smem)));
     const int tid = static_cast<int>(threadIdx.x);
     const int64_t c = blockIdx.x;
     const int k_steps = static_cast<int>((a.K + BK - 1) / BK);
@@ -415,7 +424,7 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
     int released2 = -1;                    // (deep: and of the one before that)
     const bool deep = a.tuning & 128;
     for (int i = 0; i < n;) {
-        const int tile = at.tile, k0 = at.k, which = i == 0 ? 0 : 1;
+        const int tile = at.tile, k0 = at.k;
         const int k1 = k0 + (n - i) < k_steps ? k0 + (n - i) : k_steps;
         for (int k = k0; k < k1; ++k, ++i, at.next(), r.next()) {
             const uint32_t stage = ring + static_cast<uint32_t>(r.s) * stage_bytes;
@@ -452,7 +461,7 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
             mbar_arrive(empty + 8 * released);
         }
         released = released2 = -1;
-        if (!(a.tuning & 256)) finish_segment(a, sh, c, which, tile, k0, k1, k_steps, iters, acc, tid, last_flag);
+        if (!(a.tuning & 256)) finish_segment(a, sh, c, tile, k0, k1, k_steps, iters, acc, tid);
     }
 }
 
@@ -527,19 +536,30 @@ extern "C" {
 
 // Rows the kernel takes at most; workspace floats (partials) a persistent grid of `ctas` needs.
 int tsl_max_rows() { return tsl::MAX_ROWS; }
-int64_t tsl_partial_floats(int64_t ctas, int64_t groups) { return ctas * 2 * tsl::ACC * 128 * groups; }
+int64_t tsl_partial_floats(int64_t ctas, int64_t groups) { return ctas * tsl::ACC * 128 * groups; }
 
 // y = x W^T. Returns a cudaError_t (0 = success), or minus the driver's CUresult where it refuses
 // a tensor map. Asynchronous on `stream`.
 int tsl_linear(const tsl::Args* args, void* stream) {
     const tsl::Args& a = *args;
     if (!tsl::valid(a)) return static_cast<int>(cudaErrorInvalidValue);
+    cudaError_t err = tsl::prepare();
+    if (err != cudaSuccess) return static_cast<int>(err);
     tsl::Params p;
     p.a = a;
-    // Every CTA gets at least one iteration, so every CTA a cut tile counts arrives at it.
+    // Every CTA gets at least one iteration, so every CTA a tile's owner counts on computes a part.
     const tsl::Shape sh{static_cast<int>(a.groups), static_cast<int>(a.stages)};
     const int64_t iters = ((a.N + sh.tile_rows() - 1) / sh.tile_rows()) * ((a.K + tsl::BK - 1) / tsl::BK);
     if (p.a.ctas > iters) p.a.ctas = iters;
+#ifndef TVA_EMULATE
+    // A tile's owner waits for the CTAs that computed its other parts: all must be resident at
+    // once, so the grid is at most one CTA a multiprocessor (what fits of this shape).
+    int device = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tsl::stream_linear_kernel, sh.threads(), sh.smem());
+    if (sms > 0 && per_sm > 0 && p.a.ctas > static_cast<int64_t>(sms) * per_sm) p.a.ctas = static_cast<int64_t>(sms) * per_sm;
+#endif
     const CUtensorMapL2promotion promote = (a.tuning & 3) == 1   ? CU_TENSOR_MAP_L2_PROMOTION_NONE
                                            : (a.tuning & 3) == 2 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
                                                                  : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
@@ -548,8 +568,6 @@ int tsl_linear(const tsl::Args* args, void* stream) {
     CUresult rc = tsl::encode(&p.map_x, a.x, a.K, a.M, a.x_stride, x_rows, promote);
     if (rc == CUDA_SUCCESS) rc = tsl::encode(&p.map_w, a.w, a.K, a.N, a.w_stride, w_rows, promote);
     if (rc != CUDA_SUCCESS) return -static_cast<int>(rc);
-    cudaError_t err = tsl::prepare();
-    if (err != cudaSuccess) return static_cast<int>(err);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     TSL_LAUNCH(tsl::stream_linear_kernel, dim3(static_cast<unsigned>(p.a.ctas)), dim3(sh.threads()), sh.smem(), s, p);
     err = cudaGetLastError();

@@ -39,11 +39,11 @@ class Shape:
     """A launch's shape: `groups` consumer warpgroups a CTA (a tile of 128 weight rows each,
     sharing each stage's token tile), a ring of `stages` stages, `ctas` CTAs (None: one a
     multiprocessor)."""
-    groups: int = 2
-    stages: int = 5
+    groups: int = 1
+    stages: int = 8
     ctas: int | None = None
     pdl: bool = True          # launched with programmatic dependent launch (False: for A/B timings)
-    tuning: int = 0           # stream_linear.cu's Args.tuning (A/B knobs of the copies)
+    tuning: int = 128         # stream_linear.cu's Args.tuning (A/B knobs; 128: two MMA groups in flight)
 
     def __post_init__(self):
         if self.groups not in STAGE_BYTES or not 2 <= self.stages <= 16:
@@ -68,8 +68,8 @@ def takes(rows: int, K: int, dtype: torch.dtype) -> bool:
 
 
 def partial_floats(ctas: int, groups: int = MAX_GROUPS) -> int:
-    """The fp32 workspace a grid of `ctas` needs: each CTA's first and last segment."""
-    return ctas * 2 * ACC * 128 * groups
+    """The fp32 workspace a grid of `ctas` needs: each CTA's part of a tile another CTA owns."""
+    return ctas * ACC * 128 * groups
 
 
 class _Workspace:
