@@ -79,7 +79,8 @@ static_assert(GROUP_W_BYTES % 1024 == 0 && X_BYTES % 1024 == 0, "stages keep the
 static_assert(ACC % 4 == 0, "partials move as float4");
 
 // A launch's shape: `groups` consumer warpgroups share each stage's token tile (more weight rows a
-// tile: fewer token bytes read from L2 a weight byte), a ring of `stages` stages.
+// tile: fewer token bytes read from L2 a weight byte), a ring of `stages` stages (at least 3: two
+// are held by MMAs in flight while the producer fills a third).
 struct Shape {
     int groups, stages;
     __host__ __device__ int consumers() const { return 128 * groups; }
@@ -100,13 +101,7 @@ struct Args {
     int64_t M, N, K, x_stride, w_stride, y_stride;
     int64_t ctas;             // the persistent grid: one CTA a multiprocessor
     int64_t groups, stages;   // the Shape
-    int64_t pdl;              // 1: launched with programmatic dependent launch (sm_90+)
-    // A/B knobs: bits 0-1 the copies' L2 promotion (0: 256 B, 1: none, 2: 128 B); bit 2 weight
-    // boxes of 64 rows (else one box a warpgroup's 128); bit 3 a token box of exactly M rows
-    // (else 72, zero-filled past M). Probes (wrong results; timing only): bit 4 no token copies,
-    // bit 5 no weight copies, bit 6 no MMAs, bit 8 no epilogue. Bit 7: two MMA groups in flight (a
-    // stage released two iterations later).
-    int64_t tuning;
+    int64_t pdl;              // 1: launched with programmatic dependent launch (sm_90+; 0 for A/B timings)
 };
 
 // The tensor maps first: a CUtensorMap is 64-byte aligned (the emulator's 128).
@@ -358,9 +353,6 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
     const Shape sh{static_cast<int>(a.groups), static_cast<int>(a.stages)};
     const int stages = sh.stages, consumers = sh.consumers(), tile_rows = sh.tile_rows();
     const uint32_t stage_bytes = sh.stage_bytes(), w_bytes = sh.w_bytes();
-    const int w_box = a.tuning & 4 ? 64 : GROUP_ROWS, w_boxes = tile_rows / w_box;
-    const bool copy_x = !(a.tuning & 16), copy_w = !(a.tuning & 32), mma = !(a.tuning & 64);
-    const uint32_t expect = (copy_w ? w_bytes : 0u) + (copy_x ? static_cast<uint32_t>(a.tuning & 8 ? a.M : NT) * BK * 2 : 0u);
     TSL_DYNAMIC_SMEM(smem);
     const uint32_t ring = (smem_addr(smem) + 1023u) & ~1023u;
     const uint32_t full = ring + static_cast<uint32_t>(stages) * stage_bytes, empty = full + 8 * stages;
@@ -384,16 +376,14 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
     if (tid >= consumers) {                                      // the producer warp
         if (tid != consumers) return;
         const auto copy_w_tile = [&](const Iter& at, uint32_t stage, uint32_t bar) {
-            for (int b = 0; copy_w && b < w_boxes; ++b) {
-                const int32_t xy[2] = {at.k * BK, at.tile * tile_rows + b * w_box};
-                tma_load(stage + static_cast<uint32_t>(b * w_box * 128), &p.map_w, xy, bar);
-            }
+            const int32_t xy[2] = {at.k * BK, at.tile * tile_rows};
+            tma_load(stage, &p.map_w, xy, bar);
         };
         // Weights first, before the wait: no kernel writes them.
         Iter at = first;
         const int ahead = n < stages ? n : stages;
         for (int i = 0; i < ahead; ++i, at.next()) {
-            mbar_arrive_expect_tx(full + 8 * i, expect);
+            mbar_arrive_expect_tx(full + 8 * i, stage_bytes);
             copy_w_tile(at, ring + static_cast<uint32_t>(i) * stage_bytes, full + 8 * i);
         }
         wait_for_previous_kernel();
@@ -404,11 +394,11 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
             const uint32_t stage = ring + static_cast<uint32_t>(r.s) * stage_bytes, bar = full + 8 * r.s;
             if (i >= stages) {
                 mbar_wait(empty + 8 * r.s, r.phase ^ 1);         // released in the ring's last round
-                mbar_arrive_expect_tx(bar, expect);
+                mbar_arrive_expect_tx(bar, stage_bytes);
                 copy_w_tile(at, stage, bar);
             }
             const int32_t xy[2] = {at.k * BK, 0};
-            if (copy_x) tma_load(stage + w_bytes, &p.map_x, xy, bar);
+            tma_load(stage + w_bytes, &p.map_x, xy, bar);
         }
         return;
     }
@@ -420,9 +410,9 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
     float acc[2][9][4];
     Ring r(stages);
     Iter at = first;
-    int released = -1;                     // the stage of the iteration before, not yet released
-    int released2 = -1;                    // (deep: and of the one before that)
-    const bool deep = a.tuning & 128;
+    // Two MMA groups stay in flight (the ring's stage two iterations back is released): 1-3 %
+    // faster than one on the H200 (kernels/NOTES.md).
+    int released = -1, released2 = -1;     // the stages of the two iterations before, not yet released
     for (int i = 0; i < n;) {
         const int tile = at.tile, k0 = at.k;
         const int k1 = k0 + (n - i) < k_steps ? k0 + (n - i) : k_steps;
@@ -431,49 +421,41 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
             mbar_wait(full + 8 * r.s, r.phase);
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; mma && kk < BK / 16; ++kk) {
+            for (int kk = 0; kk < BK / 16; ++kk) {
                 const int accumulate = k > k0 || kk > 0;
                 const uint64_t dx = desc_kmajor_sw128(stage + w_bytes + 32 * kk);
                 wgmma_m64n72k16_ss(acc[0], desc_kmajor_sw128(stage + rows + 32 * kk), dx, accumulate);
                 wgmma_m64n72k16_ss(acc[1], desc_kmajor_sw128(stage + rows + 64 * 128 + 32 * kk), dx, accumulate);
             }
             wgmma_commit();
-            if (deep) {
-                wgmma_wait<2>();                // the stage two before this one is read: release it
-                if (released2 >= 0) {
-                    __syncwarp();
-                    if ((tid & 31) == 0) mbar_arrive(empty + 8 * released2);
-                }
-                released2 = released;
-            } else {
-                wgmma_wait<1>();                // the stage before this one is read: release it
-                if (released >= 0) {
-                    __syncwarp();
-                    if ((tid & 31) == 0) mbar_arrive(empty + 8 * released);
-                }
+            wgmma_wait<2>();                    // the stage two before this one is read: release it
+            if (released2 >= 0) {
+                __syncwarp();                   // every lane's wait, then lane 0 for the warp
+                if ((tid & 31) == 0) mbar_arrive(empty + 8 * released2);
             }
+            released2 = released;
             released = r.s;
         }
         wgmma_wait<0>();
         __syncwarp();
         if ((tid & 31) == 0) {
-            if (deep && released2 >= 0) mbar_arrive(empty + 8 * released2);
+            if (released2 >= 0) mbar_arrive(empty + 8 * released2);
             mbar_arrive(empty + 8 * released);
         }
         released = released2 = -1;
-        if (!(a.tuning & 256)) finish_segment(a, sh, c, tile, k0, k1, k_steps, iters, acc, tid);
+        finish_segment(a, sh, c, tile, k0, k1, k_steps, iters, acc, tid);
     }
 }
 
 #ifdef TVA_EMULATE
 static CUresult encode(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t stride,
-                       uint32_t box_rows, CUtensorMapL2promotion promote) {
+                       uint32_t box_rows) {
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride * 2)};
     const cuuint32_t box[2] = {BK, box_rows}, unit[2] = {1, 1};
     return cuTensorMapEncodeTiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
                                   box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                  promote, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 #else
 // cuTensorMapEncodeTiled, from the driver (the runtime links no libcuda; its entry point since
@@ -495,21 +477,22 @@ static EncodeTiled encode_tiled() {
 // A bf16 matrix [rows, cols] (rows `stride` elements apart) as boxes of 64 columns by
 // `box_rows` rows, 128-byte swizzled; rows and columns past the matrix read as zeros.
 static CUresult encode(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t stride,
-                       uint32_t box_rows, CUtensorMapL2promotion promote) {
+                       uint32_t box_rows) {
     const EncodeTiled fn = encode_tiled();
     if (fn == nullptr) return CUDA_ERROR_NOT_FOUND;
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride * 2)};
     const cuuint32_t box[2] = {BK, box_rows}, unit[2] = {1, 1};
     return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, unit,
-              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promote, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 #endif
 
 static bool valid(const Args& a) {
     const auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
     const Shape sh{static_cast<int>(a.groups), static_cast<int>(a.stages)};
-    return a.groups >= 1 && a.groups <= MAX_GROUPS && a.stages >= 2 && a.stages <= 16 && sh.smem() <= MAX_SMEM &&
+    return a.groups >= 1 && a.groups <= MAX_GROUPS && a.stages >= 3 && a.stages <= 16 && sh.smem() <= MAX_SMEM &&
            a.M >= 1 && a.M <= MAX_ROWS && a.N >= 1 && a.K >= 1 && a.ctas >= 1 && a.ctas <= 65535 &&
            a.x_stride >= a.K && a.w_stride >= a.K && a.y_stride >= a.N && a.x_stride % 8 == 0 &&
            a.w_stride % 8 == 0 && aligned16(a.x) && aligned16(a.w) && aligned16(a.partials) &&
@@ -560,13 +543,8 @@ int tsl_linear(const tsl::Args* args, void* stream) {
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tsl::stream_linear_kernel, sh.threads(), sh.smem());
     if (sms > 0 && per_sm > 0 && p.a.ctas > static_cast<int64_t>(sms) * per_sm) p.a.ctas = static_cast<int64_t>(sms) * per_sm;
 #endif
-    const CUtensorMapL2promotion promote = (a.tuning & 3) == 1   ? CU_TENSOR_MAP_L2_PROMOTION_NONE
-                                           : (a.tuning & 3) == 2 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-                                                                 : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-    const uint32_t x_rows = a.tuning & 8 ? static_cast<uint32_t>(a.M) : tsl::NT;
-    const uint32_t w_rows = a.tuning & 4 ? 64u : static_cast<uint32_t>(tsl::GROUP_ROWS);
-    CUresult rc = tsl::encode(&p.map_x, a.x, a.K, a.M, a.x_stride, x_rows, promote);
-    if (rc == CUDA_SUCCESS) rc = tsl::encode(&p.map_w, a.w, a.K, a.N, a.w_stride, w_rows, promote);
+    CUresult rc = tsl::encode(&p.map_x, a.x, a.K, a.M, a.x_stride, tsl::NT);
+    if (rc == CUDA_SUCCESS) rc = tsl::encode(&p.map_w, a.w, a.K, a.N, a.w_stride, static_cast<uint32_t>(sh.tile_rows()));
     if (rc != CUDA_SUCCESS) return -static_cast<int>(rc);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     TSL_LAUNCH(tsl::stream_linear_kernel, dim3(static_cast<unsigned>(p.a.ctas)), dim3(sh.threads()), sh.smem(), s, p);

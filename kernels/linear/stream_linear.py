@@ -37,17 +37,17 @@ STAGE_BYTES = {1: 128 * 64 * 2 + 72 * 64 * 2, 2: 2 * 128 * 64 * 2 + 72 * 64 * 2}
 @dataclass(frozen=True)
 class Shape:
     """A launch's shape: `groups` consumer warpgroups a CTA (a tile of 128 weight rows each,
-    sharing each stage's token tile), a ring of `stages` stages, `ctas` CTAs (None: one a
-    multiprocessor)."""
+    sharing each stage's token tile), a ring of `stages` stages (two are held by the MMAs in
+    flight), `ctas` CTAs (None: one a multiprocessor; never more). The default measured fastest
+    on the H200 at Qwen3-8B's shapes (kernels/NOTES.md, "The verify's weight GEMMs on wgmma")."""
     groups: int = 1
     stages: int = 8
     ctas: int | None = None
     pdl: bool = True          # launched with programmatic dependent launch (False: for A/B timings)
-    tuning: int = 128         # stream_linear.cu's Args.tuning (A/B knobs; 128: two MMA groups in flight)
 
     def __post_init__(self):
-        if self.groups not in STAGE_BYTES or not 2 <= self.stages <= 16:
-            raise ValueError(f"groups must be 1 or 2 and stages 2..16 (got {self.groups}, {self.stages})")
+        if self.groups not in STAGE_BYTES or not 3 <= self.stages <= 16:
+            raise ValueError(f"groups must be 1 or 2 and stages 3..16 (got {self.groups}, {self.stages})")
         if 2048 + self.stages * STAGE_BYTES[self.groups] > MAX_SMEM:
             raise ValueError(f"{self.stages} stages of {self.groups} groups exceed {MAX_SMEM} bytes")
 
@@ -58,7 +58,7 @@ class Args(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in ("x", "w", "y", "partials", "counters")] + \
                [(name, ctypes.c_int64) for name in
                 ("M", "N", "K", "x_stride", "w_stride", "y_stride", "ctas", "groups", "stages",
-                 "pdl", "tuning")]
+                 "pdl")]
 
 
 def takes(rows: int, K: int, dtype: torch.dtype) -> bool:
@@ -109,6 +109,11 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=None)
+def _hopper(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, shape: Shape = Shape()) -> torch.Tensor:
     """F.linear(x, weight) for x [..., K] of MIN_ROWS..MAX_ROWS rows in all, bf16, on a CUDA
     device (others: F.linear)."""
@@ -120,6 +125,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, shape: Shape = Shape()) -> tor
     if x2.stride(-1) != 1 or weight.stride(-1) != 1 or weight.shape[1] != K or weight.dtype != x.dtype:
         raise ValueError("x and weight need the same dtype and the same, contiguous last dimension")
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    if not _hopper(index):
+        raise ValueError("the stream-K linear kernel (linear_impl wgmma) runs wgmma: it needs a Hopper "
+                         "GPU (compute capability 9.0)")
     grid = int(shape.ctas) if shape.ctas is not None else _sm_count(index)
     tiles = -(-N // GROUP_ROWS)           # enough counters for any tile size
     partials, counters = WORKSPACE.get(x.device, max(grid, _sm_count(index)), tiles)
@@ -127,7 +135,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, shape: Shape = Shape()) -> tor
     a = Args(x=x2.data_ptr(), w=weight.data_ptr(), y=y.data_ptr(), partials=partials.data_ptr(),
              counters=counters.data_ptr(), M=M, N=N, K=K, x_stride=x2.stride(0),
              w_stride=weight.stride(0), y_stride=N, ctas=grid, groups=shape.groups,
-             stages=shape.stages, pdl=int(shape.pdl), tuning=shape.tuning)
+             stages=shape.stages, pdl=int(shape.pdl))
     with torch.cuda.device(x.device):
         lib = _lib()
         stream = torch.cuda.current_stream(x.device).cuda_stream

@@ -6,7 +6,8 @@ arch-specific sm_90a.
 kernels/verify/verify_attention.cu includes no torch headers, so plain nvcc compiles it (host launchers
 and device code for every architecture) in one call. On Hopper the kernels must not spill
 registers to local memory: that would be a silent slowdown of the hot loop. The same holds for
-kernels/tree/tree_build.cu (the DDTree tree build, sm_90a and sm_120).
+kernels/tree/tree_build.cu (the DDTree tree build, sm_90a and sm_120), and for
+kernels/linear/stream_linear.cu (the verify's weight GEMMs, sm_90a).
 """
 
 from __future__ import annotations
@@ -109,6 +110,17 @@ def test_the_opt_in_builds_compile_without_spills_or_serialised_wgmma(tmp_path, 
     proc, out = nvcc_compile(tmp_path, SOURCE, ("90a",), threads=2, flags=flags)
     assert_compiled_cleanly(proc, out, ("90a",))
     assert kernel in proc.stderr
+    assert not [ln for ln in proc.stderr.splitlines() if "(C75" in ln]
+    found = spills(proc.stderr, ("90a",))
+    assert not found, "register spills on Hopper:\n" + "\n".join(found)
+
+
+def test_stream_linear_compiles_for_hopper_without_spills_or_serialised_wgmma(tmp_path):
+    """kernels/linear/stream_linear.cu (the verify's weight GEMMs): wgmma, tensor copies and
+    mbarriers, sm_90a only (the only GPU that takes it: stream_linear.py)."""
+    proc, out = nvcc_compile(tmp_path, Path(build.STREAM_LINEAR_SOURCE), ("90a",), threads=2)
+    assert_compiled_cleanly(proc, out, ("90a",))
+    assert "stream_linear_kernel" in proc.stderr
     assert not [ln for ln in proc.stderr.splitlines() if "(C75" in ln]
     found = spills(proc.stderr, ("90a",))
     assert not found, "register spills on Hopper:\n" + "\n".join(found)
