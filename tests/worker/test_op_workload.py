@@ -178,11 +178,11 @@ def test_the_triton_kernels_pass_their_checks_under_the_interpreter(interp, over
 def test_the_ops_scenario_covers_every_family():
     scenario = load_scenario(REPO / "scenarios" / "ops.yaml")
     cells = scenario.cells()
-    assert len(cells) == 32 == len(set(scenario.cell_ids()))
+    assert len(cells) == 33 == len(set(scenario.cell_ids()))
     ops = {(c["op"], c[op.KNOBS[c["op"]]]) for c in cells if c["workload"] == "op"}
     assert ops == {("topk", "torch"), ("topk", "triton"), ("tree_build", "torch"),
                    ("tree_build", "triton"), ("tree_build", "cuda"), ("fused_forward", False),
-                   ("fused_forward", True), ("linear", "torch"), ("linear", "triton"),
+                   ("fused_forward", True), ("linear", "torch"), ("linear", "triton"), ("linear", "wgmma"),
                    ("accept", "torch"), ("accept", "triton")}
     rows = {op.linear_rows(c) for c in cells if c["workload"] == "op" and c["op"] == "linear"}
     assert rows == {1, 16, 65}
@@ -207,6 +207,8 @@ def test_op_ids_and_labels():
     from harness.kernels.linear import skinny_linear
     from harness.protocol.workloads import op as op_spec
     assert op_spec.SKINNY_MAX_ROWS == skinny_linear.MAX_ROWS
+    from harness.kernels.linear import stream_linear
+    assert op_spec.STREAM_MAX_ROWS == stream_linear.MAX_ROWS
 
 
 @pytest.mark.parametrize("defaults, matrix, message", [
@@ -224,6 +226,8 @@ def test_op_ids_and_labels():
     ("  op: attention\n", "  batch_size: [1]\n", "unknown op 'attention'"),
     ("  op: linear\n  linear_impl: triton\n", "  tree_budget: [64]\n",
      "linear_impl triton takes up to 16 rows and leaves more to cuBLAS; this cell's forward has 65"),
+    ("  op: linear\n  linear_impl: wgmma\n", "  tree_budget: [64]\n  batch_size: [2]\n",
+     "linear_impl wgmma takes up to 72 rows and leaves more to cuBLAS; this cell's forward has 130"),
 ])
 def test_bad_op_cells_are_input_errors(defaults, matrix, message):
     text = "name: o\ndefaults:\n  workload: op\n" + defaults + "matrix:\n" + matrix
