@@ -107,16 +107,8 @@ struct Args {
 // The tensor maps first: a CUtensorMap is 64-byte aligned (the emulator's 128).
 struct Params {
     CUtensorMap map_x, map_w;
-    CUtensorMap map_p;        // the partials, as rows of PART_COLS floats (the owner's copies)
     Args a;
 };
-
-// A partial is read back by tensor copies into the (then idle) ring: all of a tile's parts in
-// one round trip, where loads from each thread took one a part (~4-6 µs a call on the H200).
-constexpr int PART_COLS = 32, PART_BOX_ROWS = 144;          // boxes of 144 rows of 128 bytes
-constexpr uint32_t PART_BOX_BYTES = PART_COLS * PART_BOX_ROWS * 4;
-__host__ __device__ __forceinline__ int part_rows(int groups) { return ACC * 128 * groups / PART_COLS; }
-static_assert(ACC * 128 % (PART_COLS * PART_BOX_ROWS) == 0, "a partial is whole boxes");
 
 // ------------------------------------------------------------------------------------------
 // PTX helpers (the emulation header defines the same functions for TVA_EMULATE builds)
@@ -169,18 +161,6 @@ __device__ __forceinline__ void let_next_kernel_launch() {
 __device__ __forceinline__ uint16_t bf16_bits(float v) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
-// Global memory written by the generic proxy (other CTAs' stores, acquired) read next by the
-// async proxy (tensor copies).
-__device__ __forceinline__ void fence_proxy_async_global() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ float4 ld_shared_f4(uint32_t addr) {
-    float4 v;
-    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
-    return v;
-}
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define TSL_WGMMA 1
@@ -227,12 +207,6 @@ __device__ __forceinline__ void wgmma_m64n72k16_ss(float (&d)[9][4], uint64_t de
 #else   // TVA_EMULATE
 inline void wait_for_previous_kernel() {}
 inline void let_next_kernel_launch() {}
-inline void fence_proxy_async_global() {}
-inline float4 ld_shared_f4(uint32_t addr) {
-    float4 v;
-    std::memcpy(&v, emu::smem_at(addr, 16), 16);
-    return v;
-}
 inline uint16_t bf16_bits(float v) { return emu_f2bf(v); }
 inline void wgmma_m64n72k16_ss(float (&d)[9][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     emu_wgmma_issue(emu::Wgmma::kSmemA, 72, &d[0][0], desc_a, desc_b, nullptr, accumulate);
@@ -296,6 +270,16 @@ __device__ __forceinline__ void write_partial(const Args& a, int consumers, int6
         slot[q * consumers + tid] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
 }
 
+// acc += CTA c's partial (read past L1: another multiprocessor wrote it).
+__device__ __forceinline__ void add_partial(const Args& a, int consumers, int64_t c, float (&acc)[2][9][4], int tid) {
+    const float4* slot = reinterpret_cast<const float4*>(partial_slot(a, consumers, c));
+    float* v = &acc[0][0][0];
+#pragma unroll
+    for (int q = 0; q < ACC / 4; ++q) {
+        const float4 p = __ldcg(slot + q * consumers + tid);
+        v[4 * q] += p.x, v[4 * q + 1] += p.y, v[4 * q + 2] += p.z, v[4 * q + 3] += p.w;
+    }
+}
 
 // Until `count` CTAs have counted themselves in at `counter` (acquire: their partials are
 // visible after it).
@@ -322,10 +306,8 @@ __device__ __forceinline__ void wait_for_parts(const int32_t* counter, int count
 // owner waits for the count, adds the partials to its own accumulators in CTA order (the same
 // bits whoever finished first) and writes y. Waiting on other CTAs needs them resident: the
 // launcher keeps the grid to one CTA a multiprocessor.
-__device__ void finish_segment(const Params& p, const Shape& sh, int64_t c, int64_t tile, int k0, int k1, int k_steps,
-                               int64_t iters, float (&acc)[2][9][4], int tid, uint32_t ring, uint32_t fix,
-                               uint32_t& fix_phase) {
-    const Args& a = p.a;
+__device__ void finish_segment(const Args& a, const Shape& sh, int64_t c, int64_t tile, int k0, int k1, int k_steps,
+                               int64_t iters, float (&acc)[2][9][4], int tid) {
     if (k0 == 0 && k1 == k_steps) {
         store_tile(a, sh, tile, acc, tid);
         return;
@@ -339,40 +321,13 @@ __device__ void finish_segment(const Params& p, const Shape& sh, int64_t c, int6
         }
         return;
     }
-    // The owner's segment is the last of its range: every stage of the ring has been read
-    // (each thread waited for its MMAs; the barrier makes it all of them), so the parts land there.
     const int64_t c_last = cta_of((tile + 1) * k_steps - 1, iters, a.ctas);
-    const int consumers = sh.consumers(), rows = part_rows(sh.groups);
-    const uint32_t part_bytes = static_cast<uint32_t>(rows) * PART_COLS * 4;
-    const int per_round = static_cast<int>(sh.stages * sh.stage_bytes() / part_bytes);
-    named_barrier_sync(1, consumers);
     if (tid == 0) {
         wait_for_parts(&a.counters[tile], static_cast<int>(c_last - c));
         a.counters[tile] = 0;                          // for the next call: every part is in
-        fence_proxy_async_global();
     }
-    float* v = &acc[0][0][0];
-    for (int64_t c0 = c + 1; c0 <= c_last; c0 += per_round) {
-        const int n = static_cast<int>(c_last - c0 + 1 < per_round ? c_last - c0 + 1 : per_round);
-        if (tid == 0) {
-            mbar_arrive_expect_tx(fix, static_cast<uint32_t>(n) * part_bytes);
-            for (int u = 0; u < n; ++u)
-                for (int b = 0; b < rows / PART_BOX_ROWS; ++b) {
-                    const int32_t xy[2] = {0, static_cast<int32_t>((c0 + u) * rows + b * PART_BOX_ROWS)};
-                    tma_load(ring + u * part_bytes + b * PART_BOX_BYTES, &p.map_p, xy, fix);
-                }
-        }
-        mbar_wait(fix, fix_phase);
-        fix_phase ^= 1;
-        for (int u = 0; u < n; ++u) {                  // in CTA order
-#pragma unroll
-            for (int q = 0; q < ACC / 4; ++q) {
-                const float4 x = ld_shared_f4(ring + u * part_bytes + static_cast<uint32_t>((q * consumers + tid) * 16));
-                v[4 * q] += x.x, v[4 * q + 1] += x.y, v[4 * q + 2] += x.z, v[4 * q + 3] += x.w;
-            }
-        }
-        named_barrier_sync(1, consumers);              // read before the next round lands
-    }
+    named_barrier_sync(1, sh.consumers());
+    for (int64_t cc = c + 1; cc <= c_last; ++cc) add_partial(a, sh.consumers(), cc, acc, tid);
     store_tile(a, sh, tile, acc, tid);
 }
 
@@ -414,7 +369,6 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
             mbar_init(full + 8 * s, 1);
             mbar_init(empty + 8 * s, consumers / 32);       // a warp's lane 0 releases for it
         }
-        mbar_init(empty + 8 * stages, 1);                   // the parts of an owned tile landed
         fence_mbarrier_init();
     }
     __syncthreads();
@@ -459,7 +413,6 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
     // Two MMA groups stay in flight (the ring's stage two iterations back is released): 1-3 %
     // faster than one on the H200 (kernels/NOTES.md).
     int released = -1, released2 = -1;     // the stages of the two iterations before, not yet released
-    uint32_t fix_phase = 0;
     for (int i = 0; i < n;) {
         const int tile = at.tile, k0 = at.k;
         const int k1 = k0 + (n - i) < k_steps ? k0 + (n - i) : k_steps;
@@ -490,19 +443,19 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
             mbar_arrive(empty + 8 * released);
         }
         released = released2 = -1;
-        finish_segment(p, sh, c, tile, k0, k1, k_steps, iters, acc, tid, ring, empty + 8 * stages, fix_phase);
+        finish_segment(a, sh, c, tile, k0, k1, k_steps, iters, acc, tid);
     }
 }
 
 #ifdef TVA_EMULATE
-static CUresult encode2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, int64_t cols, int64_t rows,
-                         int64_t stride_bytes, uint32_t box_cols, uint32_t box_rows, CUtensorMapSwizzle swizzle,
-                         CUtensorMapL2promotion promote) {
+static CUresult encode(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t stride,
+                       uint32_t box_rows) {
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride_bytes)};
-    const cuuint32_t box[2] = {box_cols, box_rows}, unit[2] = {1, 1};
-    return cuTensorMapEncodeTiled(map, type, 2, const_cast<void*>(base), dims, strides, box, unit,
-                                  CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promote, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride * 2)};
+    const cuuint32_t box[2] = {BK, box_rows}, unit[2] = {1, 1};
+    return cuTensorMapEncodeTiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
+                                  box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 #else
 // cuTensorMapEncodeTiled, from the driver (the runtime links no libcuda; its entry point since
@@ -521,27 +474,20 @@ static EncodeTiled encode_tiled() {
     }();
     return fn;
 }
-// A matrix [rows, cols] (rows `stride_bytes` apart) as boxes of box_cols x box_rows; rows and
-// columns past the matrix read as zeros.
-static CUresult encode2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, int64_t cols, int64_t rows,
-                         int64_t stride_bytes, uint32_t box_cols, uint32_t box_rows, CUtensorMapSwizzle swizzle,
-                         CUtensorMapL2promotion promote) {
+// A bf16 matrix [rows, cols] (rows `stride` elements apart) as boxes of 64 columns by
+// `box_rows` rows, 128-byte swizzled; rows and columns past the matrix read as zeros.
+static CUresult encode(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t stride,
+                       uint32_t box_rows) {
     const EncodeTiled fn = encode_tiled();
     if (fn == nullptr) return CUDA_ERROR_NOT_FOUND;
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride_bytes)};
-    const cuuint32_t box[2] = {box_cols, box_rows}, unit[2] = {1, 1};
-    return fn(map, type, 2, const_cast<void*>(base), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-              promote, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride * 2)};
+    const cuuint32_t box[2] = {BK, box_rows}, unit[2] = {1, 1};
+    return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, unit,
+              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 #endif
-// A bf16 matrix [rows, cols] as the MMAs' operands: boxes of 64 columns by `box_rows` rows,
-// 128-byte swizzled.
-static CUresult encode(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t stride,
-                       uint32_t box_rows) {
-    return encode2d(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, base, cols, rows, stride * 2, BK, box_rows,
-                    CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
-}
 
 static bool valid(const Args& a) {
     const auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
@@ -599,11 +545,6 @@ int tsl_linear(const tsl::Args* args, void* stream) {
 #endif
     CUresult rc = tsl::encode(&p.map_x, a.x, a.K, a.M, a.x_stride, tsl::NT);
     if (rc == CUDA_SUCCESS) rc = tsl::encode(&p.map_w, a.w, a.K, a.N, a.w_stride, static_cast<uint32_t>(sh.tile_rows()));
-    // The grid's partials as rows of PART_COLS floats, part_rows a CTA.
-    if (rc == CUDA_SUCCESS)
-        rc = tsl::encode2d(&p.map_p, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, a.partials, tsl::PART_COLS,
-                           p.a.ctas * tsl::part_rows(sh.groups), tsl::PART_COLS * 4, tsl::PART_COLS, tsl::PART_BOX_ROWS,
-                           CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE);
     if (rc != CUDA_SUCCESS) return -static_cast<int>(rc);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     TSL_LAUNCH(tsl::stream_linear_kernel, dim3(static_cast<unsigned>(p.a.ctas)), dim3(sh.threads()), sh.smem(), s, p);
