@@ -7,23 +7,30 @@
 // kernel boundary before and after each GEMM that programmatic dependent launch cannot overlap,
 // and a second kernel (split-K's reduce) after two of the four.
 //
-// This kernel computes y^T = W x^T: W's rows are the MMA's M side (a tile is 128 of them, two
-// m64 row blocks), the token rows its N side (72: the 65 rows zero-padded by the tensor copy,
-// which reads nothing past the tensor). Both operands arrive by tensor copies (TMA) into a ring
-// of STAGES shared-memory stages of 64 K columns (128-byte swizzled rows, the layout the wgmma
-// descriptors read); one producer thread issues them, one consumer warpgroup runs the MMAs.
+// This kernel computes y^T = W x^T: W's rows are the MMA's M side (128 of them a consumer
+// warpgroup, two m64 row blocks; one or two warpgroups a tile), the token rows its N side (72:
+// the 65 rows zero-padded by the tensor copy, which reads nothing past the tensor). Both
+// operands arrive by tensor copies (TMA) into a ring of shared-memory stages of 64 K columns
+// (128-byte swizzled rows, the layout the wgmma descriptors read); one producer thread issues
+// them, the consumers run the MMAs with two groups in flight.
 //
 // Work is split stream-K: the (tile, 64-column K step) iterations, tile-major, are divided
 // evenly among one persistent CTA a multiprocessor, so every multiprocessor streams the same
 // number of weight bytes whatever the shape. A tile that one CTA covers whole is written
-// directly; a tile cut between CTAs is summed by the last of them to arrive (a counter per
-// tile, reset by that CTA) from fp32 partials, in CTA order, so the result never depends on
-// which CTA finished first, and one workspace serves every later call and graph replay.
+// directly; a tile cut between CTAs is summed by its owner, the CTA of its first k steps (the
+// last segment of that CTA's range), from the others' fp32 partials in CTA order, so the result
+// never depends on which CTA finished first; the counter it waits on is reset by it, so one
+// workspace serves every later call and graph replay.
 //
-// Weights are never written by a kernel, so the producer issues the first STAGES stages' weight
-// copies before waiting for the kernel ahead of it on the stream (griddepcontrol.wait): the
-// GEMM's ramp (the first weight bytes arriving ~1 µs after issue) overlaps that kernel's tail.
-// The activations x, the partials and y are touched only after the wait.
+// Weights are never written by a kernel, so the producer issues the first stages' weight copies
+// before waiting for the kernel ahead of it on the stream (griddepcontrol.wait): the GEMM's
+// ramp (the first weight bytes arriving ~1 µs after issue) overlaps that kernel's tail. The
+// activations x, the partials and y are touched only after the wait.
+//
+// Measured on the H200 (kernels/NOTES.md, "The verify's weight GEMMs on wgmma"): the main loop
+// streams at or above cuBLAS's pace, but the fix-up and y's stores cost ~8-10 µs a call, so at
+// Qwen3-8B's shapes the kernel takes 1.1-1.5x cuBLAS's time; the decode loop runs it only where
+// a cell asks (linear_impl: wgmma).
 //
 // No torch headers: plain CUDA C++ with an extern "C" launcher (kernels/linear/stream_linear.py
 // calls it through ctypes; kernels/build.py compiles it on the GPU host for sm_90a). The launcher
