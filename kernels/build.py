@@ -70,12 +70,19 @@ def arch_list(capability: tuple[int, int]) -> str:
     return _EXACT_ARCHS.get(tuple(capability), f"{capability[0]}.{capability[1]}+PTX")
 
 
+# Headers the sources include (a change to one is a change to every build).
+HEADERS = (Path(__file__).parent / "sm90.cuh",)
+
+
 def build_key(arch: str, source: Path = SOURCE) -> str:
-    """What a cached build depends on: the source, the flags, the arch, torch and its CUDA."""
+    """What a cached build depends on: the source and the headers, the flags, the arch, torch
+    and its CUDA."""
     import torch
 
     h = hashlib.sha256()
     h.update(Path(source).read_bytes())
+    for header in HEADERS:
+        h.update(header.read_bytes())
     h.update(repr((nvcc_flags(), arch, torch.__version__, torch.version.cuda)).encode())
     return h.hexdigest()[:16]
 

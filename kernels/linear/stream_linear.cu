@@ -46,30 +46,13 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #define TSL_DYNAMIC_SMEM(name) extern __shared__ __align__(128) uint8_t name[]
-#define TSL_LAUNCH(kernel, grid, block, smem, stream, p) tsl_launch(kernel, grid, block, smem, stream, p)
-
-// Programmatic dependent launch on sm_90+ (kernels/pdl.py): the kernel may be scheduled while
-// the one before it on the stream finishes. As verify_attention.cu's tva_launch.
-template <typename Kernel, typename Params>
-static void tsl_launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                       const Params& p) {
-    // (p.a.pdl 0: a plain launch, for A/B timings)
-    cudaLaunchAttribute pdl;
-    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = &pdl;
-    cfg.numAttrs = p.a.pdl ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, kernel, p);      // its error is the runtime's last error
-}
+#define TSL_LAUNCH(kernel, grid, block, smem, stream, p) pdl_launch(kernel, grid, block, smem, stream, p, p.a.pdl != 0)
 #endif
 #include <stdint.h>
 
 #include <mutex>
+
+#include "../sm90.cuh"          // PDL launches, mbarriers, tensor copies, wgmma bookkeeping
 
 namespace tsl {
 
@@ -121,79 +104,16 @@ struct Params {
 // PTX helpers (the emulation header defines the same functions for TVA_EMULATE builds)
 // ------------------------------------------------------------------------------------------
 #ifndef TVA_EMULATE
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void fence_mbarrier_init() {
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nTSL_WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra TSL_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-}
-// A 2-d box (coords innermost first) into shared memory at `dst`.
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, const int32_t (&c)[2], uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst), "l"(map), "r"(c[0]), "r"(c[1]), "r"(bar) : "memory");
-#else
-    __trap();
-#endif
-}
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void wait_for_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void let_next_kernel_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 __device__ __forceinline__ uint16_t bf16_bits(float v) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define TSL_WGMMA 1
-#endif
-__device__ __forceinline__ void wgmma_fence() {
-#ifdef TSL_WGMMA
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_commit() {
-#ifdef TSL_WGMMA
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-#ifdef TSL_WGMMA
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
 // d[64 x 72] (+)= A[64 x 16] x B[16 x 72], bf16 -> fp32, both operands K-major through
 // shared-memory descriptors; d per warp w: rows 16w + lane/4 (+8), n-tile j columns
 // 8j + 2(lane%4) (+1), as d[j][2h + c].
 __device__ __forceinline__ void wgmma_m64n72k16_ss(float (&d)[9][4], uint64_t desc_a, uint64_t desc_b,
                                                    int accumulate) {
-#ifdef TSL_WGMMA
+#ifdef TVA_WGMMA
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n72k16.f32.bf16.bf16 "
@@ -212,20 +132,11 @@ __device__ __forceinline__ void wgmma_m64n72k16_ss(float (&d)[9][4], uint64_t de
 #endif
 }
 #else   // TVA_EMULATE
-inline void wait_for_previous_kernel() {}
-inline void let_next_kernel_launch() {}
 inline uint16_t bf16_bits(float v) { return emu_f2bf(v); }
 inline void wgmma_m64n72k16_ss(float (&d)[9][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     emu_wgmma_issue(emu::Wgmma::kSmemA, 72, &d[0][0], desc_a, desc_b, nullptr, accumulate);
 }
 #endif  // TVA_EMULATE
-
-// Shared-memory matrix descriptor for wgmma: K-major operand, 128-byte swizzle, rows of 128
-// bytes, groups of 8 rows 1024 bytes apart (verify_attention.cu's desc_kmajor_sw128).
-__host__ __device__ __forceinline__ uint64_t desc_kmajor_sw128(uint32_t smem_byte_addr) {
-    return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
-           (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
-}
 
 // ------------------------------------------------------------------------------------------
 // The stream-K partition: CTA c takes iterations [first_iter(c), first_iter(c + 1)) of the
@@ -393,8 +304,8 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
             mbar_arrive_expect_tx(full + 8 * i, stage_bytes);
             copy_w_tile(at, ring + static_cast<uint32_t>(i) * stage_bytes, full + 8 * i);
         }
-        wait_for_previous_kernel();
-        let_next_kernel_launch();
+        griddep_wait();
+        griddep_launch_dependents();
         at = first;
         Ring r(stages);
         for (int i = 0; i < n; ++i, at.next(), r.next()) {
@@ -411,8 +322,8 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
     }
 
     // The consumer warpgroups: group g multiplies the tile's rows [128 g, 128 g + 128).
-    wait_for_previous_kernel();            // before the epilogue's stores (y, partials, counters)
-    let_next_kernel_launch();
+    griddep_wait();            // before the epilogue's stores (y, partials, counters)
+    griddep_launch_dependents();
     const uint32_t rows = static_cast<uint32_t>(tid >> 7) * GROUP_W_BYTES;
     float acc[2][9][4];
     Ring r(stages);
@@ -454,35 +365,8 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
     }
 }
 
-#ifdef TVA_EMULATE
-static CUresult encode(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t stride,
-                       uint32_t box_rows) {
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride * 2)};
-    const cuuint32_t box[2] = {BK, box_rows}, unit[2] = {1, 1};
-    return cuTensorMapEncodeTiled(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
-                                  box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-}
-#else
-// cuTensorMapEncodeTiled, from the driver (the runtime links no libcuda; its entry point since
-// CUDA 12.0).
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static EncodeTiled encode_tiled() {
-    static const EncodeTiled fn = [] {
-        void* f = nullptr;
-        cudaDriverEntryPointQueryResult found;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
-                cudaSuccess || found != cudaDriverEntryPointSuccess)
-            return static_cast<EncodeTiled>(nullptr);
-        return reinterpret_cast<EncodeTiled>(f);
-    }();
-    return fn;
-}
-// A bf16 matrix [rows, cols] (rows `stride` elements apart) as boxes of 64 columns by
-// `box_rows` rows, 128-byte swizzled; rows and columns past the matrix read as zeros.
+// A bf16 matrix [rows, cols] (rows `stride` elements apart) as the MMAs' operands: boxes of 64
+// columns by `box_rows` rows, 128-byte swizzled; rows and columns past the matrix read as zeros.
 static CUresult encode(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t stride,
                        uint32_t box_rows) {
     const EncodeTiled fn = encode_tiled();
@@ -494,7 +378,6 @@ static CUresult encode(CUtensorMap* map, const void* base, int64_t cols, int64_t
               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
-#endif
 
 static bool valid(const Args& a) {
     const auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
@@ -555,13 +438,7 @@ int tsl_linear(const tsl::Args* args, void* stream) {
     if (rc != CUDA_SUCCESS) return -static_cast<int>(rc);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     TSL_LAUNCH(tsl::stream_linear_kernel, dim3(static_cast<unsigned>(p.a.ctas)), dim3(sh.threads()), sh.smem(), s, p);
-    err = cudaGetLastError();
-#if defined(TVA_DEBUG) && !defined(TVA_EMULATE)
-    if (err == cudaSuccess) err = cudaStreamSynchronize(s);
-#else
-    (void)s;
-#endif
-    return static_cast<int>(err);
+    return static_cast<int>(launch_status(s));
 }
 
 const char* tsl_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }

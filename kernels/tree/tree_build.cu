@@ -46,45 +46,25 @@
 #else
 #include <cuda_runtime.h>
 #define TTB_DYNAMIC_SMEM(name) extern __shared__ __align__(128) uint8_t name[]
-#define TTB_LAUNCH(kernel, grid, block, smem, stream, p) ttb_launch(kernel, grid, block, smem, stream, p)
-
-// Programmatic dependent launch on sm_90+ (kernels/pdl.py): the build may be scheduled while the
+// Programmatic dependent launch on sm_90+ (sm90.cuh): the build may be scheduled while the
 // kernel before it (the Triton top-k's last, which lets its dependents launch first thing)
-// finishes; the kernel waits for it first thing (wait_for_previous_kernel). Elsewhere a plain
-// launch. As verify_attention.cu's tva_launch.
-template <typename Kernel, typename Params>
-static void ttb_launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                       const Params& p) {
-    int device = 0, major = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaLaunchAttribute pdl;
-    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = &pdl;
-    cfg.numAttrs = major >= 9 ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, kernel, p);      // its error is the runtime's last error
-}
+// finishes; the kernel waits for it first thing (wait_for_previous_kernel).
+#define TTB_LAUNCH(kernel, grid, block, smem, stream, p) pdl_launch(kernel, grid, block, smem, stream, p)
 #endif
 #include <stdint.h>
 #include <string.h>
 
 #include <mutex>
 
+#include "../sm90.cuh"          // PDL launches
+
 namespace ttb {
 
 // First thing in the kernel: wait until the kernel before it on the stream has finished and its
 // writes are visible (a no-op unless launched with PDL), then let the next kernel launch early.
 __device__ __forceinline__ void wait_for_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+    griddep_wait();
+    griddep_launch_dependents();
 }
 
 // Mirrored by a ctypes structure in kernels/tree/cuda_tree_build.py: every field 8 bytes wide.
@@ -653,13 +633,7 @@ int ttb_build_tree(const ttb::Params* params, int threads, void* stream) {
     if (err != cudaSuccess) return static_cast<int>(err);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     TTB_LAUNCH(kernel, dim3(static_cast<unsigned>(p.batch)), dim3(threads), smem, s, p);
-    err = cudaGetLastError();
-#if defined(TVA_DEBUG) && !defined(TVA_EMULATE)
-    if (err == cudaSuccess) err = cudaStreamSynchronize(s);
-#else
-    (void)s;
-#endif
-    return static_cast<int>(err);
+    return static_cast<int>(launch_status(s));
 }
 
 const char* ttb_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }

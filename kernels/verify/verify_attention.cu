@@ -43,32 +43,12 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #define TVA_DYNAMIC_SMEM(name) extern __shared__ __align__(128) uint8_t name[]
-#define TVA_LAUNCH(kernel, grid, block, smem, stream, p) tva_launch(kernel, grid, block, smem, stream, p)
-
-// Programmatic dependent launch on sm_90+ (kernels/pdl.py, kernels/NOTES.md): the kernel may be
-// scheduled while the one before it on the stream finishes; each kernel here waits for it
-// first thing (wait_for_previous_kernel). Elsewhere a plain launch.
-template <typename Kernel, typename Params>
-static void tva_launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                       const Params& p) {
-    int device = 0, major = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaLaunchAttribute pdl;
-    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cfg.attrs = &pdl;
-    cfg.numAttrs = major >= 9 ? 1 : 0;
-    cudaLaunchKernelEx(&cfg, kernel, p);      // its error is the runtime's last error
-}
+#define TVA_LAUNCH(kernel, grid, block, smem, stream, p) pdl_launch(kernel, grid, block, smem, stream, p)
 #endif
 #include <stdint.h>
 #include <string.h>
+
+#include "../sm90.cuh"          // PDL launches, mbarriers, tensor copies, wgmma bookkeeping
 
 #include <mutex>
 #include <type_traits>
@@ -79,10 +59,8 @@ namespace tva {
 // finished and its writes are visible (a no-op unless launched with PDL), then let the next
 // kernel launch early.
 __device__ __forceinline__ void wait_for_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+    griddep_wait();
+    griddep_launch_dependents();
 }
 
 // ------------------------------------------------------------------------------------------
@@ -119,10 +97,6 @@ constexpr float LOG2E = 1.4426950408889634f;
 // ------------------------------------------------------------------------------------------
 
 #ifndef TVA_EMULATE
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // 16-byte global -> shared copy; `valid` false writes zeros and reads nothing.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
     const int n = valid ? 16 : 0;
@@ -161,33 +135,15 @@ __device__ __forceinline__ void st_shared_b32(uint32_t a, uint32_t v) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
 }
 
-// Hopper warpgroup MMA (sm_90a only; elsewhere these trap and are never launched: the Python
-// side selects impl "wgmma" only on compute capability 9.0 with a 9.0a build).
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define TVA_WGMMA 1
-#endif
+// Hopper warpgroup MMA (sm_90a only, TVA_WGMMA from sm90.cuh; elsewhere these trap and are
+// never launched: the Python side selects impl "wgmma" only on compute capability 9.0 with a
+// 9.0a build).
 
 // Make this thread's generic-proxy shared-memory writes (cp.async included) visible to the
 // async proxy (wgmma operand reads) once a barrier follows.
 __device__ __forceinline__ void fence_proxy_async() {
 #ifdef TVA_WGMMA
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_fence() {
-#ifdef TVA_WGMMA
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wgmma_commit() {
-#ifdef TVA_WGMMA
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-#ifdef TVA_WGMMA
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
@@ -282,45 +238,8 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss_tb(float (&d)[32][4], uint64
 #endif
 }
 
-// mbarriers and tensor copies (TMA, sm_90+): a copy of a box through a tensor map completes
-// `bytes` of its barrier's expected transactions; a phase completes when its arrivals are in
-// and its bytes have landed, and mbar_wait returns once the phase of `parity` has completed.
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void fence_mbarrier_init() {
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nTVA_WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra TVA_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-}
-// A 4-d box (coords innermost first) into shared memory at `dst`.
-__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, const int32_t (&c)[4], uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst), "l"(map), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]),
-        "r"(bar) : "memory");
-#else
-    __trap();
-#endif
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-
-// Warp specialisation's pieces: a barrier of `threads` threads under id 1-15 (0 is
-// __syncthreads), and a warpgroup's register budget moved (sm_90a; every thread of the
-// warpgroup executes it).
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
+// Warp specialisation's register budgets (sm_90a; every thread of the warpgroup executes it);
+// its named barriers, mbarriers and tensor copies are sm90.cuh's.
 template <int REGS>
 __device__ __forceinline__ void setmaxnreg_inc() {
 #ifdef TVA_WGMMA
@@ -335,20 +254,10 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 }
 #endif  // TVA_EMULATE
 
-// Shared-memory matrix descriptor for wgmma: K-major operand, 128-byte swizzle, rows of 128
-// bytes (64 bf16), groups of 8 rows 1024 bytes apart (the stride byte offset); the leading
-// byte offset is unused in this mode. Bits: start address >> 4 [0, 14), LBO >> 4 [16, 30),
-// SBO >> 4 [32, 46), layout 1 = 128-byte swizzle [62, 64). The swizzle XORs address bits [4, 7)
-// with bits [7, 10): tiles must start 1024-byte aligned; chunk c of row r sits at c ^ (r & 7).
-__host__ __device__ __forceinline__ uint64_t desc_kmajor_sw128(uint32_t smem_byte_addr) {
-    return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
-           (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
-}
-
-// The same for an MN-major operand (B of P V: V tiles stored as K tiles are, 64-column blocks of
-// 128-byte rows, one row per key): the leading byte offset is the stride between 64-column
-// blocks along N (BN rows x 128 bytes), the stride byte offset the stride between groups of 8
-// rows along K (1024 bytes).
+// The MN-major twin of sm90.cuh's desc_kmajor_sw128 for an operand (B of P V: V tiles stored
+// as K tiles are, 64-column blocks of 128-byte rows, one row per key): the leading byte offset
+// is the stride between 64-column blocks along N (BN rows x 128 bytes), the stride byte offset
+// the stride between groups of 8 rows along K (1024 bytes).
 __host__ __device__ __forceinline__ uint64_t desc_mnmajor_sw128(uint32_t smem_byte_addr) {
     return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) |
            (static_cast<uint64_t>((BN * 128) >> 4) << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
@@ -1960,18 +1869,6 @@ static cudaError_t prepare(Kernel kernel, int smem) {
     return err;
 }
 
-// The launch's error; in TVA_DEBUG builds (HARNESS_KERNEL_DEBUG=1) also its execution error,
-// waited for, so a fault is reported by the launch that caused it.
-static cudaError_t launch_status(cudaStream_t stream) {
-    cudaError_t err = cudaGetLastError();
-#if defined(TVA_DEBUG) && !defined(TVA_EMULATE)
-    if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-#else
-    (void)stream;
-#endif
-    return err;
-}
-
 // The kernel of a variant: wgmma 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (pipelined).
 template <int D, int NW, bool PAGED, int WGMMA>
 constexpr auto gqa_variant() {
@@ -1997,27 +1894,6 @@ static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_bl
 }
 
 #ifdef TVA_TMA
-// cuTensorMapEncodeTiled, from the driver (the runtime links no libcuda; its entry point since
-// CUDA 12.0) or the emulator.
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-static EncodeTiled encode_tiled() {
-#ifdef TVA_EMULATE
-    return cuTensorMapEncodeTiled;
-#else
-    static const EncodeTiled fn = [] {
-        void* f = nullptr;
-        cudaDriverEntryPointQueryResult found;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
-                cudaSuccess || found != cudaDriverEntryPointSuccess)
-            return static_cast<EncodeTiled>(nullptr);
-        return reinterpret_cast<EncodeTiled>(f);
-    }();
-    return fn;
-#endif
-}
-
 // A contiguous cache [b, heads, rows, D] (any strides, 16-byte multiples) as boxes of 64
 // columns by BN rows, 128-byte swizzled: the layout the wgmma descriptors read. Rows past
 // `kv_rows` read as zeros.
@@ -2178,7 +2054,7 @@ int tva_mla_forward(const AttnParams* params, int paged, int wgmma, void* stream
     err = cudaErrorInvalidValue;
     TVA_MLA(0, 0) TVA_MLA(0, 1) TVA_MLA(0, 2) TVA_MLA(1, 0) TVA_MLA(1, 1) TVA_MLA(1, 2)
 #undef TVA_MLA
-    if (err == cudaSuccess) err = tva::launch_status(s);
+    if (err == cudaSuccess) err = launch_status(s);
     if (err == cudaSuccess) err = tva::launch_combine<tva::mla::DV>(p, s);
     return static_cast<int>(err);
 }

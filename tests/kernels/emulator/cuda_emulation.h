@@ -751,6 +751,9 @@ inline float fast_exp2(float x) { return std::exp2(x); }
 
 inline void fence_proxy_async() {}
 inline void wgmma_fence() {}
+// Programmatic dependent launch: kernels run one after another here, so there is nothing to wait for.
+inline void griddep_wait() {}
+inline void griddep_launch_dependents() {}
 
 // Element (row r, column k), as bf16 bits, of a K-major 128-byte-swizzle operand described by
 // `desc`: rows in groups of 8, the groups SBO bytes apart, rows 128 bytes apart; the swizzle XORs
@@ -918,7 +921,7 @@ inline void st_shared_b32(uint32_t a, uint32_t v) {
 typedef uint64_t cuuint64_t;
 typedef uint32_t cuuint32_t;
 typedef int CUresult;
-enum { CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1 };
+enum { CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_NOT_FOUND = 500 };
 enum CUtensorMapDataType { CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0, CU_TENSOR_MAP_DATA_TYPE_UINT16 = 1,
                            CU_TENSOR_MAP_DATA_TYPE_FLOAT32 = 7, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9 };
 enum CUtensorMapInterleave { CU_TENSOR_MAP_INTERLEAVE_NONE = 0 };
