@@ -263,6 +263,28 @@ def _why_no_idle(result: dict) -> str:
     return "not measured (profiler off)" if _has_gpu(result) else "n/a (no GPU)"
 
 
+def idle_boundaries(result: dict, k: int = 3, width: int = 40) -> str:
+    """The kernel boundaries a cell's GPU idles at most (the idle meter's `profile.idle_gaps`:
+    inside a CUDA graph replay the phases cannot say it), as one line for a figure's caption,
+    e.g. "most idle between: gemm → norm 41.2 µs a step (36 gaps); ...". Empty when the cell
+    has none recorded."""
+    gaps = (result.get("profile") or {}).get("idle_gaps")
+    parts = []
+    for g in gaps if isinstance(gaps, list) else []:
+        if not isinstance(g, dict) or _num(g.get("us_per_step")) is None:
+            continue
+
+        def name(v):
+            v = "(window edge)" if v is None else str(v)
+            return v if len(v) <= width else v[:width - 1] + "…"
+        count = _num(g.get("gaps_per_step"))
+        parts.append(f"{name(g.get('before'))} → {name(g.get('after'))} {g['us_per_step']:.1f} µs a step"
+                     + (f" ({count:g} gaps)" if count is not None else ""))
+        if len(parts) == k:
+            break
+    return "most idle between: " + "; ".join(parts) if parts else ""
+
+
 def timeline_intervals(result: dict) -> list[dict]:
     """The well-formed intervals of a result's `timeline` (see the module docstring)."""
     raw = result.get("timeline")

@@ -119,9 +119,10 @@ def _figures(results: list[dict], out_dir: Path, commit: str | None, reference: 
         name = names.get(r.get("cell_id"), idle.cell_name(r))
         extra = (dict(base=base_by_id.get(r["cell_id"]), base_name=base_name)
                  if base is not None else {})
+        where = idle.idle_boundaries(r)
         out.append(_render(out_dir, f"timeline-{r['cell_id']}.png", f"GPU timeline of {name}",
                            f"GPU timeline of a few steady steps: {name}"
-                           + (shown if i == 0 else ""),
+                           + (shown if i == 0 else "") + (f". {where[0].upper()}{where[1:]}." if where else ""),
                            lambda p, r=r, name=name, extra=extra: idle.timeline(
                                r, p, commit=commit, card=False,
                                title=style.title(f"GPU timeline — {name}", [r], commit),

@@ -12,6 +12,10 @@ Where the idle time goes (per step, in ms):
   gaps[<a>_to_<b>]       host time between two phase ranges (and the GPU idle in it), e.g.
                          `commit_to_draft` is the loop overhead between steps
 With phases that do not overlap, the phases' and the gaps' idle add up to the window's idle.
+Inside one CUDA graph replay the host is in one range for the whole step, so `idle_gaps` says
+which kernel boundaries the idle sits at: each idle interval of the window goes to the pair of
+device activities around it (the one that ended last before it, the one that starts it), the
+pairs ranked by their idle per step.
 """
 
 from __future__ import annotations
@@ -191,6 +195,7 @@ def analyze_trace(events: list[dict]) -> dict:
         "phases": _phase_attribution(tr, lo, hi, n),
         "gaps": _gaps(tr, lo, hi, n),
         "top_kernels": top_kernels(events, lo, hi, n),
+        "idle_gaps": idle_gaps(tr, lo, hi, n),
     }
 
 
@@ -209,6 +214,31 @@ def top_kernels(events: list[dict], lo: float, hi: float, n_steps: int, k: int =
     ranked = sorted(total, key=total.get, reverse=True)[:k]
     return [{"name": n, "us_per_step": total[n] / n_steps, "calls_per_step": count[n] / n_steps}
             for n in ranked]
+
+
+def idle_gaps(tr: "_Trace", lo: float, hi: float, n_steps: int, k: int = 12) -> list[dict]:
+    """The window's idle intervals grouped by the device activities around them: `before` (the
+    one that ended last before the gap), `after` (the one that starts at its end), the idle per
+    step (`us_per_step`), the gaps per step and the median gap, the `k` pairs with the most idle
+    first. A gap at the window's edge has `before` or `after` None."""
+    # A busy interval's ends are some activity's end and start (the union's edges): name them.
+    ended: dict[float, str] = {}
+    started: dict[float, str] = {}
+    for e in tr.device:
+        s, t = _span(e)
+        name = e.get("name", "?")[:90]
+        ended.setdefault(t, name)
+        started.setdefault(s, name)
+    edges = [(max(s, lo), min(t, hi)) for s, t in tr.busy if t > lo and s < hi]
+    bounds = [lo] + [x for s, t in edges for x in (s, t)] + [hi]
+    gaps: dict[tuple, list[float]] = defaultdict(list)
+    for a, b in zip(bounds[0::2], bounds[1::2]):
+        if b > a:
+            gaps[(ended.get(a), started.get(b))].append(b - a)
+    ranked = sorted(gaps.items(), key=lambda kv: -sum(kv[1]))[:k]
+    return [{"before": before, "after": after, "us_per_step": sum(v) / n_steps,
+             "gaps_per_step": len(v) / n_steps, "median_us": statistics.median(v)}
+            for (before, after), v in ranked]
 
 
 def _phase_attribution(tr: _Trace, lo: float, hi: float, n_steps: int) -> dict:

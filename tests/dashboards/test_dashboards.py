@@ -211,3 +211,17 @@ def test_figures_read_results_written_by_the_journal(tmp_path):
     stored = list(journal.results().values())
     assert json.loads(json.dumps(results)) == [r for r in stored]
     assert stored[0]["timeline"][0]["kind"] in ("gpu", "host")
+
+
+def test_idle_boundaries_name_the_kernels_the_gpu_waits_between():
+    result = {"profile": {"idle_gaps": [
+        {"before": "nvjet_sm90_tst_64x72_64x12_2x1_v_bz_splitK_TNT_and_a_long_tail", "after": "_add_rmsnorm_kernel",
+         "us_per_step": 41.25, "gaps_per_step": 36, "median_us": 1.1},
+        {"before": "b", "after": None, "us_per_step": 5.0, "gaps_per_step": 1, "median_us": 5.0},
+        {"before": "c", "after": "d", "us_per_step": 1.0, "gaps_per_step": 2, "median_us": 0.5},
+        {"before": "e", "after": "f", "us_per_step": 0.5, "gaps_per_step": 1, "median_us": 0.5}]}}
+    text = idle.idle_boundaries(result)
+    assert text == ("most idle between: nvjet_sm90_tst_64x72_64x12_2x1_v_bz_spl… → _add_rmsnorm_kernel "
+                    "41.2 µs a step (36 gaps); b → (window edge) 5.0 µs a step (1 gaps); "
+                    "c → d 1.0 µs a step (2 gaps)")
+    assert idle.idle_boundaries({}) == "" and idle.idle_boundaries({"profile": {"idle_gaps": "x"}}) == ""

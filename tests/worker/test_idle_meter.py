@@ -331,3 +331,35 @@ def test_cupti_teardown_is_asked_for_on_cuda_12_6_and_later(monkeypatch):
         else:
             monkeypatch.setenv("TEARDOWN_CUPTI", env)
         assert idle._release_cupti_after_profiling() == expect, (cuda, env)
+
+
+# -- idle by kernel boundary ----------------------------------------------------------------------
+def test_idle_gaps_name_the_kernels_around_each_gap():
+    """One step of a graph replay: g1 -> (3 µs) -> n -> (1 µs) -> g2 -> (3 µs) -> n2, twice: the
+    idle goes to the pairs around it, ranked by idle per step; the window's edges to None."""
+    events = [annotation(measure.STEP_RANGE, 0, 100), annotation(measure.STEP_RANGE, 100, 100)]
+    for base in (0, 100):
+        events += [x("gemm", "kernel", base + 10, 20), x("norm", "kernel", base + 33, 5),
+                   x("gemm", "kernel", base + 39, 20), x("silu", "kernel", base + 62, 30)]
+    gaps = measure.analyze_trace(events)["idle_gaps"]
+    by_pair = {(g["before"], g["after"]): g for g in gaps}
+    assert by_pair[("gemm", "norm")] == {"before": "gemm", "after": "norm", "us_per_step": pytest.approx(3),
+                                         "gaps_per_step": 1, "median_us": pytest.approx(3)}
+    assert by_pair[("gemm", "silu")]["us_per_step"] == pytest.approx(3)
+    assert by_pair[("norm", "gemm")]["us_per_step"] == pytest.approx(1)
+    # between the steps: silu ends at 92, gemm starts at 110; the window starts with 10 µs idle
+    assert by_pair[("silu", "gemm")]["us_per_step"] == pytest.approx(18 / 2)
+    assert by_pair[(None, "gemm")]["us_per_step"] == pytest.approx(10 / 2)
+    assert by_pair[("silu", None)]["us_per_step"] == pytest.approx(8 / 2)
+    assert [g["us_per_step"] for g in gaps] == sorted((g["us_per_step"] for g in gaps), reverse=True)
+    total = sum(g["us_per_step"] for g in gaps)
+    assert total / 1e3 == pytest.approx(measure.analyze_trace(events)["idle_ms"])
+
+
+def test_overlapping_activities_leave_no_gap_between_them():
+    """A kernel that starts before the one ahead ends (programmatic dependent launch) makes no
+    idle at that boundary."""
+    events = [annotation(measure.STEP_RANGE, 0, 50), x("a", "kernel", 0, 20), x("b", "kernel", 15, 20),
+              x("c", "kernel", 40, 10)]
+    gaps = measure.analyze_trace(events)["idle_gaps"]
+    assert [(g["before"], g["after"], g["us_per_step"]) for g in gaps] == [("b", "c", pytest.approx(5))]
