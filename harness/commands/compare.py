@@ -9,6 +9,11 @@ loaded, throttled or shared, or when the sides ran different builds of the CUDA 
 different CUDA graph states (the gate's warnings: a difference that is not the code's alone).
 Cells of BASE that HEAD does not have are listed after.
 
+`--across KNOB=A:B` compares a knob instead of a change: BASE's cells run with KNOB=A against
+HEAD's run with KNOB=B, paired by every other parameter (BASE and HEAD may be the same run, e.g.
+a scenario whose matrix sweeps the knob). Cells with different kernels are otherwise never
+paired (their ids differ: docs/gate.md); this is the explicit way to ask what a knob buys.
+
 Exit codes: 0 (a comparison, whatever it found; `harness gate` is the command that fails CI),
 2 bad input (a run that is not in the journal).
 """
@@ -30,6 +35,9 @@ def compare(
     base_id: str = typer.Argument(..., metavar="BASE", help="the run compared against"),
     head_id: str = typer.Argument(..., metavar="HEAD", help="the run whose change is shown"),
     results_dir: Path = results_option("journal root is RESULTS/runs"),
+    across: str = typer.Option(None, "--across", metavar="KNOB=A:B",
+                               help="compare BASE's cells with KNOB=A against HEAD's with KNOB=B, "
+                                    "paired by every other parameter (BASE and HEAD may be one run)"),
 ):
     """Compare two runs cell by cell: both medians, the ratio, the gate's verdict, noise."""
     from harness.gate import runs
@@ -41,15 +49,39 @@ def compare(
     except jr.JournalError as e:
         raise fail_input(e)
     head_results, base_results = head.results(), base.results()
+    title = f"{head.run_id} ({head.scenario_name}) against {base.run_id} ({base.scenario_name})"
+    if across is not None:
+        knob, a, b = parse_across(across)
+        base_results = runs.pair_across(base_results, knob, a, a)
+        head_results = runs.pair_across(head_results, knob, b, a)
+        if not base_results or not head_results:
+            raise fail_input(f"--across {across}: no cells of {base.run_id if not base_results else head.run_id} "
+                             f"ran with {knob}={a if not base_results else b}")
+        title += f", {knob}: {a} (base) against {b} (head)"
     verdicts = runs.compare(head_results, base_results)
-    console.print(comparison_table(head_results, base_results, verdicts,
-                                   f"{head.run_id} ({head.scenario_name}) against "
-                                   f"{base.run_id} ({base.scenario_name})"))
+    console.print(comparison_table(head_results, base_results, verdicts, title))
     gone = [r for cid, r in base_results.items() if cid not in head_results]
     if gone:
         console.print(f"{len(gone)} cell(s) of {escape(base.run_id)} not in {escape(head.run_id)}: "
                       + "; ".join(escape(r.get("label", "?")) for r in gone), highlight=False)
     console.print(runs.VERDICT_NOTE, style="dim", highlight=False)
+
+
+def parse_across(text: str) -> tuple[str, object, object]:
+    """KNOB=A:B -> (knob, a, b), the values as a scenario would read them (true, 4096, ...); a
+    knob no cell has is an input error."""
+    import yaml
+
+    from harness.protocol import params
+
+    knob, eq, values = text.partition("=")
+    a, colon, b = values.partition(":")
+    if not (eq and colon and knob.strip() and a.strip() and b.strip()):
+        raise fail_input(f"--across {text!r}: expected KNOB=A:B, e.g. linear_impl=triton:wgmma")
+    knob = knob.strip()
+    if knob not in params.PARAMS:
+        raise fail_input(f"--across: unknown parameter {knob!r}")
+    return knob, yaml.safe_load(a.strip()), yaml.safe_load(b.strip())
 
 
 def comparison_table(head: dict[str, dict], base: dict[str, dict], verdicts: dict,

@@ -59,6 +59,20 @@ def compare(head: dict[str, dict], base: dict[str, dict]) -> dict[str, Verdict]:
     return out
 
 
+def pair_across(results: dict[str, dict], knob: str, value, key_value) -> dict[str, dict]:
+    """The results whose cell has `knob` = `value`, keyed by the id their cell would have with
+    `knob` = `key_value`: two runs' cells keyed with the same `key_value` line up where every
+    other parameter is equal (an A/B of the knob, never a comparison of one configuration)."""
+    from harness.protocol import params
+
+    out = {}
+    for r in results.values():
+        cell = r.get("cell") or {}
+        if knob in cell and params.canonical(cell).get(knob) == value:
+            out[params.cell_id({**cell, knob: key_value})] = r
+    return out
+
+
 def _samples(result: dict | None, metric: str) -> list[float]:
     """The repeats of `metric` (samples), else its single value, else nothing."""
     if not result:

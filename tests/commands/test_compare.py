@@ -77,3 +77,52 @@ def test_an_unknown_run_is_one_line_and_exit_2(tmp_path):
 ])
 def test_change_reads_each_metric_in_its_own_sense(metric, ratio, said):
     assert change(metric, ratio) == said
+
+
+# -- an A/B of a knob: --across KNOB=A:B ---------------------------------------------------------
+LINEAR_A, LINEAR_B = "20261204-203547-d7798b", "20261204-203552-fd5c63"   # session 24's linear-ab
+
+
+def test_across_a_knob_pairs_the_cells_that_differ_only_in_it():
+    """linear-ab's side A (linear_impl triton) against side B (wgmma): without --across no cell
+    lines up (different kernels, different ids); with it the three decode cells do."""
+    code, out = harness("compare", LINEAR_A, LINEAR_B, "--results", str(RESULTS))
+    assert code == 0 and out.count("no base") == 4
+    code, out = harness("compare", LINEAR_A, LINEAR_B, "--across", "linear_impl=triton:wgmma",
+                        "--results", str(RESULTS))
+    assert code == 0, out
+    assert "linear_impl: triton (base) against wgmma (head)" in out
+    decode = {k: v for k, v in rows(out).items() if k.startswith("qwen3-8b")}
+    assert len(decode) == 3 and all("tokens_per_s" in v and "slower" in v for v in decode.values())
+    at_4k = next(v for k, v in decode.items() if "ctx=4096" in k)
+    assert "788" in at_4k and "699.3" in at_4k and "0.888" in at_4k
+
+
+def test_across_the_op_cells_torch_against_wgmma():
+    code, out = harness("compare", LINEAR_A, LINEAR_B, "--across", "linear_impl=torch:wgmma",
+                        "--results", str(RESULTS))
+    assert code == 0, out
+    op = next(v for k, v in rows(out).items() if k.startswith("op linear"))
+    assert "kernel_us" in op and "111.3" in op and "135.7" in op and "slower" in op and "regressed" in op
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("linear_impl", "expected KNOB=A:B"), ("linear_impl=triton", "expected KNOB=A:B"),
+    ("linear_kernel=a:b", "unknown parameter 'linear_kernel'"),
+    ("linear_impl=cuda:wgmma", f"no cells of {LINEAR_A} ran with linear_impl=cuda"),
+])
+def test_across_input_errors(spec, message):
+    code, out = harness("compare", LINEAR_A, LINEAR_B, "--across", spec, "--results", str(RESULTS))
+    assert code == 2 and message in out, out
+
+
+def test_pairing_across_a_knob_within_one_run():
+    """One run that swept the knob: its A cells key the same as its B cells."""
+    from harness.gate.runs import pair_across
+    cell = {"workload": "decode", "model": "tiny", "context_length": 256, "verify_mode": "sdpa"}
+    run = {"a": {"cell": {**cell, "linear_impl": "torch"}}, "b": {"cell": {**cell, "linear_impl": "triton"}},
+           "c": {"cell": {**cell, "linear_impl": "triton", "context_length": 512}}}
+    base, head = pair_across(run, "linear_impl", "torch", "torch"), pair_across(run, "linear_impl", "triton", "torch")
+    assert len(base) == 1 and len(head) == 2
+    (key,) = base
+    assert head[key] is run["b"]
