@@ -96,7 +96,7 @@ def test_every_cuda_verify_kernel_waits_first():
     assert len(kernels) == 7, kernels      # gqa, gqa pipelined, its TMA and WS builds, mla, mla_pv, combine
     for name, first in kernels:
         assert first == "wait_for_previous_kernel();", (name, first)
-    assert "cudaLaunchAttributeProgrammaticStreamSerialization" in src
+    assert _launches_with_pdl(src)
 
 
 def test_a_kernel_after_a_cublas_gemm_launches_plainly(monkeypatch):
@@ -118,4 +118,27 @@ def test_the_cuda_tree_build_waits_first():
     src = (KERNELS / "tree" / "tree_build.cu").read_text()
     first = re.findall(r"__global__ void[^{]*?\btree_build_kernel\(const Params p\) \{\n\s*(\S[^\n]*)", src)
     assert first == ["wait_for_previous_kernel();"], first
-    assert "cudaLaunchAttributeProgrammaticStreamSerialization" in src
+    assert _launches_with_pdl(src)
+
+
+def _launches_with_pdl(src: str) -> bool:
+    """The file's launch macro is sm90.cuh's pdl_launch, which asks for programmatic stream
+    serialization."""
+    header = (KERNELS / "sm90.cuh").read_text()
+    return (re.search(r"#define T\w+_LAUNCH\(kernel, grid, block, smem, stream, p\) pdl_launch\(", src) is not None
+            and '#include "../sm90.cuh"' in src
+            and "cudaLaunchAttributeProgrammaticStreamSerialization" in header)
+
+
+def test_the_stream_k_gemm_reads_only_weights_before_its_wait():
+    """kernels/linear/stream_linear.cu: the producer issues weight copies before waiting for the
+    kernel ahead (no kernel writes weights); the token copies, and every consumer's stores,
+    come after a wait."""
+    src = (KERNELS / "linear" / "stream_linear.cu").read_text()
+    assert _launches_with_pdl(src)
+    body = src[src.index("stream_linear_kernel(const __grid_constant__ Params p) {"):]
+    producer, consumers = body.split("// The consumer warpgroups", 1)
+    before, after = producer.split("griddep_wait();", 1)
+    assert "&p.map_w" in before and "&p.map_x" not in before
+    assert "&p.map_x" in after
+    assert consumers.index("griddep_wait();") < consumers.index("finish_segment(")
