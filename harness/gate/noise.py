@@ -41,12 +41,14 @@ class Noise:
 
 
 def _samples(result: dict, metric: str) -> list[float]:
-    listed = (result.get("samples") or {}).get(metric)
-    if isinstance(listed, list) and listed:
-        values = listed
-    else:
-        value = (result.get("metrics") or {}).get(metric)
-        values = [value] if value is not None else []
+    """The repeats the comparison tests (baselines.repeat_samples), else the single value."""
+    from harness.gate.baselines import repeat_samples
+
+    listed = repeat_samples(result, metric)
+    if listed is not None:
+        return listed
+    value = (result.get("metrics") or {}).get(metric)
+    values = [value] if value is not None else []
     return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
             and math.isfinite(v)]
 

@@ -51,8 +51,12 @@ def compare(head: dict[str, dict], base: dict[str, dict]) -> dict[str, Verdict]:
         elif h.get("status") != "ok" or not hs:
             out[cid] = Verdict(metric, _value(b, metric), None, "head failed")
         else:
+            from harness.gate.baselines import acceptance_normalised
+
             c = gate_compare(bs, hs, DEFAULT_POLICIES[metric])
             bits = [f"p={c.p:.2g}", f"n={c.n_base}/{c.n_head}"]
+            if acceptance_normalised(h, metric) and acceptance_normalised(b, metric):
+                bits.append("repeats per accepted token")
             if c.ci_ratio:
                 bits.insert(1, f"{c.confidence:.0%} CI {c.ci_ratio[0]:.3f}–{c.ci_ratio[1]:.3f}")
             out[cid] = Verdict(metric, c.base, c.ratio, c.verdict, ", ".join(bits), c.head)
@@ -74,10 +78,13 @@ def pair_across(results: dict[str, dict], knob: str, value, key_value) -> dict[s
 
 
 def _samples(result: dict | None, metric: str) -> list[float]:
-    """The repeats of `metric` (samples), else its single value, else nothing."""
+    """The repeats of `metric` (baselines.repeat_samples: decode tokens/s with each repeat's
+    acceptance scatter divided out), else its single value, else nothing."""
+    from harness.gate.baselines import repeat_samples
+
     if not result:
         return []
-    values = [float(v) for v in (result.get("samples") or {}).get(metric) or [] if is_finite_number(v)]
+    values = repeat_samples(result, metric) or []
     if not values and _value(result, metric) is not None:
         values = [_value(result, metric)]
     return values
