@@ -73,6 +73,10 @@ def _check(y, x, w):
 def test_the_struct_matches(lib):
     assert lib.tsl_struct_size() == ctypes.sizeof(sl.Args)
     assert lib.tsl_max_rows() == sl.MAX_ROWS
+    lib.tsl_partial_floats.restype = ctypes.c_int64
+    lib.tsl_partial_floats.argtypes = [ctypes.c_int64, ctypes.c_int64]
+    for ctas, groups in ((1, 1), (132, 1), (132, 2)):
+        assert lib.tsl_partial_floats(ctas, groups) == sl.partial_floats(ctas, groups)
 
 
 @pytest.mark.parametrize("ctas", [1, 4, 7])
