@@ -268,15 +268,15 @@ def idle_boundaries(result: dict, k: int = 3, width: int = 40) -> str:
     inside a CUDA graph replay the phases cannot say it), as one line for a figure's caption,
     e.g. "most idle between: gemm → norm 41.2 µs a step (36 gaps); ...". Empty when the cell
     has none recorded."""
+    def name(v) -> str:
+        v = "(window edge)" if v is None else str(v)
+        return v if len(v) <= width else v[:width - 1] + "…"
+
     gaps = (result.get("profile") or {}).get("idle_gaps")
     parts = []
     for g in gaps if isinstance(gaps, list) else []:
         if not isinstance(g, dict) or _num(g.get("us_per_step")) is None:
             continue
-
-        def name(v):
-            v = "(window edge)" if v is None else str(v)
-            return v if len(v) <= width else v[:width - 1] + "…"
         count = _num(g.get("gaps_per_step"))
         parts.append(f"{name(g.get('before'))} → {name(g.get('after'))} {g['us_per_step']:.1f} µs a step"
                      + (f" ({count:g} gaps)" if count is not None else ""))

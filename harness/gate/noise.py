@@ -20,6 +20,7 @@ import statistics
 from dataclasses import dataclass
 
 from harness.gate.policy import Policy
+from harness.gate.samples import repeat_samples
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,7 @@ class Noise:
 
 
 def _samples(result: dict, metric: str) -> list[float]:
-    """The repeats the comparison tests (baselines.repeat_samples), else the single value."""
-    from harness.gate.baselines import repeat_samples
-
+    """The repeats the comparison tests (samples.repeat_samples), else the single value."""
     listed = repeat_samples(result, metric)
     if listed is not None:
         return listed

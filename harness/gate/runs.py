@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.gate.policy import DEFAULT_POLICIES
+from harness.gate.samples import acceptance_normalised, repeat_samples
 from harness.gate.stats import compare as gate_compare
 from harness.protocol.numbers import is_finite_number
 
@@ -51,8 +52,6 @@ def compare(head: dict[str, dict], base: dict[str, dict]) -> dict[str, Verdict]:
         elif h.get("status") != "ok" or not hs:
             out[cid] = Verdict(metric, _value(b, metric), None, "head failed")
         else:
-            from harness.gate.baselines import acceptance_normalised
-
             c = gate_compare(bs, hs, DEFAULT_POLICIES[metric])
             bits = [f"p={c.p:.2g}", f"n={c.n_base}/{c.n_head}"]
             if acceptance_normalised(h, metric) and acceptance_normalised(b, metric):
@@ -78,10 +77,8 @@ def pair_across(results: dict[str, dict], knob: str, value, key_value) -> dict[s
 
 
 def _samples(result: dict | None, metric: str) -> list[float]:
-    """The repeats of `metric` (baselines.repeat_samples: decode tokens/s with each repeat's
+    """The repeats of `metric` (samples.repeat_samples: decode tokens/s with each repeat's
     acceptance scatter divided out), else its single value, else nothing."""
-    from harness.gate.baselines import repeat_samples
-
     if not result:
         return []
     values = repeat_samples(result, metric) or []

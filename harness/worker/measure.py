@@ -216,7 +216,7 @@ def top_kernels(events: list[dict], lo: float, hi: float, n_steps: int, k: int =
             for n in ranked]
 
 
-def idle_gaps(tr: "_Trace", lo: float, hi: float, n_steps: int, k: int = 12) -> list[dict]:
+def idle_gaps(tr: _Trace, lo: float, hi: float, n_steps: int, k: int = 12) -> list[dict]:
     """The window's idle intervals grouped by the device activities around them: `before` (the
     one that ended last before the gap), `after` (the one that starts at its end), the idle per
     step (`us_per_step`), the gaps per step and the median gap, the `k` pairs with the most idle

@@ -86,7 +86,7 @@ struct Args {
     const void* x;            // bf16 [M, K], rows x_stride elements apart, last dim contiguous
     const void* w;            // bf16 [N, K], rows w_stride elements apart
     void* y;                  // bf16 [M, N], rows y_stride elements apart
-    float* partials;          // fp32 [ctas, 2, ACC, consumers]: a CTA's first and last segment
+    float* partials;          // fp32 [ctas, ACC, consumers]: each CTA's part of a tile another owns
     int32_t* counters;        // [ceil(N / tile rows)], zero; every call leaves them zero
     int64_t M, N, K, x_stride, w_stride, y_stride;
     int64_t ctas;             // the persistent grid: one CTA a multiprocessor
@@ -389,18 +389,35 @@ static bool valid(const Args& a) {
            a.y != nullptr && a.counters != nullptr;
 }
 
-// The kernel's shared-memory limit raised once per device (the attribute is per device).
-static cudaError_t prepare() {
+// Once per device: the kernel's shared-memory limit raised (the attribute is per device), and
+// the CTAs of each shape that can be resident at once (a tile's owner waits for the CTAs of its
+// other parts, so the grid may not exceed it), asked of the runtime once, not at every call.
+// `resident` stays 0 where the runtime cannot say (the emulator runs blocks one at a time).
+static cudaError_t prepare(const Shape& sh, int64_t& resident) {
     static bool done[64] = {false};
+    static int64_t fits[64][MAX_GROUPS + 1][17] = {};
     static std::mutex lock;               // ctypes drops the GIL
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err != cudaSuccess) return err;
     std::lock_guard<std::mutex> guard(lock);
-    if (device >= 0 && device < 64 && done[device]) return cudaSuccess;
-    err = cudaFuncSetAttribute(stream_linear_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_SMEM);
-    if (err == cudaSuccess && device >= 0 && device < 64) done[device] = true;
-    return err;
+    const bool cached = device >= 0 && device < 64;
+    if (!cached || !done[device]) {
+        err = cudaFuncSetAttribute(stream_linear_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_SMEM);
+        if (err != cudaSuccess) return err;
+        if (cached) done[device] = true;
+    }
+    resident = cached ? fits[device][sh.groups][sh.stages] : 0;
+#ifndef TVA_EMULATE
+    if (resident == 0) {
+        int sms = 0, per_sm = 0;
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, stream_linear_kernel, sh.threads(), sh.smem());
+        resident = static_cast<int64_t>(sms) * per_sm;
+        if (cached) fits[device][sh.groups][sh.stages] = resident;
+    }
+#endif
+    return cudaSuccess;
 }
 
 }  // namespace tsl
@@ -416,23 +433,17 @@ int64_t tsl_partial_floats(int64_t ctas, int64_t groups) { return ctas * tsl::AC
 int tsl_linear(const tsl::Args* args, void* stream) {
     const tsl::Args& a = *args;
     if (!tsl::valid(a)) return static_cast<int>(cudaErrorInvalidValue);
-    cudaError_t err = tsl::prepare();
+    const tsl::Shape sh{static_cast<int>(a.groups), static_cast<int>(a.stages)};
+    int64_t resident = 0;
+    cudaError_t err = tsl::prepare(sh, resident);
     if (err != cudaSuccess) return static_cast<int>(err);
     tsl::Params p;
     p.a = a;
-    // Every CTA gets at least one iteration, so every CTA a tile's owner counts on computes a part.
-    const tsl::Shape sh{static_cast<int>(a.groups), static_cast<int>(a.stages)};
+    // Every CTA gets at least one iteration, so every CTA a tile's owner counts on computes a
+    // part; and all are resident at once, so the owner's wait for them ends.
     const int64_t iters = ((a.N + sh.tile_rows() - 1) / sh.tile_rows()) * ((a.K + tsl::BK - 1) / tsl::BK);
     if (p.a.ctas > iters) p.a.ctas = iters;
-#ifndef TVA_EMULATE
-    // A tile's owner waits for the CTAs that computed its other parts: all must be resident at
-    // once, so the grid is at most one CTA a multiprocessor (what fits of this shape).
-    int device = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, tsl::stream_linear_kernel, sh.threads(), sh.smem());
-    if (sms > 0 && per_sm > 0 && p.a.ctas > static_cast<int64_t>(sms) * per_sm) p.a.ctas = static_cast<int64_t>(sms) * per_sm;
-#endif
+    if (resident > 0 && p.a.ctas > resident) p.a.ctas = resident;
     CUresult rc = tsl::encode(&p.map_x, a.x, a.K, a.M, a.x_stride, tsl::NT);
     if (rc == CUDA_SUCCESS) rc = tsl::encode(&p.map_w, a.w, a.K, a.N, a.w_stride, static_cast<uint32_t>(sh.tile_rows()));
     if (rc != CUDA_SUCCESS) return -static_cast<int>(rc);

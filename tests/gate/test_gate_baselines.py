@@ -202,7 +202,8 @@ def test_decode_tokens_per_s_repeats_carry_no_acceptance_scatter():
     6.0 tokens a step, so tokens/s spread 679-863; divided by the draw and scaled by its mean,
     the repeats agree within 1 %, at the run's level. Other metrics, and a result without the
     draws, are as measured; a run's median (RUN) stays the raw one."""
-    from harness.gate.baselines import RUN, repeat_samples, samples_of
+    from harness.gate.baselines import RUN, samples_of
+    from harness.gate.samples import repeat_samples
     tps = [769.8, 788.0, 862.5, 678.9, 858.7]
     accept = [5.375, 5.5, 6.0, 4.75, 6.0]
     result = {"status": "ok", "metrics": {"tokens_per_s": 788.0, "accept_len_mean": 5.525},
