@@ -125,6 +125,58 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, c
 #endif
 }
 
+// `bytes` (a multiple of 16) from global `src` into shared memory at `dst`, both 16-byte aligned,
+// completing as many of the barrier's expected transaction bytes (cp.async.bulk, no tensor map).
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar) : "memory");
+#else
+    __trap();
+#endif
+}
+
+// A 2-d box from shared memory at `src` (rows of the box's inner extent one after another) to
+// the tensor at `c`; elements outside the tensor are not written. The copy joins this thread's
+// open bulk group: bulk_commit closes it, bulk_wait_read<N> returns once every group but the N
+// newest has read its shared memory (which may be written again, or freed at exit, only then).
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, const int32_t (&c)[2], uint32_t src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(map),
+                 "r"(c[0]), "r"(c[1]), "r"(src) : "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// Proxy fences: this thread's generic-proxy writes to shared memory made visible to the async
+// proxy (a tensor store's or wgmma's reads of them, once a barrier follows); and global memory
+// written through the generic proxy (other CTAs' stores this thread has acquired) ordered
+// before this thread's async-proxy reads of it (bulk copies).
+// (The shared-memory fence is emitted for sm_90a only, where this repository's async-proxy
+// readers of shared memory, wgmma and the stream-K GEMM's tensor store, are built.)
+__device__ __forceinline__ void fence_proxy_async() {
+#ifdef TVA_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fence_proxy_async_global() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
+
 // A barrier of `threads` threads under id 1-15 (0 is __syncthreads).
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

@@ -97,7 +97,18 @@ struct Args {
 // The tensor maps first: a CUtensorMap is 64-byte aligned (the emulator's 128).
 struct Params {
     CUtensorMap map_x, map_w;
+    CUtensorMap map_y;        // y as boxes of a tile's rows by NT tokens, for the tensor store
     Args a;
+    int32_t y_by_copy;        // 1: map_y is valid (y 16-byte aligned, rows a multiple of 16 bytes apart)
+};
+
+// The ring once a CTA's last MMAs have retired: no stage holds anything a thread still reads, so
+// the end of the range reuses its shared memory (the parts a tile's owner adds, y's tile on its
+// way out), with one more mbarrier for those copies.
+struct Idle {
+    uint8_t* ptr;             // the ring (generic address)
+    uint32_t addr, bytes;     // its shared address and size
+    uint32_t bar, phase;
 };
 
 // ------------------------------------------------------------------------------------------
@@ -188,14 +199,32 @@ __device__ __forceinline__ void write_partial(const Args& a, int consumers, int6
         slot[q * consumers + tid] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
 }
 
-// acc += CTA c's partial (read past L1: another multiprocessor wrote it).
-__device__ __forceinline__ void add_partial(const Args& a, int consumers, int64_t c, float (&acc)[2][9][4], int tid) {
-    const float4* slot = reinterpret_cast<const float4*>(partial_slot(a, consumers, c));
-    float* v = &acc[0][0][0];
+// y's tile through the idle ring: each thread puts its accumulators as bf16 at [token][row] of
+// a tile-wide box, and one tensor store writes the box (the tokens past M and the rows past N
+// are dropped by the copy). That is one instruction where store_tile's threads issue 72 2-byte
+// stores each (1.6-3.8 µs a call on the H200: kernels/NOTES.md).
+__device__ __forceinline__ void store_tile_by_copy(const Params& p, const Shape& sh, int64_t tile,
+                                                   const float (&acc)[2][9][4], int tid, const Idle& idle) {
+    uint16_t* box = reinterpret_cast<uint16_t*>(idle.ptr);
+    const int g = tid >> 7, w = (tid >> 5) & 3, lane = tid & 31, tile_rows = sh.tile_rows();
 #pragma unroll
-    for (int q = 0; q < ACC / 4; ++q) {
-        const float4 p = __ldcg(slot + q * consumers + tid);
-        v[4 * q] += p.x, v[4 * q + 1] += p.y, v[4 * q + 2] += p.z, v[4 * q + 3] += p.w;
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = g * GROUP_ROWS + half * 64 + 16 * w + lane / 4 + 8 * h;
+#pragma unroll
+            for (int j = 0; j < 9; ++j)
+#pragma unroll
+                for (int c = 0; c < 2; ++c)
+                    box[(8 * j + 2 * (lane % 4) + c) * tile_rows + row] = bf16_bits(acc[half][j][2 * h + c]);
+        }
+    fence_proxy_async();                               // this thread's writes, for the copy's reads
+    named_barrier_sync(1, sh.consumers());
+    if (tid == 0) {
+        const int32_t xy[2] = {static_cast<int32_t>(tile * tile_rows), 0};
+        tma_store(&p.map_y, xy, idle.addr);
+        bulk_commit();
+        bulk_wait_read<0>();                           // the ring is freed when the CTA exits
     }
 }
 
@@ -216,20 +245,55 @@ __device__ __forceinline__ void wait_for_parts(const int32_t* counter, int count
 }
 #endif
 
-// A segment's result: tile `tile`'s k steps [k0, k1) of `k_steps`, by CTA c. A whole tile goes
-// straight to y. A tile cut between CTAs is summed by its owner, the CTA that computes its first
-// k steps: that is the last segment of the owner's range, so the other CTAs' parts (the first
-// segments of theirs) are usually done by then. They write their partials and count themselves
-// in (one fence and one atomic by thread 0; the other consumer threads go straight on); the
-// owner waits for the count, adds the partials to its own accumulators in CTA order (the same
-// bits whoever finished first) and writes y. Waiting on other CTAs needs them resident: the
-// launcher keeps the grid to one CTA a multiprocessor.
-__device__ void finish_segment(const Args& a, const Shape& sh, int64_t c, int64_t tile, int k0, int k1, int k_steps,
-                               int64_t iters, float (&acc)[2][9][4], int tid) {
-    if (k0 == 0 && k1 == k_steps) {
-        store_tile(a, sh, tile, acc, tid);
-        return;
+// acc += the other parts of the tile CTA c owns, CTAs c + 1 .. c_last, in CTA order (the same
+// bits whoever finished first). Thread 0 waits for their count, then copies the parts into the
+// idle ring by bulk copies, as many as it holds a round: one round trip for all of them, where
+// loads from every thread took one a part (4-6 µs a call on the H200: kernels/NOTES.md).
+__device__ void add_parts(const Args& a, const Shape& sh, int64_t c, int64_t c_last, int64_t tile,
+                          float (&acc)[2][9][4], int tid, Idle& idle) {
+    const int consumers = sh.consumers();
+    const uint32_t part_bytes = static_cast<uint32_t>(ACC * consumers * 4);
+    const int64_t per_round = idle.bytes / part_bytes;  // >= 1: three stages hold a part
+    if (tid == 0) {
+        wait_for_parts(&a.counters[tile], static_cast<int>(c_last - c));
+        a.counters[tile] = 0;                          // for the next call: every part is in
+        fence_proxy_async_global();                    // the acquired stores, before the copies read them
     }
+    float* v = &acc[0][0][0];
+    for (int64_t c0 = c + 1; c0 <= c_last; c0 += per_round) {
+        const int n = static_cast<int>(c_last - c0 + 1 < per_round ? c_last - c0 + 1 : per_round);
+        if (tid == 0) {
+            mbar_arrive_expect_tx(idle.bar, static_cast<uint32_t>(n) * part_bytes);
+            for (int u = 0; u < n; ++u)
+                bulk_load(idle.addr + static_cast<uint32_t>(u) * part_bytes, partial_slot(a, consumers, c0 + u),
+                          part_bytes, idle.bar);
+        }
+        mbar_wait(idle.bar, idle.phase);
+        idle.phase ^= 1;
+        for (int u = 0; u < n; ++u) {
+            const float4* part = reinterpret_cast<const float4*>(idle.ptr + static_cast<size_t>(u) * part_bytes);
+#pragma unroll
+            for (int q = 0; q < ACC / 4; ++q) {
+                const float4 x = part[q * consumers + tid];
+                v[4 * q] += x.x, v[4 * q + 1] += x.y, v[4 * q + 2] += x.z, v[4 * q + 3] += x.w;
+            }
+        }
+        named_barrier_sync(1, consumers);              // every thread has read the round before the ring is reused
+    }
+}
+
+// A segment's result: tile `tile`'s k steps [k0, k1) of `k_steps`, by CTA c; `last`: the range's
+// last segment, after which the ring is idle. A tile cut between CTAs is summed by its owner,
+// the CTA that computes its first k steps: that is the last segment of the owner's range, so the
+// other CTAs' parts (the first segments of theirs) are usually done by then. They write their
+// partials and count themselves in (one fence and one atomic by thread 0; the other consumer
+// threads go straight on); the owner waits for the count, adds the partials and writes y.
+// Waiting on other CTAs needs them resident: the launcher keeps the grid to one CTA a
+// multiprocessor. y is written through the idle ring by one tensor store at the range's end,
+// by each thread's stores for a whole tile before it (the ring is busy then).
+__device__ void finish_segment(const Params& p, const Shape& sh, int64_t c, int64_t tile, int k0, int k1, int k_steps,
+                               int64_t iters, float (&acc)[2][9][4], int tid, bool last, Idle& idle) {
+    const Args& a = p.a;
     if (k0 > 0) {                                      // a part of another CTA's tile
         write_partial(a, sh.consumers(), c, acc, tid);
         named_barrier_sync(1, sh.consumers());         // every thread's stores before thread 0's fence
@@ -239,14 +303,15 @@ __device__ void finish_segment(const Args& a, const Shape& sh, int64_t c, int64_
         }
         return;
     }
-    const int64_t c_last = cta_of((tile + 1) * k_steps - 1, iters, a.ctas);
-    if (tid == 0) {
-        wait_for_parts(&a.counters[tile], static_cast<int>(c_last - c));
-        a.counters[tile] = 0;                          // for the next call: every part is in
+    const bool owned = k1 < k_steps;                   // only the range's last segment can be
+    if (!last || (!owned && !p.y_by_copy)) {
+        store_tile(a, sh, tile, acc, tid);
+        return;
     }
-    named_barrier_sync(1, sh.consumers());
-    for (int64_t cc = c + 1; cc <= c_last; ++cc) add_partial(a, sh.consumers(), cc, acc, tid);
-    store_tile(a, sh, tile, acc, tid);
+    named_barrier_sync(1, sh.consumers());             // every warpgroup's MMAs retired: the ring is idle
+    if (owned) add_parts(a, sh, c, cta_of((tile + 1) * k_steps - 1, iters, a.ctas), tile, acc, tid, idle);
+    if (p.y_by_copy) store_tile_by_copy(p, sh, tile, acc, tid, idle);
+    else store_tile(a, sh, tile, acc, tid);
 }
 
 // The ring's position: stage s of the ring, and the parity of the phase its barriers are in.
@@ -274,6 +339,7 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
     TSL_DYNAMIC_SMEM(smem);
     const uint32_t ring = (smem_addr(smem) + 1023u) & ~1023u;
     const uint32_t full = ring + static_cast<uint32_t>(stages) * stage_bytes, empty = full + 8 * stages;
+    Idle idle{smem + (ring - smem_addr(smem)), ring, static_cast<uint32_t>(stages) * stage_bytes, empty + 8 * stages, 0};
     const int tid = static_cast<int>(threadIdx.x);
     const int64_t c = blockIdx.x;
     const int k_steps = static_cast<int>((a.K + BK - 1) / BK);
@@ -287,6 +353,7 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
             mbar_init(full + 8 * s, 1);
             mbar_init(empty + 8 * s, consumers / 32);       // a warp's lane 0 releases for it
         }
+        mbar_init(idle.bar, 1);                             // the parts an owner adds, landed
         fence_mbarrier_init();
     }
     __syncthreads();
@@ -361,21 +428,22 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
             mbar_arrive(empty + 8 * released);
         }
         released = released2 = -1;
-        finish_segment(a, sh, c, tile, k0, k1, k_steps, iters, acc, tid);
+        finish_segment(p, sh, c, tile, k0, k1, k_steps, iters, acc, tid, i == n, idle);
     }
 }
 
-// A bf16 matrix [rows, cols] (rows `stride` elements apart) as the MMAs' operands: boxes of 64
-// columns by `box_rows` rows, 128-byte swizzled; rows and columns past the matrix read as zeros.
+// A bf16 matrix [rows, cols] (rows `stride` elements apart) as boxes of box_cols x box_rows: the
+// MMAs' operands 128-byte swizzled (rows and columns past the matrix read as zeros), y plain.
 static CUresult encode(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t stride,
-                       uint32_t box_rows) {
+                       uint32_t box_cols, uint32_t box_rows, bool operand) {
     const EncodeTiled fn = encode_tiled();
     if (fn == nullptr) return CUDA_ERROR_NOT_FOUND;
     const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
     const cuuint64_t strides[1] = {static_cast<cuuint64_t>(stride * 2)};
-    const cuuint32_t box[2] = {BK, box_rows}, unit[2] = {1, 1};
+    const cuuint32_t box[2] = {box_cols, box_rows}, unit[2] = {1, 1};
     return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box, unit,
-              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_INTERLEAVE_NONE, operand ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+              operand ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_NONE,
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
@@ -444,8 +512,13 @@ int tsl_linear(const tsl::Args* args, void* stream) {
     const int64_t iters = ((a.N + sh.tile_rows() - 1) / sh.tile_rows()) * ((a.K + tsl::BK - 1) / tsl::BK);
     if (p.a.ctas > iters) p.a.ctas = iters;
     if (resident > 0 && p.a.ctas > resident) p.a.ctas = resident;
-    CUresult rc = tsl::encode(&p.map_x, a.x, a.K, a.M, a.x_stride, tsl::NT);
-    if (rc == CUDA_SUCCESS) rc = tsl::encode(&p.map_w, a.w, a.K, a.N, a.w_stride, static_cast<uint32_t>(sh.tile_rows()));
+    const uint32_t tile_rows = static_cast<uint32_t>(sh.tile_rows());
+    CUresult rc = tsl::encode(&p.map_x, a.x, a.K, a.M, a.x_stride, tsl::BK, tsl::NT, true);
+    if (rc == CUDA_SUCCESS) rc = tsl::encode(&p.map_w, a.w, a.K, a.N, a.w_stride, tsl::BK, tile_rows, true);
+    // A tensor store needs y 16-byte aligned with rows a multiple of 16 bytes apart; otherwise the
+    // threads store y themselves.
+    p.y_by_copy = reinterpret_cast<uintptr_t>(a.y) % 16 == 0 && a.y_stride % 8 == 0;
+    if (rc == CUDA_SUCCESS && p.y_by_copy) rc = tsl::encode(&p.map_y, a.y, a.N, a.M, a.y_stride, tile_rows, tsl::NT, false);
     if (rc != CUDA_SUCCESS) return -static_cast<int>(rc);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     TSL_LAUNCH(tsl::stream_linear_kernel, dim3(static_cast<unsigned>(p.a.ctas)), dim3(sh.threads()), sh.smem(), s, p);

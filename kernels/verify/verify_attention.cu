@@ -139,14 +139,6 @@ __device__ __forceinline__ void st_shared_b32(uint32_t a, uint32_t v) {
 // never launched: the Python side selects impl "wgmma" only on compute capability 9.0 with a
 // 9.0a build).
 
-// Make this thread's generic-proxy shared-memory writes (cp.async included) visible to the
-// async proxy (wgmma operand reads) once a barrier follows.
-__device__ __forceinline__ void fence_proxy_async() {
-#ifdef TVA_WGMMA
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
 // d[64 x 64] (+)= A[64 x 16] x B[16 x 64], bf16 -> fp32, issued by the 4 warps of a warpgroup.
 // A in registers: warp w of the group holds rows 16w..16w+15 in the mma.m16n8k16 A layout.
 // B through a shared-memory descriptor. d: per warp the mma C layout of 8 n-tiles of 8.

@@ -41,17 +41,19 @@ def _inputs(M, N, K, seed=0, x_stride=None):
     return x_full[:, :K], w
 
 
-def _run(lib, x, w, ctas, reverse=True, early=False, groups=2, stages=5):
-    """(rc, y, counters after the call) of one launch on the emulator."""
+def _run(lib, x, w, ctas, reverse=True, early=False, groups=2, stages=5, y=None):
+    """(rc, y, counters after the call) of one launch on the emulator (y: a view to write into,
+    else a new [M, N])."""
     M, K = x.shape
     N = w.shape[0]
     tiles = -(-N // (sl.GROUP_ROWS * groups))
     partials = torch.full((sl.partial_floats(ctas, groups),), float("nan"))   # poison: never read unwritten
     counters = torch.zeros(tiles, dtype=torch.int32)
-    y = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
+    if y is None:
+        y = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
     a = sl.Args(x=x.data_ptr(), w=w.data_ptr(), y=y.data_ptr(), partials=partials.data_ptr(),
                 counters=counters.data_ptr(), M=M, N=N, K=K, x_stride=x.stride(0),
-                w_stride=w.stride(0), y_stride=N, ctas=ctas, groups=groups, stages=stages, pdl=1)
+                w_stride=w.stride(0), y_stride=y.stride(0), ctas=ctas, groups=groups, stages=stages, pdl=1)
     lib.emu_configure(int(early), 0)
     lib.emu_reverse_blocks(int(reverse))
     try:
@@ -116,6 +118,31 @@ def test_k_past_the_last_full_step_and_a_strided_x(lib):
     rc, y, _ = _run(lib, x, w, 2)
     assert rc == 0
     _check(y, x, w)
+
+
+@pytest.mark.parametrize("ctas", [1, 3, 6])
+def test_y_rows_not_16_bytes_apart_are_stored_by_the_threads(lib, ctas):
+    """N 130 (rows 260 bytes apart): no tensor store can write y, so the range's last tile goes
+    out through each thread's stores, as the whole tiles before it do."""
+    x, w = _inputs(65, 130, 256, seed=6)
+    rc, y, counters = _run(lib, x, w, ctas)
+    assert rc == 0 and (counters == 0).all()
+    _check(y, x, w)
+
+
+@pytest.mark.parametrize("groups, stages", [(1, 8), (2, 5)])
+def test_the_tensor_store_writes_only_y(lib, groups, stages):
+    """y a view into a larger buffer (rows 40 elements past N apart, 3 rows past M): the tensor
+    store's box (a tile's rows by 72 tokens) is clipped to y, so every element around it keeps
+    its sentinel, while every element of y is written."""
+    M, N = 33, 192
+    x, w = _inputs(M, N, 256, seed=7)
+    buf = torch.full((M + 3, N + 40), 7.0, dtype=torch.bfloat16)
+    view = buf[:M, :N]
+    rc, _, counters = _run(lib, x, w, 3, groups=groups, stages=stages, y=view)
+    assert rc == 0 and (counters == 0).all()
+    _check(view, x, w)
+    assert (buf[:, N:] == 7.0).all() and (buf[M:] == 7.0).all(), "the store wrote outside y"
 
 
 def test_more_ctas_than_iterations(lib):

@@ -17,8 +17,9 @@ pytestmark = [pytest.mark.gpu,
                                  or torch.cuda.get_device_capability() != (9, 0),
                                  reason="the stream-K kernel runs wgmma: Hopper (sm_90) only")]
 
-# Qwen3-8B's q/k/v, o, gate/up, down and lm_head, and a ragged N (a partial 128-row tile).
-SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096), (200, 4096)]
+# Qwen3-8B's q/k/v, o, gate/up, down and lm_head, a ragged N (a partial 128-row tile), and an N
+# whose rows are not 16 bytes apart (no tensor store: the threads store y).
+SHAPES = [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096), (200, 4096), (130, 4096)]
 
 
 def rel(y, x, w):

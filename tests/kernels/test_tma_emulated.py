@@ -2,11 +2,15 @@
 (tests/kernels/emulator/tma_probe.cu): a box read through a tensor map lands where and as the
 hardware puts it (rows one after another, elements outside the tensor zero, the 128-byte swizzle
 on absolute shared addresses), a barrier's two phases alternate parity, a read that does not
-wait sees the poison, and cuTensorMapEncodeTiled refuses what the driver refuses."""
+wait sees the poison, and cuTensorMapEncodeTiled refuses what the driver refuses; a bulk load
+lands contiguous bytes and a tensor store writes its box, clipped to the tensor, when its wait
+retires it."""
 
 from __future__ import annotations
 
 import ctypes
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -106,3 +110,49 @@ def test_the_swizzle_moves_chunks_within_their_row(probe):
 ])
 def test_encode_refuses_what_the_driver_refuses(probe, address, d0, d1, stride1, box0, box1, swizzle, ok):
     assert (probe.probe_encode(address, d0, d1, stride1, box0, box1, int(swizzle)) == 0) == ok
+
+
+def _load_then_store(lib, shape, origin, box, overwrite=False):
+    d1, d0 = shape
+    src = np.arange(box[0] * box[1], dtype=np.uint16) + 1                # no element is 0
+    dst = np.zeros(shape, dtype=np.uint16)
+    lib.probe_load_then_store.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + \
+        [ctypes.c_int] * 6
+    rc = lib.probe_load_then_store(src.ctypes.data, dst.ctypes.data, d0, d1, *origin, *box, int(overwrite), 0)
+    return rc, src.reshape(box[1], box[0]), dst
+
+
+@pytest.mark.parametrize("origin", [(8, 4), (40, 30), (0, 0)])
+def test_a_tensor_store_writes_its_box_clipped_to_the_tensor(probe, origin):
+    """A bulk load lands a contiguous box in shared memory; the tensor store writes it at
+    `origin` of a 40 x 64 tensor, dropping what falls outside (the box of 32 x 16 reaches past
+    both edges from (40, 30)), and writes nothing else."""
+    shape, box = (40, 64), (32, 16)
+    rc, box_values, dst = _load_then_store(probe, shape, origin, box)
+    assert rc == 0
+    want = np.zeros(shape, dtype=np.uint16)
+    c0, c1 = origin
+    rows, cols = min(box[1], shape[0] - c1), min(box[0], shape[1] - c0)
+    want[c1:c1 + rows, c0:c0 + cols] = box_values[:rows, :cols]
+    np.testing.assert_array_equal(dst, want)
+
+
+def test_a_tensor_store_reads_shared_memory_at_its_wait(probe):
+    """The store may read its source any time until bulk_wait_read retires it: the emulator reads
+    it there, so a kernel that writes the source again before that wait stores the new value."""
+    rc, box_values, dst = _load_then_store(probe, (40, 64), (0, 0), (32, 16), overwrite=True)
+    assert rc == 0
+    assert dst[0, 0] == 0x7777 and dst[0, 1] == box_values[0, 1]
+
+
+def test_a_thread_that_exits_before_its_stores_read_aborts(probe, tmp_path):
+    """Shared memory is freed when the CTA exits: a store whose read was never waited for is an
+    error (the process aborts with the emulator's message; run in a child process)."""
+    so = Path(probe._name)
+    code = (f"import ctypes, numpy as np\nlib = ctypes.CDLL({str(so)!r})\n"
+            "src = np.ones(512, np.uint16); dst = np.zeros((40, 64), np.uint16)\n"
+            "lib.probe_load_then_store.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int] * 6\n"
+            "lib.probe_load_then_store(src.ctypes.data, dst.ctypes.data, 64, 40, 0, 0, 32, 16, 0, 1)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0
+    assert "never waited for (bulk_wait_read)" in res.stderr

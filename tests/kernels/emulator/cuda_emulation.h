@@ -29,6 +29,10 @@
 //   it, 128-byte swizzle applied to absolute shared addresses, at the first wait on their
 //   barrier (the latest a waiter that sees the phase complete allows; TVA_EMU_EARLY=1: at
 //   issue). A phase that can never complete is a deadlock, reported as one.
+// - Bulk copies: cp.async.bulk (bulk_load, contiguous bytes) land like tensor copies; tensor
+//   stores (tma_store, 2-d, unswizzled) read shared memory and write the tensor, clipped to it, at
+//   the bulk_wait_read that retires their group (the latest the rules allow); a thread that
+//   exits before that wait aborts.
 // - Named barriers 1..15 (named_barrier_sync / _arrive: bar.sync / bar.arrive with a thread
 //   count) and setmaxnreg_inc / _dec (every thread of the warpgroup executes it; the block's
 //   warpgroups may not budget more than 64 K registers): warp specialisation's pieces.
@@ -254,6 +258,16 @@ struct Wgmma {
     uint64_t seen_b[64];      // fingerprints of the thread's columns of B (2 per n-tile) at issue
 };
 
+// A tensor store (cp.async.bulk.tensor global.shared::cta): its map's bytes, the box's
+// coordinates and shared source, performed (shared memory read, global memory written) at the
+// bulk_wait_read that retires its group: the latest the rules allow, so a kernel that writes
+// the source again before that wait stores the new bytes here.
+struct BulkStore {
+    uint64_t map[16];
+    int32_t c[2];
+    uint32_t src;
+};
+
 struct Fiber {
     ucontext_t ctx;
     void* sp = nullptr;
@@ -264,6 +278,8 @@ struct Fiber {
     std::deque<std::vector<Copy>> groups;
     std::deque<Wgmma> mmas;   // issued, not yet run (issue order)
     long mma_commits = 0;     // wgmma.commit_group calls so far
+    std::vector<struct BulkStore> stores_open;             // tensor stores of the open bulk group
+    std::deque<std::vector<struct BulkStore>> store_groups;   // committed, shared memory not read yet
 };
 
 // An mbarrier (PTX mbarrier.*): the arrivals still expected in the current phase, the
@@ -444,6 +460,8 @@ inline void fiber_main() {
         retire(0);
     }
     if (!f.mmas.empty()) die("a thread exited with wgmma operations it never waited for (wgmma_wait)");
+    if (!f.stores_open.empty() || !f.store_groups.empty())
+        die("a thread exited with tensor stores whose shared memory it never waited for (bulk_wait_read)");
     f.done = true;
     --b->live;
     ++b->progress;
@@ -1099,6 +1117,75 @@ inline void tma_load(uint32_t dst, const CUtensorMap* map, const int32_t* coords
         emu::complete_phase_if_done(emu::mbarrier_at(bar));
     }
 }
+
+// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes: `bytes` contiguous bytes
+// from global `src` to shared `dst`, read at issue, landing with the barrier's other copies.
+inline void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    if (dst % 16 || reinterpret_cast<uintptr_t>(src) % 16 || bytes % 16 || bytes == 0)
+        emu::misaligned("cp.async.bulk: addresses and size must be multiples of 16 bytes");
+    emu::mbarrier_at(bar);
+    emu::smem_at(dst, bytes);
+    emu::BulkCopy c;
+    c.dst = dst, c.bar = bar;
+    c.bytes.assign(static_cast<const uint8_t*>(src), static_cast<const uint8_t*>(src) + bytes);
+    emu::current_block()->bulk_copies.push_back(std::move(c));
+    if (!emu::late_copies()) {
+        emu::land_copies(bar);
+        emu::complete_phase_if_done(emu::mbarrier_at(bar));
+    }
+}
+
+namespace emu {
+// A tensor store performed: the box read from shared memory as it is now, each element inside
+// the tensor written to global memory (those outside are dropped, as the hardware drops them).
+inline void perform(const BulkStore& st) {
+    TensorMap t;
+    std::memcpy(&t, st.map, sizeof t);
+    uint64_t n = t.elem;
+    for (uint32_t i = 0; i < t.rank; ++i) n *= t.box[i];
+    const uint8_t* box = smem_at(st.src, static_cast<uint32_t>(n));
+    for (uint64_t e = 0; e < n / t.elem; ++e) {
+        uint64_t rest = e, off = 0;
+        bool inside = true;
+        for (uint32_t i = 0; i < t.rank; ++i) {
+            const int64_t g = static_cast<int64_t>(st.c[i]) + static_cast<int64_t>(rest % t.box[i]);
+            rest /= t.box[i];
+            if (g < 0 || static_cast<uint64_t>(g) >= t.dim[i]) inside = false;
+            else off += static_cast<uint64_t>(g) * t.stride[i];
+        }
+        if (inside) std::memcpy(const_cast<uint8_t*>(t.base) + off, box + e * t.elem, t.elem);
+    }
+}
+}  // namespace emu
+
+// cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group (2-d maps only, no swizzle: the
+// box is rows of its inner extent one after another from `src`).
+inline void tma_store(const CUtensorMap* map, const int32_t (&c)[2], uint32_t src) {
+    emu::TensorMap t;
+    std::memcpy(&t, map, sizeof t);
+    if (t.rank != 2 || t.swizzle != CU_TENSOR_MAP_SWIZZLE_NONE) emu::die("emulated tensor stores: 2-d, unswizzled");
+    if (src % 128) emu::misaligned("cp.async.bulk.tensor: shared address not 128-byte aligned");
+    emu::smem_at(src, t.elem * t.box[0] * t.box[1]);
+    emu::BulkStore st;
+    std::memcpy(st.map, map, sizeof st.map);
+    st.c[0] = c[0], st.c[1] = c[1], st.src = src;
+    emu::me().stores_open.push_back(st);
+}
+inline void bulk_commit() {
+    emu::Fiber& f = emu::me();
+    f.store_groups.push_back(std::move(f.stores_open));
+    f.stores_open.clear();
+}
+// cp.async.bulk.wait_group.read N: every committed group but the N newest performed.
+template <int N>
+inline void bulk_wait_read() {
+    emu::Fiber& f = emu::me();
+    while (f.store_groups.size() > static_cast<size_t>(N)) {
+        for (const emu::BulkStore& st : f.store_groups.front()) emu::perform(st);
+        f.store_groups.pop_front();
+    }
+}
+inline void fence_proxy_async_global() {}
 
 extern "C" void emu_configure(int early, unsigned long long skew_seed) {
     emu::late_copies() = !early;

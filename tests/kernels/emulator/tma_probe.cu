@@ -1,8 +1,7 @@
 // Emulator-only kernels that exercise its mbarrier and tensor-copy (TMA) model: a box read
-// through a tensor map into swizzled shared memory, two phases of one barrier, and a read that
-// does not wait. tests/kernels/test_tma_emulated.py runs them against numpy's view of the same
-// tensor. (The verify kernels still feed shared memory with cp.async; these are for the first
-// kernel that does not.)
+// through a tensor map into swizzled shared memory, two phases of one barrier, a read that does
+// not wait, and a bulk load out again by a tensor store. tests/kernels/test_tma_emulated.py runs
+// them against numpy's view of the same tensor.
 #include "cuda_emulation.h"
 
 namespace {
@@ -79,4 +78,58 @@ extern "C" int probe_encode(uintptr_t address, uint64_t d0, uint64_t d1, uint64_
                                   strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                   swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                                   CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+// The bulk copies' other two directions: `bytes` of `src` into shared memory by one bulk load
+// (cp.async.bulk), then that shared memory, as a box of box0 x box1 16-bit elements, out to the
+// 2-d tensor `dst` [d1][d0] at (c0, c1) by a tensor store. With `overwrite` thread 0 writes the
+// box's first element again (as 0x7777) after issuing the store and before its wait; with
+// `skip_wait` it never waits.
+namespace {
+struct StoreParams {
+    const uint16_t* src;
+    uint16_t* dst;
+    uint32_t bytes;
+    int32_t c0, c1, overwrite, skip_wait;
+    CUtensorMap map;
+};
+
+__global__ void load_then_store_kernel(const __grid_constant__ StoreParams p) {
+    const uint32_t base = (smem_addr(emu::shared_memory()) + 1023u) & ~1023u;
+    const uint32_t bar = base, box = base + 1024;
+    if (threadIdx.x == 0) {
+        mbar_init(bar, 1);
+        fence_mbarrier_init();
+        mbar_arrive_expect_tx(bar, p.bytes);
+        bulk_load(box, p.src, p.bytes, bar);
+    }
+    __syncthreads();
+    mbar_wait(bar, 0);
+    fence_proxy_async();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int32_t at[2] = {p.c0, p.c1};
+        tma_store(&p.map, at, box);
+        bulk_commit();
+        if (p.overwrite) {
+            const uint16_t v = 0x7777;
+            std::memcpy(emu::smem_at(box, 2), &v, 2);
+        }
+        if (!p.skip_wait) bulk_wait_read<0>();
+    }
+}
+}  // namespace
+
+extern "C" int probe_load_then_store(const uint16_t* src, uint16_t* dst, int64_t d0, int64_t d1, int c0, int c1,
+                                     int box0, int box1, int overwrite, int skip_wait) {
+    StoreParams p{src, dst, static_cast<uint32_t>(box0 * box1 * 2), c0, c1, overwrite, skip_wait, {}};
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(d0), static_cast<cuuint64_t>(d1)};
+    const cuuint64_t strides[1] = {static_cast<cuuint64_t>(d0 * 2)};
+    const cuuint32_t box[2] = {static_cast<cuuint32_t>(box0), static_cast<cuuint32_t>(box1)}, unit[2] = {1, 1};
+    const CUresult rc = cuTensorMapEncodeTiled(&p.map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, dst, dims, strides, box,
+                                               unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                               CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (rc != CUDA_SUCCESS) return 100 + rc;
+    emu::launch(load_then_store_kernel, dim3(1), dim3(64), 2048 + static_cast<size_t>(p.bytes), p);
+    return cudaGetLastError();
 }
