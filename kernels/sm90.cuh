@@ -177,9 +177,13 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 #endif
 }
 
-// A barrier of `threads` threads under id 1-15 (0 is __syncthreads).
+// A barrier of `threads` threads under id 1-15 (0 is __syncthreads); an arrival that does not
+// wait (its writes before it are ordered before what the threads that sync there do after).
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 __device__ __forceinline__ void wgmma_fence() {

@@ -20,7 +20,9 @@
 // directly; a tile cut between CTAs is summed by its owner, the CTA of its first k steps (the
 // last segment of that CTA's range), from the others' fp32 partials in CTA order, so the result
 // never depends on which CTA finished first; the counter it waits on is reset by it, so one
-// workspace serves every later call and graph replay.
+// workspace serves every later call and graph replay. The end of a range reuses the then idle
+// ring: the owner's parts arrive there by bulk copies, all in one round trip, and the last
+// tile's y leaves from there by one tensor store.
 //
 // Weights are never written by a kernel, so the producer issues the first stages' weight copies
 // before waiting for the kernel ahead of it on the stream (griddepcontrol.wait): the GEMM's
@@ -29,8 +31,9 @@
 //
 // Measured on the H200 (kernels/NOTES.md, "The verify's weight GEMMs on wgmma"): the main loop
 // streams at or above cuBLAS's pace, but the fix-up and y's stores cost ~8-10 µs a call, so at
-// Qwen3-8B's shapes the kernel takes 1.1-1.5x cuBLAS's time; the decode loop runs it only where
-// a cell asks (linear_impl: wgmma).
+// Qwen3-8B's shapes the kernel took 1.1-1.5x cuBLAS's time, before the range's end moved onto
+// bulk copies and a tensor store (not yet timed); the decode loop runs it only where a cell asks
+// (linear_impl: wgmma).
 //
 // No torch headers: plain CUDA C++ with an extern "C" launcher (kernels/linear/stream_linear.py
 // calls it through ctypes; kernels/build.py compiles it on the GPU host for sm_90a). The launcher
@@ -61,7 +64,7 @@ constexpr int GROUP_ROWS = 128;        // weight rows a consumer warpgroup: two 
 constexpr int NT = 72;                 // token rows an MMA reads (the n of m64n72k16)
 constexpr int MAX_ROWS = NT;
 constexpr int MAX_GROUPS = 2;          // consumer warpgroups a CTA (a tile: 128 rows each)
-constexpr int MAX_THREADS = MAX_GROUPS * 128 + 32;   // and one warp whose lane 0 issues the copies
+constexpr int MAX_THREADS = MAX_GROUPS * 128 + 64;   // and a warp whose lane 0 issues the copies, and a signal warp
 constexpr uint32_t GROUP_W_BYTES = GROUP_ROWS * BK * 2, X_BYTES = NT * BK * 2;
 constexpr int ACC = 2 * NT / 2;        // fp32 accumulators a consumer thread: two m64 x n72 halves
 constexpr int MAX_SMEM = 232448;       // an H200 CTA's dynamic shared memory at most
@@ -74,7 +77,7 @@ static_assert(ACC % 4 == 0, "partials move as float4");
 struct Shape {
     int groups, stages;
     __host__ __device__ int consumers() const { return 128 * groups; }
-    __host__ __device__ int threads() const { return consumers() + 32; }
+    __host__ __device__ int threads() const { return consumers() + 64; }
     __host__ __device__ int tile_rows() const { return GROUP_ROWS * groups; }
     __host__ __device__ uint32_t w_bytes() const { return GROUP_W_BYTES * groups; }
     __host__ __device__ uint32_t stage_bytes() const { return w_bytes() + X_BYTES; }
@@ -286,21 +289,18 @@ __device__ void add_parts(const Args& a, const Shape& sh, int64_t c, int64_t c_l
 // last segment, after which the ring is idle. A tile cut between CTAs is summed by its owner,
 // the CTA that computes its first k steps: that is the last segment of the owner's range, so the
 // other CTAs' parts (the first segments of theirs) are usually done by then. They write their
-// partials and count themselves in (one fence and one atomic by thread 0; the other consumer
-// threads go straight on); the owner waits for the count, adds the partials and writes y.
+// partials and arrive at a barrier without waiting; the CTA's signal warp, waiting there, counts
+// the part in (a fence and an atomic, which would otherwise stall a warpgroup's next MMAs for an
+// L2 round trip); the owner waits for the count, adds the partials and writes y.
 // Waiting on other CTAs needs them resident: the launcher keeps the grid to one CTA a
 // multiprocessor. y is written through the idle ring by one tensor store at the range's end,
 // by each thread's stores for a whole tile before it (the ring is busy then).
 __device__ void finish_segment(const Params& p, const Shape& sh, int64_t c, int64_t tile, int k0, int k1, int k_steps,
                                int64_t iters, float (&acc)[2][9][4], int tid, bool last, Idle& idle) {
     const Args& a = p.a;
-    if (k0 > 0) {                                      // a part of another CTA's tile
+    if (k0 > 0) {                                      // a part of another CTA's tile: the signal warp counts it in
         write_partial(a, sh.consumers(), c, acc, tid);
-        named_barrier_sync(1, sh.consumers());         // every thread's stores before thread 0's fence
-        if (tid == 0) {
-            __threadfence();                           // cumulative: the CTA's partial, then the count
-            atomicAdd(&a.counters[tile], 1);
-        }
+        named_barrier_arrive(2, sh.consumers() + 32);
         return;
     }
     const bool owned = k1 < k_steps;                   // only the range's last segment can be
@@ -358,6 +358,17 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
     }
     __syncthreads();
 
+    if (tid >= consumers + 32) {                                 // the signal warp
+        if (first.k > 0) {                                       // the CTA's first segment is another's part
+            named_barrier_sync(2, consumers + 32);               // its partial written (finish_segment)
+            if (tid == consumers + 32) {
+                griddep_wait();                                  // the counters: the kernel before may use them
+                __threadfence();                                 // cumulative: the partial, then the count
+                atomicAdd(&a.counters[first.tile], 1);
+            }
+        }
+        return;
+    }
     if (tid >= consumers) {                                      // the producer warp
         if (tid != consumers) return;
         const auto copy_w_tile = [&](const Iter& at, uint32_t stage, uint32_t bar) {

@@ -8,8 +8,10 @@ rows on the M side, and the first stages' weight copies issued before the wait f
 ahead (programmatic dependent launch), so the GEMM's ramp hides under that kernel's tail. The
 tree-verify forward's 65 rows (a 64-node tree and its root) take it where a cell asks
 (linear_impl: wgmma); the skinny Triton kernel keeps up to 16 rows (skinny_linear.py), cuBLAS
-everything else. On the H200 it still takes 1.1-1.5x cuBLAS's time (its stream-K fix-up), while
-the step's idle falls from 2.8 to 0.3 % (kernels/NOTES.md): opt-in until it wins.
+everything else. On the H200 it took 1.1-1.5x cuBLAS's time (its stream-K fix-up), while the
+step's idle fell from 2.8 to 0.3 % (kernels/NOTES.md); the fix-up's reads and y's stores now go
+by bulk copies and a tensor store, not yet timed: opt-in until it wins (scenarios/linear-ab.yaml
+is the A/B).
 
 The call never synchronises with the host and allocates only its output, so it can be captured
 in a CUDA graph; make the first call outside the capture (it compiles and loads the library:

@@ -132,12 +132,14 @@ def _launches_with_pdl(src: str) -> bool:
 
 def test_the_stream_k_gemm_reads_only_weights_before_its_wait():
     """kernels/linear/stream_linear.cu: the producer issues weight copies before waiting for the
-    kernel ahead (no kernel writes weights); the token copies, and every consumer's stores,
-    come after a wait."""
+    kernel ahead (no kernel writes weights); the token copies, the signal warp's count and every
+    consumer's stores come after a wait."""
     src = (KERNELS / "linear" / "stream_linear.cu").read_text()
     assert _launches_with_pdl(src)
     body = src[src.index("stream_linear_kernel(const __grid_constant__ Params p) {"):]
-    producer, consumers = body.split("// The consumer warpgroups", 1)
+    signal, rest = body.split("// the producer warp", 1)
+    assert signal.index("griddep_wait();") < signal.index("atomicAdd(")
+    producer, consumers = rest.split("// The consumer warpgroups", 1)
     before, after = producer.split("griddep_wait();", 1)
     assert "&p.map_w" in before and "&p.map_x" not in before
     assert "&p.map_x" in after
