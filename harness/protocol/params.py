@@ -92,6 +92,11 @@ ALL_PARAMS: dict[str, object] = {name: p.default for name, p in PARAMS.items()}
 # excluded from the cell id.
 MEASUREMENT_KNOBS = tuple(name for name, p in PARAMS.items() if p.measurement)
 
+# Parameters that join a cell's id only when set off their default: the implementation knobs,
+# and parameters added after cells were recorded (Param.id_when_set).
+ID_WHEN_SET: dict[str, object] = {**IMPL_DEFAULTS,
+                                  **{name: p.default for name, p in PARAMS.items() if p.id_when_set}}
+
 # Workloads whose cells time one kernel (their gated metric is kernel_us, with achieved_tbps and
 # pct_roofline beside it): reports give them the kernel table rather than the decode one.
 KERNEL_WORKLOADS = tuple(name for name, s in SPECS.items() if "kernel_us" in s.policies)
@@ -116,7 +121,7 @@ def cell_id(cell: dict) -> str:
     (repeats, steps, ...) do not change it.
     """
     ident = {k: v for k, v in canonical(cell).items() if k not in MEASUREMENT_KNOBS
-             and not (k in IMPL_DEFAULTS and v == IMPL_DEFAULTS[k])}
+             and not (k in ID_WHEN_SET and v == ID_WHEN_SET[k])}
     blob = json.dumps(ident, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

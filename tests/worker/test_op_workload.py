@@ -4,6 +4,7 @@ interpreter, and the cells a scenario may and may not have. The GPU runs are sce
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -211,6 +212,35 @@ def test_op_ids_and_labels():
     assert op_spec.STREAM_MAX_ROWS == stream_linear.MAX_ROWS
 
 
+def test_one_gemm_of_the_linear_op():
+    """linear_gemm times one GEMM (or the lm_head) alone: its shape from the model preset, its
+    name in the label and the id; at `layer` (the four, as before the parameter) the ids of the
+    cells recorded before it are unchanged."""
+    base = {"workload": "op", "op": "linear", "linear_impl": "wgmma", "model": "qwen3-8b", "tree_budget": 64}
+    assert params.cell_id({**base, "linear_gemm": "layer"}) == params.cell_id(base)
+    # Every linear cell results/h200 recorded before the parameter keeps its id.
+    recorded = [json.loads(f.read_text()) for f in sorted((REPO / "results" / "h200" / "runs").glob("*/cells/*.json"))]
+    linear = [r for r in recorded if r["cell"].get("workload") == "op" and r["cell"].get("op") == "linear"]
+    assert linear and all(params.cell_id(r["cell"]) == r["cell_id"] for r in linear)
+    ids = {params.cell_id({**base, "linear_gemm": g}) for g in op_spec_gemms()}
+    assert len(ids) == 6
+    qkv = params.canonical({**base, "linear_gemm": "qkv"})
+    assert params.SPECS["op"].cell_label(qkv) == "op linear wgmma qwen3-8b qkv rows=65"
+    shapes = {g: op.family(params.canonical({**base, "linear_gemm": g}), torch.device("cpu"),
+                           torch.bfloat16).shapes() for g in op_spec_gemms()}
+    assert shapes["layer"] == [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)]
+    assert shapes["lm_head"] == [(151936, 4096)] and shapes["down"] == [(4096, 12288)]
+    out = op.run(op_cell(op="linear", linear_gemm="lm_head"), quiet)    # tiny: vocab 512, hidden 128
+    rows = 2 * (1 + 12)
+    assert out["kernel"]["bytes"] == 4 * (512 * 128 + rows * (512 + 128))   # float32, each once
+    assert out["kernel"]["flops"] == 2 * 512 * 128 * rows
+
+
+def op_spec_gemms():
+    from harness.protocol.workloads import op as op_spec
+    return op_spec.LINEAR_GEMMS
+
+
 @pytest.mark.parametrize("defaults, matrix, message", [
     ("  op: topk\n  device: cuda\n", "  tree_build_impl: [cuda]\n",
      "op topk times the kernel topk_impl picks; tree_build_impl picks the kernels of other ops"),
@@ -228,6 +258,8 @@ def test_op_ids_and_labels():
      "linear_impl triton takes up to 16 rows and leaves more to cuBLAS; this cell's forward has 65"),
     ("  op: linear\n  linear_impl: wgmma\n", "  tree_budget: [64]\n  batch_size: [2]\n",
      "linear_impl wgmma takes up to 72 rows and leaves more to cuBLAS; this cell's forward has 130"),
+    ("  op: topk\n", "  linear_gemm: [qkv]\n",
+     "linear_gemm qkv picks a GEMM of op linear; op topk has none"),
 ])
 def test_bad_op_cells_are_input_errors(defaults, matrix, message):
     text = "name: o\ndefaults:\n  workload: op\n" + defaults + "matrix:\n" + matrix

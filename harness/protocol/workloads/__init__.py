@@ -57,6 +57,9 @@ class Param:
     pattern: str | None = None
     nullable: bool = False
     measurement: bool = False   # how a cell is measured, not what: logged, never in its id
+    # Added after cells were recorded, its default being what they did: it joins a cell's id only
+    # when set off that default, so those cells (and their baselines) keep their ids.
+    id_when_set: bool = False
 
     def __post_init__(self):
         if bool(self.choices) == (self.type is not None):

@@ -11,7 +11,8 @@ read the same knob:
                                     context_length (attention: verify_mode)
   linear         linear_impl        the weight GEMMs of one target layer (q/k/v, o, gate/up, down)
                                     at the rows of one forward: 1 + tree_budget a sequence (the
-                                    verify), 1 with speculation: none (plain decoding)
+                                    verify), 1 with speculation: none (plain decoding); one of
+                                    them, or the lm_head, alone with linear_gemm
   accept         accept_impl        the verify's logits [batch, 1 + tree_budget, vocab] over a tree
                                     of tree_budget nodes -> the accepted path and the step's
                                     bookkeeping (greedy acceptance)
@@ -36,7 +37,10 @@ ON_CPU = {"topk_impl": "torch", "tree_build_impl": "torch", "fused_ops": False,
 KNOB_DEFAULTS = {"fused_ops": "auto", "topk_impl": "auto", "tree_build_impl": "auto",
                  "linear_impl": "auto", "accept_impl": "auto"}
 
-PARAMS = (choice("op", "topk", OPS),)
+# The linear op's GEMMs: one target layer's four (`layer`), or one of them, or the lm_head alone.
+LINEAR_GEMMS = ("layer", "qkv", "o", "gate_up", "down", "lm_head")
+
+PARAMS = (choice("op", "topk", OPS), choice("linear_gemm", "layer", LINEAR_GEMMS, id_when_set=True))
 
 
 def check_knobs(cell: dict):
@@ -58,6 +62,14 @@ def check_knobs(cell: dict):
 # this module imports only the standard library); a forward of more runs cuBLAS.
 SKINNY_MAX_ROWS = 16
 STREAM_MAX_ROWS = 72        # the stream-K kernel's (linear_impl wgmma; kernels/linear/stream_linear.py)
+
+
+def check_gemm(cell: dict):
+    """linear_gemm picks the linear op's GEMMs; another op has none."""
+    if cell["linear_gemm"] != "layer" and cell["op"] != "linear":
+        return ("linear_gemm", "op"), (f"linear_gemm {cell['linear_gemm']} picks a GEMM of op linear; "
+                                       f"op {cell['op']} has none (leave it at layer)")
+    return None
 
 
 def check_shape(cell: dict):
@@ -95,8 +107,8 @@ def linear_rows(c: dict) -> int:
 
 
 def label(c: dict) -> str:
-    """e.g. `op topk triton qwen3-8b D=15 k=64`, `op fused_forward on qwen3-8b ctx=4096 T=65`
-    or `op linear triton qwen3-8b rows=16`."""
+    """e.g. `op topk triton qwen3-8b D=15 k=64`, `op fused_forward on qwen3-8b ctx=4096 T=65`,
+    `op linear triton qwen3-8b rows=16` or `op linear wgmma qwen3-8b qkv rows=65`."""
     knob = c[KNOBS[c["op"]]]
     impl = ("on" if knob else "off") if isinstance(knob, bool) else knob
     parts = ["op", c["op"], impl, c["model"]]
@@ -104,7 +116,8 @@ def label(c: dict) -> str:
         parts += [f"ctx={c['context_length']}", f"T={1 + c['tree_budget']}",
                   f"verify={c['verify_mode']}"]
     elif c["op"] == "linear":
-        return " ".join(parts + [f"rows={linear_rows(c)}"])
+        gemm = [] if c["linear_gemm"] == "layer" else [c["linear_gemm"]]
+        return " ".join(parts + gemm + [f"rows={linear_rows(c)}"])
     elif c["op"] == "accept":
         parts += [f"T={1 + c['tree_budget']}"]
     else:
@@ -119,7 +132,7 @@ SPEC = WorkloadSpec(
     runner="harness.worker.workloads.op:run",
     order=4,
     params=PARAMS,
-    checks=(check_knobs, check_shape),
+    checks=(check_knobs, check_gemm, check_shape),
     label=label,
     policies={"kernel_us": {"direction": "lower", "threshold_rel": 0.03}},
 )

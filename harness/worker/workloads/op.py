@@ -10,8 +10,9 @@ The families (harness/protocol/workloads/op.py), each called exactly as the deco
                  of context_length tokens, attention by verify_mode, on the fused Triton kernels
                  or the torch ops (fused_ops)
   linear         model.linear_weight over one target layer's weight GEMMs (q/k/v, o, gate/up,
-                 down) at one forward's rows (protocol linear_rows), on cuBLAS or the skinny
-                 Triton kernel (linear_impl)
+                 down), or one of them or the lm_head (linear_gemm), at one forward's rows
+                 (protocol linear_rows), on cuBLAS, the skinny Triton kernel or the stream-K
+                 GEMM (linear_impl)
   accept         the accept of a step (accept: gpu) over the verify's logits [b, 1 + N, V] and
                  a tree built from random drafter logits: fast.accept_path + fast.book (tensor
                  ops), or kernels/accept/triton_accept.py (accept_impl)
@@ -261,11 +262,14 @@ class LayerLinear:
     dtype: torch.dtype
 
     def shapes(self) -> list[tuple[int, int]]:
-        """(N, K) of q/k/v, o, gate/up and down."""
+        """(N, K) of the cell's GEMMs (linear_gemm): q/k/v, o, gate/up and down, or one of them,
+        or the lm_head."""
         t = TargetConfig(**presets.PRESETS[self.cell["model"]]["target"])
-        qkv = (t.heads + 2 * t.kv_heads) * t.head_dim
-        return [(qkv, t.hidden), (t.hidden, t.heads * t.head_dim), (2 * t.ffn, t.hidden),
-                (t.hidden, t.ffn)]
+        gemms = {"qkv": ((t.heads + 2 * t.kv_heads) * t.head_dim, t.hidden),
+                 "o": (t.hidden, t.heads * t.head_dim), "gate_up": (2 * t.ffn, t.hidden),
+                 "down": (t.hidden, t.ffn), "lm_head": (t.vocab_size, t.hidden)}
+        which = self.cell["linear_gemm"]
+        return [gemms[g] for g in ("qkv", "o", "gate_up", "down")] if which == "layer" else [gemms[which]]
 
     def inputs(self, seed: int) -> dict:
         gen = torch.Generator(device=self.device).manual_seed(seed)
