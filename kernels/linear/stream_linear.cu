@@ -359,10 +359,11 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
     __syncthreads();
 
     if (tid >= consumers + 32) {                                 // the signal warp
+        griddep_wait();                                          // the counters: the kernel before may use them
+        griddep_launch_dependents();
         if (first.k > 0) {                                       // the CTA's first segment is another's part
             named_barrier_sync(2, consumers + 32);               // its partial written (finish_segment)
             if (tid == consumers + 32) {
-                griddep_wait();                                  // the counters: the kernel before may use them
                 __threadfence();                                 // cumulative: the partial, then the count
                 atomicAdd(&a.counters[first.tile], 1);
             }
