@@ -1,8 +1,8 @@
 """The stream-K verify GEMM (kernels/linear/stream_linear.py) on a Hopper GPU, in bf16, at
 Qwen3-8B's weight shapes and the verify's rows: against cuBLAS and float64, across grid sizes
-(cut tiles summed by whichever CTA arrives last), with no host sync, and in CUDA graph replays
-on new inputs (the counters reset themselves). Its timing is the op workload's (`op: linear`,
-linear_impl wgmma) and the decode cells'."""
+(a cut tile summed by its owner from the other CTAs' parts), with no host sync, and in CUDA
+graph replays on new inputs (the counters reset themselves). Its timing is the op workload's
+(`op: linear`, linear_impl wgmma, each GEMM alone with linear_gemm) and the decode cells'."""
 
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ def test_any_shape_gives_the_right_answer(ctas, groups, stages):
 
 
 def test_the_same_call_gives_the_same_bits():
-    """Cut tiles are summed in CTA order by whichever CTA arrives last: the bits never depend
-    on the arrival order, so repeated calls agree exactly."""
+    """A cut tile is summed in CTA order by its owner: the bits never depend on which CTA
+    finished first, so repeated calls agree exactly."""
     x, w = _xw(65, 4096, 12288, 3)
     first = sl.linear(x, w)
     for _ in range(5):
