@@ -33,6 +33,10 @@
 //   stores (tma_store, 2-d, unswizzled) read shared memory and write the tensor, clipped to it, at
 //   the bulk_wait_read that retires their group (the latest the rules allow); a thread that
 //   exits before that wait aborts.
+// - Thread block clusters (emu::launch's `cluster`, along x): a cluster's blocks run together,
+//   their fibers interleaved by one scheduler; cluster_ctarank / cluster_nctarank, the cluster
+//   barrier (cluster_arrive / cluster_wait: the threads not exited) and map_shared_rank (another
+//   block's shared memory by plain loads and stores) follow sm_90's rules.
 // - Named barriers 1..15 (named_barrier_sync / _arrive: bar.sync / bar.arrive with a thread
 //   count) and setmaxnreg_inc / _dec (every thread of the warpgroup executes it; the block's
 //   warpgroups may not budget more than 64 K registers): warp specialisation's pieces.
@@ -280,6 +284,8 @@ struct Fiber {
     long mma_commits = 0;     // wgmma.commit_group calls so far
     std::vector<struct BulkStore> stores_open;             // tensor stores of the open bulk group
     std::deque<std::vector<struct BulkStore>> store_groups;   // committed, shared memory not read yet
+    bool cluster_arrived = false;   // barrier.cluster.arrive done, its wait not yet
+    long cluster_gen = 0;           // the cluster barrier's phase it arrived in
 };
 
 // An mbarrier (PTX mbarrier.*): the arrivals still expected in the current phase, the
@@ -325,6 +331,18 @@ struct Block {
     std::vector<struct BulkCopy> bulk_copies;       // tensor copies issued, not landed yet
     void (*body)(const void*) = nullptr;
     const void* arg = nullptr;
+    struct Cluster* cluster = nullptr;
+    unsigned rank = 0;                              // within its cluster (%cluster_ctarank)
+};
+
+// A thread block cluster (sm_90): its blocks run together, their threads' fibers interleaved by
+// one scheduler, so they can meet at the cluster barrier and read and write each other's shared
+// memory. A launch without cluster dimensions runs each block as a cluster of one.
+struct Cluster {
+    std::vector<Block*> blocks;
+    int live = 0;          // threads of all its blocks not exited
+    int arrived = 0;       // barrier.cluster arrivals of those threads in this phase
+    long gen = 0;          // the barrier's phase
 };
 
 inline Block*& current_block() {
@@ -469,6 +487,14 @@ inline void fiber_main() {
         b->bar_count = 0;
         ++b->bar_gen;
     }
+    // The cluster barrier awaits the threads not exited: an arrival of this phase stops counting.
+    Cluster& c = *b->cluster;
+    --c.live;
+    if (f.cluster_arrived && f.cluster_gen == c.gen) --c.arrived;
+    if (c.live > 0 && c.arrived > 0 && c.arrived == c.live) {
+        c.arrived = 0;
+        ++c.gen;
+    }
     to_scheduler(f);
     die("a finished fiber was resumed");
 }
@@ -482,8 +508,9 @@ inline char* fiber_stack(unsigned t) {
     return pool[t].get();
 }
 
-inline void run_block(Block& b) {
-    current_block() = &b;
+// A block's fibers, ready to run; `stack0`: the first of the fiber stacks its threads take (the
+// blocks of a cluster run at once, so each takes its own).
+inline void start_block(Block& b, unsigned stack0) {
     b.live = static_cast<int>(b.dim.x);
     b.fibers.resize(b.dim.x);
     b.slots.assign(b.dim.x, {});
@@ -495,7 +522,7 @@ inline void run_block(Block& b) {
     for (unsigned t = 0; t < b.dim.x; ++t) {
         Fiber& f = b.fibers[t];
         f.tid = static_cast<int>(t);
-        f.stack = fiber_stack(t);
+        f.stack = fiber_stack(stack0 + t);
 #ifdef EMU_FAST_SWITCH
         // A frame emu_switch can return into: six zeroed registers, then fiber_main as the
         // return address, placed so fiber_main starts with the stack alignment of a call.
@@ -513,28 +540,49 @@ inline void run_block(Block& b) {
         makecontext(&f.ctx, fiber_main, 0);
 #endif
     }
+}
+
+// Every thread of the cluster's blocks round-robin between barriers, block after block, until
+// all have exited.
+inline void run_cluster(Cluster& c) {
+    c.live = 0;
+    for (size_t i = 0; i < c.blocks.size(); ++i) {
+        c.blocks[i]->cluster = &c;
+        c.blocks[i]->rank = static_cast<unsigned>(i);
+        start_block(*c.blocks[i], static_cast<unsigned>(i) * c.blocks[i]->dim.x);
+        c.live += c.blocks[i]->live;
+    }
     bool all_warps = false;              // after a round without progress, run everyone
-    while (b.live > 0) {
-        const long before = b.progress;
-        bool skip = false;
-        for (unsigned t = 0; t < b.dim.x; ++t) {
-            if (t % 32 == 0) skip = !all_warps && skip_warp();
-            if (skip || b.fibers[t].done) continue;
-            b.cur = static_cast<int>(t);
+    while (c.live > 0) {
+        long before = 0;
+        for (Block* b : c.blocks) before += b->progress;
+        for (Block* b : c.blocks) {
+            current_block() = b;
+            bool skip = false;
+            for (unsigned t = 0; t < b->dim.x; ++t) {
+                if (t % 32 == 0) skip = !all_warps && skip_warp();
+                if (skip || b->fibers[t].done) continue;
+                b->cur = static_cast<int>(t);
 #ifdef EMU_FAST_SWITCH
-            emu_switch(&b.sched_sp, b.fibers[t].sp);
+                emu_switch(&b->sched_sp, b->fibers[t].sp);
 #else
-            swapcontext(&b.sched, &b.fibers[t].ctx);
+                swapcontext(&b->sched, &b->fibers[t].ctx);
 #endif
+            }
         }
-        if (b.progress == before && all_warps) die("deadlock: threads wait at barriers that cannot complete");
-        all_warps = b.progress == before;
+        long after = 0;
+        for (Block* b : c.blocks) after += b->progress;
+        if (after == before && all_warps) die("deadlock: threads wait at barriers that cannot complete");
+        all_warps = after == before;
     }
     current_block() = nullptr;
 }
 
+// A launch of clusters of `cluster` blocks along x (cudaLaunchAttributeClusterDimension; 1: a
+// plain launch): the grid's x a multiple of it, at most 8 (the portable cluster size).
 template <typename P>
-inline void launch(void (*kernel)(const P), dim3 grid, dim3 block, size_t smem_bytes, const P& p) {
+inline void launch(void (*kernel)(const P), dim3 grid, dim3 block, size_t smem_bytes, const P& p,
+                   unsigned cluster = 1) {
     struct Call {
         void (*kernel)(const P);
         const P* p;
@@ -553,29 +601,78 @@ inline void launch(void (*kernel)(const P), dim3 grid, dim3 block, size_t smem_b
     if (smem_bytes > static_cast<size_t>(smem_limit))
         return refuse(std::to_string(smem_bytes) + " bytes of dynamic shared memory, the kernel's limit is " +
                       std::to_string(smem_limit) + " (cudaFuncAttributeMaxDynamicSharedMemorySize)");
+    if (cluster == 0 || cluster > 8 || grid.x % cluster)
+        return refuse("clusters of " + std::to_string(cluster) + " blocks over a grid of " + std::to_string(grid.x) +
+                      " (at most 8, dividing the grid's x)");
     ++launches();
     if (dry_run()) return;
     const unsigned blocks = grid.x * grid.y * grid.z;
-    for (unsigned n = 0; n < blocks; ++n) {
-        const unsigned i = reverse_blocks() ? blocks - 1 - n : n;
-        Block b;
-        b.idx = dim3(i % grid.x, i / grid.x % grid.y, i / (grid.x * grid.y));
-        b.dim = block;
-        // Host address == shared address modulo 1024, so typed accesses through
-        // `smem` have the alignment their shared addresses have.
-        b.smem_store.assign(smem_bytes + 2048, 0xff);   // poison: bf16 NaN, fp32 NaN
-        const uintptr_t raw = reinterpret_cast<uintptr_t>(b.smem_store.data());
-        b.smem = reinterpret_cast<uint8_t*>(((raw + 1023) & ~uintptr_t(1023)) + kSmemBase);
-        b.smem_size = smem_bytes;
-        b.body = &Call::body;
-        b.arg = &call;
-        run_block(b);
+    for (unsigned n = 0; n < blocks; n += cluster) {
+        const unsigned first = reverse_blocks() ? blocks - cluster - n : n;
+        std::vector<Block> members(cluster);
+        Cluster c;
+        for (unsigned r = 0; r < cluster; ++r) {
+            Block& b = members[r];
+            const unsigned i = first + r;
+            b.idx = dim3(i % grid.x, i / grid.x % grid.y, i / (grid.x * grid.y));
+            b.dim = block;
+            // Host address == shared address modulo 1024, so typed accesses through
+            // `smem` have the alignment their shared addresses have.
+            b.smem_store.assign(smem_bytes + 2048, 0xff);   // poison: bf16 NaN, fp32 NaN
+            const uintptr_t raw = reinterpret_cast<uintptr_t>(b.smem_store.data());
+            b.smem = reinterpret_cast<uint8_t*>(((raw + 1023) & ~uintptr_t(1023)) + kSmemBase);
+            b.smem_size = smem_bytes;
+            b.body = &Call::body;
+            b.arg = &call;
+            c.blocks.push_back(&b);
+        }
+        run_cluster(c);
     }
 }
 
 inline uint8_t* shared_memory() { return current_block()->smem; }
 
 }  // namespace emu
+
+// -- thread block clusters (sm_90) ----------------------------------------------------------------
+// %cluster_ctarank and %cluster_nctarank.
+inline unsigned cluster_ctarank() { return emu::current_block()->rank; }
+inline unsigned cluster_nctarank() { return static_cast<unsigned>(emu::current_block()->cluster->blocks.size()); }
+// barrier.cluster.arrive (release) and barrier.cluster.wait (acquire): a thread's wait returns
+// once every thread of the cluster that has not exited has arrived in the phase it arrived in.
+inline void cluster_arrive() {
+    emu::Cluster& c = *emu::current_block()->cluster;
+    emu::Fiber& f = emu::me();
+    if (f.cluster_arrived && f.cluster_gen == c.gen) emu::die("barrier.cluster.arrive twice in one phase");
+    f.cluster_arrived = true;
+    f.cluster_gen = c.gen;
+    ++emu::current_block()->progress;
+    if (++c.arrived == c.live) {
+        c.arrived = 0;
+        ++c.gen;
+    }
+}
+inline void cluster_wait() {
+    emu::Fiber& f = emu::me();
+    if (!f.cluster_arrived) emu::die("barrier.cluster.wait without an arrive before it");
+    while (emu::current_block()->cluster->gen == f.cluster_gen) emu::yield();
+    f.cluster_arrived = false;
+}
+inline void cluster_sync() {
+    cluster_arrive();
+    cluster_wait();
+}
+// The same place of dynamic shared memory in block `rank` of the cluster (mapa on a generic
+// address: distributed shared memory, read and written by plain loads and stores).
+template <typename T>
+inline T* map_shared_rank(T* p, unsigned rank) {
+    emu::Block* b = emu::current_block();
+    const auto& blocks = b->cluster->blocks;
+    if (rank >= blocks.size()) emu::die("mapa: rank outside the cluster");
+    const auto* at = reinterpret_cast<const uint8_t*>(p);
+    if (at < b->smem || at >= b->smem + b->smem_size) emu::die("mapa: not an address of this block's shared memory");
+    return reinterpret_cast<T*>(blocks[rank]->smem + (at - b->smem));
+}
 
 inline dim3 emu_thread_idx() { return dim3(static_cast<unsigned>(emu::me().tid)); }
 #define threadIdx (emu_thread_idx())
