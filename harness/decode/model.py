@@ -25,15 +25,22 @@ def linear(layer: nn.Linear, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
     return linear_weight(layer.weight, x, kernels)
 
 
+# linear_impl values that give the verify's 17-72 rows to kernels/linear/stream_linear.cu: the
+# stream-K kernel, or its cluster kernel (whole tiles a cluster of 8, summed through
+# distributed shared memory; built and emulated, not yet timed: kernels/NOTES.md).
+STREAM_IMPLS = ("wgmma", "wgmma_cluster")
+
+
 def linear_weight(weight: torch.Tensor, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
     """F.linear(x, weight) on cuBLAS, or on the skinny Triton kernel, which takes forwards of
     up to skinny_linear.MAX_ROWS rows (plain decoding's 1, the draft block's 16) and hands
-    larger ones (the verify's 65, prefill) to cuBLAS itself; `wgmma` also gives the verify's
-    17-72 rows to the stream-K CUDA kernel (stream_linear.py)."""
-    if kernels.linear == "wgmma" and _stream_linear_takes(x, weight):
+    larger ones (the verify's 65, prefill) to cuBLAS itself; `wgmma` (`wgmma_cluster`) also
+    gives the verify's 17-72 rows to the stream-K (cluster) CUDA kernel (stream_linear.py)."""
+    if kernels.linear in STREAM_IMPLS and _stream_linear_takes(x, weight):
         from harness.kernels.linear import stream_linear
-        return stream_linear.linear(x, weight)
-    if kernels.linear in ("triton", "wgmma"):
+        shape = stream_linear.CLUSTER_SHAPE if kernels.linear == "wgmma_cluster" else stream_linear.Shape()
+        return stream_linear.linear(x, weight, shape)
+    if kernels.linear in ("triton",) + STREAM_IMPLS:
         from harness.kernels.linear import skinny_linear
         return skinny_linear.linear(x, weight)
     return F.linear(x, weight)
@@ -55,11 +62,11 @@ def overlaps_gemm(x: torch.Tensor, kernels: Kernels) -> bool:
 def gemm_overlaps(rows: int, K: int, kernels: Kernels) -> bool:
     """`overlaps_gemm` for a GEMM of `rows` rows of depth K (bf16 where the stream-K kernel
     takes it: the only dtype it runs)."""
-    if kernels.linear not in ("triton", "wgmma"):
+    if kernels.linear not in ("triton",) + STREAM_IMPLS:
         return False
     from harness.kernels.linear import skinny_linear, stream_linear
     return skinny_linear.takes(rows, K) or (
-        kernels.linear == "wgmma" and stream_linear.takes(rows, K, torch.bfloat16))
+        kernels.linear in STREAM_IMPLS and stream_linear.takes(rows, K, torch.bfloat16))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,11 @@ step's idle fell from 2.8 to 0.3 % (kernels/NOTES.md); the fix-up's reads and y'
 by bulk copies and a tensor store, not yet timed: opt-in until it wins (scenarios/linear-ab.yaml
 is the A/B).
 
+Shape(cluster=S) (linear_impl wgmma_cluster: CLUSTER_SHAPE) runs the file's other kernel: whole
+128-row tiles dealt to clusters of S CTAs in turn, each CTA taking every S-th k step, the
+cluster's S accumulators summed through distributed shared memory at each tile's end; no
+stream-K, so nothing crosses a cluster (kernels/NOTES.md). Built and emulated, not yet timed.
+
 The call never synchronises with the host and allocates only its output, so it can be captured
 in a CUDA graph; make the first call outside the capture (it compiles and loads the library:
 kernels/build.py, cached on disk). Importing this module works on a host without a GPU.
@@ -48,11 +53,18 @@ class Shape:
     stages: int = 8
     ctas: int | None = None
     pdl: bool = True          # launched with programmatic dependent launch (False: for A/B timings)
+    # 2, 4 or 8: the cluster kernel instead (whole tiles a cluster of that many CTAs, summed
+    # through distributed shared memory; one group, and a buffer beside the ring: at most 7
+    # stages). Built and emulated, not yet timed (kernels/NOTES.md).
+    cluster: int = 0
 
     def __post_init__(self):
         if self.groups not in STAGE_BYTES or not 3 <= self.stages <= 16:
             raise ValueError(f"groups must be 1 or 2 and stages 3..16 (got {self.groups}, {self.stages})")
-        if 2048 + self.stages * STAGE_BYTES[self.groups] > MAX_SMEM:
+        if self.cluster not in (0, 2, 4, 8) or (self.cluster and self.groups != 1):
+            raise ValueError(f"cluster must be 0, 2, 4 or 8, with one group (got {self.cluster}, {self.groups})")
+        buffer = ACC * 128 * 4 if self.cluster else 0
+        if 2048 + self.stages * STAGE_BYTES[self.groups] + buffer > MAX_SMEM:
             raise ValueError(f"{self.stages} stages of {self.groups} groups exceed {MAX_SMEM} bytes")
 
 
@@ -62,7 +74,12 @@ class Args(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in ("x", "w", "y", "partials", "counters")] + \
                [(name, ctypes.c_int64) for name in
                 ("M", "N", "K", "x_stride", "w_stride", "y_stride", "ctas", "groups", "stages",
-                 "pdl")]
+                 "pdl", "cluster")]
+
+
+# linear_impl wgmma_cluster's launch: clusters of 8 (16 on an H200's 132 multiprocessors, two a
+# GPC), 7 stages beside the accumulator buffer.
+CLUSTER_SHAPE = Shape(stages=7, cluster=8)
 
 
 def takes(rows: int, K: int, dtype: torch.dtype) -> bool:
@@ -139,7 +156,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, shape: Shape = Shape()) -> tor
     a = Args(x=x2.data_ptr(), w=weight.data_ptr(), y=y.data_ptr(), partials=partials.data_ptr(),
              counters=counters.data_ptr(), M=M, N=N, K=K, x_stride=x2.stride(0),
              w_stride=weight.stride(0), y_stride=N, ctas=grid, groups=shape.groups,
-             stages=shape.stages, pdl=int(shape.pdl))
+             stages=shape.stages, pdl=int(shape.pdl), cluster=shape.cluster)
     with torch.cuda.device(x.device):
         lib = _lib()
         stream = torch.cuda.current_stream(x.device).cuda_stream

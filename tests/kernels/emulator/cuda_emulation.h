@@ -35,13 +35,18 @@
 //   exits before that wait aborts.
 // - Thread block clusters (emu::launch's `cluster`, along x): a cluster's blocks run together,
 //   their fibers interleaved by one scheduler; cluster_ctarank / cluster_nctarank, the cluster
-//   barrier (cluster_arrive / cluster_wait: the threads not exited) and map_shared_rank (another
-//   block's shared memory by plain loads and stores) follow sm_90's rules.
+//   barrier (cluster_arrive / cluster_wait: the threads not exited), map_shared_rank (another
+//   block's shared memory by plain loads and stores) and arrivals on another block's mbarrier
+//   (mbar_arrive_cluster) follow sm_90's rules.
 // - Named barriers 1..15 (named_barrier_sync / _arrive: bar.sync / bar.arrive with a thread
 //   count) and setmaxnreg_inc / _dec (every thread of the warpgroup executes it; the block's
 //   warpgroups may not budget more than 64 K registers): warp specialisation's pieces.
 // - Skew (a non-zero seed) makes the scheduler skip random warps in each round, so warps drift
 //   apart between barriers and a missing __syncthreads shows up as wrong numbers.
+// - emu_skew_bits(k): a skewed warp runs one round in 2^k (default k = 1); emu_slow_rank(r, n,
+//   first): every warp (first = 0: but the first) of the block of rank r in every cluster runs
+//   one round in n, so the other blocks (and that first warp) race ahead of them: handshakes
+//   between CTAs that only break when one side lags many rounds.
 // - emu_configure(early, skew_seed) (extern "C") sets both; the environment variables
 //   TVA_EMU_EARLY=1 and TVA_EMU_SKEW=<seed> give the defaults.
 // - Shared memory is a poisoned buffer of the launch's dynamic size; every access is bounds
@@ -64,6 +69,7 @@
 
 #include <ucontext.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -356,12 +362,30 @@ inline uint64_t& skew_state() {
     }();
     return state;
 }
-// With skew on: does warp w run in this round? (xorshift; about half the warps sit out)
+// How hard skew holds warps back: a warp sits out a round unless `bits` random bits are all zero
+// (1: about half the warps sit out; 3: seven in eight, so some lag many rounds behind).
+inline int& skew_bits() {
+    static int bits = 1;
+    return bits;
+}
+// A slow CTA: in the block of this rank in every cluster, every warp (or every warp but the
+// first, where a kernel's thread 0 signals for the block) runs one round in `every` (0: none),
+// so the other blocks, and that first warp, race ahead of them through every handshake that
+// lets them.
+struct SlowRank {
+    unsigned rank = 0, every = 0;
+    bool first_warp_too = true;
+};
+inline SlowRank& slow_rank() {
+    static SlowRank slow;
+    return slow;
+}
+// With skew on: does warp w run in this round? (xorshift)
 inline bool skip_warp() {
     uint64_t& x = skew_state();
     if (!x) return false;
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    return (x >> 11) & 1;
+    return ((x >> 11) & ((1u << skew_bits()) - 1)) != 0;
 }
 inline bool& late_copies() {
     static bool late = !std::getenv("TVA_EMU_EARLY") || std::getenv("TVA_EMU_EARLY")[0] != '1';
@@ -487,6 +511,13 @@ inline void fiber_main() {
         b->bar_count = 0;
         ++b->bar_gen;
     }
+    // A block whose threads have all exited has no shared memory any more: poisoned (and its
+    // mbarriers gone), so another block of its cluster that reads or arrives there after that
+    // sees the poison or dies, as a kernel must not rely on.
+    if (b->live == 0) {
+        std::fill(b->smem, b->smem + b->smem_size, static_cast<uint8_t>(0xff));
+        b->mbarriers.clear();
+    }
     // The cluster barrier awaits the threads not exited: an arrival of this phase stops counting.
     Cluster& c = *b->cluster;
     --c.live;
@@ -553,14 +584,18 @@ inline void run_cluster(Cluster& c) {
         c.live += c.blocks[i]->live;
     }
     bool all_warps = false;              // after a round without progress, run everyone
-    while (c.live > 0) {
+    for (long round = 0; c.live > 0; ++round) {
         long before = 0;
         for (Block* b : c.blocks) before += b->progress;
         for (Block* b : c.blocks) {
+            const SlowRank& slow = slow_rank();
+            const bool slowed = !all_warps && slow.every > 1 && b->rank == slow.rank;
             current_block() = b;
             bool skip = false;
             for (unsigned t = 0; t < b->dim.x; ++t) {
-                if (t % 32 == 0) skip = !all_warps && skip_warp();
+                if (t % 32 == 0)
+                    skip = slowed ? (t >= 32 || slow.first_warp_too) && round % slow.every != 0
+                                  : !all_warps && skip_warp();
                 if (skip || b->fibers[t].done) continue;
                 b->cur = static_cast<int>(t);
 #ifdef EMU_FAST_SWITCH
@@ -1168,6 +1203,24 @@ inline void mbar_wait(uint32_t bar, uint32_t parity) {
     }
 }
 
+// mbarrier.arrive.release.cluster.shared::cluster on the barrier at `bar` of block `rank` of the
+// cluster (the address mapa.shared::cluster maps there): one arrival in its current phase; then
+// a switch to another thread, as a plain arrival does. The wait with cluster scope
+// (try_wait.parity.acquire.cluster) is mbar_wait's.
+inline void mbar_arrive_cluster(uint32_t bar, unsigned rank) {
+    emu::Block* self = emu::current_block();
+    const auto& blocks = self->cluster->blocks;
+    if (rank >= blocks.size()) emu::die("mapa.shared::cluster: rank outside the cluster");
+    emu::current_block() = blocks[rank];
+    emu::MBarrier& m = emu::mbarrier_at(bar);
+    if (m.pending == 0) emu::die("mbarrier: more arrivals than its count in one phase");
+    --m.pending;
+    emu::complete_phase_if_done(m);
+    emu::current_block() = self;
+    emu::yield();
+}
+inline void mbar_wait_cluster(uint32_t bar, uint32_t parity) { mbar_wait(bar, parity); }
+
 // cp.async.bulk.tensor.Nd.shared::cluster.global.mbarrier::complete_tx::bytes: the box at
 // `coords` (innermost first) into shared memory at `dst`, rows of the box's inner extent one
 // after another, elements outside the tensor as zeros; with the 128-byte swizzle each 16-byte
@@ -1288,6 +1341,13 @@ extern "C" void emu_configure(int early, unsigned long long skew_seed) {
     emu::late_copies() = !early;
     emu::skew_state() = skew_seed;
 }
+// In the block of rank `rank` of every cluster, every warp (first_warp_too = 0: but the first) runs
+// one round in `every` (0 or 1: as the others).
+extern "C" void emu_slow_rank(unsigned rank, unsigned every, int first_warp_too) {
+    emu::slow_rank() = emu::SlowRank{rank, every, first_warp_too != 0};
+}
+// bits (1..8): how hard skew holds warps back (skew_bits above); 1 is the default.
+extern "C" void emu_skew_bits(int bits) { emu::skew_bits() = bits < 1 ? 1 : bits > 8 ? 8 : bits; }
 
 extern "C" const char* emu_last_fault() { return emu::fault().c_str(); }
 extern "C" void emu_clear_fault() {
