@@ -38,7 +38,7 @@ def linear_weight(weight: torch.Tensor, x: torch.Tensor, kernels: Kernels) -> to
     gives the verify's 17-72 rows to the stream-K (cluster) CUDA kernel (stream_linear.py)."""
     if kernels.linear in STREAM_IMPLS and _stream_linear_takes(x, weight):
         from harness.kernels.linear import stream_linear
-        shape = stream_linear.CLUSTER_SHAPE if kernels.linear == "wgmma_cluster" else stream_linear.Shape()
+        shape = stream_linear.CLUSTER_SHAPE if kernels.linear == "wgmma_cluster" else stream_linear.DEFAULT_SHAPE
         return stream_linear.linear(x, weight, shape)
     if kernels.linear in ("triton",) + STREAM_IMPLS:
         from harness.kernels.linear import skinny_linear

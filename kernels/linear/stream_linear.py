@@ -77,8 +77,9 @@ class Args(ctypes.Structure):
                  "pdl", "cluster")]
 
 
-# linear_impl wgmma_cluster's launch: clusters of 8 (16 on an H200's 132 multiprocessors, two a
-# GPC), 7 stages beside the accumulator buffer.
+# linear_impl wgmma's launch, and wgmma_cluster's: clusters of 8 (16 on an H200's 132
+# multiprocessors, two a GPC), 7 stages beside the accumulator buffer.
+DEFAULT_SHAPE = Shape()
 CLUSTER_SHAPE = Shape(stages=7, cluster=8)
 
 
@@ -135,7 +136,7 @@ def _hopper(index: int) -> bool:
     return torch.cuda.get_device_capability(index) == (9, 0)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, shape: Shape = Shape()) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, shape: Shape = DEFAULT_SHAPE) -> torch.Tensor:
     """F.linear(x, weight) for x [..., K] of MIN_ROWS..MAX_ROWS rows in all, bf16, on a CUDA
     device (others: F.linear)."""
     K = x.shape[-1]
