@@ -90,8 +90,9 @@ struct Shape {
     __host__ __device__ uint32_t w_bytes() const { return GROUP_W_BYTES * groups; }
     __host__ __device__ uint32_t stage_bytes() const { return w_bytes() + X_BYTES; }
     __host__ __device__ int smem() const { return 1024 + stages * static_cast<int>(stage_bytes()) + 1024; }
-    // The cluster kernel's: and a buffer of one group's accumulators.
+    // The cluster kernel's: a buffer of one group's accumulators more, and no signal warp.
     __host__ __device__ int cluster_smem() const { return smem() + ACC * 128 * 4; }
+    __host__ __device__ int cluster_threads() const { return consumers() + 32; }
 };
 
 // Mirrored by a ctypes structure in stream_linear.py (every field 8 bytes wide).
@@ -559,12 +560,10 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) cluster_linear_kernel(const __
     }
     cluster_sync();            // every CTA's barriers initialised before another arrives on them
 
-    if (tid >= 128) {                                        // the producer warp (and the idle signal warp)
+    if (tid >= 128) {                                        // the producer warp
         if (tid == 128)
             produce(p, m, ClusterIter{q, static_cast<int>(rank), k_steps, static_cast<int>(rank), S, Q},
                     my_tiles * per_tile, GROUP_ROWS);
-        else if (tid >= 160)
-            griddep_launch_dependents();
         return;
     }
     griddep_wait();            // before y's stores
@@ -659,7 +658,7 @@ static cudaError_t prepare(const Shape& sh, int cluster, int64_t& resident) {
             attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
             cudaLaunchConfig_t cfg = {};
             cfg.gridDim = dim3(static_cast<unsigned>(cluster));
-            cfg.blockDim = dim3(static_cast<unsigned>(sh.threads()));
+            cfg.blockDim = dim3(static_cast<unsigned>(sh.cluster_threads()));
             cfg.dynamicSmemBytes = static_cast<size_t>(sh.cluster_smem());
             cfg.attrs = &attr;
             cfg.numAttrs = 1;
@@ -712,16 +711,16 @@ int tsl_linear(const tsl::Args* args, void* stream) {
     const uint32_t tile_rows = static_cast<uint32_t>(sh.tile_rows());
     CUresult rc = tsl::encode(&p.map_x, a.x, a.K, a.M, a.x_stride, tsl::BK, tsl::NT, true);
     if (rc == CUDA_SUCCESS) rc = tsl::encode(&p.map_w, a.w, a.K, a.N, a.w_stride, tsl::BK, tile_rows, true);
-    // A tensor store needs y 16-byte aligned with rows a multiple of 16 bytes apart; otherwise the
-    // threads store y themselves.
-    p.y_by_copy = reinterpret_cast<uintptr_t>(a.y) % 16 == 0 && a.y_stride % 8 == 0;
+    // The stream-K kernel's tensor store needs y 16-byte aligned with rows a multiple of 16 bytes
+    // apart; otherwise its threads store y themselves. The cluster kernel always does (no map).
+    p.y_by_copy = cluster == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0 && a.y_stride % 8 == 0;
     if (rc == CUDA_SUCCESS && p.y_by_copy) rc = tsl::encode(&p.map_y, a.y, a.N, a.M, a.y_stride, tile_rows, tsl::NT, false);
     if (rc != CUDA_SUCCESS) return -static_cast<int>(rc);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (cluster == 0)
         TSL_LAUNCH(tsl::stream_linear_kernel, dim3(static_cast<unsigned>(p.a.ctas)), dim3(sh.threads()), sh.smem(), s, p, 1);
     else
-        TSL_LAUNCH(tsl::cluster_linear_kernel, dim3(static_cast<unsigned>(p.a.ctas)), dim3(sh.threads()),
+        TSL_LAUNCH(tsl::cluster_linear_kernel, dim3(static_cast<unsigned>(p.a.ctas)), dim3(sh.cluster_threads()),
                    sh.cluster_smem(), s, p, static_cast<unsigned>(cluster));
     return static_cast<int>(launch_status(s));
 }
