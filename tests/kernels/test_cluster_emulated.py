@@ -29,6 +29,9 @@ def _run(lib, blocks, threads, cluster, sync_first=True, exit_early=0, reverse=F
     out = np.full((blocks, threads), -1.0, dtype=np.float32)
     ranks = np.full((blocks, 2), -1, dtype=np.int32)
     lib.emu_reverse_blocks.argtypes = [ctypes.c_int]
+    # The schedule these cases rely on: no skew (the emulator's statics are shared by every
+    # emulated library a test process has loaded, so another module's setting could remain).
+    lib.emu_configure(0, 0)
     lib.emu_reverse_blocks(int(reverse))
     try:
         rc = lib.probe_next_block(out.ctypes.data, ranks.ctypes.data, blocks, threads, cluster, int(sync_first),

@@ -118,6 +118,7 @@ def _load_then_store(lib, shape, origin, box, overwrite=False):
     dst = np.zeros(shape, dtype=np.uint16)
     lib.probe_load_then_store.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64] + \
         [ctypes.c_int] * 6
+    lib.emu_configure(0, 0)        # late copies, no skew, whatever another module left set
     rc = lib.probe_load_then_store(src.ctypes.data, dst.ctypes.data, d0, d1, *origin, *box, int(overwrite), 0)
     return rc, src.reshape(box[1], box[0]), dst
 
