@@ -16,10 +16,13 @@ captured in a CUDA graph; make the first call outside the capture (it compiles a
 library). The library is compiled on first use (kernels/build.py); importing this module works
 on a host without a GPU.
 
-Three implementations (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_80), "wgmma"
-(S = QK^T on Hopper's warpgroup MMA, P V on mma.sync) and "wgmma_pv" (both products on wgmma:
-GQA at head_dim 128, software-pipelined, gqa_pipelined_kernel; MLA, mla_pv_kernel). The caller
-picks one; nothing in the environment does.
+Four implementations (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_80), "wgmma"
+(S = QK^T on Hopper's warpgroup MMA, P V on mma.sync), "wgmma_pv" (both products on wgmma:
+GQA at head_dim 128, software-pipelined, gqa_pipelined_kernel; MLA, mla_pv_kernel) and
+"wgmma_tail" (wgmma_pv, with the rows past the last full 64-row block carried one a CTA as tail
+rows on the full blocks' tiles where the shape allows: 65 tree tokens x G heads run G row blocks,
+not G + 1; gqa_tail_kernel, a contiguous cache; elsewhere it is wgmma_pv). The caller picks one;
+nothing in the environment does.
 """
 
 from __future__ import annotations
@@ -72,16 +75,18 @@ def _gqa_occupancy(index: int, head_dim: int, num_warps: int, paged: bool, wgmma
         return max(1, _lib().tva_gqa_occupancy(head_dim, num_warps, int(paged), int(wgmma)))
 
 
-IMPLS = ("mma", "wgmma", "wgmma_pv")    # wgmma_pv: S and P V on wgmma
-_IMPL_CODE = {"mma": 0, "wgmma": 1, "wgmma_pv": 2}   # tva_gqa_forward's `wgmma` argument
+IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail")    # wgmma_pv: S and P V on wgmma
+_IMPL_CODE = {"mma": 0, "wgmma": 1, "wgmma_pv": 2, "wgmma_tail": 3}   # tva_gqa_forward's `wgmma` argument
+PIPELINED = ("wgmma_pv", "wgmma_tail")   # the pipelined kernel (head_dim 128), with or without tail rows
 # A library caller gets mma.sync (any GPU from sm_80). The harness's cells pick with their
 # custom_impl knob, whose `auto` is wgmma on Hopper: measured faster there (kernels/NOTES.md).
 DEFAULT_IMPL = "mma"
 
 
 def _resolve_impl(impl: str, index: int, warps: int) -> int:
-    """The variant to launch (tva_gqa_forward's `wgmma`: 0, 1, 2): impl "mma" (any GPU),
-    "wgmma" or "wgmma_pv" (compute capability 9.0, 4 or 8 warps; an error where it cannot run)."""
+    """The variant to launch (tva_gqa_forward's `wgmma`: 0-3): impl "mma" (any GPU), "wgmma",
+    "wgmma_pv" or "wgmma_tail" (compute capability 9.0, 4 or 8 warps; an error where it cannot
+    run)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "mma":
@@ -114,10 +119,26 @@ def gqa_warps(rows: int, wgmma: bool = False) -> int:
 
 
 def plan_warps(rows: int, impl: str) -> int:
-    """Warps per CTA for `impl` at M = rows: wgmma_pv takes 4 at every shape measured (its
-    pipelined kernel on the H200 at 65536 keys: 65 tree tokens 199 vs 264 us with 8, 64 tokens
-    156 vs 184, 16 tokens 84 vs 100; kernels/NOTES.md); the others as gqa_warps says."""
-    return 4 if impl == "wgmma_pv" else gqa_warps(rows, wgmma=impl != "mma")
+    """Warps per CTA for `impl` at M = rows: the pipelined kernel takes 4 at every shape measured
+    (on the H200 at 65536 keys: 65 tree tokens 199 vs 264 us with 8, 64 tokens 156 vs 184, 16
+    tokens 84 vs 100; kernels/NOTES.md); the others as gqa_warps says."""
+    return 4 if impl in PIPELINED else gqa_warps(rows, wgmma=impl != "mma")
+
+
+def tail_row_blocks(rows: int, block: int = 64) -> int:
+    """Full row blocks the tail kernel runs for M = rows (the rest, one a CTA, as tail rows), or
+    0 where M has no such shape: 0 < rows % block <= rows // block (verify_attention.cu's
+    tail_row_blocks). 65 tree tokens x G heads: G blocks and G tail rows."""
+    nb, rem = divmod(rows, block)
+    return nb if 0 < rem <= nb else 0
+
+
+def row_blocks(rows: int, warps: int, impl: str, paged: bool) -> int:
+    """CTAs a (split, sequence, KV head) for M = rows: the tail kernel's full blocks where it
+    runs (wgmma_tail, contiguous, 4 warps, the shape above), else ceil(M / 16 warps)."""
+    if impl == "wgmma_tail" and not paged and warps == 4 and tail_row_blocks(rows):
+        return tail_row_blocks(rows)
+    return math.ceil(rows / (16 * warps))
 
 
 def gqa_slots(m_blocks: int, occupancy: int, sms: int, per_row_pages: bool = False) -> int:
@@ -172,22 +193,24 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
         m_blocks = math.ceil(hq * T / 64)
         splits = _splits(num_splits, b * m_blocks, _sm_count(index), max_keys,
                          _overhead_keys(64, MLA_DV, MLA_DK * 2))
+        mla_impl = "wgmma_pv" if impl == "wgmma_tail" else impl   # MLA's 64 rows a CTA have no tail
         return dict(num_warps=8, m_blocks=m_blocks, num_splits=splits, dv=MLA_DV,
-                    wgmma=_resolve_impl(impl, index, 8))
+                    wgmma=_resolve_impl(mla_impl, index, 8))
     d = q.shape[-1]
-    if impl == "wgmma_pv" and d != 128:
+    if impl in PIPELINED and d != 128:
         # The pipelined kernel is built for 128 alone: the earlier single-stage kernel's d64
         # instance failed the float64 check on the H200 (relative error 0.56, while the CPU
         # emulator agreed with the reference), so none is offered rather than one run wrong.
-        raise ValueError(f"impl 'wgmma_pv' supports head_dim 128 only, not {d} (use 'wgmma')")
+        raise ValueError(f"impl '{impl}' supports head_dim 128 only, not {d} (use 'wgmma')")
     rows = hq // heads_kv * T
     warps = num_warps or plan_warps(rows, impl)
     if warps not in (2, 4, 8):
         raise ValueError(f"num_warps must be 2, 4 or 8, got {warps}")
     wgmma = _resolve_impl(impl, index, warps)
-    m_blocks = math.ceil(rows / (16 * warps))
-    occupancy = _gqa_occupancy(index, d, warps, paged, wgmma)
-    per_row_pages = paged and wgmma != _IMPL_CODE["wgmma_pv"]   # only the pipelined copy shares them
+    m_blocks = row_blocks(rows, warps, impl, paged)
+    # A paged wgmma_tail runs the plain pipelined kernel.
+    occupancy = _gqa_occupancy(index, d, warps, paged, 2 if paged and wgmma == 3 else wgmma)
+    per_row_pages = paged and impl not in PIPELINED   # only the pipelined copy shares them
     slots = gqa_slots(m_blocks, occupancy, _sm_count(index), per_row_pages=per_row_pages)
     splits = _splits(num_splits, b * heads_kv * m_blocks, slots, max_keys,
                      _overhead_keys(16 * warps, d, 4 * d))
@@ -300,7 +323,7 @@ def _gqa(q, k, v, lengths, tree_bits, page_table, page_size, max_keys, sm_scale,
     lengths, tree_bits = _check_common(q, lengths, tree_bits)
     paged = page_table is not None
     pl = plan(q, hkv, max_keys, paged, num_splits=num_splits, num_warps=num_warps, impl=impl)
-    if paged and pl["wgmma"] == _IMPL_CODE["wgmma_pv"]:   # the other kernels' offsets are 64-bit
+    if paged and impl in PIPELINED:   # the other kernels' offsets are 64-bit
         _check_pool_span("k_pages", k)
         _check_pool_span("v_pages", v)
     out, ws = _prepare_out_ws(q, d, pl, out, workspace)
@@ -325,8 +348,8 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
     strides: a view of a larger cache is fine), Hq / Hkv a power of two; lengths [b] int32/int64
     on the device with lengths[b] + T <= S (not checked: that would sync); tree_bits
     [b, T, ceil(T/32)] int32. Returns [b, Hq, T, d] bfloat16. `num_splits` and `num_warps`
-    override the plan; `impl` "mma" (the default), "wgmma" or "wgmma_pv" (Hopper only, see
-    _resolve_impl).
+    override the plan; `impl` "mma" (the default), "wgmma", "wgmma_pv" or "wgmma_tail" (Hopper
+    only, see _resolve_impl).
     """
     if k.dim() != 4 or k.shape[0] != q.shape[0]:
         raise ValueError(f"k must be [b, Hkv, S, d] with b = {q.shape[0]}, got {tuple(k.shape)}")

@@ -230,6 +230,34 @@ __device__ __forceinline__ void wgmma_m64n256k16_ss_tb(float (&d)[32][4], uint64
 #endif
 }
 
+// d[64 x 8] (+)= A[64 x 16] x B[16 x 8], both operands K-major through shared-memory descriptors:
+// the tail row's S^T = K_tile Q_tail^T (A the K tile itself, B the tail's Q rows).
+__device__ __forceinline__ void wgmma_m64n8k16_ss(float (&d)[1][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+#ifdef TVA_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+#else
+    __trap();
+#endif
+}
+
+// d[64 x 8] += A[64 x 16] x B[16 x 8] with A MN-major (imm-trans-a 1), both through shared-memory
+// descriptors: the tail row's O^T += V_tile^T P^T (A the V tile as it is stored, B P^T).
+__device__ __forceinline__ void wgmma_m64n8k16_ss_ta(float (&d)[1][4], uint64_t desc_a, uint64_t desc_b) {
+#ifdef TVA_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 1, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
+        : "l"(desc_a), "l"(desc_b), "n"(1));
+#else
+    __trap();
+#endif
+}
+
 // Warp specialisation's register budgets (sm_90a; every thread of the warpgroup executes it);
 // its named barriers, mbarriers and tensor copies are sm90.cuh's.
 template <int REGS>
@@ -834,9 +862,88 @@ gqa_kernel(const AttnParams p) {
 // and V tiles come as tensor copies, two 64-column boxes a tile issued by thread 0 and waited for
 // on an mbarrier per stage, instead of 16 cp.async a thread a tile; the rest of the schedule is
 // the same. `kmap` / `vmap`: the cache as [b, heads, rows, D] boxes of 64 x BN (gqa_tma_kernel).
-template <int D, int NW, bool PAGED, bool TMA>
+//
+// TAIL (gqa_tail_kernel; a contiguous cache, 4 warps): M = nb BM + rem rows with 0 < rem <= nb
+// (65 tree tokens x G heads: nb = G, rem = G) run as nb row blocks, not nb + 1: CTA i also
+// carries row nb BM + i, its tail row, on the K and V tiles it already holds, where a CTA of its
+// own for the rem rows streamed every tile for 4 of 64 rows. The tail row's S^T = K_tile
+// Q_tail^T is a wgmma m64n8k16 (A the K tile by its K-major descriptor, B the tail's Q row and 7
+// zero rows), and its O^T += V_tile^T P^T one with A the V tile read MN-major (imm-trans-a 1) and
+// B P^T from shared memory. Warp w's 16 keys of a tile feed column w of P^T only, so each warp
+// runs its own softmax over its keys (its own running max; no reduction across warps a tile),
+// and the epilogue merges the four columns as split partials are merged. A column's rescale
+// touches O^T rows every warp holds: the warp leaves its factor in shared memory, and every
+// thread applies it after the next tile's first barrier. The tail takes the Q tile's 16 KB, so V
+// has three stages (the Q tile in the third until V_2 lands) and a second barrier a tile, after
+// S's wait, frees V_{j-1}'s stage and P^T_{j-1}'s buffer (session 15 measured that barrier level
+// at 65 tree tokens; kernels/NOTES.md).
+namespace tail {
+// The tail's shared memory (the 16 KB past V's stages), offsets from its 1024-byte aligned start.
+constexpr uint32_t Q = 0;          // Q_tail as a K-major B operand: 8 rows x 128 dims, 128-byte swizzle (2 KB)
+constexpr uint32_t PT = 2048;      // P^T, two buffers of 8 rows (columns of P) x 64 keys (1 KB each)
+constexpr uint32_t ALPHA = 4096;   // warp w's column rescale factor for the next tile: 4 floats
+constexpr uint32_t ML = 4160;      // epilogue: the warps' running max and sum: 8 floats
+constexpr uint32_t O = 8192;       // epilogue: O^T's 4 columns, fp32 [4][128] (2 KB)
+}  // namespace tail
+
+// Full row blocks of BM a GQA launch of M rows runs with the tail kernel (the rest, one row a
+// CTA, as tail rows), or 0 where M has no such shape.
+__host__ __device__ __forceinline__ int tail_row_blocks(int M, int BM) {
+    const int nb = M / BM, rem = M % BM;
+    return rem > 0 && rem <= nb ? nb : 0;
+}
+
+// Epilogue of the tail row: the four warps' partial softmaxes (O^T's columns 0-3 and each warp's
+// max and sum) merged as split partials are, then the row written as write_rows writes one (the
+// output with one split, else the partial and its log2-sum-exp), a dim a thread.
+template <int D>
+__device__ __forceinline__ void write_tail_row(const AttnParams& p, uint8_t* mem, const float (&ot)[2][1][4], float m,
+                                               float l, bool valid, int row, int b, int h, int split, int tid) {
+    static_assert(D == 128, "one dim a thread of the CTA");
+    const int warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+    l += __shfl_xor_sync(0xffffffffu, l, 4);     // the sum over the warp's lanes tig == 0
+    l += __shfl_xor_sync(0xffffffffu, l, 8);
+    l += __shfl_xor_sync(0xffffffffu, l, 16);
+    float* const ml = reinterpret_cast<float*>(mem + tail::ML);
+    float* const oc = reinterpret_cast<float*>(mem + tail::O);
+    if (lane == 0) {
+        ml[warp] = m;
+        ml[4 + warp] = l;
+    }
+    if (tig < 2) {            // columns 2 tig and 2 tig + 1 (4-7 are never fed)
+#pragma unroll
+        for (int mb = 0; mb < 2; ++mb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                oc[(2 * tig + (e & 1)) * D + 64 * mb + 16 * warp + gid + 8 * (e >> 1)] = ot[mb][0][e];
+    }
+    __syncthreads();
+    if (!valid) return;
+    const float m_all = fmaxf(fmaxf(ml[0], ml[1]), fmaxf(ml[2], ml[3]));
+    float o = 0.f, l_all = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        const float f = fast_exp2(ml[w] - max_ref(m_all));
+        o += f * oc[w * D + tid];
+        l_all += f * ml[4 + w];
+    }
+    const int T = static_cast<int>(p.tokens), G = static_cast<int>(p.heads_q / p.heads_kv);
+    const int t = row % T, hq = h * G + row / T;
+    const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
+    if (p.num_splits == 1) {
+        __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hq * p.o_sh + t * p.o_st;
+        *reinterpret_cast<uint16_t*>(out + tid) = static_cast<uint16_t>(pack_bf16(o * inv, 0.f));
+    } else {
+        const int64_t r = ((static_cast<int64_t>(split) * p.batch + b) * p.heads_q + hq) * T + t;
+        p.ws_o[r * D + tid] = o * inv;
+        if (tid == 0) p.ws_lse[r] = l_all > 0.f ? m_all + __log2f(l_all) : -INFINITY;
+    }
+}
+
+template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false>
 __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap) {
     static_assert(!(TMA && PAGED), "tensor copies for a contiguous cache only");
+    static_assert(!TAIL || (!TMA && !PAGED && NW == 4 && D == 128), "the tail row: cp.async, contiguous, 4 warps, d 128");
     constexpr int CH = D / 8, NT = NW * 32, STAGES = GqaConfig<D>::STAGES;
     constexpr int TILE = GqaConfig<D>::TILE_BYTES;
     constexpr int BM = 16 * NW;
@@ -845,13 +952,16 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     // V has a fourth stage: the Q tile's shared memory, free once every warp has its Q fragments
     // in registers (before the loop). V_{j+2} then goes into V_{j-2}'s stage, free at iteration
     // j's first barrier, so no second barrier a tile and no copy between S's wait and the softmax.
-    constexpr int V_STAGES = 4;
+    // TAIL: three, the Q tile's memory holding the tail's operands instead.
+    constexpr int V_STAGES = TAIL ? 3 : 4;
     static_assert(16 * NW * D * 2 >= TILE, "the Q tile holds a V tile");
     static_assert(D == 128, "P V is one m64n128k16 per 16 keys");
     TVA_DYNAMIC_SMEM(smem);
     const uint32_t sK = (smem_addr(smem) + 1023u) & ~1023u;    // 1024-byte aligned for the swizzle
     const uint32_t sV = sK + STAGES * TILE;
-    const uint32_t sQ = sV + STAGES * TILE;          // V's fourth stage once Q is in registers
+    const uint32_t sQ = sV + (TAIL ? 2 : STAGES) * TILE;   // V's fourth (TAIL: third) stage once Q is in registers
+    const uint32_t sTail = sV + STAGES * TILE;       // TAIL: the tail's operands (tail::)
+    uint8_t* const tail_mem = smem + (sTail - smem_addr(smem));
     // TMA: the stages' mbarriers, K's three then V's four, past the Q tile (in the alignment
     // slack: at least 128 bytes there, since the window starts 128-byte aligned).
     const uint32_t sBar = sQ + 16 * NW * D * 2;
@@ -865,11 +975,25 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     const int L = read_length(p, b);
     const SplitRange sr = split_range(L + T, p.num_splits, split);
     const int n = sr.tiles;
+    // TAIL: this CTA's tail row, if M has one for it
+    const int t_row = M / BM * BM + mblock;
+    const bool t_valid = TAIL && t_row < M;
+    const int t_tok = t_valid ? t_row % T : 0;
 
     const char* kbase = static_cast<const char*>(p.k) + h * p.k_sh * 2 + (PAGED ? 0 : b * p.k_sb * 2);
     const char* vbase = static_cast<const char*>(p.v) + h * p.v_sh * 2 + (PAGED ? 0 : b * p.v_sb * 2);
     const char* qbase = static_cast<const char*>(p.q) + (b * p.q_sb + static_cast<int64_t>(h) * G * p.q_sh) * 2;
     copy_q_tile<BM, CH, NT>(p, sQ, qbase, tid, mblock, M);
+    // TAIL: the tail row copied with the Q tile, as row 0 of Q_tail's eight (the rest zeros: one
+    // 16-byte chunk a thread); P^T's buffers zeroed (a warp only ever writes its own column, at
+    // its own keys).
+    if constexpr (TAIL) {
+        const int row = tid / CH, c = tid % CH;
+        cp_async16(sTail + tail::Q + (c >> 3) * 1024 + row * 128 + (((c & 7) ^ row) << 4),
+                   qbase + ((t_row / T) * p.q_sh + t_tok * p.q_st) * 2 + c * 16, t_valid && row == 0);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) st_shared_b32(sTail + tail::PT + 16 * tid + 4 * w, 0u);
+    }
 
     // Each thread copies 16-byte column `lc` of rows lrow0, lrow0 + RS, ... of every tile, into
     // 64-column block lc / 8, chunk (lc % 8) ^ (row % 8); RS is a multiple of 8, so the swizzled
@@ -979,6 +1103,9 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
         cp_async_commit();
     }
     cp_async_wait<2>();
+    // TAIL: an empty group in V_2's place, so that every iteration's top wait counts two groups
+    // behind it, K_{j+3}'s and V_{j+2}'s (V_{j+2} goes out after the second barrier).
+    if constexpr (TAIL) cp_async_commit();
     fence_proxy_async();
     __syncthreads();              // TMA: the barriers are initialised before anyone waits on one
     if constexpr (TMA) {
@@ -1000,28 +1127,107 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
     uint32_t pa[2][BN / 16][4];
 
+    // TAIL: O^T's d rows 0-63 and 64-127 (columns 2 tig, 2 tig + 1: the warps 2 tig and 2 tig + 1
+    // whose keys fed them), this warp's running max of its keys' scores of the tail row and this
+    // lane's part of their sum (lanes tig == 0 hold the row's scores: S^T's column 0).
+    float ot[2][1][4];
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb) ot[mb][0][0] = ot[mb][0][1] = ot[mb][0][2] = ot[mb][0][3] = 0.f;
+    float t_m = -INFINITY, t_l = 0.f;
+    const int32_t* const t_bits = p.tree_bits + b * p.bits_sb + t_tok * p.bits_st;
+    const bool t_own = t_valid && tig == 0;
+
     // S = Q K_tile^T: one wgmma per 16 dims. S is a fresh array in each iteration: carried
     // across the loop, the softmax's writes to it count as writes to the inputs of the next
     // iteration's wgmma and ptxas serialises them (C7513).
-    auto issue_s = [&](float (&s)[BN / 8][4], int tile) {
+    // TAIL: the tail row's S^T = K_tile Q_tail^T too, in the same group.
+    auto issue_s = [&](float (&s)[BN / 8][4], float (&st)[1][4], int tile) {
         const uint64_t k_desc = desc_kmajor_sw128(k_stage(tile));
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
             wgmma_m64n64k16(s, qa[kk], desc_advance(k_desc, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+        if constexpr (TAIL) {
+            const uint64_t q_desc = desc_kmajor_sw128(sTail + tail::Q);
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk)
+                wgmma_m64n8k16_ss(st, desc_advance(k_desc, (kk >> 2) * (BN * 128) + (kk & 3) * 32),
+                                  desc_advance(q_desc, (kk >> 2) * 1024 + (kk & 3) * 32), kk > 0);
+        }
         wgmma_commit();
+    };
+    // TAIL: the tail row's O^T += V_tile^T P^T_tile, P^T from the tile's buffer.
+    auto issue_pv_tail = [&](int tile) {
+        const uint64_t p_desc = desc_kmajor_sw128(sTail + tail::PT + (tile & 1) * 1024);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+            for (int mb = 0; mb < 2; ++mb)
+                wgmma_m64n8k16_ss_ta(ot[mb], desc_advance(desc_mnmajor_sw128(v_stage(tile) + mb * (BN * 128)), kk * 16 * 128),
+                                     desc_advance(p_desc, kk * 32));
+    };
+    // TAIL: this warp's softmax of its 16 keys of the tile for the tail row (the main rows' lazy
+    // rescale, per warp): P^T's column `warp` at those keys into the tile's buffer, and the factor
+    // the column's O^T must take before this tile's product into shared memory.
+    auto tail_softmax = [&](const float (&st)[1][4], int tile) {
+        const int kb = sr.begin + tile * BN, key = kb + 16 * warp + gid;
+        float x0 = t_own ? st[0][0] : -INFINITY, x1 = t_own ? st[0][2] : -INFINITY;
+        if (kb + BN > L) {
+            if (!key_visible(t_bits, key, L, sr.end)) x0 = -INFINITY;
+            if (!key_visible(t_bits, key + 8, L, sr.end)) x1 = -INFINITY;
+        }
+        const float m_tile = fmaxf(x0, x1) * scale;
+        float alpha = 1.f;
+        if (__any_sync(0xffffffffu, m_tile > t_m + RESCALE_LOG2)) {
+            float mx = m_tile;
+#pragma unroll
+            for (int off = 4; off < 32; off *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            const float m_new = fmaxf(t_m, mx);
+            alpha = fast_exp2(t_m - max_ref(m_new));
+            t_m = m_new;
+        }
+        const float m_use = max_ref(t_m);
+        const float p0 = fast_exp2(fmaf(x0, scale, -m_use)), p1 = fast_exp2(fmaf(x1, scale, -m_use));
+        t_l = t_l * alpha + p0 + p1;
+        if (tig == 0) {      // row `warp` of the buffer, keys 16 warp + gid (chunk 2 warp) and + 8
+            uint8_t* col = tail_mem + tail::PT + (tile & 1) * 1024 + warp * 128 + 2 * gid;
+            *reinterpret_cast<uint16_t*>(col + (((2 * warp) ^ warp) << 4)) = static_cast<uint16_t>(pack_bf16(p0, 0.f));
+            *reinterpret_cast<uint16_t*>(col + (((2 * warp + 1) ^ warp) << 4)) = static_cast<uint16_t>(pack_bf16(p1, 0.f));
+        }
+        if (lane == 0) reinterpret_cast<float*>(tail_mem + tail::ALPHA)[warp] = alpha;
+    };
+    // TAIL: O^T's columns times the factors the warps left for this tile (all 1 but after a
+    // warp's max moved: then the products still running are waited for first).
+    auto tail_rescale = [&]() {
+        const float4 a = *reinterpret_cast<const float4*>(tail_mem + tail::ALPHA);
+        if (a.x == 1.f && a.y == 1.f && a.z == 1.f && a.w == 1.f) return;   // the same for every thread
+        wgmma_wait<0>();
+        keep_live(ot[0]);
+        keep_live(ot[1]);
+        const float f0 = tig == 0 ? a.x : tig == 1 ? a.z : 1.f, f1 = tig == 0 ? a.y : tig == 1 ? a.w : 1.f;
+#pragma unroll
+        for (int mb = 0; mb < 2; ++mb) {
+            ot[mb][0][0] *= f0;
+            ot[mb][0][1] *= f1;
+            ot[mb][0][2] *= f0;
+            ot[mb][0][3] *= f1;
+        }
     };
     auto softmax = [&](const float (&s)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&alpha)[2]) {
         return online_softmax<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
     };
 
     if (n > 0) {
-        float s[BN / 8][4], x[BN / 8][4], alpha[2];
+        float s[BN / 8][4], st[1][4], x[BN / 8][4], alpha[2];
         wgmma_fence();
-        issue_s(s, 0);
+        issue_s(s, st, 0);
         wgmma_wait<0>();
         keep_live(s);
         softmax(s, 0, x, alpha);    // O is still zero: alpha is not needed
         pack_p<BN>(x, pa[0]);
+        if constexpr (TAIL) {
+            keep_live(st);
+            tail_softmax(st, 0);
+        }
     }
     // One tile. P_tile is in pa[PA] (tile's parity: the loop runs tiles in pairs, so the index is
     // a constant); P_{tile+1} goes to the other one while P_tile V_tile may still run.
@@ -1040,20 +1246,22 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             const int valid = L + T - (sr.begin + tile * BN);
             if (valid < BN) zero_rows<BN, D / 8, NT>(v_stage(tile), valid > 0 ? valid : 0, tid);
         } else {
-            cp_async_wait<1>();
+            cp_async_wait<TAIL ? 2 : 1>();
         }
         fence_proxy_async();
         __syncthreads();
+        if constexpr (TAIL) tail_rescale();
 
         // S_{tile+1} then P_tile V_tile. On the last tile S is issued again on K_tile, still in
         // its stage, and dropped: a branch between the fence and the MMAs makes ptxas serialise
         // every wgmma of the kernel (advisory C7513).
-        float s[BN / 8][4];
+        float s[BN / 8][4], st[1][4];
         wgmma_fence();            // o and pa were last written by ordinary instructions
-        issue_s(s, more ? tile + 1 : tile);
+        issue_s(s, st, more ? tile + 1 : tile);
         const uint64_t v_desc = desc_mnmajor_sw128(v_stage(tile));
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
+        if constexpr (TAIL) issue_pv_tail(tile);
         wgmma_commit();
         // K_{tile+3} and V_{tile+2} go out while the tensor cores run: K_{tile+3} into K_tile's
         // stage (S_tile finished in the previous iteration), V_{tile+2} into V_{tile-2}'s (P_{tile-2}
@@ -1067,7 +1275,7 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             copy_tile(k_stage(tile + 3), kbase, p.k_st, tile + 3, offs3, 0);
             fetch_page(tile + 4);
         }
-        if (tile + 2 < n) copy_tile(v_stage(tile + 2), vbase, p.v_st, tile + 2, voff, 16);
+        if (!TAIL && tile + 2 < n) copy_tile(v_stage(tile + 2), vbase, p.v_st, tile + 2, voff, 16);
         if (tile + 3 < n) voff = offs3;
         cp_async_commit();
         if (more) {
@@ -1075,10 +1283,20 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             // V_tile may still run.
             wgmma_wait<1>();
             keep_live(s);
+            // TAIL: every warp past that wait: V_{tile-1}'s stage and P^T_{tile-1}'s buffer free.
+            if constexpr (TAIL) {
+                keep_live(st);
+                __syncthreads();
+            }
             softmax_rescale_pack<D, BN>(s, tile + 1, softmax, o, pa[1 - PA]);
+            if constexpr (TAIL) tail_softmax(st, tile + 1);
         } else {
             wgmma_wait<0>();
             keep_live(o);
+        }
+        if constexpr (TAIL) {     // V_{tile+2} into V_{tile-1}'s stage
+            if (tile + 2 < n) copy_tile(v_stage(tile + 2), vbase, p.v_st, tile + 2, voff, 16);
+            cp_async_commit();
         }
     };
     run_tiles(n, step);
@@ -1089,6 +1307,11 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     cp_async_wait<0>();
 
     write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
+    if constexpr (TAIL) {
+        keep_live(ot[0]);
+        keep_live(ot[1]);
+        write_tail_row<D>(p, tail_mem, ot, t_m, t_l, t_valid, t_row, b, h, split, tid);
+    }
 }
 
 template <int D, int NW, bool PAGED>
@@ -1096,6 +1319,14 @@ __global__ void __launch_bounds__(NW * 32, 1)
 gqa_pipelined_kernel(const AttnParams p) {
     wait_for_previous_kernel();
     gqa_pipelined<D, NW, PAGED, false>(p, nullptr, nullptr);
+}
+
+// The pipelined kernel with the tail rows (TAIL above): launched as tail_row_blocks row blocks.
+template <int D, int NW>
+__global__ void __launch_bounds__(NW * 32, 1)
+gqa_tail_kernel(const AttnParams p) {
+    wait_for_previous_kernel();
+    gqa_pipelined<D, NW, false, false, true>(p, nullptr, nullptr);
 }
 
 // The tensor maps first: a CUtensorMap is 128-byte aligned.
@@ -1861,10 +2092,12 @@ static cudaError_t prepare(Kernel kernel, int smem) {
     return err;
 }
 
-// The kernel of a variant: wgmma 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (pipelined).
+// The kernel of a variant: wgmma 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (pipelined), 3
+// the pipelined kernel with tail rows.
 template <int D, int NW, bool PAGED, int WGMMA>
 constexpr auto gqa_variant() {
-    if constexpr (WGMMA == 2) return gqa_pipelined_kernel<D, NW, PAGED>;
+    if constexpr (WGMMA == 3) return gqa_tail_kernel<D, NW>;
+    else if constexpr (WGMMA == 2) return gqa_pipelined_kernel<D, NW, PAGED>;
     else return gqa_kernel<D, NW, PAGED, WGMMA == 1>;
 }
 
@@ -1954,8 +2187,13 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
     const int M = static_cast<int>(p.heads_q / p.heads_kv * p.tokens);
     const int bm = 16 * num_warps;
     const int m_blocks = (M + bm - 1) / bm;
-    // wgmma: 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (head_dim 128 only)
-    if (wgmma == 2 && D != 128) return cudaErrorInvalidValue;
+    // wgmma: 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (head_dim 128 only), 3 as 2 with the
+    // rows past the last full row block as tail rows where M has that shape (else as 2)
+    if (wgmma >= 2 && D != 128) return cudaErrorInvalidValue;
+    if (wgmma == 3 && !PAGED && num_warps == 4 && tail_row_blocks(M, bm) > 0) {
+        if constexpr (!PAGED && D == 128) return launch_gqa<D, 4, false, 3>(p, stream, tail_row_blocks(M, bm));
+    }
+    if (wgmma == 3) wgmma = 2;
     switch (num_warps * 4 + wgmma) {
         case 8: return launch_gqa<D, 2, PAGED, 0>(p, stream, m_blocks);
         case 16: return launch_gqa<D, 4, PAGED, 0>(p, stream, m_blocks);
@@ -2004,6 +2242,7 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     TVA_OCC(D, 8, P, 1)
     TVA_OCC_D(64, 0) TVA_OCC_D(64, 1) TVA_OCC_D(128, 0) TVA_OCC_D(128, 1)
     TVA_OCC(128, 4, 0, 2) TVA_OCC(128, 8, 0, 2) TVA_OCC(128, 4, 1, 2) TVA_OCC(128, 8, 1, 2)
+    TVA_OCC(128, 4, 0, 3)
 #undef TVA_OCC_D
 #undef TVA_OCC
     return blocks;
@@ -2011,7 +2250,7 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
 
 // Returns a cudaError_t (0 = success). The launch is asynchronous on `stream`.
 // wgmma = 1: S = Q K^T on Hopper's warpgroup MMA (4 or 8 warps; a 9.0a build on an sm_90 GPU);
-// 2: P V on it too.
+// 2: P V on it too; 3: as 2, with tail rows where the shape has them (a contiguous cache, 4 warps).
 int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int paged, int wgmma, void* stream) {
     const AttnParams& p = *params;
     cudaStream_t s = static_cast<cudaStream_t>(stream);

@@ -188,6 +188,75 @@ def test_gqa_wgmma_pv_kernel_matches_reference(emu, case, schedule):
     assert _run(emu, pt, lengths, splits, warps=warps, wgmma=2) < 5e-3
 
 
+# The tail kernel (wgmma 3): M = nb 64 + rem rows with 0 < rem <= nb run as nb row blocks, CTA i
+# carrying row 64 nb + i on its tiles (S^T and O^T on m64n8 wgmmas, a softmax a warp). 65 tree
+# tokens over 1, 2, 4 and 8 query heads a KV head (nb tail rows, one a CTA); 129 (8 blocks, 4
+# tail rows: CTAs without one); one split writing the output itself; splits long enough to cycle
+# V's three stages and P^T's two buffers many times; empty splits; an empty prefix; NaN past each
+# sequence; and shapes without a tail (rem > nb: 33 tokens x 8 heads; rem 0) that run the plain
+# pipelined kernel.
+TAIL_CASES = {
+    "tail-g4-T65-b2": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [300, 97], 2),
+    "tail-g1-T65": (_point(heads=1, kv_heads=1, T=65, d=128), [150], 2),
+    "tail-g2-T65-one-split": (_point(b=2, heads=4, kv_heads=2, T=65, d=128), [200, 70], 1),
+    "tail-g8-T65": (_point(heads=8, kv_heads=1, T=65, d=128), [130], 3),
+    "tail-g4-T129-empty-tail-ctas": (_point(heads=4, kv_heads=1, T=129, d=128), [180], 2),
+    "tail-g4-T65-long-split": (_point(heads=4, kv_heads=1, T=65, d=128), [1100], 1),
+    "tail-g4-T65-long-splits": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [900, 500], 2),
+    "tail-more-splits-than-tiles": (_point(heads=4, kv_heads=1, T=65, d=128), [60], 9),
+    "tail-empty-prefix": (_point(heads=4, kv_heads=1, T=65, d=128), [0], 1),
+    "tail-none-g8-T33": (_point(heads=8, kv_heads=1, T=33, d=128), [200], 2),
+    "tail-none-T64": (_point(heads=4, kv_heads=1, T=64, d=128), [200], 2),
+}
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("case", list(TAIL_CASES))
+def test_gqa_tail_kernel_matches_reference(emu, case, schedule):
+    """The tail kernel against float64, the cache holding NaN past each sequence (a tail row
+    that read a key past its tree, or a V row past the split unmasked, would carry it)."""
+    emu.emu_configure(*SCHEDULES[schedule])
+    pt, lengths, splits = TAIL_CASES[case]
+    assert _run(emu, pt, lengths, splits, warps=4, wgmma=3, nan_tail=37) < 5e-3
+
+
+@pytest.mark.parametrize("case", ["tail-g4-T65-long-splits", "tail-g2-T65-one-split", "tail-g4-T129-empty-tail-ctas"])
+def test_tail_kernel_with_lagging_warps(emu, case):
+    """Warp 0 of every CTA races ahead (warps 1-3 run one round in 64) with copies landing at
+    issue: a warp that refills V_{j-1}'s stage or P^T_{j-1}'s buffer while another still has
+    P_{j-1} V_{j-1} in flight changes an operand under it (random skew rarely lags a warp that
+    far; the second barrier a tile is what this case checks)."""
+    emu.emu_configure(1, 4242)
+    emu.emu_slow_rank(0, 64, 0)
+    try:
+        pt, lengths, splits = TAIL_CASES[case]
+        assert _run(emu, pt, lengths, splits, warps=4, wgmma=3, nan_tail=37) < 5e-3
+    finally:
+        emu.emu_slow_rank(0, 0, 1)
+        emu.emu_configure(0, 0)
+
+
+@pytest.mark.parametrize("schedule", ["lockstep", "skewed"])
+def test_tail_rescales_when_the_max_grows(emu, schedule):
+    """As test_wgmma_pv_rescales_when_the_max_grows, for the tail rows: each warp's running max
+    of its keys moves mid-split, and the other warps must rescale the O^T rows they hold for
+    that warp's column before the next tile's product (a kernel that skips it fails here)."""
+    emu.emu_configure(*SCHEDULES[schedule])
+    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
+    ramp = lambda j: 1.0 + 0.04 * j
+    assert _run(emu, pt, [300, 250], 2, warps=4, wgmma=3, key_ramp=ramp) < 5e-3
+
+
+def test_tail_row_blocks_match_the_kernel():
+    """The planner's row blocks for the tail kernel are the launcher's (tail_row_blocks)."""
+    assert cv.tail_row_blocks(4 * 65) == 4 and cv.tail_row_blocks(65) == 1 and cv.tail_row_blocks(8 * 65) == 8
+    assert cv.tail_row_blocks(4 * 129) == 8                  # 4 tail rows over 8 CTAs
+    assert cv.tail_row_blocks(8 * 33) == 0 and cv.tail_row_blocks(256) == 0 and cv.tail_row_blocks(40) == 0
+    assert cv.row_blocks(260, 4, "wgmma_tail", paged=False) == 4
+    assert cv.row_blocks(260, 4, "wgmma_tail", paged=True) == 5      # paged: the plain pipelined kernel
+    assert cv.row_blocks(260, 4, "wgmma_pv", paged=False) == 5
+
+
 @pytest.fixture(scope="module")
 def emu_tma(tmp_path_factory):
     """The same source built with -DTVA_TMA: the pipelined kernel's contiguous K and V tiles by
@@ -395,10 +464,11 @@ def _h200_splits(lib, b, hq, hkv, T, d, max_keys, mla=False, wgmma=False, paged=
     if mla:
         m_blocks = math.ceil(hq * T / 64)
         return 8, cv.best_splits(b * m_blocks, H200_SMS, max_keys, cv._overhead_keys(64, cv.MLA_DV, cv.MLA_DK * 2))
-    warps = cv.plan_warps(hq // hkv * T, cv.IMPLS[int(wgmma)])   # as custom_verify.plan picks
-    m_blocks = math.ceil(hq // hkv * T / (16 * warps))
+    impl = cv.IMPLS[int(wgmma)]
+    warps = cv.plan_warps(hq // hkv * T, impl)   # as custom_verify.plan picks
+    m_blocks = cv.row_blocks(hq // hkv * T, warps, impl, paged)
     occupancy = max(1, (228 * 1024) // (lib.tva_gqa_smem_bytes(d, warps, int(wgmma)) + 1024))
-    slots = cv.gqa_slots(m_blocks, occupancy, H200_SMS, per_row_pages=paged and int(wgmma) != 2)
+    slots = cv.gqa_slots(m_blocks, occupancy, H200_SMS, per_row_pages=paged and impl not in cv.PIPELINED)
     return warps, cv.best_splits(b * hkv * m_blocks, slots, max_keys,
                                  cv._overhead_keys(16 * warps, d, 4 * d))
 
@@ -421,6 +491,9 @@ H200_POINTS = [  # (name, b, hq, hkv, T, d, context, layout, page size, wgmma)
     ("wg-mla-H8-T16-65536", 1, 8, 1, 16, 576, 65536, "mla", 1, True),
     ("pv-mla-H8-T16-65536", 1, 8, 1, 16, 576, 65536, "mla", 1, 2),
     ("pv-mla-H64-T16-paged", 2, 64, 1, 16, 576, 65536, "mla-paged", 16, 2),
+    ("tail-gqa-T65-65536", 1, 32, 8, 65, 128, 65536, "contiguous", 1, 3),
+    ("tail-gqa-T65-4096-b4", 4, 32, 8, 65, 128, 4096, "contiguous", 1, 3),
+    ("tail-paged-ps16-T65", 1, 32, 8, 65, 128, 65536, "paged", 16, 3),
 ]
 
 

@@ -107,6 +107,64 @@ def test_wgmma_pv_variant_matches_float64_reference(case, hopper):
     assert check(pt, lengths, impl="wgmma_pv") <= TOL
 
 
+# The tail kernel (impl wgmma_tail): 65 tree tokens over 1, 4 and 8 query heads a KV head (1, 4,
+# 8 row blocks and as many tail rows), 129 (tail rows on half the CTAs), long contexts, one
+# split (the output written by the kernel) and many; shapes without a tail run wgmma_pv.
+TAIL_CASES = {
+    "g4-T65": (point(T=65), [3000]),
+    "g4-T65-b2-long": (point(b=2, T=65), [65536, 20000]),
+    "g1-T65": (point(heads=8, kv_heads=8, T=65), [5000]),
+    "g8-T65": (point(heads=64, kv_heads=8, T=65), [4096]),
+    "g4-T129": (point(T=129), [3000]),
+    "g4-T16-no-tail": (point(T=16), [4096]),
+    "paged16-g4-T65-no-tail": (point(b=2, T=65, layout="paged", ps=16), [3000, 1100]),
+}
+
+
+@pytest.mark.parametrize("case", list(TAIL_CASES))
+def test_wgmma_tail_variant_matches_float64_reference(case, hopper):
+    """NaN past each sequence (contiguous): a tail row reading past its keys would carry it."""
+    pt, lengths = TAIL_CASES[case]
+    nan_tail = 37 if pt.layout == "contiguous" else 0
+    assert check(pt, lengths, impl="wgmma_tail", nan_tail=nan_tail) <= TOL
+
+
+@pytest.mark.parametrize("splits", [1, 2, 7, 64])
+def test_wgmma_tail_any_split_count(splits, hopper):
+    assert check(point(b=2, T=65), [3000, 150], num_splits=splits, impl="wgmma_tail") <= TOL
+
+
+def test_wgmma_tail_equals_wgmma_pv_closely_and_replays_in_a_graph(hopper):
+    """The tail rows sum their keys in another order (four warps' partial softmaxes) than the
+    plain kernel's fifth row block: close, not equal. A captured call replays equal to an eager
+    one, without a host sync."""
+    from harness.kernels.verify import custom_verify as cv
+
+    pt = point(b=2, T=65)
+    inp = kw.make_inputs(pt, [9000, 3000], 5, DEV, torch.bfloat16)
+    args = (inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"])
+    a, b = cv.tree_verify_attention(*args, impl="wgmma_pv"), cv.tree_verify_attention(*args, impl="wgmma_tail")
+    assert ref.relative_error(b, a.double()) < 5e-3
+    pl = cv.plan(inp["q"], pt.kv_heads, inp["k"].shape[2], False, impl="wgmma_tail")
+    assert pl["m_blocks"] == 4
+    ws = cv.alloc_workspace(inp["q"], pl["num_splits"], pt.dv)
+    out = torch.empty_like(b)
+    call = lambda: cv.tree_verify_attention(*args, impl="wgmma_tail", out=out, workspace=ws)  # noqa: E731
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, b)
+
+
 def test_wgmma_variant_equals_mma_variant_closely(hopper):
     """Same inputs, both variants: they differ only in fp32 summation order of Q K^T."""
     from harness.kernels.verify import custom_verify as cv

@@ -29,8 +29,6 @@ def lib(tmp_path_factory):
     lib.tsl_linear.restype = ctypes.c_int
     lib.tsl_struct_size.restype = ctypes.c_int
     lib.emu_reverse_blocks.argtypes = [ctypes.c_int]
-    lib.emu_skew_bits.argtypes = [ctypes.c_int]
-    lib.emu_slow_rank.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_int]
     lib.tsl_max_rows.restype = ctypes.c_int
     return lib
 

@@ -11,7 +11,8 @@
 //   lanes' registers, so a kernel that indexes them wrongly computes the wrong numbers here too.
 // - wgmma.mma_async m64n64k16 (A in registers, B through a K-major 128-byte-swizzle shared-memory
 //   descriptor), m64n128k16 with an MN-major B (imm-trans-b 1), m64n32k16 and m64n64k16 with both
-//   operands by descriptor and m64n256k16 with both by descriptor, B MN-major, are asynchronous, as on the GPU: the issue is a barrier of the
+//   operands by descriptor, m64n256k16 with both by descriptor, B MN-major, and m64n8k16 with
+//   both by descriptor, A K-major or MN-major (imm-trans-a 1), are asynchronous, as on the GPU: the issue is a barrier of the
 //   warpgroup's 128 threads that reads the A registers (and checks the descriptors agree); each
 //   thread queues its share and runs it at its own wgmma.wait_group that retires the group: only
 //   there are the shared-memory operands read and the accumulator written. An operand value that
@@ -257,7 +258,8 @@ struct Copy {
 // accumulator it writes.
 struct Wgmma {
     // B K-major / B MN-major / A and B K-major / A K-major and B MN-major, both in shared memory
-    enum Kind { kRegA, kRegATransB, kSmemA, kSmemATransB } kind;
+    // / A MN-major and B K-major, both in shared memory
+    enum Kind { kRegA, kRegATransB, kSmemA, kSmemATransB, kSmemATransA } kind;
     int n;                    // N of m64nNk16
     int accumulate;
     long group;               // commit groups of this thread before its issue
@@ -958,7 +960,10 @@ inline float emu_wgmma_reg_a(int group0, int r, int k) {
 inline uint64_t emu_wgmma_row_a(const emu::Wgmma& op, int h, uint16_t (&v)[16]) {
     const int tid = emu::me().tid, row = 16 * ((tid >> 5) & 3) + (tid & 31) / 4 + 8 * h;
     uint64_t fp = 0;
-    for (int k = 0; k < 16; ++k) v[k] = emu_desc_at(op.desc_a, row, k), fp = (fp ^ v[k]) * 0x100000001b3ull;
+    for (int k = 0; k < 16; ++k) {
+        v[k] = op.kind == emu::Wgmma::kSmemATransA ? emu_desc_mn_at(op.desc_a, k, row) : emu_desc_at(op.desc_a, row, k);
+        fp = (fp ^ v[k]) * 0x100000001b3ull;
+    }
     return fp;
 }
 inline uint64_t emu_wgmma_col_b(const emu::Wgmma& op, int i, uint16_t (&v)[16]) {
@@ -979,7 +984,8 @@ inline uint64_t emu_wgmma_col_b(const emu::Wgmma& op, int i, uint16_t (&v)[16]) 
 // operands are fingerprinted now and read at the wait.
 inline void emu_wgmma_issue(emu::Wgmma::Kind kind, int n, float* d, uint64_t desc_a, uint64_t desc_b,
                             const uint32_t* a, int accumulate) {
-    const bool smem_a = kind == emu::Wgmma::kSmemA || kind == emu::Wgmma::kSmemATransB;
+    const bool smem_a = kind == emu::Wgmma::kSmemA || kind == emu::Wgmma::kSmemATransB ||
+                        kind == emu::Wgmma::kSmemATransA;
     if ((desc_b >> 62) != 1 || (smem_a && (desc_a >> 62) != 1))
         emu::die("emulated wgmma supports the 128-byte swizzle only");
     emu_wgmma_enter(smem_a ? desc_a : desc_b, smem_a ? desc_b : 0, a);
@@ -1058,6 +1064,14 @@ inline void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_
 // A K-major and B MN-major, both by descriptor, always accumulating (the MLA kernel's P V).
 inline void wgmma_m64n256k16_ss_tb(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b) {
     emu_wgmma_issue(emu::Wgmma::kSmemATransB, 256, &d[0][0], desc_a, desc_b, nullptr, 1);
+}
+// N = 8, both by descriptor: A and B K-major, or A MN-major (imm-trans-a 1, always accumulating);
+// the pipelined kernel's tail row (S^T = K Q_tail^T, O_tail^T += V^T P^T).
+inline void wgmma_m64n8k16_ss(float (&d)[1][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    emu_wgmma_issue(emu::Wgmma::kSmemA, 8, &d[0][0], desc_a, desc_b, nullptr, accumulate);
+}
+inline void wgmma_m64n8k16_ss_ta(float (&d)[1][4], uint64_t desc_a, uint64_t desc_b) {
+    emu_wgmma_issue(emu::Wgmma::kSmemATransA, 8, &d[0][0], desc_a, desc_b, nullptr, 1);
 }
 
 inline void st_shared_b32(uint32_t a, uint32_t v) {
