@@ -1140,20 +1140,22 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     // S = Q K_tile^T: one wgmma per 16 dims. S is a fresh array in each iteration: carried
     // across the loop, the softmax's writes to it count as writes to the inputs of the next
     // iteration's wgmma and ptxas serialises them (C7513).
-    // TAIL: the tail row's S^T = K_tile Q_tail^T too, in the same group.
+    // TAIL: then the tail row's S^T = K_tile Q_tail^T, a group of its own: the main rows'
+    // softmax waits for S alone, as without the tail, and the tail's runs after it.
     auto issue_s = [&](float (&s)[BN / 8][4], float (&st)[1][4], int tile) {
         const uint64_t k_desc = desc_kmajor_sw128(k_stage(tile));
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
             wgmma_m64n64k16(s, qa[kk], desc_advance(k_desc, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+        wgmma_commit();
         if constexpr (TAIL) {
             const uint64_t q_desc = desc_kmajor_sw128(sTail + tail::Q);
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk)
                 wgmma_m64n8k16_ss(st, desc_advance(k_desc, (kk >> 2) * (BN * 128) + (kk & 3) * 32),
                                   desc_advance(q_desc, (kk >> 2) * 1024 + (kk & 3) * 32), kk > 0);
+            wgmma_commit();
         }
-        wgmma_commit();
     };
     // TAIL: the tail row's O^T += V_tile^T P^T_tile, P^T from the tile's buffer.
     auto issue_pv_tail = [&](int tile) {
@@ -1280,16 +1282,16 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
         cp_async_commit();
         if (more) {
             // S_{tile+1}, and with it every older group: P_{tile-1} V_{tile-1} too. Only P_tile
-            // V_tile may still run.
-            wgmma_wait<1>();
+            // V_tile (TAIL: and the tail's S^T) may still run.
+            wgmma_wait<TAIL ? 2 : 1>();
             keep_live(s);
-            // TAIL: every warp past that wait: V_{tile-1}'s stage and P^T_{tile-1}'s buffer free.
-            if constexpr (TAIL) {
-                keep_live(st);
-                __syncthreads();
-            }
             softmax_rescale_pack<D, BN>(s, tile + 1, softmax, o, pa[1 - PA]);
-            if constexpr (TAIL) tail_softmax(st, tile + 1);
+            if constexpr (TAIL) {
+                wgmma_wait<1>();      // the tail's S^T_{tile+1}
+                keep_live(st);
+                __syncthreads();      // every warp has retired P_{tile-1} V_{tile-1} and O^T's with it
+                tail_softmax(st, tile + 1);
+            }
         } else {
             wgmma_wait<0>();
             keep_live(o);
