@@ -133,12 +133,16 @@ def tail_row_blocks(rows: int, block: int = 64) -> int:
     return nb if 0 < rem <= nb else 0
 
 
+def runs_tail(rows: int, warps: int, impl: str, paged: bool) -> bool:
+    """Whether impl wgmma_tail runs the tail kernel for M = rows (a contiguous cache, 4 warps,
+    the shape above); elsewhere it runs the plain pipelined kernel (tva_gqa_forward's dispatch)."""
+    return impl == "wgmma_tail" and not paged and warps == 4 and tail_row_blocks(rows) > 0
+
+
 def row_blocks(rows: int, warps: int, impl: str, paged: bool) -> int:
     """CTAs a (split, sequence, KV head) for M = rows: the tail kernel's full blocks where it
-    runs (wgmma_tail, contiguous, 4 warps, the shape above), else ceil(M / 16 warps)."""
-    if impl == "wgmma_tail" and not paged and warps == 4 and tail_row_blocks(rows):
-        return tail_row_blocks(rows)
-    return math.ceil(rows / (16 * warps))
+    runs, else ceil(M / 16 warps)."""
+    return tail_row_blocks(rows) if runs_tail(rows, warps, impl, paged) else math.ceil(rows / (16 * warps))
 
 
 def gqa_slots(m_blocks: int, occupancy: int, sms: int, per_row_pages: bool = False) -> int:
@@ -208,8 +212,8 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
         raise ValueError(f"num_warps must be 2, 4 or 8, got {warps}")
     wgmma = _resolve_impl(impl, index, warps)
     m_blocks = row_blocks(rows, warps, impl, paged)
-    # A paged wgmma_tail runs the plain pipelined kernel.
-    occupancy = _gqa_occupancy(index, d, warps, paged, 2 if paged and wgmma == 3 else wgmma)
+    kernel = _IMPL_CODE["wgmma_pv"] if impl == "wgmma_tail" and not runs_tail(rows, warps, impl, paged) else wgmma
+    occupancy = _gqa_occupancy(index, d, warps, paged, kernel)
     per_row_pages = paged and impl not in PIPELINED   # only the pipelined copy shares them
     slots = gqa_slots(m_blocks, occupancy, _sm_count(index), per_row_pages=per_row_pages)
     splits = _splits(num_splits, b * heads_kv * m_blocks, slots, max_keys,

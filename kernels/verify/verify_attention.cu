@@ -875,8 +875,8 @@ gqa_kernel(const AttnParams p) {
 // touches O^T rows every warp holds: the warp leaves its factor in shared memory, and every
 // thread applies it after the next tile's first barrier. The tail takes the Q tile's 16 KB, so V
 // has three stages (the Q tile in the third until V_2 lands) and a second barrier a tile, after
-// S's wait, frees V_{j-1}'s stage and P^T_{j-1}'s buffer (session 15 measured that barrier level
-// at 65 tree tokens; kernels/NOTES.md).
+// the main rows' softmax, frees V_{j-1}'s stage and P^T_{j-1}'s buffer (session 15 measured such
+// a barrier level at 65 tree tokens; kernels/NOTES.md).
 namespace tail {
 // The tail's shared memory (the 16 KB past V's stages), offsets from its 1024-byte aligned start.
 constexpr uint32_t Q = 0;          // Q_tail as a K-major B operand: 8 rows x 128 dims, 128-byte swizzle (2 KB)
