@@ -21,8 +21,10 @@ Four implementations (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_
 GQA at head_dim 128, software-pipelined, gqa_pipelined_kernel; MLA, mla_pv_kernel) and
 "wgmma_tail" (wgmma_pv, with the rows past the last full 64-row block carried one a CTA as tail
 rows on the full blocks' tiles where the shape allows: 65 tree tokens x G heads run G row blocks,
-not G + 1; gqa_tail_kernel, a contiguous cache; elsewhere it is wgmma_pv). The caller picks one;
-nothing in the environment does.
+not G + 1; gqa_tail_kernel, a contiguous cache; elsewhere it is wgmma_pv) and "wgmma_merge"
+(wgmma_tail with a row block's 2-16 splits merged in a thread-block cluster through distributed
+shared memory instead of partials in the workspace and a combine kernel; 4 warps; elsewhere it
+is wgmma_tail). The caller picks one; nothing in the environment does.
 """
 
 from __future__ import annotations
@@ -75,9 +77,12 @@ def _gqa_occupancy(index: int, head_dim: int, num_warps: int, paged: bool, wgmma
         return max(1, _lib().tva_gqa_occupancy(head_dim, num_warps, int(paged), int(wgmma)))
 
 
-IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail")    # wgmma_pv: S and P V on wgmma
-_IMPL_CODE = {"mma": 0, "wgmma": 1, "wgmma_pv": 2, "wgmma_tail": 3}   # tva_gqa_forward's `wgmma` argument
-PIPELINED = ("wgmma_pv", "wgmma_tail")   # the pipelined kernel (head_dim 128), with or without tail rows
+IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_merge")    # wgmma_pv: S and P V on wgmma
+_IMPL_CODE = {"mma": 0, "wgmma": 1, "wgmma_pv": 2, "wgmma_tail": 3, "wgmma_merge": 4}   # tva_gqa_forward's `wgmma`
+# the pipelined kernel (head_dim 128): plain, with tail rows, with tail rows and the cluster merge
+PIPELINED = ("wgmma_pv", "wgmma_tail", "wgmma_merge")
+TAILED = ("wgmma_tail", "wgmma_merge")     # run the tail kernel where the shape has tail rows
+MAX_MERGE_SPLITS = 16                      # a cluster's CTAs at most (sm_90's non-portable size)
 # A library caller gets mma.sync (any GPU from sm_80). The harness's cells pick with their
 # custom_impl knob, whose `auto` is wgmma on Hopper: measured faster there (kernels/NOTES.md).
 DEFAULT_IMPL = "mma"
@@ -136,7 +141,13 @@ def tail_row_blocks(rows: int, block: int = 64) -> int:
 def runs_tail(rows: int, warps: int, impl: str, paged: bool) -> bool:
     """Whether impl wgmma_tail runs the tail kernel for M = rows (a contiguous cache, 4 warps,
     the shape above); elsewhere it runs the plain pipelined kernel (tva_gqa_forward's dispatch)."""
-    return impl == "wgmma_tail" and not paged and warps == 4 and tail_row_blocks(rows) > 0
+    return impl in TAILED and not paged and warps == 4 and tail_row_blocks(rows) > 0
+
+
+def merges_in_cluster(impl: str, warps: int, splits: int) -> bool:
+    """Whether impl wgmma_merge merges these splits in clusters (4 warps, 2-16 splits; else it
+    writes partials for the combine kernel, as wgmma_tail): tva_gqa_forward's merges_in_cluster."""
+    return impl == "wgmma_merge" and warps == 4 and 1 < splits <= MAX_MERGE_SPLITS
 
 
 def row_blocks(rows: int, warps: int, impl: str, paged: bool) -> int:
@@ -170,15 +181,15 @@ def _splits(requested, ctas_per_split: int, slots: int, max_keys: int, overhead_
 
 
 @functools.lru_cache(maxsize=4096)
-def best_splits(ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int) -> int:
-    """Split count with the shortest modelled time: waves of CTAs (`slots` run at once) times
-    the keys one CTA streams (its chunk, whole tiles) plus a fixed cost per CTA in keys (start-up
-    latency, and writing and re-reading its partial output). Wave quantisation matters: 144
-    CTAs on 132 SMs take two waves, 128 take one."""
+def best_splits(ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int, cap: int = MAX_SPLITS) -> int:
+    """Split count (at most `cap`) with the shortest modelled time: waves of CTAs (`slots` run at
+    once) times the keys one CTA streams (its chunk, whole tiles) plus a fixed cost per CTA in
+    keys (start-up latency, and writing and re-reading its partial output). Wave quantisation
+    matters: 144 CTAs on 132 SMs take two waves, 128 take one."""
     def cost(s: int) -> int:
         chunk = math.ceil(math.ceil(max_keys / s) / TILE_KEYS) * TILE_KEYS
         return math.ceil(s * ctas_per_split / slots) * (chunk + overhead_keys)
-    top = max(1, min(MAX_SPLITS, math.ceil(max_keys / TILE_KEYS)))
+    top = max(1, min(cap, math.ceil(max_keys / TILE_KEYS)))
     return min(range(1, top + 1), key=lambda s: (cost(s), s))
 
 
@@ -197,7 +208,7 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
         m_blocks = math.ceil(hq * T / 64)
         splits = _splits(num_splits, b * m_blocks, _sm_count(index), max_keys,
                          _overhead_keys(64, MLA_DV, MLA_DK * 2))
-        mla_impl = "wgmma_pv" if impl == "wgmma_tail" else impl   # MLA's 64 rows a CTA have no tail
+        mla_impl = "wgmma_pv" if impl in TAILED else impl   # MLA: no tail rows, no cluster merge
         return dict(num_warps=8, m_blocks=m_blocks, num_splits=splits, dv=MLA_DV,
                     wgmma=_resolve_impl(mla_impl, index, 8))
     d = q.shape[-1]
@@ -212,13 +223,19 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
         raise ValueError(f"num_warps must be 2, 4 or 8, got {warps}")
     wgmma = _resolve_impl(impl, index, warps)
     m_blocks = row_blocks(rows, warps, impl, paged)
-    kernel = _IMPL_CODE["wgmma_pv"] if impl == "wgmma_tail" and not runs_tail(rows, warps, impl, paged) else wgmma
+    # the occupancy of the kernel that runs (the merge's kernels have the same shared memory)
+    kernel = _IMPL_CODE["wgmma_tail" if runs_tail(rows, warps, impl, paged) else "wgmma_pv"] if impl in TAILED else wgmma
     occupancy = _gqa_occupancy(index, d, warps, paged, kernel)
     per_row_pages = paged and impl not in PIPELINED   # only the pipelined copy shares them
     slots = gqa_slots(m_blocks, occupancy, _sm_count(index), per_row_pages=per_row_pages)
-    splits = _splits(num_splits, b * heads_kv * m_blocks, slots, max_keys,
-                     _overhead_keys(16 * warps, d, 4 * d))
-    return dict(num_warps=warps, m_blocks=m_blocks, num_splits=splits, dv=d, wgmma=wgmma)
+    if impl == "wgmma_merge" and warps == 4 and num_splits is None:
+        # Merged in clusters: no partials through the workspace, at most a cluster of splits.
+        splits = best_splits(b * heads_kv * m_blocks, slots, max_keys, TILE_KEYS, MAX_MERGE_SPLITS)
+    else:
+        splits = _splits(num_splits, b * heads_kv * m_blocks, slots, max_keys,
+                         _overhead_keys(16 * warps, d, 4 * d))
+    return dict(num_warps=warps, m_blocks=m_blocks, num_splits=splits, dv=d, wgmma=wgmma,
+                merged=merges_in_cluster(impl, warps, splits))
 
 
 def alloc_workspace(q: torch.Tensor, num_splits: int, dv: int):
@@ -286,9 +303,10 @@ def _prepare_out_ws(q, dv, pl, out, workspace):
     elif (out.shape != (b, hq, T, dv) or out.dtype != torch.bfloat16 or out.stride(-1) != 1
           or out.data_ptr() % 4 or any(s % 2 for s in out.stride()[:-1])):
         raise ValueError(f"out must be bfloat16 [{b}, {hq}, {T}, {dv}] with a contiguous last dim")
+    partial_splits = 1 if pl.get("merged") else pl["num_splits"]    # merged: no partials
     if workspace is None:
-        workspace = alloc_workspace(q, pl["num_splits"], dv)
-    elif pl["num_splits"] > 1:
+        workspace = alloc_workspace(q, partial_splits, dv)
+    elif partial_splits > 1:
         need = pl["num_splits"] * b * hq * T
         if workspace[0].numel() < need * dv or workspace[1].numel() < need:
             raise ValueError("workspace too small (alloc_workspace with the same num_splits)")

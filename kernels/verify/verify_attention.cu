@@ -38,12 +38,15 @@
 #include "cuda_emulation.h"
 #define TVA_DYNAMIC_SMEM(name) uint8_t* name = emu::shared_memory()
 #define TVA_LAUNCH(kernel, grid, block, smem, stream, p) emu::launch(kernel, grid, block, smem, p)
+#define TVA_LAUNCH_CLUSTER(kernel, grid, block, smem, stream, p, cluster) emu::launch(kernel, grid, block, smem, p, cluster)
 #else
 #include <cuda.h>               // CUtensorMap (the tensor copies of gqa_tma_kernel)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #define TVA_DYNAMIC_SMEM(name) extern __shared__ __align__(128) uint8_t name[]
 #define TVA_LAUNCH(kernel, grid, block, smem, stream, p) pdl_launch(kernel, grid, block, smem, stream, p)
+#define TVA_LAUNCH_CLUSTER(kernel, grid, block, smem, stream, p, cluster) \
+    pdl_launch(kernel, grid, block, smem, stream, p, true, cluster)
 #endif
 #include <stdint.h>
 #include <string.h>
@@ -451,6 +454,26 @@ __device__ __forceinline__ void write_rows(const AttnParams& p, const float (&o)
                 *reinterpret_cast<float2*>(wo + dt * 8 + 2 * tig) = make_float2(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
             if (tig == 0) p.ws_lse[row] = l > 0.f ? m_run[hf] + __log2f(l) : -INFINITY;
         }
+    }
+}
+
+// MERGE: this thread's two rows (local rows lr and lr + 8 of the CTA's, the mma C layout)
+// normalised into `rows` (D floats a row) and their log2-sum-exp into `lse`: what write_rows
+// writes to the workspace, kept in shared memory for the cluster's merge.
+template <int D>
+__device__ __forceinline__ void write_rows_to(float* rows, float* lse, const float (&o)[D / 8][4],
+                                              const float (&m_run)[2], const float (&l_run)[2], int lr, int tig) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        float l = l_run[hf];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        float* row = rows + (lr + 8 * hf) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt)
+            *reinterpret_cast<float2*>(row + dt * 8 + 2 * tig) = make_float2(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
+        if (tig == 0) lse[lr + 8 * hf] = l > 0.f ? m_run[hf] + __log2f(l) : -INFINITY;
     }
 }
 
@@ -893,12 +916,12 @@ __host__ __device__ __forceinline__ int tail_row_blocks(int M, int BM) {
     return rem > 0 && rem <= nb ? nb : 0;
 }
 
-// Epilogue of the tail row: the four warps' partial softmaxes (O^T's columns 0-3 and each warp's
-// max and sum) merged as split partials are, then the row written as write_rows writes one (the
-// output with one split, else the partial and its log2-sum-exp), a dim a thread.
+// The tail row's value: the four warps' partial softmaxes (O^T's columns 0-3 and each warp's max
+// and sum) merged as split partials are. Returns this thread's dim of the normalised row (a dim a
+// thread) and sets `lse` (log2-sum-exp; -inf where the split shows the row nothing).
 template <int D>
-__device__ __forceinline__ void write_tail_row(const AttnParams& p, uint8_t* mem, const float (&ot)[2][1][4], float m,
-                                               float l, bool valid, int row, int b, int h, int split, int tid) {
+__device__ __forceinline__ float merge_tail_columns(uint8_t* mem, const float (&ot)[2][1][4], float m, float l,
+                                                    int tid, float& lse) {
     static_assert(D == 128, "one dim a thread of the CTA");
     const int warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
     l += __shfl_xor_sync(0xffffffffu, l, 4);     // the sum over the warp's lanes tig == 0
@@ -918,7 +941,6 @@ __device__ __forceinline__ void write_tail_row(const AttnParams& p, uint8_t* mem
                 oc[(2 * tig + (e & 1)) * D + 64 * mb + 16 * warp + gid + 8 * (e >> 1)] = ot[mb][0][e];
     }
     __syncthreads();
-    if (!valid) return;
     const float m_all = fmaxf(fmaxf(ml[0], ml[1]), fmaxf(ml[2], ml[3]));
     float o = 0.f, l_all = 0.f;
 #pragma unroll
@@ -927,22 +949,75 @@ __device__ __forceinline__ void write_tail_row(const AttnParams& p, uint8_t* mem
         o += f * oc[w * D + tid];
         l_all += f * ml[4 + w];
     }
+    lse = l_all > 0.f ? m_all + __log2f(l_all) : -INFINITY;
+    return l_all > 0.f ? o / l_all : 0.f;
+}
+
+// The tail row written as write_rows writes a row (the output with one split, else the partial
+// and its log2-sum-exp), a dim a thread.
+template <int D>
+__device__ __forceinline__ void write_tail_row(const AttnParams& p, float o, float lse, int row, int b, int h,
+                                               int split, int tid) {
     const int T = static_cast<int>(p.tokens), G = static_cast<int>(p.heads_q / p.heads_kv);
     const int t = row % T, hq = h * G + row / T;
-    const float inv = l_all > 0.f ? 1.f / l_all : 0.f;
     if (p.num_splits == 1) {
         __nv_bfloat16* out = static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hq * p.o_sh + t * p.o_st;
-        *reinterpret_cast<uint16_t*>(out + tid) = static_cast<uint16_t>(pack_bf16(o * inv, 0.f));
+        *reinterpret_cast<uint16_t*>(out + tid) = static_cast<uint16_t>(pack_bf16(o, 0.f));
     } else {
         const int64_t r = ((static_cast<int64_t>(split) * p.batch + b) * p.heads_q + hq) * T + t;
-        p.ws_o[r * D + tid] = o * inv;
-        if (tid == 0) p.ws_lse[r] = l_all > 0.f ? m_all + __log2f(l_all) : -INFINITY;
+        p.ws_o[r * D + tid] = o;
+        if (tid == 0) p.ws_lse[r] = lse;
     }
 }
 
-template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false>
+// MERGE: the splits of a row block merged in their thread-block cluster, instead of partials in
+// the workspace and a combine kernel. The cluster is the row block's S = num_splits CTAs (along
+// x: rank = split). Each CTA leaves its rows normalised by their own sum, and their log2-sum-exp,
+// in its shared memory (`buf`: rows x D floats, then the rows' lse); after the cluster barrier,
+// warp w of rank s merges rows s NW + w, + S NW, ... (lane j: dims 4j..4j+3) from every CTA's
+// copy through distributed shared memory, weighted as the combine weighs them, and writes the
+// output; a second cluster barrier keeps each CTA's shared memory until every CTA has read it.
+// `rows` local rows (BM, and the tail row after them); row lr is valid where valid_row(lr) and
+// is the KV head's row global_row(lr).
+template <int D, int NW, typename ValidRow, typename GlobalRow>
+__device__ __forceinline__ void merge_splits_in_cluster(const AttnParams& p, float* buf, int rows, int b, int h,
+                                                        ValidRow valid_row, GlobalRow global_row) {
+    static_assert(D == 128, "a float4 a lane");
+    cluster_sync();           // every CTA's partial rows in its shared memory
+    const int S = static_cast<int>(p.num_splits), rank = static_cast<int>(cluster_ctarank());
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int T = static_cast<int>(p.tokens), G = static_cast<int>(p.heads_q / p.heads_kv);
+    const float* lse_of = buf + rows * D;
+    for (int lr = rank * NW + warp; lr < rows; lr += S * NW) {
+        if (!valid_row(lr)) continue;                       // the same for the whole warp
+        const float lse = lane < S ? map_shared_rank(lse_of, static_cast<uint32_t>(lane))[lr] : -INFINITY;
+        float mx = lse;
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        const float w = fast_exp2(lse - max_ref(mx));       // 0 for a split that showed the row nothing
+        float sum = w;
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int i = 0; i < S; ++i) {
+            const float wi = __shfl_sync(0xffffffffu, w, i);
+            const float4 v = *reinterpret_cast<const float4*>(map_shared_rank(buf, static_cast<uint32_t>(i)) + lr * D + 4 * lane);
+            acc.x += wi * v.x, acc.y += wi * v.y, acc.z += wi * v.z, acc.w += wi * v.w;
+        }
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        const int r = global_row(lr), hq = h * G + r / T, t = r % T;
+        uint32_t* out = reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hq * p.o_sh +
+                                                    t * p.o_st + 4 * lane);
+        out[0] = pack_bf16(acc.x * inv, acc.y * inv);
+        out[1] = pack_bf16(acc.z * inv, acc.w * inv);
+    }
+    cluster_sync();           // no CTA leaves (its shared memory with it) while another reads it
+}
+
+template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false, bool MERGE = false>
 __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap) {
     static_assert(!(TMA && PAGED), "tensor copies for a contiguous cache only");
+    static_assert(!MERGE || (!TMA && NW == 4), "the cluster merge: cp.async, 4 warps");
     static_assert(!TAIL || (!TMA && !PAGED && NW == 4 && D == 128), "the tail row: cp.async, contiguous, 4 warps, d 128");
     constexpr int CH = D / 8, NT = NW * 32, STAGES = GqaConfig<D>::STAGES;
     constexpr int TILE = GqaConfig<D>::TILE_BYTES;
@@ -969,7 +1044,8 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     auto v_bar = [&](int tile) { return sBar + 8u * static_cast<uint32_t>(STAGES + tile % V_STAGES); };
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int mblock = blockIdx.x, split = blockIdx.y;
+    // MERGE: a row block's splits are a cluster along x (rank = split)
+    const int mblock = MERGE ? blockIdx.y : blockIdx.x, split = MERGE ? blockIdx.x : blockIdx.y;
     const int b = blockIdx.z / p.heads_kv, h = blockIdx.z % p.heads_kv;
     const int T = p.tokens, G = p.heads_q / p.heads_kv, M = G * T;
     const int L = read_length(p, b);
@@ -1308,27 +1384,46 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     keep_live(o);
     cp_async_wait<0>();
 
-    write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
+    float t_o = 0.f, t_lse = -INFINITY;      // TAIL: this thread's dim of the tail row, its lse
     if constexpr (TAIL) {
         keep_live(ot[0]);
         keep_live(ot[1]);
-        write_tail_row<D>(p, tail_mem, ot, t_m, t_l, t_valid, t_row, b, h, split, tid);
+        t_o = merge_tail_columns<D>(tail_mem, ot, t_m, t_l, tid, t_lse);
+    }
+    if constexpr (MERGE) {
+        // The rows into K's stages (free once every warp is past its last MMA and copy).
+        float* const buf = reinterpret_cast<float*>(smem + (sK - smem_addr(smem)));
+        constexpr int ROWS = BM + (TAIL ? 1 : 0);
+        static_assert((ROWS * D + ROWS) * 4 <= STAGES * TILE, "the merge's rows fit K's stages");
+        __syncthreads();
+        write_rows_to<D>(buf, buf + ROWS * D, o, m_run, l_run, warp * 16 + (lane >> 2), tig);
+        if constexpr (TAIL) {
+            buf[BM * D + tid] = t_o;
+            if (tid == 0) buf[ROWS * D + BM] = t_lse;
+        }
+        merge_splits_in_cluster<D, NW>(
+            p, buf, ROWS, b, h,
+            [&](int lr) { return lr < BM ? mblock * BM + lr < M : t_valid; },
+            [&](int lr) { return lr < BM ? mblock * BM + lr : t_row; });
+    } else {
+        write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
+        if (TAIL && t_valid) write_tail_row<D>(p, t_o, t_lse, t_row, b, h, split, tid);
     }
 }
 
-template <int D, int NW, bool PAGED>
+template <int D, int NW, bool PAGED, bool MERGE = false>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_pipelined_kernel(const AttnParams p) {
     wait_for_previous_kernel();
-    gqa_pipelined<D, NW, PAGED, false>(p, nullptr, nullptr);
+    gqa_pipelined<D, NW, PAGED, false, false, MERGE>(p, nullptr, nullptr);
 }
 
 // The pipelined kernel with the tail rows (TAIL above): launched as tail_row_blocks row blocks.
-template <int D, int NW>
+template <int D, int NW, bool MERGE = false>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_tail_kernel(const AttnParams p) {
     wait_for_previous_kernel();
-    gqa_pipelined<D, NW, false, false, true>(p, nullptr, nullptr);
+    gqa_pipelined<D, NW, false, false, true, MERGE>(p, nullptr, nullptr);
 }
 
 // The tensor maps first: a CUtensorMap is 128-byte aligned.
@@ -2120,6 +2215,22 @@ static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_bl
     return launch_status(stream);
 }
 
+// MERGE: the splits of each row block as one cluster along x (grid: splits, row blocks, b x KV
+// heads), merged in it: no combine launch follows. Up to 16 splits (past the portable 8, the
+// non-portable sizes sm_90 allows).
+constexpr int MAX_MERGE_SPLITS = 16;
+template <typename Kernel>
+static cudaError_t launch_gqa_merge(Kernel kernel, int smem, const AttnParams& p, cudaStream_t stream, int m_blocks,
+                                    int threads) {
+    cudaError_t err = prepare(kernel, smem);
+    if (err == cudaSuccess && p.num_splits > 8)
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (err != cudaSuccess) return err;
+    dim3 grid(static_cast<unsigned>(p.num_splits), m_blocks, static_cast<unsigned>(p.batch * p.heads_kv));
+    TVA_LAUNCH_CLUSTER(kernel, grid, threads, smem, stream, p, static_cast<unsigned>(p.num_splits));
+    return launch_status(stream);
+}
+
 #ifdef TVA_TMA
 // A contiguous cache [b, heads, rows, D] (any strides, 16-byte multiples) as boxes of 64
 // columns by BN rows, 128-byte swizzled: the layout the wgmma descriptors read. Rows past
@@ -2184,14 +2295,29 @@ static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
     return launch_status(stream);
 }
 
+// Whether a launch of variant `wgmma` merges its splits in clusters (and so needs no combine).
+static bool merges_in_cluster(const AttnParams& p, int num_warps, int wgmma) {
+    return wgmma == 4 && num_warps == 4 && p.num_splits > 1 && p.num_splits <= MAX_MERGE_SPLITS;
+}
+
 template <int D, bool PAGED>
 static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma, cudaStream_t stream) {
     const int M = static_cast<int>(p.heads_q / p.heads_kv * p.tokens);
     const int bm = 16 * num_warps;
     const int m_blocks = (M + bm - 1) / bm;
     // wgmma: 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (head_dim 128 only), 3 as 2 with the
-    // rows past the last full row block as tail rows where M has that shape (else as 2)
+    // rows past the last full row block as tail rows where M has that shape (else as 2), 4 as 3
+    // with the splits merged in clusters (merges_in_cluster; else as 3)
     if (wgmma >= 2 && D != 128) return cudaErrorInvalidValue;
+    if constexpr (D == 128) {
+        if (merges_in_cluster(p, num_warps, wgmma)) {
+            constexpr int smem = gqa_smem_bytes<D, 4, true>();
+            if (!PAGED && tail_row_blocks(M, bm) > 0)
+                return launch_gqa_merge(gqa_tail_kernel<D, 4, true>, smem, p, stream, tail_row_blocks(M, bm), 128);
+            return launch_gqa_merge(gqa_pipelined_kernel<D, 4, PAGED, true>, smem, p, stream, m_blocks, 128);
+        }
+    }
+    if (wgmma == 4) wgmma = 3;
     if (wgmma == 3 && !PAGED && num_warps == 4 && tail_row_blocks(M, bm) > 0) {
         if constexpr (!PAGED && D == 128) return launch_gqa<D, 4, false, 3>(p, stream, tail_row_blocks(M, bm));
     }
@@ -2245,6 +2371,7 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     TVA_OCC_D(64, 0) TVA_OCC_D(64, 1) TVA_OCC_D(128, 0) TVA_OCC_D(128, 1)
     TVA_OCC(128, 4, 0, 2) TVA_OCC(128, 8, 0, 2) TVA_OCC(128, 4, 1, 2) TVA_OCC(128, 8, 1, 2)
     TVA_OCC(128, 4, 0, 3)
+    if (wgmma == 4) return tva_gqa_occupancy(head_dim, num_warps, paged, paged ? 2 : 3);   // same shared memory
 #undef TVA_OCC_D
 #undef TVA_OCC
     return blocks;
@@ -2252,11 +2379,13 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
 
 // Returns a cudaError_t (0 = success). The launch is asynchronous on `stream`.
 // wgmma = 1: S = Q K^T on Hopper's warpgroup MMA (4 or 8 warps; a 9.0a build on an sm_90 GPU);
-// 2: P V on it too; 3: as 2, with tail rows where the shape has them (a contiguous cache, 4 warps).
+// 2: P V on it too; 3: as 2, with tail rows where the shape has them (a contiguous cache, 4 warps);
+// 4: as 3, with 2-16 splits merged in thread-block clusters (4 warps) instead of a combine kernel.
 int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int paged, int wgmma, void* stream) {
     const AttnParams& p = *params;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     cudaError_t err;
+    const bool merged = tva::merges_in_cluster(p, num_warps, wgmma);
     if (head_dim == 64) {
         err = paged ? tva::dispatch_warps<64, true>(p, num_warps, wgmma, s)
                     : tva::dispatch_warps<64, false>(p, num_warps, wgmma, s);
@@ -2264,7 +2393,7 @@ int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int p
     } else if (head_dim == 128) {
         err = paged ? tva::dispatch_warps<128, true>(p, num_warps, wgmma, s)
                     : tva::dispatch_warps<128, false>(p, num_warps, wgmma, s);
-        if (err == cudaSuccess) err = tva::launch_combine<128>(p, s);
+        if (err == cudaSuccess && !merged) err = tva::launch_combine<128>(p, s);
     } else {
         err = cudaErrorInvalidValue;
     }

@@ -247,6 +247,71 @@ def test_tail_rescales_when_the_max_grows(emu, schedule):
     assert _run(emu, pt, [300, 250], 2, warps=4, wgmma=3, key_ramp=ramp) < 5e-3
 
 
+# The cluster merge (wgmma 4: the tail kernel, or the plain pipelined one where the shape has no
+# tail rows, with a row block's 2-16 splits merged in a cluster through distributed shared
+# memory and no combine): clusters of 2, 3, 8, 13 and 16 (past the portable 8), the tail row
+# merged with the others, splits without keys (their rows weigh 0), a paged cache, a partial
+# last row block (rows past M skipped), and 1 and 20 splits (no merge: the tail kernel writing
+# the output, and the combine).
+MERGE_CASES = {
+    "merge-g4-T65-b2": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [300, 97], 2),
+    "merge-g4-T65-8": (_point(heads=4, kv_heads=1, T=65, d=128), [900], 8),
+    "merge-g4-T16-16": (_point(heads=8, kv_heads=2, T=16, d=128), [1100], 16),
+    "merge-g4-T16-13": (_point(heads=4, kv_heads=1, T=16, d=128), [900], 13),
+    "merge-g1-T65-3": (_point(heads=2, kv_heads=2, T=65, d=128), [200], 3),
+    "merge-g4-T129-2": (_point(heads=4, kv_heads=1, T=129, d=128), [180], 2),
+    "merge-empty-splits": (_point(heads=4, kv_heads=1, T=65, d=128), [60], 9),
+    "merge-partial-block": (_point(heads=4, kv_heads=1, T=20, d=128), [400], 4),
+    "merge-paged-ps16": (_point(b=2, heads=8, kv_heads=2, T=65, d=128, layout="paged"), [500, 333], 3),
+    "merge-one-split": (_point(heads=4, kv_heads=1, T=65, d=128), [300], 1),
+    "merge-20-splits-combine": (_point(heads=4, kv_heads=1, T=16, d=128), [1500], 20),
+}
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("case", list(MERGE_CASES))
+def test_gqa_cluster_merge_matches_reference(emu, case, schedule):
+    """The merge against float64; the workspace stays NaN where the merge runs (a merge that
+    read a partial from it instead of its cluster would carry NaN)."""
+    emu.emu_configure(*SCHEDULES[schedule])
+    pt, lengths, splits = MERGE_CASES[case]
+    nan_tail = 37 if pt.layout == "contiguous" else 0
+    assert _run(emu, pt, lengths, splits, warps=4, wgmma=4, nan_tail=nan_tail) < 5e-3
+
+
+@pytest.mark.parametrize("case", ["merge-g4-T65-8", "merge-g4-T16-16"])
+@pytest.mark.parametrize("slow", [0, 5])
+def test_cluster_merge_with_a_lagging_cta(emu, case, slow):
+    """One CTA of every cluster (rank 0 or 5) runs a round in 64 while the others race ahead:
+    a CTA that reads another's rows before they are written, or leaves (its shared memory with
+    it) while another still reads its rows, fails here (random skew never lags a CTA that far)."""
+    emu.emu_configure(0, 99)
+    emu.emu_slow_rank(slow, 64, 1)
+    try:
+        pt, lengths, splits = MERGE_CASES[case]
+        assert _run(emu, pt, lengths, splits, warps=4, wgmma=4) < 5e-3
+    finally:
+        emu.emu_slow_rank(0, 0, 1)
+        emu.emu_configure(0, 0)
+
+
+def test_cluster_merge_launch_shape(emu):
+    """No combine launch where the splits merge in clusters; clusters past 16 are not launched
+    (the combine runs instead)."""
+    emu.emu_dry_run(1)
+    try:
+        for splits, launches in ((1, 1), (2, 1), (8, 1), (16, 1), (17, 2), (40, 2)):
+            p = _launch_params(1, 32, 8, 65, splits)
+            emu.emu_clear_fault()
+            before = emu.emu_launch_count()
+            assert emu.tva_gqa_forward(ctypes.byref(p), 128, 4, 0, 4, None) == 0, emu.emu_last_fault().decode()
+            assert emu.emu_launch_count() - before == launches, splits
+            assert cv.merges_in_cluster("wgmma_merge", 4, splits) == (launches == 1 and splits > 1)
+    finally:
+        emu.emu_dry_run(0)
+        emu.emu_clear_fault()
+
+
 def test_tail_row_blocks_match_the_kernel():
     """The planner's row blocks for the tail kernel are the launcher's (tail_row_blocks)."""
     assert cv.tail_row_blocks(4 * 65) == 4 and cv.tail_row_blocks(65) == 1 and cv.tail_row_blocks(8 * 65) == 8

@@ -134,35 +134,57 @@ def test_wgmma_tail_any_split_count(splits, hopper):
     assert check(point(b=2, T=65), [3000, 150], num_splits=splits, impl="wgmma_tail") <= TOL
 
 
-def test_wgmma_tail_equals_wgmma_pv_closely_and_replays_in_a_graph(hopper):
+@pytest.mark.parametrize("case", list(TAIL_CASES))
+def test_wgmma_merge_variant_matches_float64_reference(case, hopper):
+    """The cluster merge at the plan's split counts (clusters of up to 16)."""
+    pt, lengths = TAIL_CASES[case]
+    nan_tail = 37 if pt.layout == "contiguous" else 0
+    assert check(pt, lengths, impl="wgmma_merge", nan_tail=nan_tail) <= TOL
+
+
+@pytest.mark.parametrize("splits", [2, 3, 8, 13, 16, 17, 64])
+@pytest.mark.parametrize("T", [16, 65])
+def test_wgmma_merge_any_split_count(splits, T, hopper):
+    """Clusters of 2-16 CTAs (13: not a power of two; 16: past the portable 8), 17 and 64 falling
+    back to the combine."""
+    assert check(point(b=2, T=T), [5000, 700], num_splits=splits, impl="wgmma_merge") <= TOL
+
+
+def test_wgmma_tail_and_merge_equal_wgmma_pv_closely_and_replay_in_a_graph(hopper):
     """The tail rows sum their keys in another order (four warps' partial softmaxes) than the
-    plain kernel's fifth row block: close, not equal. A captured call replays equal to an eager
-    one, without a host sync."""
+    plain kernel's fifth row block, and the merge its splits in another: close, not equal. A
+    captured call replays equal to an eager one, without a host sync (the merge's cluster launch
+    in a graph too)."""
     from harness.kernels.verify import custom_verify as cv
 
     pt = point(b=2, T=65)
     inp = kw.make_inputs(pt, [9000, 3000], 5, DEV, torch.bfloat16)
     args = (inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"])
-    a, b = cv.tree_verify_attention(*args, impl="wgmma_pv"), cv.tree_verify_attention(*args, impl="wgmma_tail")
-    assert ref.relative_error(b, a.double()) < 5e-3
-    pl = cv.plan(inp["q"], pt.kv_heads, inp["k"].shape[2], False, impl="wgmma_tail")
-    assert pl["m_blocks"] == 4
-    ws = cv.alloc_workspace(inp["q"], pl["num_splits"], pt.dv)
-    out = torch.empty_like(b)
-    call = lambda: cv.tree_verify_attention(*args, impl="wgmma_tail", out=out, workspace=ws)  # noqa: E731
-    call()
+    a = cv.tree_verify_attention(*args, impl="wgmma_pv")
+    for impl in ("wgmma_tail", "wgmma_merge"):
+        b = cv.tree_verify_attention(*args, impl=impl)
+        assert ref.relative_error(b, a.double()) < 5e-3
+        pl = cv.plan(inp["q"], pt.kv_heads, inp["k"].shape[2], False, impl=impl)
+        assert pl["m_blocks"] == 4 and pl["merged"] == (impl == "wgmma_merge")
+        _replays_equal(lambda out: cv.tree_verify_attention(*args, impl=impl, out=out), b)
+
+
+def _replays_equal(call, eager: torch.Tensor) -> None:
+    """`call(out)` captured in a graph (no host sync) replays equal to `eager`."""
+    out = torch.empty_like(eager)
+    call(out)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         torch.cuda.set_sync_debug_mode("error")
         try:
-            call()
+            call(out)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     out.zero_()
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, b)
+    assert torch.equal(out, eager)
 
 
 def test_wgmma_variant_equals_mma_variant_closely(hopper):

@@ -20,8 +20,10 @@ SPECULATIONS = ("ddtree", "none")
 TOPK_IMPLS = ("torch", "triton")            # the drafter's top-k log-probs
 TREE_BUILD_IMPLS = ("triton", "cuda", "torch")   # the kernel of tree_build: gpu
 # the custom verify kernel: QK^T (and P V) on wgmma; wgmma_tail: wgmma_pv with the rows past the
-# last full row block (65 tree tokens: one a KV head's query head) as tail rows of the full blocks
-CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail")
+# last full row block (65 tree tokens: one a KV head's query head) as tail rows of the full blocks;
+# wgmma_merge: wgmma_tail with a row block's splits merged in a thread-block cluster
+CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_merge")
+PIPELINED_IMPLS = ("wgmma_pv", "wgmma_tail", "wgmma_merge")   # P V on wgmma: head_dim 128 only
 LINEAR_IMPLS = ("torch", "triton", "wgmma", "wgmma_cluster")  # the forward's weight GEMMs at decode's few rows
 ACCEPT_IMPLS = ("torch", "triton")          # the accept's argmax, path and bookkeeping (accept: gpu)
 PRESETS = ("tiny", "qwen3-8b", "kimi-k2.6-rank")  # shapes in harness/protocol/presets.py
@@ -113,7 +115,7 @@ CUDA_TREE_MAX_NODES, CUDA_TREE_MAX_DEPTH = 256, 16
 def custom_auto(device: str, head_dim: int | None, mla: bool = False) -> str:
     """What custom_impl `auto` runs on a device class for a head dim (None: not known here)."""
     impl = AUTO_KERNELS[device]["custom_impl"]
-    if impl in ("wgmma_pv", "wgmma_tail") and not mla and head_dim != 128:
+    if impl in PIPELINED_IMPLS and not mla and head_dim != 128:
         impl = "wgmma"        # the GQA P V wgmma is checked at head_dim 128 only
     return impl
 

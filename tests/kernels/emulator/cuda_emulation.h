@@ -127,7 +127,10 @@ inline T __ldg(const T* p) { return *p; }
 typedef int cudaError_t;
 typedef void* cudaStream_t;
 enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMisalignedAddress = 716 };
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaFuncAttribute {
+    cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+    cudaFuncAttributeNonPortableClusterSizeAllowed = 12,
+};
 inline cudaError_t cudaGetDevice(int* d) { *d = 0; return cudaSuccess; }
 namespace emu {
 // The launch-configuration rules of the CUDA runtime on an H200 (sm_90): a launch that breaks one
@@ -165,6 +168,17 @@ inline int max_dynamic_smem(const void* kernel) {
         if (kv.first == kernel) return kv.second;
     return kDefaultDynamicSmem;
 }
+// The kernels allowed clusters past the portable 8 (cudaFuncAttributeNonPortableClusterSizeAllowed:
+// up to 16 on sm_90).
+inline std::vector<const void*>& non_portable_clusters() {
+    static std::vector<const void*> k;
+    return k;
+}
+inline unsigned max_cluster(const void* kernel) {
+    for (const void* k : non_portable_clusters())
+        if (k == kernel) return 16;
+    return 8;
+}
 inline bool& reverse_blocks() {   // run a grid's blocks last to first (kernels whose blocks meet)
     static bool reverse = false;
     return reverse;
@@ -179,9 +193,17 @@ inline long& launches() {     // launches that passed validation
 }
 }  // namespace emu
 template <typename K>
-inline cudaError_t cudaFuncSetAttribute(K kernel, cudaFuncAttribute, int value) {
-    if (value < 0 || value > emu::kOptinDynamicSmem) return cudaErrorInvalidValue;
+inline cudaError_t cudaFuncSetAttribute(K kernel, cudaFuncAttribute attribute, int value) {
     const void* key = reinterpret_cast<const void*>(kernel);
+    if (attribute == cudaFuncAttributeNonPortableClusterSizeAllowed) {
+        if (value != 0 && value != 1) return cudaErrorInvalidValue;
+        auto& k = emu::non_portable_clusters();
+        for (size_t i = 0; i < k.size(); ++i)
+            if (k[i] == key) k.erase(k.begin() + static_cast<long>(i));
+        if (value) k.push_back(key);
+        return cudaSuccess;
+    }
+    if (value < 0 || value > emu::kOptinDynamicSmem) return cudaErrorInvalidValue;
     for (auto& kv : emu::smem_attributes())
         if (kv.first == key) {
             kv.second = value;
@@ -616,7 +638,8 @@ inline void run_cluster(Cluster& c) {
 }
 
 // A launch of clusters of `cluster` blocks along x (cudaLaunchAttributeClusterDimension; 1: a
-// plain launch): the grid's x a multiple of it, at most 8 (the portable cluster size).
+// plain launch): the grid's x a multiple of it, at most 8 (the portable cluster size) or 16 for a
+// kernel allowed non-portable sizes.
 template <typename P>
 inline void launch(void (*kernel)(const P), dim3 grid, dim3 block, size_t smem_bytes, const P& p,
                    unsigned cluster = 1) {
@@ -638,9 +661,10 @@ inline void launch(void (*kernel)(const P), dim3 grid, dim3 block, size_t smem_b
     if (smem_bytes > static_cast<size_t>(smem_limit))
         return refuse(std::to_string(smem_bytes) + " bytes of dynamic shared memory, the kernel's limit is " +
                       std::to_string(smem_limit) + " (cudaFuncAttributeMaxDynamicSharedMemorySize)");
-    if (cluster == 0 || cluster > 8 || grid.x % cluster)
+    const unsigned cluster_limit = max_cluster(reinterpret_cast<const void*>(kernel));
+    if (cluster == 0 || cluster > cluster_limit || grid.x % cluster)
         return refuse("clusters of " + std::to_string(cluster) + " blocks over a grid of " + std::to_string(grid.x) +
-                      " (at most 8, dividing the grid's x)");
+                      " (at most " + std::to_string(cluster_limit) + ", dividing the grid's x)");
     ++launches();
     if (dry_run()) return;
     const unsigned blocks = grid.x * grid.y * grid.z;
