@@ -2168,8 +2168,9 @@ combine_kernel(const AttnParams p) {
 // (a `static bool done[device]` in a template over the kernel's type, as this once was) marks the
 // first kernel prepared as done for all of them, and every other kernel needing more than the
 // default 48 KB then fails to launch with cudaErrorInvalidValue ("invalid argument").
+// `big_clusters`: also allow clusters past the portable 8 (the cluster merge's, up to 16).
 template <typename Kernel>
-static cudaError_t prepare(Kernel kernel, int smem) {
+static cudaError_t prepare(Kernel kernel, int smem, bool big_clusters = false) {
     struct Done {
         const void* kernel;
         int device, smem;
@@ -2185,6 +2186,7 @@ static cudaError_t prepare(Kernel kernel, int smem) {
     for (int i = 0; i < n_done; ++i)
         if (done[i].kernel == key && done[i].device == device && done[i].smem >= smem) return cudaSuccess;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err == cudaSuccess && big_clusters) err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (err == cudaSuccess && n_done < 256) done[n_done++] = {key, device, smem};
     return err;
 }
@@ -2222,9 +2224,7 @@ constexpr int MAX_MERGE_SPLITS = 16;
 template <typename Kernel>
 static cudaError_t launch_gqa_merge(Kernel kernel, int smem, const AttnParams& p, cudaStream_t stream, int m_blocks,
                                     int threads) {
-    cudaError_t err = prepare(kernel, smem);
-    if (err == cudaSuccess && p.num_splits > 8)
-        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    const cudaError_t err = prepare(kernel, smem, true);
     if (err != cudaSuccess) return err;
     dim3 grid(static_cast<unsigned>(p.num_splits), m_blocks, static_cast<unsigned>(p.batch * p.heads_kv));
     TVA_LAUNCH_CLUSTER(kernel, grid, threads, smem, stream, p, static_cast<unsigned>(p.num_splits));
