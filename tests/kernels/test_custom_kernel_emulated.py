@@ -220,17 +220,19 @@ def test_gqa_tail_kernel_matches_reference(emu, case, schedule):
     assert _run(emu, pt, lengths, splits, warps=4, wgmma=3, nan_tail=37) < 5e-3
 
 
+@pytest.mark.parametrize("wgmma", [3, 4], ids=["tail", "merge"])
 @pytest.mark.parametrize("case", ["tail-g4-T65-long-splits", "tail-g2-T65-one-split", "tail-g4-T129-empty-tail-ctas"])
-def test_tail_kernel_with_lagging_warps(emu, case):
+def test_tail_kernel_with_lagging_warps(emu, case, wgmma):
     """Warp 0 of every CTA races ahead (warps 1-3 run one round in 64) with copies landing at
     issue: a warp that refills V_{j-1}'s stage or P^T_{j-1}'s buffer while another still has
     P_{j-1} V_{j-1} in flight changes an operand under it (random skew rarely lags a warp that
-    far; the second barrier a tile is what this case checks)."""
+    far; the second barrier a tile is what this case checks), with the splits written for the
+    combine or merged in the cluster."""
     emu.emu_configure(1, 4242)
     emu.emu_slow_rank(0, 64, 0)
     try:
         pt, lengths, splits = TAIL_CASES[case]
-        assert _run(emu, pt, lengths, splits, warps=4, wgmma=3, nan_tail=37) < 5e-3
+        assert _run(emu, pt, lengths, splits, warps=4, wgmma=wgmma, nan_tail=37) < 5e-3
     finally:
         emu.emu_slow_rank(0, 0, 1)
         emu.emu_configure(0, 0)
