@@ -16,9 +16,9 @@ captured in a CUDA graph; make the first call outside the capture (it compiles a
 library). The library is compiled on first use (kernels/build.py); importing this module works
 on a host without a GPU.
 
-Four implementations (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_80), "wgmma"
+Five implementations (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_80), "wgmma"
 (S = QK^T on Hopper's warpgroup MMA, P V on mma.sync), "wgmma_pv" (both products on wgmma:
-GQA at head_dim 128, software-pipelined, gqa_pipelined_kernel; MLA, mla_pv_kernel) and
+GQA at head_dim 128, software-pipelined, gqa_pipelined_kernel; MLA, mla_pv_kernel),
 "wgmma_tail" (wgmma_pv, with the rows past the last full 64-row block carried one a CTA as tail
 rows on the full blocks' tiles where the shape allows: 65 tree tokens x G heads run G row blocks,
 not G + 1; gqa_tail_kernel, a contiguous cache; elsewhere it is wgmma_pv) and "wgmma_merge"
@@ -89,9 +89,9 @@ DEFAULT_IMPL = "mma"
 
 
 def _resolve_impl(impl: str, index: int, warps: int) -> int:
-    """The variant to launch (tva_gqa_forward's `wgmma`: 0-3): impl "mma" (any GPU), "wgmma",
-    "wgmma_pv" or "wgmma_tail" (compute capability 9.0, 4 or 8 warps; an error where it cannot
-    run)."""
+    """The variant to launch (tva_gqa_forward's `wgmma`: 0-4): impl "mma" (any GPU), "wgmma",
+    "wgmma_pv", "wgmma_tail" or "wgmma_merge" (compute capability 9.0, 4 or 8 warps; an error
+    where it cannot run)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "mma":
@@ -223,9 +223,7 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
         raise ValueError(f"num_warps must be 2, 4 or 8, got {warps}")
     wgmma = _resolve_impl(impl, index, warps)
     m_blocks = row_blocks(rows, warps, impl, paged)
-    # the occupancy of the kernel that runs (the merge's kernels have the same shared memory)
-    kernel = _IMPL_CODE["wgmma_tail" if runs_tail(rows, warps, impl, paged) else "wgmma_pv"] if impl in TAILED else wgmma
-    occupancy = _gqa_occupancy(index, d, warps, paged, kernel)
+    occupancy = _gqa_occupancy(index, d, warps, paged, wgmma)
     per_row_pages = paged and impl not in PIPELINED   # only the pipelined copy shares them
     slots = gqa_slots(m_blocks, occupancy, _sm_count(index), per_row_pages=per_row_pages)
     if impl == "wgmma_merge" and warps == 4 and num_splits is None:
@@ -370,8 +368,8 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
     strides: a view of a larger cache is fine), Hq / Hkv a power of two; lengths [b] int32/int64
     on the device with lengths[b] + T <= S (not checked: that would sync); tree_bits
     [b, T, ceil(T/32)] int32. Returns [b, Hq, T, d] bfloat16. `num_splits` and `num_warps`
-    override the plan; `impl` "mma" (the default), "wgmma", "wgmma_pv" or "wgmma_tail" (Hopper
-    only, see _resolve_impl).
+    override the plan; `impl` "mma" (the default), "wgmma", "wgmma_pv", "wgmma_tail" or
+    "wgmma_merge" (Hopper only, see _resolve_impl).
     """
     if k.dim() != 4 or k.shape[0] != q.shape[0]:
         raise ValueError(f"k must be [b, Hkv, S, d] with b = {q.shape[0]}, got {tuple(k.shape)}")

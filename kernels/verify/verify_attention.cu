@@ -2355,8 +2355,12 @@ int tva_gqa_smem_bytes(int head_dim, int num_warps, int wgmma) {
 
 int tva_mla_smem_bytes() { return tva::mla::SMEM; }
 
-// CTAs of the GQA kernel that fit on one multiprocessor (0 on error).
+// CTAs of the GQA kernel that fit on one multiprocessor (0 on error). wgmma 3 and 4: the tail
+// kernel's where it may run, else the plain pipelined kernel's (the merge's kernels are those
+// with the same shared memory).
 int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
+    if (wgmma == 4) wgmma = 3;
+    if (wgmma == 3 && (paged || num_warps != 4 || head_dim != 128)) wgmma = 2;
     int blocks = 0;
     const int smem = tva_gqa_smem_bytes(head_dim, num_warps, wgmma);
 #define TVA_OCC(D, NW, P, W)                                                                     \
@@ -2371,7 +2375,6 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     TVA_OCC_D(64, 0) TVA_OCC_D(64, 1) TVA_OCC_D(128, 0) TVA_OCC_D(128, 1)
     TVA_OCC(128, 4, 0, 2) TVA_OCC(128, 8, 0, 2) TVA_OCC(128, 4, 1, 2) TVA_OCC(128, 8, 1, 2)
     TVA_OCC(128, 4, 0, 3)
-    if (wgmma == 4) return tva_gqa_occupancy(head_dim, num_warps, paged, paged ? 2 : 3);   // same shared memory
 #undef TVA_OCC_D
 #undef TVA_OCC
     return blocks;
