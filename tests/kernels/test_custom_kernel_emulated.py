@@ -314,8 +314,10 @@ def test_cluster_merge_launch_shape(emu):
         emu.emu_clear_fault()
 
 
-def test_tail_row_blocks_match_the_kernel():
-    """The planner's row blocks for the tail kernel are the launcher's (tail_row_blocks)."""
+def test_tail_row_blocks_and_the_plans_row_blocks():
+    """Where the tail kernel runs and how many row blocks the split plan counts for it (the
+    launcher decides by the same rule, tail_row_blocks in verify_attention.cu; the emulated cases
+    above would write NaN rows if the two disagreed on a shape they run)."""
     assert cv.tail_row_blocks(4 * 65) == 4 and cv.tail_row_blocks(65) == 1 and cv.tail_row_blocks(8 * 65) == 8
     assert cv.tail_row_blocks(4 * 129) == 8                  # 4 tail rows over 8 CTAs
     assert cv.tail_row_blocks(8 * 33) == 0 and cv.tail_row_blocks(256) == 0 and cv.tail_row_blocks(40) == 0
