@@ -315,9 +315,9 @@ def test_cluster_merge_launch_shape(emu):
 
 
 def test_tail_row_blocks_and_the_plans_row_blocks():
-    """Where the tail kernel runs and how many row blocks the split plan counts for it (the
-    launcher decides by the same rule, tail_row_blocks in verify_attention.cu; the emulated cases
-    above would write NaN rows if the two disagreed on a shape they run)."""
+    """Where the tail kernel runs and how many row blocks the split plan counts for it: the
+    plan's side of the rule (the launcher sizes its grid by its own copy, tail_row_blocks in
+    verify_attention.cu, which the launch-count and dry-run tests exercise)."""
     assert cv.tail_row_blocks(4 * 65) == 4 and cv.tail_row_blocks(65) == 1 and cv.tail_row_blocks(8 * 65) == 8
     assert cv.tail_row_blocks(4 * 129) == 8                  # 4 tail rows over 8 CTAs
     assert cv.tail_row_blocks(8 * 33) == 0 and cv.tail_row_blocks(256) == 0 and cv.tail_row_blocks(40) == 0
