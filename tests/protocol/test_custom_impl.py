@@ -78,3 +78,16 @@ def test_a_kernel_cell_may_name_the_variant():
             "matrix:\n  custom_impl: [mma, wgmma]\n")
     cells = parse_scenario(text, "c.yaml").cells()
     assert sorted(c["custom_impl"] for c in cells) == ["mma", "wgmma"]
+
+
+def test_the_tail_and_merge_variants_are_cells_of_their_own_and_never_auto():
+    """wgmma_tail and wgmma_merge (kernels/NOTES.md, session 26: not timed yet) are chosen by
+    name only, each its own cell; a head dim other than 128 never gets them from `auto`."""
+    text = ("name: c\ndefaults:\n  workload: kernel\n  verify_mode: custom\n  device: cuda\n"
+            "matrix:\n  custom_impl: [wgmma_pv, wgmma_tail, wgmma_merge]\n")
+    cells = parse_scenario(text, "c.yaml").cells()
+    assert len({params.cell_id(c) for c in cells}) == 3
+    for device in ("hopper", "cuda", "cpu"):
+        assert params.custom_auto(device, 128) not in ("wgmma_tail", "wgmma_merge")
+    decode = decode_cell(verify_mode="custom", model="qwen3-8b", custom_impl="wgmma_merge")
+    assert params.resolve_kernels(decode, True, (9, 0))["custom_impl"] == "wgmma_merge"
