@@ -203,7 +203,7 @@ __device__ __forceinline__ void cluster_sync() {
 template <typename T>
 __device__ __forceinline__ T* map_shared_rank(T* p, uint32_t rank) {
     uint64_t out;
-    asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(p), "r"(rank));
+    asm("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(p), "r"(rank));   // pure: may be scheduled freely
     return reinterpret_cast<T*>(out);
 }
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {

@@ -998,11 +998,22 @@ __device__ __forceinline__ void merge_splits_in_cluster(const AttnParams& p, flo
         float sum = w;
 #pragma unroll
         for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        // Four CTAs' rows read before they are summed: four remote round trips in flight, not one
+        // after another (reads past S repeat CTA S - 1's, with weight 0: lanes past S hold w = 0;
+        // loads under `if (i < S)` were serialised by ptxas).
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int i = 0; i < S; ++i) {
-            const float wi = __shfl_sync(0xffffffffu, w, i);
-            const float4 v = *reinterpret_cast<const float4*>(map_shared_rank(buf, static_cast<uint32_t>(i)) + lr * D + 4 * lane);
-            acc.x += wi * v.x, acc.y += wi * v.y, acc.z += wi * v.z, acc.w += wi * v.w;
+        for (int i0 = 0; i0 < S; i0 += 4) {
+            float4 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const uint32_t from = static_cast<uint32_t>(min(i0 + j, S - 1));
+                v[j] = *reinterpret_cast<const float4*>(map_shared_rank(buf, from) + lr * D + 4 * lane);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float wi = __shfl_sync(0xffffffffu, w, i0 + j);
+                acc.x += wi * v[j].x, acc.y += wi * v[j].y, acc.z += wi * v[j].z, acc.w += wi * v[j].w;
+            }
         }
         const float inv = sum > 0.f ? 1.f / sum : 0.f;
         const int r = global_row(lr), hq = h * G + r / T, t = r % T;
