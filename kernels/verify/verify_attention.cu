@@ -425,6 +425,16 @@ __device__ __forceinline__ bool key_visible(const int32_t* bits_row, int key, in
     return (__ldg(bits_row + (j >> 5)) >> (j & 31)) & 1;
 }
 
+// A row's sum over the four lanes (tig 0-3) that hold its columns in the mma C layout.
+__device__ __forceinline__ float quad_sum(float l) {
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    return l + __shfl_xor_sync(0xffffffffu, l, 2);
+}
+
+// A row's log2-sum-exp from its reference max and sum (-inf where it saw nothing): what a split
+// leaves for the merge of splits.
+__device__ __forceinline__ float row_lse(float m, float l) { return l > 0.f ? m + __log2f(l) : -INFINITY; }
+
 // Epilogue of a GQA CTA: normalise this thread's two rows (r0, r0 + 8: the mma C layout) and
 // write the output (one split) or the partial and its log2-sum-exp. l is still per thread.
 template <int D>
@@ -433,9 +443,7 @@ __device__ __forceinline__ void write_rows(const AttnParams& p, const float (&o)
     const int T = p.tokens, G = p.heads_q / p.heads_kv, M = G * T;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-        float l = l_run[hf];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float l = quad_sum(l_run[hf]);
         const int r = r0 + 8 * hf;
         if (r >= M) continue;
         const int g = r / T, t = r % T, hq = h * G + g;
@@ -452,7 +460,7 @@ __device__ __forceinline__ void write_rows(const AttnParams& p, const float (&o)
 #pragma unroll
             for (int dt = 0; dt < D / 8; ++dt)
                 *reinterpret_cast<float2*>(wo + dt * 8 + 2 * tig) = make_float2(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
-            if (tig == 0) p.ws_lse[row] = l > 0.f ? m_run[hf] + __log2f(l) : -INFINITY;
+            if (tig == 0) p.ws_lse[row] = row_lse(m_run[hf], l);
         }
     }
 }
@@ -465,15 +473,13 @@ __device__ __forceinline__ void write_rows_to(float* rows, float* lse, const flo
                                               const float (&m_run)[2], const float (&l_run)[2], int lr, int tig) {
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-        float l = l_run[hf];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float l = quad_sum(l_run[hf]);
         const float inv = l > 0.f ? 1.f / l : 0.f;
         float* row = rows + (lr + 8 * hf) * D;
 #pragma unroll
         for (int dt = 0; dt < D / 8; ++dt)
             *reinterpret_cast<float2*>(row + dt * 8 + 2 * tig) = make_float2(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
-        if (tig == 0) lse[lr + 8 * hf] = l > 0.f ? m_run[hf] + __log2f(l) : -INFINITY;
+        if (tig == 0) lse[lr + 8 * hf] = row_lse(m_run[hf], l);
     }
 }
 
@@ -949,7 +955,7 @@ __device__ __forceinline__ float merge_tail_columns(uint8_t* mem, const float (&
         o += f * oc[w * D + tid];
         l_all += f * ml[4 + w];
     }
-    lse = l_all > 0.f ? m_all + __log2f(l_all) : -INFINITY;
+    lse = row_lse(m_all, l_all);
     return l_all > 0.f ? o / l_all : 0.f;
 }
 
@@ -1876,9 +1882,7 @@ mla_kernel(const AttnParams p) {
     // Row sums: the two key halves of each row, through shared memory.
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-        float l = l_part[hf];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float l = quad_sum(l_part[hf]);
         if (tig == 0) red_sum[kh * BM + rt * 16 + gid + 8 * hf] = l;
     }
     __syncthreads();
@@ -2045,9 +2049,7 @@ mla_pv_kernel(const AttnParams p) {
     if (wg == 0) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-            float l = l_run[hf];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float l = quad_sum(l_run[hf]);
             if (tig == 0) red_sum[wr * 16 + gid + 8 * hf] = l;
         }
     }
@@ -2073,7 +2075,7 @@ mla_pv_kernel(const AttnParams p) {
 #pragma unroll
             for (int j = 0; j < DV / 2 / 8; ++j)
                 *reinterpret_cast<float2*>(wo + 8 * j) = make_float2(o[j][2 * hf] * inv, o[j][2 * hf + 1] * inv);
-            if (wg == 0 && tig == 0) p.ws_lse[wrow] = l > 0.f ? m_run[hf] + __log2f(l) : -INFINITY;
+            if (wg == 0 && tig == 0) p.ws_lse[wrow] = row_lse(m_run[hf], l);
         }
     }
 }
