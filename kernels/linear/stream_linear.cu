@@ -38,9 +38,12 @@
 //
 // Measured on the H200 (kernels/NOTES.md, "The verify's weight GEMMs on wgmma"): the main loop
 // streams at or above cuBLAS's pace, but the fix-up and y's stores cost ~8-10 µs a call, so at
-// Qwen3-8B's shapes the kernel took 1.1-1.5x cuBLAS's time, before the range's end moved onto
-// bulk copies and a tensor store (not yet timed); the decode loop runs it only where a cell asks
-// (linear_impl: wgmma).
+// Qwen3-8B's shapes the kernel took 1.1-1.5x cuBLAS's time; with the range's end on bulk copies
+// and a tensor store (session 27) one layer's four GEMMs take 1.05-1.07x (q/k/v and o 1.17-1.19x,
+// gate/up and down 1.03-1.05x, the lm_head 1.02x faster) and the loop makes 0.96-0.97x the
+// tokens/s at 0.2-0.4 % idle, so the decode loop runs it only where a cell asks (linear_impl:
+// wgmma). The cluster kernel below took 1.6-2.6x cuBLAS's time (session 27): kept opt-in
+// (linear_impl: wgmma_cluster) as the record of that direction.
 //
 // No torch headers: plain CUDA C++ with an extern "C" launcher (kernels/linear/stream_linear.py
 // calls it through ctypes; kernels/build.py compiles it on the GPU host for sm_90a). The launcher

@@ -8,15 +8,16 @@ rows on the M side, and the first stages' weight copies issued before the wait f
 ahead (programmatic dependent launch), so the GEMM's ramp hides under that kernel's tail. The
 tree-verify forward's 65 rows (a 64-node tree and its root) take it where a cell asks
 (linear_impl: wgmma); the skinny Triton kernel keeps up to 16 rows (skinny_linear.py), cuBLAS
-everything else. On the H200 it took 1.1-1.5x cuBLAS's time (its stream-K fix-up), while the
-step's idle fell from 2.8 to 0.3 % (kernels/NOTES.md); the fix-up's reads and y's stores now go
-by bulk copies and a tensor store, not yet timed: opt-in until it wins (scenarios/linear-ab.yaml
-is the A/B).
+everything else. On the H200 (kernels/NOTES.md, session 27) one layer's four GEMMs take 1.05-1.07x
+cuBLAS's time (q/k/v and o 1.17-1.19x: the stream-K fix-up; the lm_head 1.02x faster), and the
+loop makes 0.96-0.97x cuBLAS's tokens/s while its idle falls from 1.4-2.8 to 0.2-0.4 %: opt-in
+until it wins (scenarios/linear-ab.yaml is the A/B).
 
 Shape(cluster=S) (linear_impl wgmma_cluster: CLUSTER_SHAPE) runs the file's other kernel: whole
 128-row tiles dealt to clusters of S CTAs in turn, each CTA taking every S-th k step, the
 cluster's S accumulators summed through distributed shared memory at each tile's end; no
-stream-K, so nothing crosses a cluster (kernels/NOTES.md). Built and emulated, not yet timed.
+stream-K, so nothing crosses a cluster (kernels/NOTES.md). Timed in session 27 at 1.6-2.6x
+cuBLAS's time (the loop 0.55-0.70x): a stopped direction, kept opt-in as its record.
 
 The call never synchronises with the host and allocates only its output, so it can be captured
 in a CUDA graph; make the first call outside the capture (it compiles and loads the library:
@@ -55,7 +56,7 @@ class Shape:
     pdl: bool = True          # launched with programmatic dependent launch (False: for A/B timings)
     # 2, 4 or 8: the cluster kernel instead (whole tiles a cluster of that many CTAs, summed
     # through distributed shared memory; one group, and a buffer beside the ring: at most 7
-    # stages). Built and emulated, not yet timed (kernels/NOTES.md).
+    # stages). Slower than cuBLAS on the H200 (kernels/NOTES.md, session 27).
     cluster: int = 0
 
     def __post_init__(self):
