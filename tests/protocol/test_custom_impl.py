@@ -81,8 +81,8 @@ def test_a_kernel_cell_may_name_the_variant():
 
 
 def test_the_tail_and_merge_variants_are_cells_of_their_own_and_never_auto():
-    """wgmma_tail and wgmma_merge (kernels/NOTES.md, session 26: not timed yet) are chosen by
-    name only, each its own cell; a head dim other than 128 never gets them from `auto`."""
+    """wgmma_tail and wgmma_merge (kernels/NOTES.md, session 27: level with wgmma_pv and slower)
+    are chosen by name only, each its own cell; no device class gets them from `auto`."""
     text = ("name: c\ndefaults:\n  workload: kernel\n  verify_mode: custom\n  device: cuda\n"
             "matrix:\n  custom_impl: [wgmma_pv, wgmma_tail, wgmma_merge]\n")
     cells = parse_scenario(text, "c.yaml").cells()
@@ -91,3 +91,28 @@ def test_the_tail_and_merge_variants_are_cells_of_their_own_and_never_auto():
         assert params.custom_auto(device, 128) not in ("wgmma_tail", "wgmma_merge")
     decode = decode_cell(verify_mode="custom", model="qwen3-8b", custom_impl="wgmma_merge")
     assert params.resolve_kernels(decode, True, (9, 0))["custom_impl"] == "wgmma_merge"
+
+
+def test_a_kernel_cell_may_force_the_custom_kernels_split_count():
+    """custom_splits (0: the plan's) sweeps the split plan through the product: a forced count
+    is a cell of its own (and says so in its label), 0 keeps the ids of cells recorded before
+    the knob, and a cell that does not time the custom kernel may not set it."""
+    from harness.protocol.workloads import kernel as spec
+
+    base = params.canonical({"workload": "kernel", "verify_mode": "custom", "context_length": 65536,
+                             "tree_tokens": 65})
+    before = {k: v for k, v in base.items() if k != "custom_splits"}
+    assert params.cell_id(base) == params.cell_id(before)
+    forced = {**base, "custom_splits": 8}
+    assert params.cell_id(forced) != params.cell_id(base)
+    assert spec.label(forced).endswith("splits=8") and "splits" not in spec.label(base)
+    text = ("name: c\ndefaults:\n  workload: kernel\n  verify_mode: custom\n  device: cuda\n"
+            "matrix:\n  custom_splits: [0, 8, 13]\n")
+    assert sorted(c["custom_splits"] for c in parse_scenario(text, "c.yaml").cells()) == [0, 8, 13]
+    for mode, value, message in (("triton", 8, "custom_splits sets the custom kernel's split count"),
+                                 ("custom", -1, "custom_splits")):
+        text = (f"name: c\ndefaults:\n  workload: kernel\n  verify_mode: {mode}\n"
+                f"matrix:\n  custom_splits: [{value}]\n")
+        with pytest.raises(InputError, match=message) as err:
+            parse_scenario(text, "c.yaml")
+        assert str(err.value).startswith("c.yaml:")

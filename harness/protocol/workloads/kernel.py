@@ -6,7 +6,7 @@ Runner: harness/worker/workloads/kernel.py. The cell's verify_mode, context_leng
 
 from __future__ import annotations
 
-from harness.protocol.workloads import Param, WorkloadSpec, choice, positive_int
+from harness.protocol.workloads import Param, WorkloadSpec, choice, non_negative_int, positive_int
 from harness.protocol.workloads.decode import VERIFY_MODES
 
 ATTENTIONS = ("gqa", "mla")        # grouped-query heads, or the MLA latent (one 576-wide head)
@@ -28,6 +28,9 @@ PARAMS = (
     Param("compare_modes", "", str,
           "a comma-separated list of verify modes (custom, triton, sdpa, flex), or ''",
           pattern=_MODE_LIST, measurement=True),
+    # The custom kernel's split-KV count: 0 takes its plan (custom_verify.plan); N forces N
+    # splits, to sweep the plan's choice through the product (`--across custom_splits=0:8`).
+    non_negative_int("custom_splits", 0, id_when_set=True),
 )
 
 
@@ -55,6 +58,10 @@ def check_shape(cell: dict):
         return ("custom_impl", "verify_mode", "compare_modes"), (
             "custom_impl picks the custom kernel's variant; this cell does not time the custom "
             "kernel (verify_mode or compare_modes: custom)")
+    if cell.get("custom_splits", 0) and "custom" not in modes:
+        return ("custom_splits", "verify_mode", "compare_modes"), (
+            "custom_splits sets the custom kernel's split count; this cell does not time the "
+            "custom kernel (verify_mode or compare_modes: custom)")
     if cell["layout"] == "paged" and {"sdpa", "flex"} & set(modes):
         return ("layout", "verify_mode", "compare_modes"), (
             "sdpa and flex read a contiguous cache only: drop them from paged cells")
@@ -69,6 +76,8 @@ def label(c: dict) -> str:
         parts.append(f"ps={c['page_size']}")
     if c["batch_size"] != 1:
         parts.append(f"bs={c['batch_size']}")
+    if c.get("custom_splits", 0):
+        parts.append(f"splits={c['custom_splits']}")
     return " ".join(parts)
 
 

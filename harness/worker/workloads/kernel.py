@@ -165,10 +165,10 @@ def reference(pt: Point, inp: dict) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 def prepare(mode: str, pt: Point, inp: dict, out: torch.Tensor | None = None, *,
-            custom_impl: str = "mma"):
+            custom_impl: str = "mma", custom_splits: int | None = None):
     """A callable running `mode` on input set `inp`; `out` (if the mode takes one) is written.
     `custom_impl`: the custom kernel's S = QK^T (custom_verify's `impl`; the cell's knob of that
-    name, resolved for the device by `run`)."""
+    name, resolved for the device by `run`); `custom_splits`: its split count (None: its plan)."""
     scale = 1.0 / math.sqrt(pt.dk)
     q, k, v, lengths, bits = inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"]
     table = inp.get("page_table")
@@ -180,13 +180,13 @@ def prepare(mode: str, pt: Point, inp: dict, out: torch.Tensor | None = None, *,
             raise RuntimeError("the custom kernel needs a CUDA device")
         from harness.kernels.verify import custom_verify as cv
         if pt.mla:
-            return lambda: cv.mla_tree_verify_attention(q, k, lengths, bits, scale, page_table=table,
-                                                        impl=custom_impl, out=out)
+            return lambda: cv.mla_tree_verify_attention(q, k, lengths, bits, scale, custom_splits,
+                                                        page_table=table, impl=custom_impl, out=out)
         if table is not None:
             return lambda: cv.tree_verify_attention_paged(q, k, v, table, lengths, bits, scale,
-                                                          impl=custom_impl, out=out)
-        return lambda: cv.tree_verify_attention(q, k, v, lengths, bits, scale, impl=custom_impl,
-                                                out=out)
+                                                          custom_splits, impl=custom_impl, out=out)
+        return lambda: cv.tree_verify_attention(q, k, v, lengths, bits, scale, custom_splits,
+                                                impl=custom_impl, out=out)
 
     if mode == "triton":
         from harness.kernels.verify import triton_verify as tv
@@ -249,9 +249,10 @@ def compare_list(cell: dict) -> list[str]:
     return [m for m in cell["compare_modes"].split(",") if m and m != cell["verify_mode"]]
 
 
-def check(mode: str, pt: Point, device, dtype, seed: int, *, custom_impl: str = "mma") -> float:
+def check(mode: str, pt: Point, device, dtype, seed: int, *, custom_impl: str = "mma",
+          custom_splits: int | None = None) -> float:
     """Relative error of `mode` against the float64 reference on fresh random inputs; raises
-    if it is above TOLERANCE (or NaN). `custom_impl` as for `prepare`."""
+    if it is above TOLERANCE (or NaN). `custom_impl` and `custom_splits` as for `prepare`."""
     gen = torch.Generator().manual_seed(seed)
     if pt.batch == 1:
         lengths = [pt.context]
@@ -263,7 +264,7 @@ def check(mode: str, pt: Point, device, dtype, seed: int, *, custom_impl: str = 
     out = None
     if mode in ("custom", "triton"):  # poisoned: an element the kernel never writes stays NaN
         out = torch.full((pt.batch, pt.heads, pt.tokens, pt.dv), float("nan"), dtype=dtype, device=device)
-    got = prepare(mode, pt, inp, out, custom_impl=custom_impl)()
+    got = prepare(mode, pt, inp, out, custom_impl=custom_impl, custom_splits=custom_splits)()
     err = ref.relative_error(got, reference(pt, inp))
     if not err <= TOLERANCE:
         raise AssertionError(f"{mode} is wrong at this point: relative error {err:.3g} > {TOLERANCE} "
@@ -278,8 +279,8 @@ def input_sets(pt: Point, device, dtype, seed: int) -> list[dict]:
 
 
 def measure_mode(mode: str, pt: Point, sets: list[dict], cell: dict, device, *,
-                 custom_impl: str = "mma") -> tuple[list[float], bool]:
-    calls = [prepare(mode, pt, s, custom_impl=custom_impl) for s in sets]
+                 custom_impl: str = "mma", custom_splits: int | None = None) -> tuple[list[float], bool]:
+    calls = [prepare(mode, pt, s, custom_impl=custom_impl, custom_splits=custom_splits) for s in sets]
     return time_calls(calls, cell["repeats"], cell["warmup_steps"], device)
 
 
@@ -296,28 +297,29 @@ def run(cell: dict, progress) -> dict:
         cuda = device.type == "cuda"
         impl = params.custom_auto(params.device_class(
             cuda, torch.cuda.get_device_capability(device) if cuda else None), pt.dk, pt.mla)
+    custom = {"custom_impl": impl, "custom_splits": cell.get("custom_splits", 0) or None}
     progress(stage="check", mode=mode)
-    err = check(mode, pt, device, dtype, seed * 1000 + 7919, custom_impl=impl)
+    err = check(mode, pt, device, dtype, seed * 1000 + 7919, **custom)
     progress(stage="ceilings", device=str(device))
     copy_bw, mm_rate = ceilings(device, dtype)
     bytes_, flops = pt.bytes(elem), pt.flops()
 
     sets = input_sets(pt, device, dtype, seed * 1000)
     progress(stage="time", mode=mode, input_sets=len(sets))
-    samples, graph = measure_mode(mode, pt, sets, cell, device, custom_impl=impl)
+    samples, graph = measure_mode(mode, pt, sets, cell, device, **custom)
     metrics = {**roofline_metrics(samples, bytes_, flops, copy_bw, mm_rate), "rel_error": err}
     us, roofline_us = metrics["kernel_us"], metrics["roofline_us"]
     info = {"bytes": bytes_, "flops": flops, "input_sets": len(sets), "graph": graph,
             "bound": "memory" if bytes_ / copy_bw >= flops / mm_rate else "compute"}
     if mode == "custom":
-        info["custom_plan"] = _custom_plan(pt, sets[0], impl)
+        info["custom_plan"] = _custom_plan(pt, sets[0], impl, custom["custom_splits"])
 
     compare_errors = {}
     for other in compare_list(cell):
         progress(stage="compare", mode=other)
         try:
-            other_err = check(other, pt, device, dtype, seed * 1000 + 7919, custom_impl=impl)
-            other_samples, _ = measure_mode(other, pt, sets, cell, device, custom_impl=impl)
+            other_err = check(other, pt, device, dtype, seed * 1000 + 7919, **custom)
+            other_samples, _ = measure_mode(other, pt, sets, cell, device, **custom)
         except Exception as exc:     # a peer that cannot run here is a note, not a failed cell
             compare_errors[other] = f"{type(exc).__name__}: {str(exc)[:500]}"
             if device.type == "cuda":
@@ -334,9 +336,10 @@ def run(cell: dict, progress) -> dict:
             "kernels": {k: ran[k] for k in params.cell_kernels(cell)}}
 
 
-def _custom_plan(pt: Point, inp: dict, impl: str) -> dict:
+def _custom_plan(pt: Point, inp: dict, impl: str, num_splits: int | None = None) -> dict:
     from harness.kernels.verify import custom_verify as cv
     k = inp["k"]
     table = inp.get("page_table")
     max_keys = table.shape[1] * pt.page_size if table is not None else k.shape[2]
-    return cv.plan(inp["q"], pt.kv_heads, max_keys, table is not None, mla=pt.mla, impl=impl)
+    return cv.plan(inp["q"], pt.kv_heads, max_keys, table is not None, mla=pt.mla,
+                   num_splits=num_splits, impl=impl)
