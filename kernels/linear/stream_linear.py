@@ -26,7 +26,7 @@ kernels/build.py, cached on disk). Importing this module works on a host without
 Reference: torch.nn.functional.linear. Tests: tests/kernels/test_stream_linear_emulated.py
 (the CUDA source on the CPU emulator) and test_stream_linear_gpu.py. Benchmark: the op
 workload's `linear` family at 65 rows (scenarios/ops.yaml), and the decode loop's cells with
-linear_impl wgmma.
+linear_impl wgmma; bench_shapes.py beside this file sweeps the launch `Shape` against cuBLAS.
 """
 
 from __future__ import annotations

@@ -1,0 +1,77 @@
+"""Benchmark: the stream-K GEMM's launch shapes against cuBLAS at the verify's 65 rows.
+
+    python -m harness.kernels.linear.bench_shapes          (on a Hopper GPU; one JSON line a point)
+
+The op workload times the kernel at its default shape (`linear_impl: wgmma`, scenarios/
+linear-ab.yaml); this sweeps the `Shape` knobs the workload does not expose (CTAs, ring stages,
+consumer groups, the cluster kernel's size) over Qwen3-8B's four weight GEMMs, to find a shape
+worth making the default before the product measures it. Each point is checked against float64
+first and timed as the op workload times: a CUDA graph of calls cycling through weight copies
+that together exceed L2, median of seven replays.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+import torch.nn.functional as F
+
+from harness.kernels.linear import stream_linear as sl
+
+ROWS = 65                                   # a 64-node tree and its root
+GEMMS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+SHAPES = {"default": sl.DEFAULT_SHAPE, "ctas66": sl.Shape(ctas=66), "ctas100": sl.Shape(ctas=100),
+          "stages4": sl.Shape(stages=4), "stages6": sl.Shape(stages=6),
+          "groups2": sl.Shape(groups=2, stages=5), "cluster2": sl.Shape(stages=7, cluster=2),
+          "cluster4": sl.Shape(stages=7, cluster=4), "cluster8": sl.CLUSTER_SHAPE}
+PAST_L2 = 120 * 2**20                       # bytes of weight copies cycled through (H200 L2: 50 MB)
+
+
+def time_us(call, n_inputs: int, replays: int = 7) -> tuple[float, float]:
+    """Median and spread (µs a call) of graph replays of 4 x n_inputs calls."""
+    calls = 4 * n_inputs
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):          # the first calls load the library and warm up
+        call(0), call(1)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            call(i)
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / calls)
+    times.sort()
+    return times[len(times) // 2], times[-1] - times[0]
+
+
+def main() -> None:
+    device = torch.device("cuda")
+    for gemm, (N, K) in GEMMS.items():
+        copies = max(2, -(-PAST_L2 // (N * K * 2)))
+        weights = [torch.randn(N, K, device=device, dtype=torch.bfloat16) / 64 for _ in range(copies)]
+        x = torch.randn(ROWS, K, device=device, dtype=torch.bfloat16)
+        ref = F.linear(x.double(), weights[0].double()).float()
+        runs = {"cublas": lambda i: F.linear(x, weights[i % copies])}
+        runs.update({name: (lambda i, s=shape: sl.linear(x, weights[i % copies], s))
+                     for name, shape in SHAPES.items()})
+        for name, call in runs.items():
+            point = {"gemm": gemm, "shape": name}
+            try:
+                point["rel_error"] = ((call(0).float() - ref).norm() / ref.norm()).item()
+                point["us"], point["spread"] = (round(v, 2) for v in time_us(call, copies))
+            except Exception as exc:         # a shape this GPU cannot launch is a line, not a stop
+                point["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            print(json.dumps(point), flush=True)
+        del weights
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
