@@ -180,12 +180,13 @@ def prepare(mode: str, pt: Point, inp: dict, out: torch.Tensor | None = None, *,
             raise RuntimeError("the custom kernel needs a CUDA device")
         from harness.kernels.verify import custom_verify as cv
         if pt.mla:
-            return lambda: cv.mla_tree_verify_attention(q, k, lengths, bits, scale, custom_splits,
+            return lambda: cv.mla_tree_verify_attention(q, k, lengths, bits, scale, num_splits=custom_splits,
                                                         page_table=table, impl=custom_impl, out=out)
         if table is not None:
             return lambda: cv.tree_verify_attention_paged(q, k, v, table, lengths, bits, scale,
-                                                          custom_splits, impl=custom_impl, out=out)
-        return lambda: cv.tree_verify_attention(q, k, v, lengths, bits, scale, custom_splits,
+                                                          num_splits=custom_splits, impl=custom_impl,
+                                                          out=out)
+        return lambda: cv.tree_verify_attention(q, k, v, lengths, bits, scale, num_splits=custom_splits,
                                                 impl=custom_impl, out=out)
 
     if mode == "triton":
