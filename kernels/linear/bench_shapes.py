@@ -33,7 +33,8 @@ def time_us(call, n_inputs: int, replays: int = 7) -> tuple[float, float]:
     calls = 4 * n_inputs
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):          # the first calls load the library and warm up
-        call(0), call(1)
+        call(0)
+        call(1)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
