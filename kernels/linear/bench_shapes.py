@@ -21,10 +21,11 @@ from harness.kernels.linear import stream_linear as sl
 
 ROWS = 65                                   # a 64-node tree and its root
 GEMMS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
-# ctas 64 / 96 / 128 cut q/k/v's 48 tiles (and o's 32) at tile or half-tile bounds: no CTA whose
-# whole range lies inside one tile (the "middle CTA" whose part is the fix-up's last round trip).
+# 48, 64 and 96 CTAs leave q/k/v's 48 tiles of 64 k steps no CTA whose whole range lies inside one
+# tile (the "middle CTA", whose part is the fix-up's last round trip; 48: no fix-up at all), and
+# 48 and 64 leave o's 32 tiles none.
 SHAPES = {"default": sl.DEFAULT_SHAPE, "ctas64": sl.Shape(ctas=64), "ctas66": sl.Shape(ctas=66),
-          "ctas96": sl.Shape(ctas=96), "ctas100": sl.Shape(ctas=100), "ctas128": sl.Shape(ctas=128),
+          "ctas96": sl.Shape(ctas=96), "ctas100": sl.Shape(ctas=100), "ctas48": sl.Shape(ctas=48),
           "stages4": sl.Shape(stages=4), "stages6": sl.Shape(stages=6),
           "groups2": sl.Shape(groups=2, stages=5), "cluster2": sl.Shape(stages=7, cluster=2),
           "cluster4": sl.Shape(stages=7, cluster=4), "cluster8": sl.CLUSTER_SHAPE}
