@@ -106,6 +106,9 @@ def test_a_kernel_cell_may_force_the_custom_kernels_split_count():
     forced = {**base, "custom_splits": 8}
     assert params.cell_id(forced) != params.cell_id(base)
     assert spec.label(forced).endswith("splits=8") and "splits" not in spec.label(base)
+    # a sweep over several variants: each row of a table says which variant it is
+    assert spec.label({**forced, "custom_impl": "wgmma_tail"}).endswith("custom_impl=wgmma_tail splits=8")
+    assert "custom_impl" not in spec.label(base)
     text = ("name: c\ndefaults:\n  workload: kernel\n  verify_mode: custom\n  device: cuda\n"
             "matrix:\n  custom_splits: [0, 8, 13]\n")
     assert sorted(c["custom_splits"] for c in parse_scenario(text, "c.yaml").cells()) == [0, 8, 13]

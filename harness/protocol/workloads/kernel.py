@@ -69,13 +69,18 @@ def check_shape(cell: dict):
 
 
 def label(c: dict) -> str:
-    """e.g. `kernel custom ctx=65536 T=16 gqa 32/8 d128 contiguous`."""
+    """e.g. `kernel custom ctx=65536 T=16 gqa 32/8 d128 contiguous`, or with the knobs a sweep
+    sets: `... contiguous custom_impl=wgmma_tail splits=8`."""
     parts = ["kernel", c["verify_mode"], f"ctx={c['context_length']}", f"T={c['tree_tokens']}",
              c["attention"], f"{c['heads']}/{c['kv_heads']}", f"d{c['head_dim']}", c["layout"]]
     if c["layout"] == "paged":
         parts.append(f"ps={c['page_size']}")
     if c["batch_size"] != 1:
         parts.append(f"bs={c['batch_size']}")
+    # the custom kernel's variant when a cell picks one: cells that differ only in it (a sweep
+    # across custom_splits over several variants) would otherwise read alike in a table
+    if c.get("custom_impl", "auto") != "auto":
+        parts.append(f"custom_impl={c['custom_impl']}")
     if c.get("custom_splits", 0):
         parts.append(f"splits={c['custom_splits']}")
     return " ".join(parts)
