@@ -7,7 +7,7 @@ linear-ab.yaml); this sweeps the `Shape` knobs the workload does not expose (CTA
 consumer groups, the cluster kernel's size) over Qwen3-8B's four weight GEMMs, to find a shape
 worth making the default before the product measures it. Each point is checked against float64
 first and timed as the op workload times: a CUDA graph of calls cycling through weight copies
-that together exceed L2, median of seven replays.
+that together exceed L2, median of eleven replays.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ SHAPES = {"default": sl.DEFAULT_SHAPE, "ctas64": sl.Shape(ctas=64), "ctas66": sl
 PAST_L2 = 120 * 2**20                       # bytes of weight copies cycled through (H200 L2: 50 MB)
 
 
-def time_us(call, n_inputs: int, replays: int = 7) -> tuple[float, float]:
-    """Median and spread (µs a call) of graph replays of 4 x n_inputs calls."""
-    calls = 4 * n_inputs
+def time_us(call, n_inputs: int, replays: int = 11) -> tuple[float, float]:
+    """Median and spread (µs a call) of graph replays of 16 x n_inputs calls. (Session 28's sweep
+    replayed 4 x n_inputs, ~0.2 ms at q/k/v, for 7 replays: spreads of 2-4 µs a call.)"""
+    calls = 16 * n_inputs
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):          # the first calls load the library and warm up
         call(0)
