@@ -6,18 +6,23 @@ The op workload times the kernel at its default shape (`linear_impl: wgmma`, sce
 linear-ab.yaml); this sweeps the `Shape` knobs the workload does not expose (CTAs, ring stages,
 consumer groups, the cluster kernel's size) over Qwen3-8B's four weight GEMMs, to find a shape
 worth making the default before the product measures it. Each point is checked against float64
-first and timed as the op workload times: a CUDA graph of calls cycling through weight copies
-that together exceed L2, median of eleven replays.
+first and timed by the op workload's own timer (harness.worker.kerneltime): a CUDA graph of calls
+cycling through weight copies that together exceed L2, the median of its replays and their median
+absolute deviation. (Session 28's sweep, results/h200/runs/bench-shapes-s28.jsonl, timed 7 replays
+of 4 calls a copy by a copy of that timer and gave max - min as its spread: 2-4 µs a call.)
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 
 import torch
 import torch.nn.functional as F
 
 from harness.kernels.linear import stream_linear as sl
+from harness.worker.kerneltime import set_count, time_calls
+from harness.worker.measure import spread
 
 ROWS = 65                                   # a 64-node tree and its root
 GEMMS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
@@ -29,49 +34,25 @@ SHAPES = {"default": sl.DEFAULT_SHAPE, "ctas64": sl.Shape(ctas=64), "ctas66": sl
           "stages4": sl.Shape(stages=4), "stages6": sl.Shape(stages=6),
           "groups2": sl.Shape(groups=2, stages=5), "cluster2": sl.Shape(stages=7, cluster=2),
           "cluster4": sl.Shape(stages=7, cluster=4), "cluster8": sl.CLUSTER_SHAPE}
-PAST_L2 = 120 * 2**20                       # bytes of weight copies cycled through (H200 L2: 50 MB)
-
-
-def time_us(call, n_inputs: int, replays: int = 11) -> tuple[float, float]:
-    """Median and spread (µs a call) of graph replays of 16 x n_inputs calls. (Session 28's sweep
-    replayed 4 x n_inputs, ~0.2 ms at q/k/v, for 7 replays: spreads of 2-4 µs a call.)"""
-    calls = 16 * n_inputs
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):          # the first calls load the library and warm up
-        call(0)
-        call(1)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            call(i)
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / calls)
-    times.sort()
-    return times[len(times) // 2], times[-1] - times[0]
+REPEATS, WARMUP = 15, 3                     # graph replays timed, and replayed before
 
 
 def main() -> None:
     device = torch.device("cuda")
     for gemm, (N, K) in GEMMS.items():
-        copies = max(2, -(-PAST_L2 // (N * K * 2)))
+        copies = set_count(N * K * 2, device)
         weights = [torch.randn(N, K, device=device, dtype=torch.bfloat16) / 64 for _ in range(copies)]
         x = torch.randn(ROWS, K, device=device, dtype=torch.bfloat16)
         ref = F.linear(x.double(), weights[0].double()).float()
-        runs = {"cublas": lambda i: F.linear(x, weights[i % copies])}
-        runs.update({name: (lambda i, s=shape: sl.linear(x, weights[i % copies], s))
-                     for name, shape in SHAPES.items()})
-        for name, call in runs.items():
+        runs = {"cublas": lambda w: (lambda: F.linear(x, w))}
+        runs.update({name: (lambda w, s=shape: (lambda: sl.linear(x, w, s))) for name, shape in SHAPES.items()})
+        for name, bind in runs.items():
             point = {"gemm": gemm, "shape": name}
             try:
-                point["rel_error"] = ((call(0).float() - ref).norm() / ref.norm()).item()
-                point["us"], point["spread"] = (round(v, 2) for v in time_us(call, copies))
+                calls = [bind(w) for w in weights]
+                point["rel_error"] = ((calls[0]().float() - ref).norm() / ref.norm()).item()
+                samples, _ = time_calls(calls, REPEATS, WARMUP, device)
+                point["us"], point["spread"] = round(statistics.median(samples), 2), round(spread(samples), 2)
             except Exception as exc:         # a shape this GPU cannot launch is a line, not a stop
                 point["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             print(json.dumps(point), flush=True)
