@@ -17,8 +17,8 @@
 //   thread queues its share and runs it at its own wgmma.wait_group that retires the group: only
 //   there are the shared-memory operands read and the accumulator written. An operand value that
 //   changed between issue and that wait (a stage overwritten by a warp already past its own wait,
-//   a tile still landing) turns the outputs it feeds into NaN, since the GPU may read it at
-//   either time. A thread that exits with MMAs never waited for aborts. The descriptor is decoded
+//   a tile still landing, or the thread's own A registers written before the wait) turns the
+//   outputs it feeds into NaN, since the GPU may read it at either time. A thread that exits with MMAs never waited for aborts. The descriptor is decoded
 //   bit by bit and the swizzle applied to absolute shared addresses.
 // - cp.async copies are queued per thread and land as late as the rules allow: at the
 //   cp.async.wait_group that retires their group (TVA_EMU_EARLY=1: at issue instead). A kernel
@@ -275,7 +275,8 @@ struct Copy {
 };
 
 // A thread's share of a warpgroup MMA, queued at issue and run at the wgmma.wait_group that
-// retires its group: the A values of the thread's two rows (registers are read at issue), the
+// retires its group: the A values of the thread's two rows (registers are read at issue; the
+// thread's own A registers are also kept, by address and value, and compared when it runs), the
 // shared-memory operands by descriptor (read when it runs, and fingerprinted at issue), the
 // accumulator it writes.
 struct Wgmma {
@@ -288,6 +289,8 @@ struct Wgmma {
     float* d;                 // the thread's fragment: N / 8 x 4 floats
     uint64_t desc_a, desc_b;
     float a[2][16];           // rows 16w + lane/4 and + 8, k = 0..15 (kRegA, kRegATransB)
+    const uint32_t* a_regs;   // kRegA, kRegATransB: this thread's four A registers, and their
+    uint32_t a_seen[4];       // values at issue
     uint64_t seen_a[2];       // kSmemA: fingerprints of those rows of A in shared memory at issue
     uint64_t seen_b[64];      // fingerprints of the thread's columns of B (2 per n-tile) at issue
 };
@@ -1014,9 +1017,10 @@ inline void emu_wgmma_issue(emu::Wgmma::Kind kind, int n, float* d, uint64_t des
         emu::die("emulated wgmma supports the 128-byte swizzle only");
     emu_wgmma_enter(smem_a ? desc_a : desc_b, smem_a ? desc_b : 0, a);
     emu::Fiber& f = emu::me();
-    emu::Wgmma op{kind, n, accumulate, f.mma_commits, d, desc_a, desc_b, {}, {}, {}};
+    emu::Wgmma op{kind, n, accumulate, f.mma_commits, d, desc_a, desc_b, {}, smem_a ? nullptr : a, {}, {}, {}};
     uint16_t v[16];
     if (!smem_a) {
+        for (int r = 0; r < 4; ++r) op.a_seen[r] = a[r];
         const int group0 = f.tid & ~127, w = (f.tid >> 5) & 3, lane = f.tid & 31;
         for (int h = 0; h < 2; ++h)
             for (int k = 0; k < 16; ++k) op.a[h][k] = emu_wgmma_reg_a(group0, 16 * w + lane / 4 + 8 * h, k);
@@ -1030,8 +1034,9 @@ inline void emu_wgmma_issue(emu::Wgmma::Kind kind, int n, float* d, uint64_t des
 
 // Run one queued share: shared-memory operands are read now, the accumulator written now. An
 // operand value that is not what it was at issue (its stage overwritten, or a copy into it
-// landing, while the MMA was in flight) makes the outputs it feeds NaN: the GPU may have read
-// either.
+// landing, while the MMA was in flight; or the thread's A registers written before the wait
+// that retires it, which the GPU reads asynchronously too) makes the outputs it feeds NaN: the
+// GPU may have read either.
 inline void emu_wgmma_run(const emu::Wgmma& op) {
     float a[2][16], b[16];
     bool a_changed[2] = {false, false};
@@ -1039,6 +1044,7 @@ inline void emu_wgmma_run(const emu::Wgmma& op) {
     for (int h = 0; h < 2; ++h) {
         if (op.kind == emu::Wgmma::kRegA || op.kind == emu::Wgmma::kRegATransB) {
             for (int k = 0; k < 16; ++k) a[h][k] = op.a[h][k];
+            for (int r = 0; r < 4; ++r) a_changed[h] = a_changed[h] || op.a_regs[r] != op.a_seen[r];
             continue;
         }
         a_changed[h] = emu_wgmma_row_a(op, h, v) != op.seen_a[h];
