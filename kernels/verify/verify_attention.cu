@@ -1443,6 +1443,181 @@ gqa_tail_kernel(const AttnParams p) {
     gqa_pipelined<D, NW, false, false, true, MERGE>(p, nullptr, nullptr);
 }
 
+
+// ------------------------------------------------------------------------------------------
+// The pipelined kernel with S a tile further ahead (`custom_impl: wgmma_ahead`; 4 warps, head
+// dim 128, a contiguous cache). gqa_pipelined issues S_{j+1} at the top of iteration j and waits
+// for it before the softmax, so S's MMAs (8 m64n64k16: 256 tensor cycles alone, up to twice that
+// beside the other CTA's) sit on each warpgroup's chain once a tile. Here iteration j issues
+// S_{j+2} and P_j V_j, runs the softmax of S_{j+1} (issued and retired an iteration earlier)
+// while they run, and retires S_{j+2} at its end: the chain is the softmax and the copies, and
+// the tensor cores have this warpgroup's next products queued all through it. The cost: a second
+// S accumulator (32 registers a thread: 251 against 228, still two CTAs a multiprocessor) and
+// a wait at the end of each iteration, which the softmax before it has usually outlasted.
+// Shared memory as gqa_pipelined's: K in three stages, V in four (the fourth the Q tile's).
+// ------------------------------------------------------------------------------------------
+__device__ __forceinline__ void gqa_ahead(const AttnParams& p) {
+    constexpr int D = 128, NW = 4, CH = D / 8, NT = NW * 32, BM = 16 * NW;
+    constexpr int TILE = GqaConfig<D>::TILE_BYTES;
+    constexpr int K_STAGES = 3, V_STAGES = 4;
+    TVA_DYNAMIC_SMEM(smem);
+    const uint32_t sK = (smem_addr(smem) + 1023u) & ~1023u;    // 1024-byte aligned for the swizzle
+    const uint32_t sV = sK + K_STAGES * TILE;
+    const uint32_t sQ = sV + (V_STAGES - 1) * TILE;            // V's fourth stage once Q is in registers
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int mblock = blockIdx.x, split = blockIdx.y;
+    const int b = blockIdx.z / p.heads_kv, h = blockIdx.z % p.heads_kv;
+    const int T = p.tokens, G = p.heads_q / p.heads_kv, M = G * T;
+    const int L = read_length(p, b);
+    const SplitRange sr = split_range(L + T, p.num_splits, split);
+    const int n = sr.tiles;
+
+    const char* kbase = static_cast<const char*>(p.k) + h * p.k_sh * 2 + b * p.k_sb * 2;
+    const char* vbase = static_cast<const char*>(p.v) + h * p.v_sh * 2 + b * p.v_sb * 2;
+    const char* qbase = static_cast<const char*>(p.q) + (b * p.q_sb + static_cast<int64_t>(h) * G * p.q_sh) * 2;
+    copy_q_tile<BM, CH, NT>(p, sQ, qbase, tid, mblock, M);
+
+    // Each thread copies 16-byte column `lc` of rows lrow0, lrow0 + RS, ... of a tile, as
+    // gqa_pipelined's contiguous copies do; tiles past the split's last copy nothing.
+    constexpr int RS = NT / CH;
+    static_assert(NT % CH == 0 && BN % RS == 0 && RS % 8 == 0, "tile copy layout");
+    const int lc = tid % CH, lrow0 = tid / CH;
+    const uint32_t dst0 = (lc >> 3) * (BN * 128) + lrow0 * 128 + (((lc & 7) ^ (lrow0 & 7)) << 4);
+    auto k_stage = [&](int tile) { return sK + (tile % K_STAGES) * TILE; };
+    auto v_stage = [&](int tile) { return sV + (tile % V_STAGES) * TILE; };
+    auto copy_tile = [&](uint32_t stage, const char* base, int64_t st, int tile) {
+        if (tile >= n) return;
+        const uint32_t dst = stage + dst0;
+        const int kb = sr.begin + tile * BN;
+        if (kb + BN <= sr.end) {    // a whole tile (all but a split's last): no predicates
+            const char* src = base + static_cast<int64_t>(kb + lrow0) * st * 2 + lc * 16;
+            const int64_t step = static_cast<int64_t>(RS) * st * 2;
+#pragma unroll
+            for (int i = 0; i < BN / RS; ++i) cp_async16(dst + i * RS * 128, src + i * step, true);
+            return;
+        }
+#pragma unroll
+        for (int i = 0; i < BN / RS; ++i) {
+            const int key = kb + lrow0 + i * RS;
+            const bool ok = key < sr.end;
+            const int64_t off = static_cast<int64_t>(ok ? key : sr.begin) * st;
+            cp_async16(dst + i * RS * 128, base + off * 2 + lc * 16, ok);
+        }
+    };
+    auto copy_k = [&](int tile) { copy_tile(k_stage(tile), kbase, p.k_st, tile); };
+    auto copy_v = [&](int tile) { copy_tile(v_stage(tile), vbase, p.v_st, tile); };
+
+    // Iteration j copies K_{j+4} into K_{j+1}'s stage (S_{j+1} retired at the end of iteration
+    // j - 1) and V_{j+2} into V_{j-2}'s (P_{j-2} V_{j-2} retired there too), one commit group, so
+    // each lands two iterations before it is read, as in gqa_pipelined. The prologue: {Q, K_0},
+    // {K_1, K_2, V_0, V_1}, then {K_3} into K_0's stage once S_0 has retired.
+    copy_k(0);
+    cp_async_commit();
+    copy_k(1);
+    copy_k(2);
+    copy_v(0);
+    copy_v(1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+
+    uint32_t qa[D / 16][4];
+    load_q_fragments<D>(qa, sQ, warp, lane);
+
+    const float scale = static_cast<float>(p.sm_scale) * LOG2E;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int r0 = mblock * BM + warp * 16 + gid;          // this thread's rows: r0, r0 + 8
+    const int32_t* bits_row[2];
+    tree_mask_rows(p, b, r0, M, bits_row);
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+    uint32_t pa[2][BN / 16][4];
+    float s[2][BN / 8][4];     // S_j in s[j % 2]: wgmma accumulators, never written otherwise
+
+    // S = Q K^T of `tile` into s[SI]. Past the split's last tile S is issued again on K_{n-1}
+    // (whose stage no later copy touches) and dropped: a branch between the fence and the MMAs
+    // would make ptxas serialise every wgmma of the kernel (C7513).
+    auto issue_s = [&](auto si, int tile) {
+        constexpr int SI = decltype(si)::value;
+        const uint64_t k_desc = desc_kmajor_sw128(k_stage(tile < n ? tile : n - 1));
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            wgmma_m64n64k16(s[SI], qa[kk], desc_advance(k_desc, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
+        wgmma_commit();
+    };
+    auto softmax = [&](const float (&st)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&alpha)[2]) {
+        return online_softmax<BN>(st, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
+    };
+
+    if (n > 0) {
+        wgmma_fence();
+        issue_s(std::integral_constant<int, 0>{}, 0);
+        wgmma_wait<0>();
+        keep_live(s[0]);
+        float x[BN / 8][4], alpha[2];
+        softmax(s[0], 0, x, alpha);     // O is still zero: alpha is not needed
+        pack_p<BN>(x, pa[0]);
+        cp_async_wait<0>();             // K_1
+        fence_proxy_async();
+        __syncthreads();                // every warp has retired S_0: K_0's stage takes K_3
+        copy_k(3);
+        cp_async_commit();
+        wgmma_fence();
+        issue_s(std::integral_constant<int, 1>{}, 1);
+        wgmma_wait<0>();
+        keep_live(s[1]);
+    }
+    // Tile j: P_j is in pa[j % 2] and S_{j+1}, retired, in s[(j + 1) % 2] (tiles run in pairs, so
+    // both indices are constants).
+    auto step = [&](int tile, auto parity) {
+        constexpr int PA = decltype(parity)::value;
+        // K_{tile+2} and V_tile landed (every group but the last iteration's), and every warp is
+        // past the last iteration's waits: S_{tile+1} and P_{tile-2} V_{tile-2} retired, their
+        // stages free for this iteration's copies.
+        cp_async_wait<1>();
+        fence_proxy_async();
+        __syncthreads();
+        wgmma_fence();            // o and pa were last written by ordinary instructions
+        issue_s(parity, tile + 2);
+        const uint64_t v_desc = desc_mnmajor_sw128(v_stage(tile));
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
+        wgmma_commit();
+        copy_k(tile + 4);
+        copy_v(tile + 2);
+        cp_async_commit();
+        if (tile + 1 < n) {
+            // P_{tile-1} V_{tile-1} (an iteration old): P_{tile+1} goes into its A registers.
+            wgmma_wait<2>();
+            softmax_rescale_pack<D, BN>(s[1 - PA], tile + 1, softmax, o, pa[1 - PA]);
+        }
+        // S_{tile+2}, run under that softmax, retired here and not at the next iteration's top:
+        // ptxas does not carry a wait_group's count across the loop's back edge, and reading an
+        // accumulator there makes it serialise every wgmma of the kernel (C7514). Only P_tile
+        // V_tile may still run.
+        wgmma_wait<1>();
+        keep_live(s[PA]);
+    };
+    run_tiles(n, step);
+    // The last step waited for every product but one; ptxas cannot tell across the loops, and
+    // would inject this wait itself (advisory C7517).
+    wgmma_wait<0>();
+    keep_live(o);
+    cp_async_wait<0>();
+    write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
+}
+
+__global__ void __launch_bounds__(128, 1)
+gqa_ahead_kernel(const AttnParams p) {
+    wait_for_previous_kernel();
+    gqa_ahead(p);
+}
+
 // The tensor maps first: a CUtensorMap is 128-byte aligned.
 struct GqaTmaParams {
     CUtensorMap k, v;
@@ -2205,10 +2380,11 @@ static cudaError_t prepare(Kernel kernel, int smem, bool big_clusters = false) {
 }
 
 // The kernel of a variant: wgmma 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (pipelined), 3
-// the pipelined kernel with tail rows.
+// the pipelined kernel with tail rows, 5 the pipelined kernel with S a tile further ahead.
 template <int D, int NW, bool PAGED, int WGMMA>
 constexpr auto gqa_variant() {
-    if constexpr (WGMMA == 3) return gqa_tail_kernel<D, NW>;
+    if constexpr (WGMMA == 5) return gqa_ahead_kernel;
+    else if constexpr (WGMMA == 3) return gqa_tail_kernel<D, NW>;
     else if constexpr (WGMMA == 2) return gqa_pipelined_kernel<D, NW, PAGED>;
     else return gqa_kernel<D, NW, PAGED, WGMMA == 1>;
 }
@@ -2320,7 +2496,8 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
     const int m_blocks = (M + bm - 1) / bm;
     // wgmma: 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (head_dim 128 only), 3 as 2 with the
     // rows past the last full row block as tail rows where M has that shape (else as 2), 4 as 3
-    // with the splits merged in clusters (merges_in_cluster; else as 3)
+    // with the splits merged in clusters (merges_in_cluster; else as 3), 5 as 2 with S a tile
+    // further ahead (a contiguous cache, 4 warps; else as 2)
     if (wgmma >= 2 && D != 128) return cudaErrorInvalidValue;
     if constexpr (D == 128) {
         if (merges_in_cluster(p, num_warps, wgmma)) {
@@ -2335,6 +2512,12 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
         if constexpr (!PAGED && D == 128) return launch_gqa<D, 4, false, 3>(p, stream, tail_row_blocks(M, bm));
     }
     if (wgmma == 3) wgmma = 2;
+    if (wgmma == 5) {                    // S a tile further ahead: contiguous, 4 warps (else as 2)
+        if constexpr (!PAGED && D == 128) {
+            if (num_warps == 4) return launch_gqa<D, 4, false, 5>(p, stream, m_blocks);
+        }
+        wgmma = 2;
+    }
     switch (num_warps * 4 + wgmma) {
         case 8: return launch_gqa<D, 2, PAGED, 0>(p, stream, m_blocks);
         case 16: return launch_gqa<D, 4, PAGED, 0>(p, stream, m_blocks);
@@ -2370,10 +2553,10 @@ int tva_mla_smem_bytes() { return tva::mla::SMEM; }
 
 // CTAs of the GQA kernel that fit on one multiprocessor (0 on error). wgmma 3 and 4: the tail
 // kernel's where it may run, else the plain pipelined kernel's (the merge's kernels are those
-// with the same shared memory).
+// with the same shared memory); wgmma 5 likewise gqa_ahead_kernel's.
 int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     if (wgmma == 4) wgmma = 3;
-    if (wgmma == 3 && (paged || num_warps != 4 || head_dim != 128)) wgmma = 2;
+    if ((wgmma == 3 || wgmma == 5) && (paged || num_warps != 4 || head_dim != 128)) wgmma = 2;
     int blocks = 0;
     const int smem = tva_gqa_smem_bytes(head_dim, num_warps, wgmma);
 #define TVA_OCC(D, NW, P, W)                                                                     \
@@ -2387,7 +2570,7 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     TVA_OCC(D, 8, P, 1)
     TVA_OCC_D(64, 0) TVA_OCC_D(64, 1) TVA_OCC_D(128, 0) TVA_OCC_D(128, 1)
     TVA_OCC(128, 4, 0, 2) TVA_OCC(128, 8, 0, 2) TVA_OCC(128, 4, 1, 2) TVA_OCC(128, 8, 1, 2)
-    TVA_OCC(128, 4, 0, 3)
+    TVA_OCC(128, 4, 0, 3) TVA_OCC(128, 4, 0, 5)
 #undef TVA_OCC_D
 #undef TVA_OCC
     return blocks;
@@ -2396,7 +2579,8 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
 // Returns a cudaError_t (0 = success). The launch is asynchronous on `stream`.
 // wgmma = 1: S = Q K^T on Hopper's warpgroup MMA (4 or 8 warps; a 9.0a build on an sm_90 GPU);
 // 2: P V on it too; 3: as 2, with tail rows where the shape has them (a contiguous cache, 4 warps);
-// 4: as 3, with 2-16 splits merged in thread-block clusters (4 warps) instead of a combine kernel.
+// 4: as 3, with 2-16 splits merged in thread-block clusters (4 warps) instead of a combine kernel;
+// 5: as 2, with S a tile further ahead (gqa_ahead: a contiguous cache, 4 warps; else as 2).
 int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int paged, int wgmma, void* stream) {
     const AttnParams& p = *params;
     cudaStream_t s = static_cast<cudaStream_t>(stream);

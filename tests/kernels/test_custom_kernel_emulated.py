@@ -41,7 +41,7 @@ def _point(attention="gqa", b=1, heads=4, kv_heads=1, T=16, d=64, layout="contig
 
 
 def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, wgmma=False, seed=0, lengths_dtype=torch.int32,
-         key_ramp=None, v_row_pad=0, nan_tail=0):
+         key_ramp=None, v_row_pad=0, nan_tail=0, outputs=None):
     inp = kw.make_inputs(pt, lengths, seed, torch.device("cpu"), torch.bfloat16)
     if nan_tail:                     # a contiguous cache longer than any sequence, NaN past each one
         with_nan_tail(inp, lengths, pt.tokens, nan_tail)
@@ -80,6 +80,8 @@ def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, wgmma=False, seed=0,
         w = warps or cv.gqa_warps(pt.heads // pt.kv_heads * T)
         rc = lib.tva_gqa_forward(ctypes.byref(p), pt.dk, w, int(table is not None), int(wgmma), None)
     assert rc == 0, f"launch failed ({rc}): {lib.emu_last_fault().decode()}"
+    if outputs is not None:          # the caller keeps the output itself
+        outputs.append(out)
     return ref.relative_error(out, kw.reference(pt, inp))
 
 
@@ -186,6 +188,77 @@ def test_gqa_wgmma_pv_kernel_matches_reference(emu, case, schedule):
     emu.emu_configure(*SCHEDULES[schedule])
     pt, lengths, splits, warps = PV_CASES[case]
     assert _run(emu, pt, lengths, splits, warps=warps, wgmma=2) < 5e-3
+
+
+# S a tile further ahead (wgmma 5, gqa_ahead: S_{j+2} and P_j V_j under the softmax of S_{j+1},
+# K_{j+4} and V_{j+2} copied in iteration j): the pipelined kernel's contiguous 4-warp cases, and
+# splits of 1 to 9 tiles (the prologue's edges, both parities of the tile pairs, an odd last
+# tile), long splits (every stage reused many times), and shapes it hands to the plain pipelined
+# kernel (paged, 8 warps).
+AHEAD_CASES = {c: v for c, v in PV_CASES.items() if v[3] == 4 and v[0].layout == "contiguous"} | {
+    "ahead-1-to-9-tiles": (_point(b=9, heads=4, kv_heads=1, T=16, d=128),
+                           [40, 100, 170, 230, 300, 360, 420, 490, 555], 1, 4),
+    "ahead-T65-long-splits": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [900, 500], 2, 4),
+    "ahead-T65-long-split-g4": (_point(heads=4, kv_heads=1, T=65, d=128), [1100], 1, 4),
+    "ahead-empty-prefix": (_point(heads=4, kv_heads=1, T=65, d=128), [0], 1, 4),
+    "ahead-paged-as-pv": (_point(b=2, heads=8, kv_heads=2, T=17, d=128, layout="paged"), [150, 77], 3, 4),
+    "ahead-8warps-as-pv": (_point(heads=16, kv_heads=4, T=64, d=128), [130], 2, 8),
+}
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("case", list(AHEAD_CASES))
+def test_gqa_ahead_kernel_matches_reference(emu, case, schedule):
+    """The cache holds NaN past each sequence: a K or V stage refilled before every warp has
+    retired the MMAs reading it (copies landing at issue in the third schedule), a V row past the
+    split unmasked, or a dropped S that leaked into P would carry it."""
+    emu.emu_configure(*SCHEDULES[schedule])
+    pt, lengths, splits, warps = AHEAD_CASES[case]
+    nan_tail = 0 if pt.layout == "paged" else 37
+    assert _run(emu, pt, lengths, splits, warps=warps, wgmma=5, nan_tail=nan_tail) < 5e-3
+
+
+@pytest.mark.parametrize("case", ["ahead-T65-long-splits", "ahead-1-to-9-tiles"])
+def test_ahead_kernel_with_a_lagging_warp(emu, case):
+    """Warp 0 of every CTA races ahead (warps 1-3 run one round in 64), copies landing at issue:
+    a warp that refills K_{j+1}'s or V_{j-2}'s stage, or packs P_{j+1} into P_{j-1}'s registers,
+    before the others (or its own earlier products) are done with them changes an operand under
+    an MMA still in flight."""
+    emu.emu_configure(1, 4242)
+    emu.emu_slow_rank(0, 64, 0)
+    try:
+        pt, lengths, splits, warps = AHEAD_CASES[case]
+        assert _run(emu, pt, lengths, splits, warps=warps, wgmma=5, nan_tail=37) < 5e-3
+    finally:
+        emu.emu_slow_rank(0, 0, 1)
+        emu.emu_configure(0, 0)
+
+
+def test_ahead_kernel_equals_the_pipelined_kernel(emu):
+    """The same products and softmax in the same order as wgmma_pv, only issued earlier: the
+    outputs are bit-equal (the split partials and their merge included)."""
+    emu.emu_configure(*SCHEDULES["skewed"])
+    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
+    outs = {}
+    for wgmma in (2, 5):
+        _run(emu, pt, [700, 333], 3, warps=4, wgmma=wgmma, outputs=outs.setdefault(wgmma, []))
+    assert torch.equal(outs[2][0], outs[5][0])
+
+
+@pytest.mark.parametrize("schedule", ["lockstep", "skewed"])
+def test_ahead_kernel_rescales_when_the_max_grows(emu, schedule):
+    """As test_wgmma_pv_rescales_when_the_max_grows: O's rescale mid-split, here with S_{j+2}
+    and P_j V_j both in flight when it waits."""
+    emu.emu_configure(*SCHEDULES[schedule])
+    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
+    ramp = lambda j: 1.0 + 0.04 * j
+    assert _run(emu, pt, [300, 250], 2, warps=4, wgmma=5, key_ramp=ramp) < 5e-3
+
+
+def test_ahead_kernel_reads_v_by_its_own_strides(emu):
+    emu.emu_configure(*SCHEDULES["skewed"])
+    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
+    assert _run(emu, pt, [500, 333], 2, warps=4, wgmma=5, v_row_pad=8) < 5e-3
 
 
 # The tail kernel (wgmma 3): M = nb 64 + rem rows with 0 < rem <= nb run as nb row blocks, CTA i

@@ -169,6 +169,45 @@ def test_wgmma_tail_and_merge_equal_wgmma_pv_closely_and_replay_in_a_graph(hoppe
         _replays_equal(lambda out: cv.tree_verify_attention(*args, impl=impl, out=out), b)
 
 
+# S a tile further ahead (impl wgmma_ahead, gqa_ahead_kernel): the pipelined kernel's shapes on
+# a contiguous cache at 4 warps; paged caches run wgmma_pv.
+AHEAD_CASES = {
+    "g4-T65": (point(T=65), [3000]),
+    "g4-T65-b2-long": (point(b=2, T=65), [65536, 20000]),
+    "g4-T64": (point(T=64), [4097]),
+    "g4-T16-b2": (point(b=2, T=16), [16384, 70]),
+    "g1-T65": (point(heads=8, kv_heads=8, T=65), [5000]),
+    "g8-T65": (point(heads=64, kv_heads=8, T=65), [4096]),
+    "paged16-g4-T65-as-pv": (point(b=2, T=65, layout="paged", ps=16), [3000, 1100]),
+}
+
+
+@pytest.mark.parametrize("case", list(AHEAD_CASES))
+def test_wgmma_ahead_variant_matches_float64_reference(case, hopper):
+    pt, lengths = AHEAD_CASES[case]
+    nan_tail = 37 if pt.layout == "contiguous" else 0
+    assert check(pt, lengths, impl="wgmma_ahead", nan_tail=nan_tail) <= TOL
+
+
+@pytest.mark.parametrize("splits", [1, 2, 7, 64])
+def test_wgmma_ahead_any_split_count(splits, hopper):
+    assert check(point(b=2, T=65), [3000, 150], num_splits=splits, impl="wgmma_ahead") <= TOL
+
+
+def test_wgmma_ahead_equals_wgmma_pv_and_replays_in_a_graph(hopper):
+    """The same products and softmax in the same order as the plain pipelined kernel, only
+    issued earlier: bit-equal to it, and a captured call replays equal to an eager one."""
+    from harness.kernels.verify import custom_verify as cv
+
+    pt = point(b=2, T=65)
+    inp = kw.make_inputs(pt, [9000, 3000], 5, DEV, torch.bfloat16)
+    args = (inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"])
+    a = cv.tree_verify_attention(*args, impl="wgmma_pv")
+    b = cv.tree_verify_attention(*args, impl="wgmma_ahead")
+    assert torch.equal(a, b)
+    _replays_equal(lambda out: cv.tree_verify_attention(*args, impl="wgmma_ahead", out=out), b)
+
+
 def _replays_equal(call, eager: torch.Tensor) -> None:
     """`call(out)` captured in a graph (no host sync) replays equal to `eager`."""
     out = torch.empty_like(eager)

@@ -80,17 +80,20 @@ def test_a_kernel_cell_may_name_the_variant():
     assert sorted(c["custom_impl"] for c in cells) == ["mma", "wgmma"]
 
 
-def test_the_tail_and_merge_variants_are_cells_of_their_own_and_never_auto():
+def test_the_tail_merge_and_ahead_variants_are_cells_of_their_own_and_never_auto():
     """wgmma_tail and wgmma_merge (kernels/NOTES.md, session 27: level with wgmma_pv and slower)
-    are chosen by name only, each its own cell; no device class gets them from `auto`."""
+    and wgmma_ahead (built in session 29, not yet timed) are chosen by name only, each its own
+    cell; no device class gets them from `auto`."""
+    variants = ("wgmma_tail", "wgmma_merge", "wgmma_ahead")
     text = ("name: c\ndefaults:\n  workload: kernel\n  verify_mode: custom\n  device: cuda\n"
-            "matrix:\n  custom_impl: [wgmma_pv, wgmma_tail, wgmma_merge]\n")
+            f"matrix:\n  custom_impl: [wgmma_pv, {', '.join(variants)}]\n")
     cells = parse_scenario(text, "c.yaml").cells()
-    assert len({params.cell_id(c) for c in cells}) == 3
+    assert len({params.cell_id(c) for c in cells}) == 4
     for device in ("hopper", "cuda", "cpu"):
-        assert params.custom_auto(device, 128) not in ("wgmma_tail", "wgmma_merge")
-    decode = decode_cell(verify_mode="custom", model="qwen3-8b", custom_impl="wgmma_merge")
-    assert params.resolve_kernels(decode, True, (9, 0))["custom_impl"] == "wgmma_merge"
+        assert params.custom_auto(device, 128) not in variants
+    for impl in variants:
+        decode = decode_cell(verify_mode="custom", model="qwen3-8b", custom_impl=impl)
+        assert params.resolve_kernels(decode, True, (9, 0))["custom_impl"] == impl
 
 
 def test_a_kernel_cell_may_force_the_custom_kernels_split_count():
