@@ -1511,7 +1511,7 @@ __device__ __forceinline__ void gqa_ahead(const AttnParams& p) {
     // Iteration j copies K_{j+4} into K_{j+1}'s stage (S_{j+1} retired at the end of iteration
     // j - 1) and V_{j+2} into V_{j-2}'s (P_{j-2} V_{j-2} retired there too), one commit group, so
     // each lands two iterations before it is read, as in gqa_pipelined. The prologue: {Q, K_0},
-    // {K_1, K_2, V_0, V_1}, then {K_3} into K_0's stage once S_0 has retired.
+    // {K_1, K_2, V_0, V_1}, then {K_3} into K_0's stage once S_0 and S_1 have retired.
     copy_k(0);
     cp_async_commit();
     copy_k(1);
@@ -1555,22 +1555,24 @@ __device__ __forceinline__ void gqa_ahead(const AttnParams& p) {
     };
 
     if (n > 0) {
+        // S_0, then S_1 once every warp's part of K_1 has landed; S_1 runs under S_0's softmax.
         wgmma_fence();
         issue_s(std::integral_constant<int, 0>{}, 0);
-        wgmma_wait<0>();
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
+        wgmma_fence();
+        issue_s(std::integral_constant<int, 1>{}, 1);
+        wgmma_wait<1>();
         keep_live(s[0]);
         float x[BN / 8][4], alpha[2];
         softmax(s[0], 0, x, alpha);     // O is still zero: alpha is not needed
         pack_p<BN>(x, pa[0]);
-        cp_async_wait<0>();             // K_1
-        fence_proxy_async();
+        wgmma_wait<0>();
+        keep_live(s[1]);
         __syncthreads();                // every warp has retired S_0: K_0's stage takes K_3
         copy_k(3);
         cp_async_commit();
-        wgmma_fence();
-        issue_s(std::integral_constant<int, 1>{}, 1);
-        wgmma_wait<0>();
-        keep_live(s[1]);
     }
     // Tile j: P_j is in pa[j % 2] and S_{j+1}, retired, in s[(j + 1) % 2] (tiles run in pairs, so
     // both indices are constants).
