@@ -1031,6 +1031,28 @@ __device__ __forceinline__ void merge_splits_in_cluster(const AttnParams& p, flo
     cluster_sync();           // no CTA leaves (its shared memory with it) while another reads it
 }
 
+// A contiguous cache's K or V tile of keys kb .. kb + BN - 1 by cp.async into its swizzled stage
+// (dst: the stage plus this thread's offset): 16-byte column `lc` of rows lrow0, lrow0 + RS, ...
+// Rows past the split's end are zero-filled (their scores are masked, so P is 0 there).
+template <int RS>
+__device__ __forceinline__ void copy_tile_rows(uint32_t dst, const char* base, int64_t st, int kb, const SplitRange& sr,
+                                               int lrow0, int lc) {
+    if (kb + BN <= sr.end) {    // a whole tile (all but a split's last): no predicates
+        const char* src = base + static_cast<int64_t>(kb + lrow0) * st * 2 + lc * 16;
+        const int64_t step = static_cast<int64_t>(RS) * st * 2;
+#pragma unroll
+        for (int i = 0; i < BN / RS; ++i) cp_async16(dst + i * RS * 128, src + i * step, true);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < BN / RS; ++i) {
+        const int key = kb + lrow0 + i * RS;
+        const bool ok = key < sr.end;
+        const int64_t off = static_cast<int64_t>(ok ? key : sr.begin) * st;
+        cp_async16(dst + i * RS * 128, base + off * 2 + lc * 16, ok);
+    }
+}
+
 template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false, bool MERGE = false>
 __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap) {
     static_assert(!(TMA && PAGED), "tensor copies for a contiguous cache only");
@@ -1154,21 +1176,7 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
                 cp_async16(dst + i * RS * 128, base + static_cast<uint64_t>(chunk) * 16, true);
             }
         } else {
-            const int kb = sr.begin + tile * BN;
-            if (kb + BN <= sr.end) {    // a whole tile (all but a split's last): no predicates
-                const char* src = base + static_cast<int64_t>(kb + lrow0) * st * 2 + lc * 16;
-                const int64_t step = static_cast<int64_t>(RS) * st * 2;
-#pragma unroll
-                for (int i = 0; i < BN / RS; ++i) cp_async16(dst + i * RS * 128, src + i * step, true);
-                return;
-            }
-#pragma unroll
-            for (int i = 0; i < BN / RS; ++i) {
-                const int key = kb + lrow0 + i * RS;
-                const bool ok = key < sr.end;
-                const int64_t off = static_cast<int64_t>(ok ? key : sr.begin) * st;
-                cp_async16(dst + i * RS * 128, base + off * 2 + lc * 16, ok);
-            }
+            copy_tile_rows<RS>(dst, base, st, sr.begin + tile * BN, sr, lrow0, lc);
         }
     };
 
@@ -1487,23 +1495,7 @@ __device__ __forceinline__ void gqa_ahead(const AttnParams& p) {
     auto k_stage = [&](int tile) { return sK + (tile % K_STAGES) * TILE; };
     auto v_stage = [&](int tile) { return sV + (tile % V_STAGES) * TILE; };
     auto copy_tile = [&](uint32_t stage, const char* base, int64_t st, int tile) {
-        if (tile >= n) return;
-        const uint32_t dst = stage + dst0;
-        const int kb = sr.begin + tile * BN;
-        if (kb + BN <= sr.end) {    // a whole tile (all but a split's last): no predicates
-            const char* src = base + static_cast<int64_t>(kb + lrow0) * st * 2 + lc * 16;
-            const int64_t step = static_cast<int64_t>(RS) * st * 2;
-#pragma unroll
-            for (int i = 0; i < BN / RS; ++i) cp_async16(dst + i * RS * 128, src + i * step, true);
-            return;
-        }
-#pragma unroll
-        for (int i = 0; i < BN / RS; ++i) {
-            const int key = kb + lrow0 + i * RS;
-            const bool ok = key < sr.end;
-            const int64_t off = static_cast<int64_t>(ok ? key : sr.begin) * st;
-            cp_async16(dst + i * RS * 128, base + off * 2 + lc * 16, ok);
-        }
+        if (tile < n) copy_tile_rows<RS>(stage + dst0, base, st, sr.begin + tile * BN, sr, lrow0, lc);
     };
     auto copy_k = [&](int tile) { copy_tile(k_stage(tile), kbase, p.k_st, tile); };
     auto copy_v = [&](int tile) { copy_tile(v_stage(tile), vbase, p.v_st, tile); };
