@@ -1463,8 +1463,11 @@ gqa_tail_kernel(const AttnParams p) {
 // S accumulator (32 registers a thread: 251 against 228, still two CTAs a multiprocessor) and
 // a wait at the end of each iteration, which the softmax before it has usually outlasted.
 // Shared memory as gqa_pipelined's: K in three stages, V in four (the fourth the Q tile's).
+// TMA (the -DTVA_TMA build, as gqa_pipelined's): the tiles by tensor copies that thread 0 issues,
+// waited for on a barrier a stage, so the other warps' chains carry no copy instructions.
 // ------------------------------------------------------------------------------------------
-__device__ __forceinline__ void gqa_ahead(const AttnParams& p) {
+template <bool TMA>
+__device__ __forceinline__ void gqa_ahead(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap) {
     constexpr int D = 128, NW = 4, CH = D / 8, NT = NW * 32, BM = 16 * NW;
     constexpr int TILE = GqaConfig<D>::TILE_BYTES;
     constexpr int K_STAGES = 3, V_STAGES = 4;
@@ -1472,6 +1475,11 @@ __device__ __forceinline__ void gqa_ahead(const AttnParams& p) {
     const uint32_t sK = (smem_addr(smem) + 1023u) & ~1023u;    // 1024-byte aligned for the swizzle
     const uint32_t sV = sK + K_STAGES * TILE;
     const uint32_t sQ = sV + (V_STAGES - 1) * TILE;            // V's fourth stage once Q is in registers
+    // TMA: the stages' mbarriers, K's three then V's four, in the alignment slack past the Q tile
+    // (at least 128 bytes: the window starts 128-byte aligned).
+    const uint32_t sBar = sQ + BM * D * 2;
+    auto k_bar = [&](int tile) { return sBar + 8u * static_cast<uint32_t>(tile % K_STAGES); };
+    auto v_bar = [&](int tile) { return sBar + 8u * static_cast<uint32_t>(K_STAGES + tile % V_STAGES); };
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int mblock = blockIdx.x, split = blockIdx.y;
@@ -1494,11 +1502,48 @@ __device__ __forceinline__ void gqa_ahead(const AttnParams& p) {
     const uint32_t dst0 = (lc >> 3) * (BN * 128) + lrow0 * 128 + (((lc & 7) ^ (lrow0 & 7)) << 4);
     auto k_stage = [&](int tile) { return sK + (tile % K_STAGES) * TILE; };
     auto v_stage = [&](int tile) { return sV + (tile % V_STAGES) * TILE; };
-    auto copy_tile = [&](uint32_t stage, const char* base, int64_t st, int tile) {
-        if (tile < n) copy_tile_rows<RS>(stage + dst0, base, st, sr.begin + tile * BN, sr, lrow0, lc);
+    // TMA: thread 0, the tile's two 64-column blocks as boxes; rows past the cache's are zeros,
+    // rows past the sequence whatever the cache holds there (see wait_tiles).
+    auto copy_tile = [&](uint32_t stage, const char* base, int64_t st, const CUtensorMap* map, uint32_t bar, int tile) {
+        if (tile >= n) return;
+        if constexpr (TMA) {
+            if (tid == 0) {
+                mbar_arrive_expect_tx(bar, TILE);
+#pragma unroll
+                for (int c = 0; c < D / 64; ++c) {
+                    const int32_t at[4] = {64 * c, sr.begin + tile * BN, h, b};
+                    tma_load(stage + c * (BN * 128), map, at, bar);
+                }
+            }
+        } else {
+            copy_tile_rows<RS>(stage + dst0, base, st, sr.begin + tile * BN, sr, lrow0, lc);
+        }
     };
-    auto copy_k = [&](int tile) { copy_tile(k_stage(tile), kbase, p.k_st, tile); };
-    auto copy_v = [&](int tile) { copy_tile(v_stage(tile), vbase, p.v_st, tile); };
+    auto copy_k = [&](int tile) { copy_tile(k_stage(tile), kbase, p.k_st, kmap, k_bar(tile), tile); };
+    auto copy_v = [&](int tile) { copy_tile(v_stage(tile), vbase, p.v_st, vmap, v_bar(tile), tile); };
+    // TMA: K_j is the (j / 3)-th copy into its stage and V_j the (j / 4)-th: that use's parity.
+    // A box reads the cache's rows past the sequence (cp.async zero-fills them): their scores are
+    // masked, but P = 0 times a NaN or infinite V row is NaN, so those V rows become zeros first
+    // (only the sequence's last tile has any). cp.async: the groups' waits say the same.
+    auto wait_k = [&](int tile) {
+        if constexpr (TMA) {
+            if (tile < n) mbar_wait(k_bar(tile), static_cast<uint32_t>(tile / K_STAGES) & 1u);
+        }
+    };
+    auto wait_v = [&](int tile) {
+        if constexpr (TMA) {
+            mbar_wait(v_bar(tile), static_cast<uint32_t>(tile / V_STAGES) & 1u);
+            const int valid = L + T - (sr.begin + tile * BN);
+            if (valid < BN) zero_rows<BN, D / 8, NT>(v_stage(tile), valid > 0 ? valid : 0, tid);
+        }
+    };
+    if constexpr (TMA) {          // thread 0 issues every copy, so its program order suffices
+        if (tid == 0) {
+#pragma unroll
+            for (int i = 0; i < K_STAGES + V_STAGES; ++i) mbar_init(sBar + 8u * i, 1);
+            fence_mbarrier_init();
+        }
+    }
 
     // Iteration j copies K_{j+4} into K_{j+1}'s stage (S_{j+1} retired at the end of iteration
     // j - 1) and V_{j+2} into V_{j-2}'s (P_{j-2} V_{j-2} retired there too), one commit group, so
@@ -1513,7 +1558,8 @@ __device__ __forceinline__ void gqa_ahead(const AttnParams& p) {
     cp_async_commit();
     cp_async_wait<1>();
     fence_proxy_async();
-    __syncthreads();
+    __syncthreads();              // TMA: the barriers are initialised before anyone waits on one
+    wait_k(0);
 
     uint32_t qa[D / 16][4];
     load_q_fragments<D>(qa, sQ, warp, lane);
@@ -1551,6 +1597,7 @@ __device__ __forceinline__ void gqa_ahead(const AttnParams& p) {
         wgmma_fence();
         issue_s(std::integral_constant<int, 0>{}, 0);
         cp_async_wait<0>();
+        wait_k(1);
         fence_proxy_async();
         __syncthreads();
         wgmma_fence();
@@ -1574,6 +1621,8 @@ __device__ __forceinline__ void gqa_ahead(const AttnParams& p) {
         // past the last iteration's waits: S_{tile+1} and P_{tile-2} V_{tile-2} retired, their
         // stages free for this iteration's copies.
         cp_async_wait<1>();
+        wait_k(tile + 2);
+        wait_v(tile);
         fence_proxy_async();
         __syncthreads();
         wgmma_fence();            // o and pa were last written by ordinary instructions
@@ -1609,7 +1658,7 @@ __device__ __forceinline__ void gqa_ahead(const AttnParams& p) {
 __global__ void __launch_bounds__(128, 1)
 gqa_ahead_kernel(const AttnParams p) {
     wait_for_previous_kernel();
-    gqa_ahead(p);
+    gqa_ahead<false>(p, nullptr, nullptr);
 }
 
 // The tensor maps first: a CUtensorMap is 128-byte aligned.
@@ -1624,6 +1673,14 @@ gqa_tma_kernel(const __grid_constant__ GqaTmaParams a) {
     wait_for_previous_kernel();
     gqa_pipelined<D, NW, false, true>(a.p, &a.k, &a.v);
 }
+
+#ifdef TVA_TMA
+__global__ void __launch_bounds__(128, 1)
+gqa_ahead_tma_kernel(const __grid_constant__ GqaTmaParams a) {
+    wait_for_previous_kernel();
+    gqa_ahead<true>(a.p, &a.k, &a.v);
+}
+#endif
 
 #ifdef TVA_WS
 // ------------------------------------------------------------------------------------------
@@ -2432,10 +2489,9 @@ static bool encode_cache_map(CUtensorMap* map, const void* base, const AttnParam
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, int NW>
-static cudaError_t launch_gqa_tma(const AttnParams& p, cudaStream_t stream, int m_blocks) {
+template <int D, int NW, typename Kernel>
+static cudaError_t launch_gqa_tma(Kernel kernel, const AttnParams& p, cudaStream_t stream, int m_blocks) {
     constexpr int smem = gqa_smem_bytes<D, NW, true>();
-    auto kernel = gqa_tma_kernel<D, NW>;
     cudaError_t err = prepare(kernel, smem);
     if (err != cudaSuccess) return err;
     GqaTmaParams a;
@@ -2508,6 +2564,9 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
     if (wgmma == 3) wgmma = 2;
     if (wgmma == 5) {                    // S a tile further ahead: contiguous, 4 warps (else as 2)
         if constexpr (!PAGED && D == 128) {
+#ifdef TVA_TMA
+            if (num_warps == 4) return launch_gqa_tma<D, 4>(gqa_ahead_tma_kernel, p, stream, m_blocks);
+#endif
             if (num_warps == 4) return launch_gqa<D, 4, false, 5>(p, stream, m_blocks);
         }
         wgmma = 2;
@@ -2521,7 +2580,7 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
             if constexpr (!PAGED && D == 128) return launch_gqa_ws(p, stream, m_blocks);
 #endif
 #ifdef TVA_TMA
-            if constexpr (!PAGED && D == 128) return launch_gqa_tma<D, 4>(p, stream, m_blocks);
+            if constexpr (!PAGED && D == 128) return launch_gqa_tma<D, 4>(gqa_tma_kernel<D, 4>, p, stream, m_blocks);
 #endif
             return launch_gqa<D, 4, PAGED, D == 128 ? 2 : 1>(p, stream, m_blocks);
         case 32: return launch_gqa<D, 8, PAGED, 0>(p, stream, m_blocks);

@@ -422,6 +422,17 @@ def test_gqa_tma_kernel_matches_reference(emu_tma, case, schedule):
     assert _run(emu_tma, pt, lengths, splits, warps=warps, wgmma=2, nan_tail=37) < 5e-3
 
 
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("case", [c for c, v in AHEAD_CASES.items() if v[0].layout == "contiguous" and v[3] == 4])
+def test_gqa_ahead_tma_kernel_matches_reference(emu_tma, case, schedule):
+    """S a tile further ahead with the tensor-copy build's tiles: each stage's barrier through
+    its phases at K's and V's distances (K_{j+4}, V_{j+2}), the prologue's edges, NaN past each
+    sequence read by the boxes."""
+    emu_tma.emu_configure(*SCHEDULES[schedule])
+    pt, lengths, splits, warps = AHEAD_CASES[case]
+    assert _run(emu_tma, pt, lengths, splits, warps=warps, wgmma=5, nan_tail=37) < 5e-3
+
+
 @pytest.fixture(scope="module")
 def emu_ws(tmp_path_factory):
     """The warp-specialised build (-DTVA_TMA -DTVA_WS): a producer warpgroup's tensor copies,
