@@ -1615,8 +1615,9 @@ __device__ __forceinline__ void gqa_ahead(const AttnParams& p, const CUtensorMap
     }
     // Tile j: P_j is in pa[j % 2] and S_{j+1}, retired, in s[(j + 1) % 2] (tiles run in pairs, so
     // both indices are constants).
-    auto step = [&](int tile, auto parity) {
+    auto step = [&](int tile, auto parity, auto with_s) {
         constexpr int PA = decltype(parity)::value;
+        constexpr bool WITH_S = decltype(with_s)::value;   // false: tile + 2 is past the split
         // K_{tile+2} and V_tile landed (every group but the last iteration's), and every warp is
         // past the last iteration's waits: S_{tile+1} and P_{tile-2} V_{tile-2} retired, their
         // stages free for this iteration's copies.
@@ -1626,7 +1627,8 @@ __device__ __forceinline__ void gqa_ahead(const AttnParams& p, const CUtensorMap
         fence_proxy_async();
         __syncthreads();
         wgmma_fence();            // o and pa were last written by ordinary instructions
-        issue_s(parity, tile + 2);
+        if constexpr (WITH_S) issue_s(parity, tile + 2);
+        else wgmma_commit();      // an empty group: the waits below count the same
         const uint64_t v_desc = desc_mnmajor_sw128(v_stage(tile));
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
@@ -1646,7 +1648,28 @@ __device__ __forceinline__ void gqa_ahead(const AttnParams& p, const CUtensorMap
         wgmma_wait<1>();
         keep_live(s[PA]);
     };
-    run_tiles(n, step);
+    // Tiles in pairs while S_{tile+2} exists, then the last one to three tiles, each with or
+    // without it as a compile-time choice (a branch between the fence and the MMAs would make
+    // ptxas serialise every wgmma of the kernel).
+    using P0 = std::integral_constant<int, 0>;
+    using P1 = std::integral_constant<int, 1>;
+    using WithS = std::true_type;
+    using NoS = std::false_type;
+    int tile = 0;
+    for (; tile + 3 < n; tile += 2) {
+        step(tile, P0{}, WithS{});
+        step(tile + 1, P1{}, WithS{});
+    }
+    if (n - tile == 3) {
+        step(tile, P0{}, WithS{});
+        step(tile + 1, P1{}, NoS{});
+        step(tile + 2, P0{}, NoS{});
+    } else if (n - tile == 2) {
+        step(tile, P0{}, NoS{});
+        step(tile + 1, P1{}, NoS{});
+    } else if (n - tile == 1) {
+        step(tile, P0{}, NoS{});
+    }
     // The last step waited for every product but one; ptxas cannot tell across the loops, and
     // would inject this wait itself (advisory C7517).
     wgmma_wait<0>();
