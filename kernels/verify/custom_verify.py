@@ -89,6 +89,8 @@ _IMPL_CODE = {"mma": 0, "wgmma": 1, "wgmma_pv": 2, "wgmma_tail": 3, "wgmma_merge
 # merge, with S a tile further ahead
 PIPELINED = ("wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead")
 TAILED = ("wgmma_tail", "wgmma_merge")     # run the tail kernel where the shape has tail rows
+# variants of the pipelined GQA kernel alone: the MLA latent runs its own P V kernel for them
+GQA_VARIANTS = TAILED + ("wgmma_ahead",)
 MAX_MERGE_SPLITS = 16                      # a cluster's CTAs at most (sm_90's non-portable size)
 # A library caller gets mma.sync (any GPU from sm_80). The harness's cells pick with their
 # custom_impl knob, whose `auto` is wgmma on Hopper: measured faster there (kernels/NOTES.md).
@@ -215,7 +217,7 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
         m_blocks = math.ceil(hq * T / 64)
         splits = _splits(num_splits, b * m_blocks, _sm_count(index), max_keys,
                          _overhead_keys(64, MLA_DV, MLA_DK * 2))
-        mla_impl = "wgmma_pv" if impl in TAILED else impl   # MLA: no tail rows, no cluster merge
+        mla_impl = "wgmma_pv" if impl in GQA_VARIANTS else impl   # MLA: mla_pv_kernel for those
         return dict(num_warps=8, m_blocks=m_blocks, num_splits=splits, dv=MLA_DV,
                     wgmma=_resolve_impl(mla_impl, index, 8))
     d = q.shape[-1]

@@ -189,6 +189,13 @@ def test_wgmma_ahead_variant_matches_float64_reference(case, hopper):
     assert check(pt, lengths, impl="wgmma_ahead", nan_tail=nan_tail) <= TOL
 
 
+def test_wgmma_ahead_runs_the_mla_latent_as_wgmma_pv(hopper):
+    """The MLA latent has no ahead kernel: impl wgmma_ahead runs its wgmma_pv kernel (as the tail
+    and merge variants do), not a launch error."""
+    pt = point("mla", heads=8, kv_heads=1, T=16, d=576)
+    assert check(pt, [3000], impl="wgmma_ahead") <= TOL
+
+
 @pytest.mark.parametrize("splits", [1, 2, 7, 64])
 def test_wgmma_ahead_any_split_count(splits, hopper):
     assert check(point(b=2, T=65), [3000, 150], num_splits=splits, impl="wgmma_ahead") <= TOL
