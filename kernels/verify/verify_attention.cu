@@ -1503,7 +1503,7 @@ __device__ __forceinline__ void gqa_ahead(const AttnParams& p, const CUtensorMap
     auto k_stage = [&](int tile) { return sK + (tile % K_STAGES) * TILE; };
     auto v_stage = [&](int tile) { return sV + (tile % V_STAGES) * TILE; };
     // TMA: thread 0, the tile's two 64-column blocks as boxes; rows past the cache's are zeros,
-    // rows past the sequence whatever the cache holds there (see wait_tiles).
+    // rows past the sequence whatever the cache holds there (see wait_v).
     auto copy_tile = [&](uint32_t stage, const char* base, int64_t st, const CUtensorMap* map, uint32_t bar, int tile) {
         if (tile >= n) return;
         if constexpr (TMA) {
@@ -1577,9 +1577,9 @@ __device__ __forceinline__ void gqa_ahead(const AttnParams& p, const CUtensorMap
     uint32_t pa[2][BN / 16][4];
     float s[2][BN / 8][4];     // S_j in s[j % 2]: wgmma accumulators, never written otherwise
 
-    // S = Q K^T of `tile` into s[SI]. Past the split's last tile S is issued again on K_{n-1}
-    // (whose stage no later copy touches) and dropped: a branch between the fence and the MMAs
-    // would make ptxas serialise every wgmma of the kernel (C7513).
+    // S = Q K^T of `tile` into s[SI]. Only the prologue's S_1 may lie past the split (a split of
+    // one tile): it is issued on K_0 again and dropped, since a branch between the fence and the
+    // MMAs would make ptxas serialise every wgmma of the kernel (C7513).
     auto issue_s = [&](auto si, int tile) {
         constexpr int SI = decltype(si)::value;
         const uint64_t k_desc = desc_kmajor_sw128(k_stage(tile < n ? tile : n - 1));
