@@ -647,6 +647,9 @@ H200_POINTS = [  # (name, b, hq, hkv, T, d, context, layout, page size, wgmma)
     ("tail-gqa-T65-65536", 1, 32, 8, 65, 128, 65536, "contiguous", 1, 3),
     ("tail-gqa-T65-4096-b4", 4, 32, 8, 65, 128, 4096, "contiguous", 1, 3),
     ("tail-paged-ps16-T65", 1, 32, 8, 65, 128, 65536, "paged", 16, 3),
+    ("ahead-gqa-T65-65536", 1, 32, 8, 65, 128, 65536, "contiguous", 1, 5),
+    ("ahead-gqa-T65-4096-b4", 4, 32, 8, 65, 128, 4096, "contiguous", 1, 5),
+    ("ahead-paged-ps16-T65", 1, 32, 8, 65, 128, 65536, "paged", 16, 5),
 ]
 
 
