@@ -113,6 +113,9 @@ def test_the_opt_in_builds_compile_without_spills_or_serialised_wgmma(tmp_path, 
     assert not [ln for ln in proc.stderr.splitlines() if "(C75" in ln]
     found = spills(proc.stderr, ("90a",))
     assert not found, "register spills on Hopper:\n" + "\n".join(found)
+    if flags == build.TMA_FLAGS:   # wgmma_ahead's tensor-copy kernel keeps its schedule too
+        ahead = waits_before_softmax(loop_events(out, "_ZN3tva20gqa_ahead_tma_kernelENS_12GqaTmaParamsE"))
+        assert len(ahead) == 2 and all(w == ["wait 2"] for w in ahead), ahead
 
 
 def test_stream_linear_compiles_for_hopper_without_spills_or_serialised_wgmma(tmp_path):
@@ -151,10 +154,11 @@ def _cuda_tool(name: str) -> str | None:
 
 
 def loop_events(obj: Path, function: str) -> list[str]:
-    """The main loop (the longest backward branch's span) of `function`'s sm_90a SASS in `obj`,
-    as its schedule's events in order: S (an HGMMA 64x64), PV (64x128), a warpgroup wait
-    `wait N` (WARPGROUP.DEPBAR.LE gsb0, N: at most N groups left in flight) and EX2 (the
-    softmax's MUFU.EX2)."""
+    """The main loop of `function`'s sm_90a SASS in `obj` (the shortest span of a backward branch
+    that holds both an S product and a softmax: barrier spin loops hold neither, and branches
+    back from code laid out after the loop hold more), as its schedule's events in order: S (an
+    HGMMA 64x64), PV (64x128), a warpgroup wait `wait N` (WARPGROUP.DEPBAR.LE gsb0, N: at most
+    N groups left in flight) and EX2 (the softmax's MUFU.EX2)."""
     tool, disasm = _cuda_tool("cuobjdump"), _cuda_tool("nvdisasm")
     if tool is None or disasm is None:
         pytest.skip("cuobjdump or nvdisasm not found (the nvidia-cuda-cuobjdump and -nvdisasm wheels, "
@@ -166,22 +170,23 @@ def loop_events(obj: Path, function: str) -> list[str]:
     code = [(int(m.group(1), 16), m.group(2)) for m in
             re.finditer(r"/\*([0-9a-f]{4,6})\*/\s+([^;]*);", proc.stdout)]
     assert code, f"no SASS for {function}"
+    def event(ins: str) -> str | None:
+        if "HGMMA.64x64x16" in ins:
+            return "S"
+        if "HGMMA.64x128x16" in ins:
+            return "PV"
+        if (w := re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", ins)):
+            return f"wait {int(w.group(1), 16)}"
+        return "EX2" if "MUFU.EX2" in ins else None
+
+    def span_events(start: int, end: int) -> list[str]:
+        return [e for at, ins in code if start <= at <= end and (e := event(ins))]
+
     back = [(int(t.group(1), 16), at) for at, ins in code
             if (t := re.search(r"\bBRA (0x[0-9a-f]+)", ins)) and int(t.group(1), 16) < at]
-    start, end = max(back, key=lambda span: span[1] - span[0])
-    events = []
-    for at, ins in code:
-        if not start <= at <= end:
-            continue
-        if "HGMMA.64x64x16" in ins:
-            events.append("S")
-        elif "HGMMA.64x128x16" in ins:
-            events.append("PV")
-        elif (w := re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", ins)):
-            events.append(f"wait {int(w.group(1), 16)}")
-        elif "MUFU.EX2" in ins:
-            events.append("EX2")
-    return events
+    loops = [span for span in back if {"S", "EX2"} <= set(span_events(*span))]
+    assert loops, f"no loop with S and a softmax in {function}"
+    return span_events(*min(loops, key=lambda span: span[1] - span[0]))
 
 
 def waits_before_softmax(events: list[str]) -> list[list[str]]:
