@@ -2587,10 +2587,13 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
     if (wgmma == 3) wgmma = 2;
     if (wgmma == 5) {                    // S a tile further ahead: contiguous, 4 warps (else as 2)
         if constexpr (!PAGED && D == 128) {
+            if (num_warps == 4) {
 #ifdef TVA_TMA
-            if (num_warps == 4) return launch_gqa_tma<D, 4>(gqa_ahead_tma_kernel, p, stream, m_blocks);
+                return launch_gqa_tma<D, 4>(gqa_ahead_tma_kernel, p, stream, m_blocks);
+#else
+                return launch_gqa<D, 4, false, 5>(p, stream, m_blocks);
 #endif
-            if (num_warps == 4) return launch_gqa<D, 4, false, 5>(p, stream, m_blocks);
+            }
         }
         wgmma = 2;
     }

@@ -18,8 +18,9 @@
 //   there are the shared-memory operands read and the accumulator written. An operand value that
 //   changed between issue and that wait (a stage overwritten by a warp already past its own wait,
 //   a tile still landing, or the thread's own A registers written before the wait) turns the
-//   outputs it feeds into NaN, since the GPU may read it at either time. A thread that exits with MMAs never waited for aborts. The descriptor is decoded
-//   bit by bit and the swizzle applied to absolute shared addresses.
+//   outputs it feeds into NaN, since the GPU may read it at either time. A thread that exits
+//   with MMAs never waited for aborts. The descriptor is decoded bit by bit and the swizzle
+//   applied to absolute shared addresses.
 // - cp.async copies are queued per thread and land as late as the rules allow: at the
 //   cp.async.wait_group that retires their group (TVA_EMU_EARLY=1: at issue instead). A kernel
 //   that reads a tile before waiting for it reads the poison (0xff bytes: bf16 NaN).
