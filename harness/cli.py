@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import typer
 
-from harness.commands import (baseline, bisect, compare, gate, history, hosts, import_, ingest,
-                              report, run, runs, ui, validate)
+from harness.commands import (baseline, bisect, compare, counters, gate, history, hosts, import_,
+                              ingest, report, run, runs, ui, validate)
 from harness.commands.options import Command, Group
 
 app = typer.Typer(help="Benchmark and regression harness for speculative decoding with draft trees.",
@@ -36,6 +36,7 @@ app.command(name="import", cls=Command)(import_.import_)
 app.command(cls=Command)(ingest.ingest)
 app.command(cls=Command)(report.report)
 app.command(cls=Command)(compare.compare)
+app.command(cls=Command)(counters.counters)
 app.command(cls=Command)(ui.ui)
 app.command(cls=Command)(gate.gate)
 app.command(cls=Command)(history.history)

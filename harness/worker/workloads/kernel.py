@@ -21,6 +21,12 @@ The cell, in order:
      `speedup_vs_<mode>` = their time / this mode's time, measured in the same process on the
      same inputs. A compared mode that fails or is wrong leaves its metrics absent and its
      error in `compare_errors`; the cell still succeeds.
+  5. With `ncu: true`, each timed mode's call once more in a process under Nsight Compute
+     (harness/worker/ncu.py): `ncu.<kernel>.<counter>` (and `<mode>.ncu....` for a compared
+     mode) for every kernel of the call: duration, SM / memory / DRAM / L2 throughput, registers,
+     occupancy, warps a scheduler, cycles per issued instruction and its stall reasons
+     (harness/worker/counters.py). Counters that cannot be read here leave the reason in
+     `ncu_errors`; the timed metrics stand either way.
 
 Roofline (docs/ARCHITECTURE.md): roofline_us = max(bytes / copy bandwidth, FLOPs / matmul rate), bytes =
 K and V (MLA: the one 576-wide latent row per key, values are its first 512) + Q + output,
@@ -332,9 +338,39 @@ def run(cell: dict, progress) -> dict:
         metrics[f"{other}.rel_error"] = other_err
         metrics[f"speedup_vs_{other}"] = other_us / us
     info["compare_errors"] = compare_errors
+    if cell["ncu"]:
+        del sets                 # the profiled process needs the memory more than this one
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        timed = [mode] + [m for m in compare_list(cell) if m not in compare_errors]
+        found, info["ncu_errors"] = hardware_counters(cell, timed, mode, device, progress, custom)
+        metrics.update(found)
     ran = {"custom_impl": impl}
     return {"metrics": metrics, "samples": {"kernel_us": samples}, "kernel": info,
             "kernels": {k: ran[k] for k in params.cell_kernels(cell)}}
+
+
+def hardware_counters(cell: dict, modes: list[str], mode: str, device, progress,
+                      custom: dict) -> tuple[dict[str, float], dict[str, str]]:
+    """Each mode's call under Nsight Compute: (`ncu.<kernel>.<counter>` for the cell's own mode
+    and `<mode>.ncu.<kernel>.<counter>` for a compared one, {mode: why it has none})."""
+    from harness.worker import ncu
+
+    found: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    for m in modes:
+        if device.type != "cuda":
+            errors[m] = f"ncu profiles CUDA kernels; this cell ran on {device}"
+            continue
+        progress(stage="ncu", mode=m)
+        try:
+            counters = ncu.profile(cell, m, **custom)
+        except ncu.Unavailable as e:
+            errors[m] = str(e)
+            continue
+        prefix = "" if m == mode else f"{m}."
+        found.update({prefix + k: v for k, v in counters.items()})
+    return found, errors
 
 
 def _custom_plan(pt: Point, inp: dict, impl: str, num_splits: int | None = None) -> dict:

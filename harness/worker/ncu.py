@@ -1,0 +1,104 @@
+"""A cell's kernels under Nsight Compute: the `ncu` knob of kernel cells.
+
+Nsight Compute replays each kernel many times (17 passes for the sections kept here) to read its
+hardware counters, so it never runs inside a timed cell: after the cell's timing, `profile`
+starts `ncu` on a second process (harness/worker/ncu_target.py) that builds the cell's first
+input set, warms the mode up, and makes one call between cudaProfilerStart and Stop; ncu records
+only that call's kernels. Its report is exported as CSV and read by harness/worker/counters.py.
+
+Clocks are left as the GPU runs them (`--clock-control none`), so a counter-run duration is
+comparable with the cell's `kernel_us`; `sm_ghz` says what they were. Caches are flushed before
+each pass (`--cache-control all`): the call reads its inputs from HBM, as the timing's rotated
+input sets do.
+
+A host without ncu, a non-CUDA device, counters the driver does not let this user read
+(ERR_NVGPUCTRPERM) or a profile that does not finish: `Unavailable` with the reason, which the
+cell records; its timed metrics stand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from harness.worker import counters
+
+# ncu's usual places when it is not on PATH (a CUDA toolkit's bin, the Nsight Compute installer).
+_CANDIDATES = ("/usr/local/cuda/bin/ncu",)
+TIMEOUT_S = 300.0
+_REPO = Path(__file__).resolve().parents[2]   # what the target process imports harness from
+
+
+class Unavailable(RuntimeError):
+    """No counters for this call, and why (one line)."""
+
+
+def find_ncu() -> str | None:
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for path in _CANDIDATES:
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def profile(cell: dict, mode: str, *, custom_impl: str, custom_splits: int | None,
+            timeout: float = TIMEOUT_S, exe: str | None = None) -> dict[str, float]:
+    """`ncu.<kernel>.<counter>` for one call of `mode` at the cell's point; raises Unavailable."""
+    exe = exe or find_ncu()
+    if exe is None:
+        raise Unavailable("ncu (Nsight Compute's command line) is not on PATH nor in /usr/local/cuda/bin")
+    with tempfile.TemporaryDirectory(prefix="harness-ncu-") as tmp:
+        cell_file = Path(tmp) / "cell.json"
+        cell_file.write_text(json.dumps(cell), encoding="utf-8")
+        report = Path(tmp) / "profile"
+        target = [sys.executable, "-m", "harness.worker.ncu_target", str(cell_file), mode,
+                  custom_impl, str(custom_splits or 0)]
+        sections = [a for s in counters.SECTIONS for a in ("--section", s)]
+        done = _run([exe, "--profile-from-start", "off", "--target-processes", "all",
+                     "--clock-control", "none", "--cache-control", "all", *sections,
+                     "--export", str(report), "--force-overwrite", *target], timeout)
+        rep = report.with_suffix(".ncu-rep")
+        if done.returncode != 0 or not rep.exists():
+            raise Unavailable(_why(done, "ncu wrote no report"))
+        details = _run([exe, "--import", str(rep), "--csv", "--page", "details"], 60.0)
+        raw = _run([exe, "--import", str(rep), "--csv", "--page", "raw"], 60.0)
+    if details.returncode != 0:
+        raise Unavailable(_why(details, "ncu could not export its report"))
+    try:
+        pages = counters.parse(details.stdout, raw.stdout if raw.returncode == 0 else "")
+    except ValueError as e:
+        raise Unavailable(str(e)) from None
+    if not pages.kernels:
+        raise Unavailable("ncu profiled no kernel of the call")
+    return counters.flatten(pages)
+
+
+def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise Unavailable(f"{Path(cmd[0]).name} did not finish within {timeout:g} s") from None
+    except OSError as e:
+        raise Unavailable(f"could not start {cmd[0]}: {e.strerror or e}") from None
+
+
+def _why(done: subprocess.CompletedProcess, default: str) -> str:
+    """The line that says what went wrong: ncu's first ==ERROR==, else the target's last words."""
+    text = (done.stdout or "") + "\n" + (done.stderr or "")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("==ERROR==")]
+    if errors:
+        return errors[0].removeprefix("==ERROR==").strip()[:300]
+    last = [ln for ln in lines if not ln.startswith("==")]
+    return f"{default} (exit {done.returncode}): {last[-1][:300]}" if last else \
+        f"{default} (exit {done.returncode})"
