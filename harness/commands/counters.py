@@ -1,7 +1,8 @@
 """`harness counters RUN`: the Nsight Compute counters of a run's kernel cells, one row a kernel.
 
-Kernel cells with `ncu: true` carry `ncu.<kernel>.<counter>` metrics for their own mode and
-`<mode>.ncu.<kernel>.<counter>` for each compared mode (harness/worker/ncu.py). This lays them
+Kernel and op cells with `ncu: true` carry `ncu.<kernel>.<counter>` metrics for their own call
+(a kernel cell's verify mode, an op cell's op) and `<mode>.ncu.<kernel>.<counter>` for each mode
+a kernel cell compares (harness/worker/ncu.py). This lays them
 side by side: cell, mode, kernel, duration, SM / DRAM / L2 throughput, registers, occupancy,
 active and eligible warps a scheduler, cycles a warp waits per issued instruction and the three
 stall reasons that take most of them: what `ncu --page details` says, for every variant of a
@@ -44,7 +45,7 @@ def counters(
     match: Optional[str] = typer.Option(None, "-k", metavar="TEXT",
                                         help="only cells whose label contains TEXT"),
 ):
-    """Show the hardware counters (Nsight Compute) of a run's kernel cells."""
+    """Show the hardware counters (Nsight Compute) of a run's kernel and op cells."""
     from harness.sweep import journal as jr
 
     try:
@@ -64,7 +65,7 @@ def counters(
     errors: list[str] = []
     for r in results:
         cell = r.get("cell") or {}
-        own = cell.get("verify_mode", "")
+        own = cell.get("op", "") if cell.get("workload") == "op" else cell.get("verify_mode", "")
         label = escape(str(r.get("label", "")))
         for mode, kernels in by_mode(r.get("metrics") or {}, own).items():
             for kernel, values in kernels.items():
@@ -79,7 +80,7 @@ def counters(
         console.print(table)
     else:
         console.print(f"No cell of {escape(run.run_id)} has hardware counters: set `ncu: true` on "
-                      "its kernel cells (a GPU host with Nsight Compute's `ncu`).", highlight=False)
+                      "its kernel or op cells (a GPU host with Nsight Compute's `ncu`).", highlight=False)
     for line in errors:
         console.print(f"[yellow]no counters[/] {escape(line)}", highlight=False)
 

@@ -54,7 +54,25 @@ GENERAL_PARAMS: tuple[Param, ...] = (
     flag("profile", True, measurement=True),
     # the controller kills the worker after this long
     positive_int("timeout_s", 900, "a positive integer (seconds)", measurement=True),
+    # true: after its timing, the call of a kernel or op cell once more under Nsight Compute, its
+    # kernels' hardware counters as `ncu.<kernel>.<counter>` metrics (harness/worker/ncu.py; a
+    # host without ncu records why in the result's `kernel.ncu_errors`)
+    flag("ncu", False, measurement=True),
 )
+# The workloads whose cells time one call, which `ncu` profiles.
+PROFILED_WORKLOADS = ("kernel", "op")
+
+
+def check_ncu(cell: dict):
+    if cell["ncu"] and cell["workload"] not in PROFILED_WORKLOADS:
+        return ("ncu", "workload"), (
+            f"ncu profiles the call a kernel or op cell times; this cell runs workload "
+            f"'{cell['workload']}'")
+    return None
+
+
+# Whole-cell checks of the parameters above, run on every cell before its workload's own.
+GENERAL_CHECKS = (check_ncu,)
 
 # Every parameter every cell has, with its default: the workload, the shared parameters some
 # workloads declare (decode's: they predate workloads of their own), the general ones, then the

@@ -350,13 +350,14 @@ def _check_workload_params(draft: _Draft, cell: dict, source: Source) -> None:
 
 
 def _check_whole_cell(draft: _Draft, cell: dict, source: Source) -> None:
-    """The whole-cell checks the workloads declare (harness/protocol/workloads/): every
-    workload's `shared_checks` (of the parameters every cell has), then the cell's own
-    workload's `checks`. A check blames parameters; the error points at the first of them the
-    scenario sets."""
+    """The whole-cell checks: the general parameters' (params.GENERAL_CHECKS), then those the
+    workloads declare (harness/protocol/workloads/): every workload's `shared_checks` (of the
+    parameters every cell has), then the cell's own workload's `checks`. A check blames
+    parameters; the error points at the first of them the scenario sets."""
     specs = workloads.SPECS
     own = specs[cell["workload"]].checks
-    for check in [c for spec in specs.values() for c in spec.shared_checks] + list(own):
+    shared = [c for spec in specs.values() for c in spec.shared_checks]
+    for check in list(params.GENERAL_CHECKS) + shared + list(own):
         problem = check(cell)
         if problem is not None:
             blamed, message = problem

@@ -1,10 +1,11 @@
-"""A cell's kernels under Nsight Compute: the `ncu` knob of kernel cells.
+"""A cell's kernels under Nsight Compute: the `ncu` knob of kernel and op cells.
 
 Nsight Compute replays each kernel many times (17 passes for the sections kept here) to read its
 hardware counters, so it never runs inside a timed cell: after the cell's timing, `profile`
-starts `ncu` on a second process (harness/worker/ncu_target.py) that builds the cell's first
-input set, warms the mode up, and makes one call between cudaProfilerStart and Stop; ncu records
-only that call's kernels. Its report is exported as CSV and read by harness/worker/counters.py.
+starts `ncu` on a second process (harness/worker/ncu_target.py) that builds the cell's call the
+way its workload's runner does (`profile_call`), warms it up, and makes one call between
+cudaProfilerStart and Stop; ncu records only that call's kernels. Its report is exported as CSV
+and read by harness/worker/counters.py.
 
 Clocks are left as the GPU runs them (`--clock-control none`), so a counter-run duration is
 comparable with the cell's `kernel_us`; `sm_ghz` says what they were. Caches are flushed before
@@ -48,9 +49,31 @@ def find_ncu() -> str | None:
     return None
 
 
-def profile(cell: dict, mode: str, *, custom_impl: str, custom_splits: int | None,
-            timeout: float = TIMEOUT_S, exe: str | None = None) -> dict[str, float]:
-    """`ncu.<kernel>.<counter>` for one call of `mode` at the cell's point; raises Unavailable."""
+def counters_for(cell: dict, modes: list[str], own: str, device,
+                 progress) -> tuple[dict[str, float], dict[str, str]]:
+    """Each mode's call under Nsight Compute: (`ncu.<kernel>.<counter>` for the cell's own
+    mode and `<mode>.ncu.<kernel>.<counter>` for another, {mode: why it has none})."""
+    found: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    for mode in modes:
+        if device.type != "cuda":
+            errors[mode] = f"ncu profiles CUDA kernels; this cell ran on {device}"
+            continue
+        progress(stage="ncu", mode=mode)
+        try:
+            measured = profile(cell, mode)
+        except Unavailable as e:
+            errors[mode] = str(e)
+            continue
+        prefix = "" if mode == own else f"{mode}."
+        found.update({prefix + k: v for k, v in measured.items()})
+    return found, errors
+
+
+def profile(cell: dict, mode: str, *, timeout: float = TIMEOUT_S,
+            exe: str | None = None) -> dict[str, float]:
+    """`ncu.<kernel>.<counter>` for one call of `mode` (a kernel cell's verify mode, an op
+    cell's op) at the cell's point; raises Unavailable."""
     exe = exe or find_ncu()
     if exe is None:
         raise Unavailable("ncu (Nsight Compute's command line) is not on PATH nor in /usr/local/cuda/bin")
@@ -58,8 +81,7 @@ def profile(cell: dict, mode: str, *, custom_impl: str, custom_splits: int | Non
         cell_file = Path(tmp) / "cell.json"
         cell_file.write_text(json.dumps(cell), encoding="utf-8")
         report = Path(tmp) / "profile"
-        target = [sys.executable, "-m", "harness.worker.ncu_target", str(cell_file), mode,
-                  custom_impl, str(custom_splits or 0)]
+        target = [sys.executable, "-m", "harness.worker.ncu_target", str(cell_file), mode]
         sections = [a for s in counters.SECTIONS for a in ("--section", s)]
         done = _run([exe, "--profile-from-start", "off", "--target-processes", "all",
                      "--clock-control", "none", "--cache-control", "all", *sections,

@@ -1,5 +1,5 @@
-"""A kernel cell with `ncu: true` on a GPU host with Nsight Compute: the real profiler over the
-real kernels (harness/worker/ncu.py). Skips where `ncu` is not installed."""
+"""Kernel and op cells with `ncu: true` on a GPU host with Nsight Compute: the real profiler over
+the real kernels (harness/worker/ncu.py). Skips where `ncu` is not installed."""
 
 from __future__ import annotations
 
@@ -38,3 +38,17 @@ def test_a_kernel_cell_carries_the_counters_of_every_mode_it_timed(cuda):
         assert 0 < own[f"{kernel}.registers"] <= 255
         assert 0 <= own[f"{kernel}.sm_pct"] <= 100
     assert any(k.split(".")[-2] == "stall" for k in own), "no stall reason from the raw page"
+
+
+def test_an_op_cell_carries_its_kernels_counters(cuda):
+    """The tree build (one CTA a sequence: a latency-bound chain) under the profiler."""
+    if ncu.find_ncu() is None:
+        pytest.skip("ncu is not installed on this host")
+    cell = params.canonical({"workload": "op", "op": "tree_build", "device": "cuda", "model": "qwen3-8b",
+                             "tree_budget": 64, "block_size": 16, "repeats": 3, "warmup_steps": 1,
+                             "ncu": True})
+    out = worker.run_cell(cell)
+    assert out["status"] == "ok", out["error"]
+    assert out["kernel"]["ncu_errors"] == {}
+    durations = {k: v for k, v in out["metrics"].items() if k.startswith("ncu.") and k.endswith(".duration_us")}
+    assert durations and 0.3 * out["metrics"]["kernel_us"] < sum(durations.values()) < 3 * out["metrics"]["kernel_us"]

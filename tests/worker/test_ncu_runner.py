@@ -12,6 +12,7 @@ import pytest
 from harness.protocol import params
 from harness.worker import ncu
 from harness.worker.workloads import kernel as kw
+from harness.worker.workloads import op
 
 DATA = Path(__file__).parent / "data"
 
@@ -62,8 +63,7 @@ def cpu_cell(**over) -> dict:
 
 
 def test_a_report_becomes_the_kernels_counters(tmp_path):
-    got = ncu.profile(cpu_cell(), "custom", custom_impl="wgmma_pv", custom_splits=None,
-                      exe=fake_ncu(tmp_path, "report"))
+    got = ncu.profile(cpu_cell(), "custom", exe=fake_ncu(tmp_path, "report"))
     assert got["ncu.gqa_pipelined_kernel.duration_us"] == pytest.approx(235.42)
     assert got["ncu.gqa_tail_kernel.registers"] == 244
     assert all(k.startswith("ncu.") for k in got)
@@ -73,19 +73,17 @@ def test_the_profiled_process_says_why_it_cannot_run(tmp_path):
     """The real target process on a CPU cell: one line, which becomes the reason."""
     with pytest.raises(ncu.Unavailable, match=r"ncu wrote no report \(exit 2\): ncu profiles CUDA "
                                               r"kernels; this cell runs on cpu"):
-        ncu.profile(cpu_cell(), "sdpa", custom_impl="mma", custom_splits=None,
-                    exe=fake_ncu(tmp_path, "target"))
+        ncu.profile(cpu_cell(), "sdpa", exe=fake_ncu(tmp_path, "target"))
 
 
 def test_counters_the_driver_withholds_are_named(tmp_path):
     with pytest.raises(ncu.Unavailable, match="^ERR_NVGPUCTRPERM - The user does not have permission"):
-        ncu.profile(cpu_cell(), "sdpa", custom_impl="mma", custom_splits=None,
-                    exe=fake_ncu(tmp_path, "perm"))
+        ncu.profile(cpu_cell(), "sdpa", exe=fake_ncu(tmp_path, "perm"))
 
 
 def test_a_profile_that_does_not_finish_is_stopped(tmp_path):
     with pytest.raises(ncu.Unavailable, match="ncu did not finish within 2 s"):
-        ncu.profile(cpu_cell(), "sdpa", custom_impl="mma", custom_splits=None, timeout=2,
+        ncu.profile(cpu_cell(), "sdpa", timeout=2,
                     exe=fake_ncu(tmp_path, "hang"))
 
 
@@ -94,7 +92,7 @@ def test_a_host_without_ncu_says_so(monkeypatch, tmp_path):
     monkeypatch.setattr(ncu, "_CANDIDATES", ())
     assert ncu.find_ncu() is None
     with pytest.raises(ncu.Unavailable, match="ncu .* is not on PATH"):
-        ncu.profile(cpu_cell(), "sdpa", custom_impl="mma", custom_splits=None)
+        ncu.profile(cpu_cell(), "sdpa")
 
 
 def test_a_cpu_kernel_cell_with_ncu_keeps_its_timing_and_says_why_it_has_no_counters():
@@ -106,10 +104,36 @@ def test_a_cpu_kernel_cell_with_ncu_keeps_its_timing_and_says_why_it_has_no_coun
         "flex": "ncu profiles CUDA kernels; this cell ran on cpu"}
 
 
-def test_ncu_is_a_measurement_knob_of_kernel_cells():
+def test_an_op_cell_on_cpu_likewise():
+    cell = params.canonical({"workload": "op", "op": "topk", "device": "cpu", "model": "tiny",
+                             "tree_budget": 8, "block_size": 4, "repeats": 3, "warmup_steps": 1,
+                             "ncu": True})
+    result = op.run(cell, lambda **_: None)
+    assert result["metrics"]["kernel_us"] > 0
+    assert result["kernel"]["ncu_errors"] == {"topk": "ncu profiles CUDA kernels; this cell ran on cpu"}
+
+
+def test_ncu_is_a_measurement_knob_of_kernel_and_op_cells():
     """It adds metrics, never changes what a cell is: the id stays; other workloads refuse it."""
     assert params.cell_id(cpu_cell(ncu=True)) == params.cell_id(cpu_cell())
     from harness.protocol.errors import InputError
     from harness.sweep.scenario import parse_scenario
-    with pytest.raises(InputError, match=r"^n.yaml:3:\d+: ncu is a parameter of workload 'kernel' only"):
+    parse_scenario("name: n\ndefaults: {workload: op}\nmatrix:\n  ncu: [true]\n", "n.yaml")
+    with pytest.raises(InputError, match=r"^n.yaml:3:\d+: ncu profiles the call a kernel or op cell "
+                                         r"times; this cell runs workload 'decode'"):
         parse_scenario("name: n\nmatrix:\n  ncu: [true]\n", "n.yaml")
+
+
+def test_the_profiled_calls_are_the_cells_own(tmp_path):
+    """What the profiled process calls (each runner's profile_call), run here on a CPU: a
+    kernel cell's mode on its first timed input set gives that set's output; an op cell's call
+    runs its kernel."""
+    import torch
+    cell = cpu_cell(batch_size=1)
+    pt = kw.Point.from_cell(cell)
+    out = kw.profile_call(cell, "sdpa", torch.device("cpu"), torch.float32)()
+    first = kw.input_sets(pt, torch.device("cpu"), torch.float32, cell["seed"] * 1000)[0]
+    assert torch.equal(out, kw.prepare("sdpa", pt, first)())
+    cell = params.canonical({"workload": "op", "op": "tree_build", "device": "cpu", "model": "tiny",
+                             "tree_budget": 8, "block_size": 4})
+    op.profile_call(cell, "tree_build", torch.device("cpu"), torch.float32)()

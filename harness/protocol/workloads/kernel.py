@@ -28,10 +28,6 @@ PARAMS = (
     Param("compare_modes", "", str,
           "a comma-separated list of verify modes (custom, triton, sdpa, flex), or ''",
           pattern=_MODE_LIST, measurement=True),
-    # true: after the timing, each timed mode's call once more under Nsight Compute, its kernels'
-    # hardware counters as `ncu.<kernel>.<counter>` metrics (harness/worker/ncu.py; a host without
-    # ncu records why in the cell's `ncu_errors`). A measurement knob: it adds metrics.
-    Param("ncu", False, bool, "true or false", measurement=True),
     # The custom kernel's split-KV count: 0 takes its plan (custom_verify.plan); N forces N
     # splits, to sweep the plan's choice through the product (`--across custom_splits=0:8`).
     non_negative_int("custom_splits", 0, id_when_set=True),

@@ -51,7 +51,7 @@ from torch.nn import functional as F
 
 from harness.kernels.verify import verify_reference as ref
 from harness.protocol import params
-from harness.worker import graphstate
+from harness.worker import graphstate, ncu
 from harness.worker.kerneltime import ceilings, roofline_metrics, set_count, time_calls
 from harness.worker.workloads.decode import resolve_device, resolve_dtype
 
@@ -291,6 +291,25 @@ def measure_mode(mode: str, pt: Point, sets: list[dict], cell: dict, device, *,
     return time_calls(calls, cell["repeats"], cell["warmup_steps"], device)
 
 
+def custom_knobs(cell: dict, pt: Point, device) -> dict:
+    """The custom kernel's variant (the cell's custom_impl, `auto` resolved for this GPU) and
+    split count (None: its plan), as `prepare` takes them."""
+    impl = cell.get("custom_impl", params.AUTO)
+    if impl == params.AUTO:
+        cuda = device.type == "cuda"
+        impl = params.custom_auto(params.device_class(
+            cuda, torch.cuda.get_device_capability(device) if cuda else None), pt.dk, pt.mla)
+    return {"custom_impl": impl, "custom_splits": cell.get("custom_splits", 0) or None}
+
+
+def profile_call(cell: dict, mode: str, device, dtype):
+    """The call `ncu: true` profiles (harness/worker/ncu_target.py): `mode` on the cell's first
+    timed input set."""
+    pt = Point.from_cell(cell)
+    inp = make_inputs(pt, [pt.context] * pt.batch, cell["seed"] * 1000 + 1, device, dtype)
+    return prepare(mode, pt, inp, **custom_knobs(cell, pt, device))
+
+
 def run(cell: dict, progress) -> dict:
     device, dtype = _resolve(cell)
     graphstate.settle(device)                   # every cell times in the same graph state
@@ -298,13 +317,8 @@ def run(cell: dict, progress) -> dict:
     mode = cell["verify_mode"]
     elem = torch.empty((), dtype=dtype).element_size()
     seed = cell["seed"]
-    # The custom kernel's variant: the cell's custom_impl, `auto` resolved for this GPU.
-    impl = cell.get("custom_impl", params.AUTO)
-    if impl == params.AUTO:
-        cuda = device.type == "cuda"
-        impl = params.custom_auto(params.device_class(
-            cuda, torch.cuda.get_device_capability(device) if cuda else None), pt.dk, pt.mla)
-    custom = {"custom_impl": impl, "custom_splits": cell.get("custom_splits", 0) or None}
+    custom = custom_knobs(cell, pt, device)
+    impl = custom["custom_impl"]
     progress(stage="check", mode=mode)
     err = check(mode, pt, device, dtype, seed * 1000 + 7919, **custom)
     progress(stage="ceilings", device=str(device))
@@ -343,34 +357,11 @@ def run(cell: dict, progress) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         timed = [mode] + [m for m in compare_list(cell) if m not in compare_errors]
-        found, info["ncu_errors"] = hardware_counters(cell, timed, mode, device, progress, custom)
+        found, info["ncu_errors"] = ncu.counters_for(cell, timed, mode, device, progress)
         metrics.update(found)
     ran = {"custom_impl": impl}
     return {"metrics": metrics, "samples": {"kernel_us": samples}, "kernel": info,
             "kernels": {k: ran[k] for k in params.cell_kernels(cell)}}
-
-
-def hardware_counters(cell: dict, modes: list[str], mode: str, device, progress,
-                      custom: dict) -> tuple[dict[str, float], dict[str, str]]:
-    """Each mode's call under Nsight Compute: (`ncu.<kernel>.<counter>` for the cell's own mode
-    and `<mode>.ncu.<kernel>.<counter>` for a compared one, {mode: why it has none})."""
-    from harness.worker import ncu
-
-    found: dict[str, float] = {}
-    errors: dict[str, str] = {}
-    for m in modes:
-        if device.type != "cuda":
-            errors[m] = f"ncu profiles CUDA kernels; this cell ran on {device}"
-            continue
-        progress(stage="ncu", mode=m)
-        try:
-            counters = ncu.profile(cell, m, **custom)
-        except ncu.Unavailable as e:
-            errors[m] = str(e)
-            continue
-        prefix = "" if m == mode else f"{m}."
-        found.update({prefix + k: v for k, v in counters.items()})
-    return found, errors
 
 
 def _custom_plan(pt: Point, inp: dict, impl: str, num_splits: int | None = None) -> dict:

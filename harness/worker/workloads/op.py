@@ -30,6 +30,9 @@ The cell, in order (as the kernel workload's):
      walk on the host.
   2. Measures the host's ceilings (harness.worker.kerneltime).
   3. Times graph replays over input sets rotated to several times the L2 cache.
+  4. With `ncu: true`, the call once more in a process under Nsight Compute (harness/worker/
+     ncu.py): `ncu.<kernel>.<counter>` for each of its kernels, or why there are none
+     (`kernel.ncu_errors`).
 
 Metrics: kernel_us (median per call), kernel_us_spread, achieved_tbps and achieved_tflops (the
 minimum bytes and FLOPs of the call over its time), roofline_us = max(bytes / copy bandwidth,
@@ -55,7 +58,7 @@ from harness.decode.tree import build_tree_cpu
 from harness.kernels.verify import verify_reference as ref
 from harness.protocol import params, presets
 from harness.protocol.workloads.op import KNOBS, ON_CPU, linear_rows
-from harness.worker import graphstate
+from harness.worker import graphstate, ncu
 from harness.worker.kerneltime import MIN_LAUNCHES, ceilings, roofline_metrics, set_count, time_calls
 from harness.worker.workloads.decode import build_models, resolve_device, resolve_dtype
 
@@ -448,6 +451,14 @@ def _needs_cuda(cell: dict, device: torch.device) -> None:
         raise RuntimeError(f"{knob} {cell[knob]} is a CUDA kernel; this cell runs on {device}")
 
 
+def profile_call(cell: dict, mode: str, device, dtype):
+    """The call `ncu: true` profiles (harness/worker/ncu_target.py): the op's kernel on the
+    cell's first timed input set (`mode` is the op)."""
+    cell = {**cell, **params.resolve_kernels(cell, device.type == "cuda")}
+    fam = family(cell, device, dtype)
+    return fam.call(fam.inputs(cell["seed"] * 1000))
+
+
 @torch.no_grad()
 def run(cell: dict, progress) -> dict:
     device = resolve_device(cell)
@@ -474,6 +485,12 @@ def run(cell: dict, progress) -> dict:
         "memory" if bytes_ / copy_bw >= flops / mm_rate else "compute")
     info = {"op": cell["op"], "bytes": bytes_, "flops": flops, "input_sets": len(sets),
             "graph": graph, "bound": bound}
+    if cell["ncu"]:
+        del sets                 # the profiled process needs the memory more than this one
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        found, info["ncu_errors"] = ncu.counters_for(cell, [cell["op"]], cell["op"], device, progress)
+        metrics.update(found)
     knob = KNOBS[cell["op"]]
     return {"metrics": metrics, "samples": {"kernel_us": samples}, "kernel": info,
             "kernels": {knob: cell[knob]}}
