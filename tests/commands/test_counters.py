@@ -38,8 +38,8 @@ def journal(tmp_path: Path) -> Path:
     triton = {"triton." + k.replace("gqa_tail_kernel", "_verify_kernel"): v
               for k, v in own.items() if "gqa_tail_kernel" in k}
     cells = [kernel_cell("wgmma_pv"), kernel_cell("wgmma_ahead")]
-    j = RunJournal.create(tmp_path / "runs", "20261205-000000-cccccc", "ahead-counters", None,
-                          "name: ahead-counters\n", cells, {"git_sha": "abc"})
+    j = RunJournal.create(tmp_path / "runs", "20261205-000000-cccccc", "counters", None,
+                          "name: counters\n", cells, {"git_sha": "abc"})
     for cell, metrics, errors in ((cells[0], {"kernel_us": 184.0, **own, **triton}, {}),
                                   (cells[1], {"kernel_us": 160.0},
                                    {"custom": "ERR_NVGPUCTRPERM - The user does not have permission"})):
