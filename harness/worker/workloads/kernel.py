@@ -353,9 +353,6 @@ def run(cell: dict, progress) -> dict:
         metrics[f"speedup_vs_{other}"] = other_us / us
     info["compare_errors"] = compare_errors
     if cell["ncu"]:
-        del sets                 # the profiled process needs the memory more than this one
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
         timed = [mode] + [m for m in compare_list(cell) if m not in compare_errors]
         found, info["ncu_errors"] = ncu.counters_for(cell, timed, mode, device, progress)
         metrics.update(found)
