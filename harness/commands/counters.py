@@ -1,12 +1,13 @@
-"""`harness counters RUN`: the Nsight Compute counters of a run's kernel cells, one row a kernel.
+"""`harness counters RUN`: the Nsight Compute counters of a run's kernel and op cells, one row a
+kernel.
 
 Kernel and op cells with `ncu: true` carry `ncu.<kernel>.<counter>` metrics for their own call
 (a kernel cell's verify mode, an op cell's op) and `<mode>.ncu.<kernel>.<counter>` for each mode
-a kernel cell compares (harness/worker/ncu.py). This lays them
-side by side: cell, mode, kernel, duration, SM / DRAM / L2 throughput, registers, occupancy,
-active and eligible warps a scheduler, cycles a warp waits per issued instruction and the three
-stall reasons that take most of them: what `ncu --page details` says, for every variant of a
-sweep in one table. Cells whose counters could not be read say why (`ncu_errors`).
+a kernel cell compares (harness/worker/ncu.py). This lays them side by side: cell, mode,
+kernel, duration, warp instructions, SM / DRAM / L2 throughput, registers, occupancy, active and
+eligible warps a scheduler, cycles a warp waits per issued instruction and the three stall
+reasons that take most of them, for every variant of a sweep in one table. Cells whose counters
+could not be read say why (`ncu_errors`).
 
 Exit codes: 0 (also when no cell has counters: it says how to get them), 2 bad input.
 """
@@ -23,18 +24,19 @@ from rich.table import Table
 
 from harness.commands.options import console, fail_input, results_option
 
-# (column, counter, format)
+# (column, counter, format, scale)
 COLUMNS = (
-    ("µs", "duration_us", "{:.1f}"),
-    ("SM %", "sm_pct", "{:.0f}"),
-    ("DRAM %", "dram_pct", "{:.0f}"),
-    ("L2 %", "l2_pct", "{:.0f}"),
-    ("regs", "registers", "{:.0f}"),
-    ("occ %", "occupancy_pct", "{:.1f}"),
-    ("warps/sch", "warps_per_scheduler", "{:.2f}"),
-    ("eligible", "eligible_per_scheduler", "{:.2f}"),
-    ("cyc/issue", "cycles_per_issue", "{:.2f}"),
-    ("GHz", "sm_ghz", "{:.2f}"),
+    ("µs", "duration_us", "{:.1f}", 1),
+    ("M instr", "instructions", "{:.2f}", 1e-6),     # warp instructions executed
+    ("SM %", "sm_pct", "{:.0f}", 1),
+    ("DRAM %", "dram_pct", "{:.0f}", 1),
+    ("L2 %", "l2_pct", "{:.0f}", 1),
+    ("regs", "registers", "{:.0f}", 1),
+    ("occ %", "occupancy_pct", "{:.1f}", 1),
+    ("warps/sch", "warps_per_scheduler", "{:.2f}", 1),
+    ("eligible", "eligible_per_scheduler", "{:.2f}", 1),
+    ("cyc/issue", "cycles_per_issue", "{:.2f}", 1),
+    ("GHz", "sm_ghz", "{:.2f}", 1),
 )
 TOP_STALLS = 3
 
@@ -70,7 +72,7 @@ def counters(
         for mode, kernels in by_mode(r.get("metrics") or {}, own).items():
             for kernel, values in kernels.items():
                 table.add_row(label, escape(mode), escape(kernel),
-                              *(_fmt(values.get(key), spec) for _, key, spec in COLUMNS),
+                              *(_fmt(values.get(key), spec, scale) for _, key, spec, scale in COLUMNS),
                               escape(top_stalls(values)))
                 label = ""              # a cell's label once, on its first kernel
                 rows += 1
@@ -107,5 +109,5 @@ def top_stalls(values: dict[str, float]) -> str:
     return ", ".join(f"{name} {v:.2f}" for v, name in stalls) or "–"
 
 
-def _fmt(value, spec: str) -> str:
-    return "–" if value is None else spec.format(value)
+def _fmt(value, spec: str, scale: float) -> str:
+    return "–" if value is None else spec.format(value * scale)

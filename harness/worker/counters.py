@@ -47,6 +47,11 @@ SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "SchedulerStats", "WarpS
 # per issued instruction (they sum to cycles_per_issue). Kept as `stall.<reason>`.
 STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active(?:\.ratio)?$")
 
+# Metrics collected beside the sections (`ncu --metrics`), read from the raw page: the warp
+# instructions the kernel executed, which with cycles_per_issue and warps_per_scheduler say
+# where a latency-bound kernel's time goes.
+RAW = {"smsp__inst_executed.sum": "instructions"}
+
 _TIME_S = {"s": 1.0, "second": 1.0, "ms": 1e-3, "msecond": 1e-3, "us": 1e-6, "usecond": 1e-6,
            "ns": 1e-9, "nsecond": 1e-9}
 _FREQ_HZ = {"hz": 1.0, "khz": 1e3, "mhz": 1e6, "ghz": 1e9, "cycle/second": 1.0,
@@ -113,7 +118,8 @@ def convert(value: float, unit: str, want: str) -> float | None:
 
 
 def parse(details: str, raw: str = "") -> Pages:
-    """The details page (required) and the raw page (optional: the stall reasons) of one report."""
+    """The details page (required) and the raw page (optional: the stall reasons and RAW) of one
+    report."""
     kernels: dict[str, Kernel] = {}
     skipped: list[str] = []
     rows = list(csv.DictReader(io.StringIO(_csv_part(details))))
@@ -143,7 +149,8 @@ def parse(details: str, raw: str = "") -> Pages:
 
 
 def _raw_stalls(raw: str) -> dict[str, dict[str, float]]:
-    """Launch ID -> {`stall.<reason>`: cycles a warp waits for it per issued instruction}."""
+    """Launch ID -> {`stall.<reason>`: cycles a warp waits for it per issued instruction, and
+    the RAW metrics}."""
     table = list(csv.reader(io.StringIO(_csv_part(raw))))
     if not table or "ID" not in table[0]:
         return {}
@@ -155,6 +162,8 @@ def _raw_stalls(raw: str) -> dict[str, dict[str, float]]:
         if len(row) != len(header) or not row[id_col].strip():
             continue                      # the units row (no ID), or a line that is not a launch
         values = {f"stall.{reason}": v for i, reason in columns if (v := number(row[i])) is not None}
+        values.update({key: v for i, name in enumerate(header)
+                       if (key := RAW.get(name)) and (v := number(row[i])) is not None})
         out[row[id_col].strip()] = values
     return out
 

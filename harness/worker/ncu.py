@@ -83,6 +83,7 @@ def profile(cell: dict, mode: str, *, timeout: float = TIMEOUT_S,
         report = Path(tmp) / "profile"
         target = [sys.executable, "-m", "harness.worker.ncu_target", str(cell_file), mode]
         sections = [a for s in counters.SECTIONS for a in ("--section", s)]
+        sections += ["--metrics", ",".join(counters.RAW)]
         done = _run([exe, "--profile-from-start", "off", "--target-processes", "all",
                      "--clock-control", "none", "--cache-control", "all", *sections,
                      "--export", str(report), "--force-overwrite", *target], timeout)

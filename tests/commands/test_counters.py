@@ -17,8 +17,8 @@ DETAILS = (Path(__file__).resolve().parents[1] / "worker" / "data" / "ncu_detail
 RAW = ('"ID","Kernel Name","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",'
        '"smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",'
        '"smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio",'
-       '"smsp__average_warps_issue_stalled_selected_per_issue_active.ratio"\n'
-       '"0","k","1.42","1.39","0.44","1.00"\n')
+       '"smsp__average_warps_issue_stalled_selected_per_issue_active.ratio","smsp__inst_executed.sum"\n'
+       '"0","k","1.42","1.39","0.44","1.00","13600000"\n')
 
 
 def harness_cli(*args: str):
@@ -56,8 +56,9 @@ def test_each_kernel_of_each_mode_is_a_row(tmp_path):
     pv = next(r for r in rows if "gqa_pipelined_kernel" in r)
     assert "custom_impl=wgmma_pv" in pv and "custom" in pv
     cols = [c.strip() for c in pv.split("│")[1:-1]]
-    # µs, SM %, DRAM %, L2 %, regs, occupancy, warps and eligible a scheduler, cycles an issue
-    assert cols[3:12] == ["235.4", "51", "25", "46", "228", "12.3", "1.97", "0.50", "5.07"]
+    # µs, M instructions, SM %, DRAM %, L2 %, regs, occupancy, warps and eligible a scheduler,
+    # cycles an issue
+    assert cols[3:13] == ["235.4", "13.60", "51", "25", "46", "228", "12.3", "1.97", "0.50", "5.07"]
     assert cols[-1] == "barrier 1.42, wait 1.39, selected 1.00"        # the three largest
     tail = next(r for r in rows if "gqa_tail_kernel" in r)
     assert "244" in tail and "–" in tail                        # no stall columns for launch 2

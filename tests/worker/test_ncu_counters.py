@@ -22,10 +22,11 @@ RAW = "\n".join([
     '"smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",'
     '"smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",'
     '"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",'
-    '"smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio"',
-    '"","","","nsecond","","","",""',                                      # the units row
-    '"0","1152","void gqa_pipelined_kernel<128, 4, 0, 0>(AttnParams)","235420","1.42","1.39","0.31","0.32"',
-    '"2","1152","void gqa_tail_kernel<128, 4, 0>(AttnParams)","212000","0.50","1.10","0.20","n/a"',
+    '"smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio","smsp__inst_executed.sum"',
+    '"","","","nsecond","","","","","inst"',                                # the units row
+    '"0","1152","void gqa_pipelined_kernel<128, 4, 0, 0>(AttnParams)","235420","1.42","1.39","0.31","0.32",'
+    '"13,600,000"',
+    '"2","1152","void gqa_tail_kernel<128, 4, 0>(AttnParams)","212000","0.50","1.10","0.20","n/a",""',
 ])
 
 
@@ -75,12 +76,13 @@ def test_a_page_without_the_columns_it_needs_says_which():
         counters.parse('"ID","Kernel Name","Section Name","Metric Name"\n"0","k","S","M"\n')
 
 
-def test_stall_reasons_come_from_the_raw_page_by_launch_id():
+def test_stall_reasons_and_instructions_come_from_the_raw_page_by_launch_id():
     pages = counters.parse(DETAILS, RAW)
     pv, tail = (k.values for k in pages.kernels)
     assert pv["stall.barrier"] == 1.42 and pv["stall.wait"] == 1.39
     assert pv["stall.long_scoreboard"] == 0.31 and pv["stall.lg_throttle"] == 0.32
     assert tail["stall.barrier"] == 0.5 and "stall.lg_throttle" not in tail     # n/a: absent
+    assert pv["instructions"] == 13_600_000 and "instructions" not in tail
     assert "duration_us" in pv and pv["duration_us"] == pytest.approx(235.42)  # details win
 
 

@@ -36,6 +36,7 @@ if MODE == "perm":
 if MODE == "hang":
     time.sleep(60)
 report = args[args.index("--export") + 1] + ".ncu-rep"
+open({args_file!r}, "w").write(" ".join(args))
 if MODE == "target":
     target = args[args.index("--force-overwrite") + 1:]
     done = subprocess.run(target)
@@ -48,7 +49,7 @@ open(report, "w").write("report")
 
 def fake_ncu(tmp_path: Path, mode: str) -> str:
     exe = tmp_path / "ncu"
-    exe.write_text(FAKE.format(python=sys.executable, mode=mode,
+    exe.write_text(FAKE.format(python=sys.executable, mode=mode, args_file=str(tmp_path / "args.txt"),
                                details=str(DATA / "ncu_details_h200.csv")))
     exe.chmod(0o755)
     return str(exe)
@@ -64,6 +65,13 @@ def cpu_cell(**over) -> dict:
 
 def test_a_report_becomes_the_kernels_counters(tmp_path):
     got = ncu.profile(cpu_cell(), "custom", exe=fake_ncu(tmp_path, "report"))
+    args = (tmp_path / "args.txt").read_text().split(" ")
+    # the sections the details page is read from, the instruction count, the GPU's own clocks,
+    # only the call between cudaProfilerStart and Stop
+    assert args[args.index("--metrics") + 1] == "smsp__inst_executed.sum"
+    assert {"SpeedOfLight", "WarpStateStats"} <= {args[i + 1] for i, a in enumerate(args) if a == "--section"}
+    assert args[args.index("--clock-control") + 1] == "none"
+    assert args[args.index("--profile-from-start") + 1] == "off"
     assert got["ncu.gqa_pipelined_kernel.duration_us"] == pytest.approx(235.42)
     assert got["ncu.gqa_tail_kernel.registers"] == 244
     assert all(k.startswith("ncu.") for k in got)
