@@ -8,7 +8,8 @@ index.html, so MLflow's artifact browser shows them one by one.
 Contents: a summary (host, GPU, driver, torch, commit, scenario, trigger, date), the figures
 (a figure with nothing to draw is one line saying why, not a picture of an empty panel), the
 cell table (with head/base ratios and verdicts when compared with another run, whose results
-every figure draws faded behind this run's), the failed cells with their errors. Built from
+every figure draws faded behind this run's), the hardware counters of cells run with `ncu:
+true` (one row a kernel: dashboards/counters.py), the failed cells with their errors. Built from
 the journal alone (harness.sweep.journal), so it can be made again at any time with
 `harness report RUN`; `only` narrows it to some cells (`harness report RUN -k EXPR`). The page
 is the Jinja2 template report.html.j2 beside this module, autoescaped.
@@ -28,7 +29,7 @@ from harness.protocol.params import times_a_kernel
 from harness.protocol.redact import redact_uri
 from harness.sweep.journal import RunJournal, atomic_write_text
 
-from . import figures, idle, kernels, style
+from . import counters, figures, idle, kernels, style
 from .history import history as history_figure
 
 REPORT_DIR = "report"
@@ -275,6 +276,32 @@ def _cells_table(planned: list[dict], results: dict[str, dict], verdicts: dict |
     return {"caption": "Kernel cells" if kernel else "Decode cells", "head": head, "rows": rows}
 
 
+def _counters_table(planned: list[dict], results: dict[str, dict]) -> dict | None:
+    """The Nsight Compute counters of the cells run with `ncu: true`, one row a kernel
+    (dashboards/counters.py, as `harness counters`); a cell without them says why. None when no
+    cell asked for them."""
+    order = [c["cell_id"] for c in planned] + [cid for cid in results if cid not in
+                                              {c["cell_id"] for c in planned}]
+    head = [_td(h) for h in ("cell", "mode", "kernel")]
+    head += [_td(name, num=True) for name, *_ in counters.COLUMNS] + [_td(counters.STALLS_COLUMN)]
+    rows = []
+    for cid in order:
+        r = results.get(cid)
+        if r is None or r.get("status") != "ok":
+            continue
+        full = style.full_label({**r, "cell_id": cid})
+        for i, row in enumerate(counters.rows(r)):
+            *values, stalls = row.cells()
+            rows.append([_td(full if i == 0 else "", title=f"{full} ({cid})"), _td(row.mode),
+                         _td(row.kernel)] + [_td(v, num=True) for v in values] + [_td(stalls)])
+        for mode, why in counters.errors(r).items():
+            rows.append([_td(full, title=cid), _td(mode), _td("no counters", cls="muted", detail=why)]
+                        + [_td("–", num=True) for _ in counters.COLUMNS] + [_td("")])
+    if not rows:
+        return None
+    return {"caption": "Hardware counters (Nsight Compute, ncu: true)", "head": head, "rows": rows}
+
+
 def _failed(results: dict[str, dict]) -> list[dict]:
     return [{"title": style.full_label({**r, "cell_id": cid}), "cell_id": cid,
              "host": r.get("host") or "?", "wall_s": r.get("wall_s"),
@@ -352,7 +379,8 @@ def build_report(journal: RunJournal, out_dir=None, *, base: RunJournal | None =
         summary=_summary_rows(journal, result_list), compare=compare,
         figures=[_figure_context(f) for f in figs],
         tables=[t for t in (_cells_table(planned, results, verdicts, kernel=False),
-                            _cells_table(planned, results, verdicts, kernel=True)) if t],
+                            _cells_table(planned, results, verdicts, kernel=True),
+                            _counters_table(planned, results)) if t],
         failed=_failed(results),
         missing=[{"label": style.full_label(c), "cell_id": c["cell_id"]} for c in missing],
         run_id=journal.run_id, journal_path=str(journal.path))

@@ -350,3 +350,41 @@ def test_screenshot_script_writes_the_top_of_the_report(runs, tmp_path):
     with Image.open(shot) as image:
         assert image.size == (1400, 1800)
     assert distinct_colors(shot.read_bytes()) > 500
+
+
+COUNTERS_RUN = REPO / "results" / "h200" / "runs" / "20261205-100646-b05a1a"
+
+
+def test_the_counters_of_a_real_h200_run_are_a_table_of_the_report(tmp_path):
+    """Session 30's counters run (ncu: true on the H200): one row a kernel of each mode, a
+    cell's label on its first row, the three largest stalls; a cell that could not be
+    profiled says why in its row."""
+    import shutil
+    from harness.sweep.journal import RunJournal
+    root = tmp_path / "runs"
+    shutil.copytree(COUNTERS_RUN, root / COUNTERS_RUN.name, ignore=shutil.ignore_patterns("report"))
+    cell = next((root / COUNTERS_RUN.name / "cells").glob("*.json"))
+    result = json.loads(cell.read_text())
+    result["kernel"]["ncu_errors"] = {"topk": "ERR_NVGPUCTRPERM - <no permission>"}
+    cell.write_text(json.dumps(result))
+    page = build_report(RunJournal.open(root, COUNTERS_RUN.name)).path.read_text()
+    table = page.split("Hardware counters (Nsight Compute", 1)[1].split("</table>", 1)[0]
+    rows = [r for r in re.findall(r"<tr>(.*?)</tr>", table, re.S) if "<td" in r]
+    kernels = [re.findall(r"<td[^>]*>(.*?)</td>", r, re.S)[2] for r in rows]
+    assert kernels.count("gqa_pipelined_kernel") == 2 and kernels.count("gqa_ahead_kernel") == 2
+    assert {"_split_kernel", "_stats_kernel", "tree_build_kernel"} <= set(kernels)
+    pv = next(r for r in rows if "gqa_pipelined_kernel" in r and "65536" in r)
+    assert ">228<" in pv and "wait 2.03, selected 1.00, dispatch_stall 0.57" in pv
+    assert "no counters" in table and "ERR_NVGPUCTRPERM - &lt;no permission&gt;" in table
+
+
+@needs_chromium
+def test_the_counters_table_reads_right_in_headless_chromium(tmp_path):
+    import shutil
+    from harness.sweep.journal import RunJournal
+    shutil.copytree(COUNTERS_RUN, tmp_path / "runs" / COUNTERS_RUN.name, ignore=shutil.ignore_patterns("report"))
+    report = build_report(RunJournal.open(tmp_path / "runs", COUNTERS_RUN.name))
+    check = headless.check_page(report.path, screenshot=False)
+    assert check.console_errors == [] and check.broken_images == []
+    assert "Hardware counters (Nsight Compute, ncu: true)" in check.text
+    assert "gqa_ahead_kernel" in check.text and "tree_build_kernel" in check.text
