@@ -13,8 +13,8 @@ each pass (`--cache-control all`): the call reads its inputs from HBM, as the ti
 input sets do.
 
 A host without ncu, a non-CUDA device, counters the driver does not let this user read
-(ERR_NVGPUCTRPERM) or a profile that does not finish: `Unavailable` with the reason, which the
-cell records; its timed metrics stand.
+(ERR_NVGPUCTRPERM) or a profile that does not finish in TIMEOUT_S: `Unavailable` with the
+reason, which the cell records; its timed metrics stand.
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ from pathlib import Path
 
 from harness.worker import counters
 
-# ncu's usual places when it is not on PATH (a CUDA toolkit's bin, the Nsight Compute installer).
+# Where a CUDA toolkit puts ncu when it is not on PATH.
 _CANDIDATES = ("/usr/local/cuda/bin/ncu",)
-TIMEOUT_S = 300.0
+# One profile took 10-20 s on an H200 (a process start, the warm-up calls, 17 passes a kernel);
+# the cap keeps a hung one from taking the cell's whole timeout_s, and its timing with it.
+TIMEOUT_S = 120.0
 _REPO = Path(__file__).resolve().parents[2]   # what the target process imports harness from
 
 
