@@ -280,8 +280,7 @@ def _counters_table(planned: list[dict], results: dict[str, dict]) -> dict | Non
     """The Nsight Compute counters of the cells run with `ncu: true`, one row a kernel
     (dashboards/counters.py, as `harness counters`); a cell without them says why. None when no
     cell asked for them."""
-    order = [c["cell_id"] for c in planned] + [cid for cid in results if cid not in
-                                              {c["cell_id"] for c in planned}]
+    order = list(dict.fromkeys([c["cell_id"] for c in planned] + list(results)))
     head = [_td(h) for h in ("cell", "mode", "kernel")]
     head += [_td(name, num=True) for name, *_ in counters.COLUMNS] + [_td(counters.STALLS_COLUMN)]
     rows = []

@@ -141,14 +141,13 @@ def parse(details: str, raw: str = "") -> Pages:
                 skipped.append(note)
             continue
         kernel.values[key] = kept
-    for launch, stalls in _raw_stalls(raw).items():
+    for launch, extra in _raw_values(raw).items():
         if launch in kernels:
-            kernels[launch].values.update(stalls)
-    ordered = [kernels[k] for k in sorted(kernels, key=lambda k: (number(k) is None, number(k) or 0, k))]
-    return Pages(ordered, skipped)
+            kernels[launch].values.update(extra)
+    return Pages(list(kernels.values()), skipped)      # ncu prints the launches in order
 
 
-def _raw_stalls(raw: str) -> dict[str, dict[str, float]]:
+def _raw_values(raw: str) -> dict[str, dict[str, float]]:
     """Launch ID -> {`stall.<reason>`: cycles a warp waits for it per issued instruction, and
     the RAW metrics}."""
     table = list(csv.reader(io.StringIO(_csv_part(raw))))

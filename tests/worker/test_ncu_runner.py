@@ -132,7 +132,7 @@ def test_ncu_is_a_measurement_knob_of_kernel_and_op_cells():
         parse_scenario("name: n\nmatrix:\n  ncu: [true]\n", "n.yaml")
 
 
-def test_the_profiled_calls_are_the_cells_own(tmp_path):
+def test_the_profiled_calls_are_the_cells_own():
     """What the profiled process calls (each runner's profile_call), run here on a CPU: a
     kernel cell's mode on its first timed input set gives that set's output; an op cell's call
     runs its kernel."""
