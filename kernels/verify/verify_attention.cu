@@ -571,6 +571,62 @@ __device__ __forceinline__ bool online_softmax(const float (&s)[NK / 8][4], int 
     return rescale;
 }
 
+// The sum-checked softmax (`custom_impl: wgmma_sumcheck`): online_softmax's results, bit for bit,
+// without its tile max on most tiles. The max tree and its two shuffles are ~40 of the ~360
+// instructions a warp issues a tile, all on the chain between S and P (ncu: the kernel issues an
+// instruction a warp every ~5 cycles, most of it fixed-latency waits). So P is first computed
+// against the reference max as it stands, and each row's partial sums decide: a sum of
+// non-negative terms bounds each of them, so sums <= 2^(RESCALE_LOG2 - 1) in every lane mean no
+// score passed m + RESCALE_LOG2 - 1, online_softmax would not have moved m, and its P and sums are
+// these. Otherwise (a sum past the bound, an inf or NaN among the terms, or a row that has seen
+// nothing yet: m is -inf there, and P against 0 may underflow to zeros) online_softmax runs from
+// S as it would have. Random and real scores leave the sums far below the bound once a split's
+// first tile has set m (kernels/NOTES.md), so the exact path runs on few tiles.
+constexpr float SUMCHECK_BOUND = static_cast<float>(1 << (static_cast<int>(RESCALE_LOG2) - 1));
+
+template <int NK>
+__device__ __forceinline__ bool sumchecked_softmax(const float (&s)[NK / 8][4], int kb, int L, int k_end,
+                                                   const int32_t* const (&bits_row)[2], int tig, float scale,
+                                                   float (&m_run)[2], float (&l_run)[2], float (&x)[NK / 8][4],
+                                                   float (&alpha)[2]) {
+    // P from S itself where the tile has no masked key (most tiles): a masked copy of S, live
+    // beside S (which the exact path reads again), would cost a move a score.
+    const auto exps = [&](const float (&from)[NK / 8][4]) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+            const float m_use = max_ref(m_run[hf]);
+#pragma unroll
+            for (int nt = 0; nt < NK / 8; ++nt) {
+                x[nt][2 * hf] = fast_exp2(fmaf(from[nt][2 * hf], scale, -m_use));
+                x[nt][2 * hf + 1] = fast_exp2(fmaf(from[nt][2 * hf + 1], scale, -m_use));
+            }
+        }
+    };
+    if (kb + NK <= L) {
+        exps(s);
+    } else {
+        float masked[NK / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < NK / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) masked[nt][e] = s[nt][e];
+        mask_tile<NK>(masked, kb, L, k_end, bits_row, tig);
+        exps(masked);
+    }
+    const float sum[2] = {row_sum(x, 0), row_sum(x, 1)};
+    // `<=` is false for NaN: a NaN term sends the tile to the exact path too.
+    const bool within = sum[0] <= SUMCHECK_BOUND && sum[1] <= SUMCHECK_BOUND && m_run[0] != -INFINITY &&
+                        m_run[1] != -INFINITY;
+    if (__any_sync(0xffffffffu, !within))
+        return online_softmax<NK>(s, kb, L, k_end, bits_row, tig, scale, m_run, l_run, x, alpha);
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        alpha[hf] = 1.f;
+        l_run[hf] = l_run[hf] * alpha[hf] + sum[hf];    // online_softmax's update at alpha 1
+    }
+    return false;
+}
+
 // O's two rows of this thread (the C layout) times their factors.
 template <int D>
 __device__ __forceinline__ void rescale_rows(float (&o)[D / 8][4], const float (&alpha)[2]) {
@@ -1053,7 +1109,7 @@ __device__ __forceinline__ void copy_tile_rows(uint32_t dst, const char* base, i
     }
 }
 
-template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false, bool MERGE = false>
+template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false, bool MERGE = false, bool SUMCHECK = false>
 __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap) {
     static_assert(!(TMA && PAGED), "tensor copies for a contiguous cache only");
     static_assert(!MERGE || (!TMA && NW == 4), "the cluster merge: cp.async, 4 warps");
@@ -1315,8 +1371,13 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             ot[mb][0][3] *= f1;
         }
     };
+    // SUMCHECK: the loop's tiles through sumchecked_softmax (the first tile, before the loop,
+    // always takes the exact path: m is -inf there).
     auto softmax = [&](const float (&s)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&alpha)[2]) {
-        return online_softmax<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
+        if constexpr (SUMCHECK)
+            return sumchecked_softmax<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
+        else
+            return online_softmax<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
     };
 
     if (n > 0) {
@@ -1325,7 +1386,8 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
         issue_s(s, st, 0);
         wgmma_wait<0>();
         keep_live(s);
-        softmax(s, 0, x, alpha);    // O is still zero: alpha is not needed
+        // O is still zero: alpha is not needed
+        online_softmax<BN>(s, sr.begin, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
         pack_p<BN>(x, pa[0]);
         if constexpr (TAIL) {
             keep_live(st);
@@ -1436,11 +1498,11 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     }
 }
 
-template <int D, int NW, bool PAGED, bool MERGE = false>
+template <int D, int NW, bool PAGED, bool MERGE = false, bool SUMCHECK = false>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_pipelined_kernel(const AttnParams p) {
     wait_for_previous_kernel();
-    gqa_pipelined<D, NW, PAGED, false, false, MERGE>(p, nullptr, nullptr);
+    gqa_pipelined<D, NW, PAGED, false, false, MERGE, SUMCHECK>(p, nullptr, nullptr);
 }
 
 // The pipelined kernel with the tail rows (TAIL above): launched as tail_row_blocks row blocks.
@@ -2454,10 +2516,12 @@ static cudaError_t prepare(Kernel kernel, int smem, bool big_clusters = false) {
 }
 
 // The kernel of a variant: wgmma 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (pipelined), 3
-// the pipelined kernel with tail rows, 5 the pipelined kernel with S a tile further ahead.
+// the pipelined kernel with tail rows, 5 the pipelined kernel with S a tile further ahead, 6 the
+// pipelined kernel with the sum-checked softmax.
 template <int D, int NW, bool PAGED, int WGMMA>
 constexpr auto gqa_variant() {
-    if constexpr (WGMMA == 5) return gqa_ahead_kernel;
+    if constexpr (WGMMA == 6) return gqa_pipelined_kernel<D, NW, PAGED, false, true>;
+    else if constexpr (WGMMA == 5) return gqa_ahead_kernel;
     else if constexpr (WGMMA == 3) return gqa_tail_kernel<D, NW>;
     else if constexpr (WGMMA == 2) return gqa_pipelined_kernel<D, NW, PAGED>;
     else return gqa_kernel<D, NW, PAGED, WGMMA == 1>;
@@ -2570,7 +2634,7 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
     // wgmma: 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (head_dim 128 only), 3 as 2 with the
     // rows past the last full row block as tail rows where M has that shape (else as 2), 4 as 3
     // with the splits merged in clusters (merges_in_cluster; else as 3), 5 as 2 with S a tile
-    // further ahead (a contiguous cache, 4 warps; else as 2)
+    // further ahead (a contiguous cache, 4 warps; else as 2), 6 as 2 with the sum-checked softmax
     if (wgmma >= 2 && D != 128) return cudaErrorInvalidValue;
     if constexpr (D == 128) {
         if (merges_in_cluster(p, num_warps, wgmma)) {
@@ -2585,6 +2649,13 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
         if constexpr (!PAGED && D == 128) return launch_gqa<D, 4, false, 3>(p, stream, tail_row_blocks(M, bm));
     }
     if (wgmma == 3) wgmma = 2;
+    if (wgmma == 6) {                    // the sum-checked softmax: the pipelined kernel's shapes
+        if constexpr (D == 128) {
+            if (num_warps == 4) return launch_gqa<D, 4, PAGED, 6>(p, stream, m_blocks);
+            if (num_warps == 8) return launch_gqa<D, 8, PAGED, 6>(p, stream, m_blocks);
+        }
+        return cudaErrorInvalidValue;
+    }
     if (wgmma == 5) {                    // S a tile further ahead: contiguous, 4 warps (else as 2)
         if constexpr (!PAGED && D == 128) {
             if (num_warps == 4) {
@@ -2650,6 +2721,7 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     TVA_OCC_D(64, 0) TVA_OCC_D(64, 1) TVA_OCC_D(128, 0) TVA_OCC_D(128, 1)
     TVA_OCC(128, 4, 0, 2) TVA_OCC(128, 8, 0, 2) TVA_OCC(128, 4, 1, 2) TVA_OCC(128, 8, 1, 2)
     TVA_OCC(128, 4, 0, 3) TVA_OCC(128, 4, 0, 5)
+    TVA_OCC(128, 4, 0, 6) TVA_OCC(128, 8, 0, 6) TVA_OCC(128, 4, 1, 6) TVA_OCC(128, 8, 1, 6)
 #undef TVA_OCC_D
 #undef TVA_OCC
     return blocks;
@@ -2659,7 +2731,8 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
 // wgmma = 1: S = Q K^T on Hopper's warpgroup MMA (4 or 8 warps; a 9.0a build on an sm_90 GPU);
 // 2: P V on it too; 3: as 2, with tail rows where the shape has them (a contiguous cache, 4 warps);
 // 4: as 3, with 2-16 splits merged in thread-block clusters (4 warps) instead of a combine kernel;
-// 5: as 2, with S a tile further ahead (gqa_ahead: a contiguous cache, 4 warps; else as 2).
+// 5: as 2, with S a tile further ahead (gqa_ahead: a contiguous cache, 4 warps; else as 2);
+// 6: as 2, with the sum-checked softmax (the tile max only where P's sums say m may move).
 int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int paged, int wgmma, void* stream) {
     const AttnParams& p = *params;
     cudaStream_t s = static_cast<cudaStream_t>(stream);

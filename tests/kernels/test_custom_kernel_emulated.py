@@ -41,8 +41,11 @@ def _point(attention="gqa", b=1, heads=4, kv_heads=1, T=16, d=64, layout="contig
 
 
 def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, wgmma=False, seed=0, lengths_dtype=torch.int32,
-         key_ramp=None, v_row_pad=0, nan_tail=0, outputs=None):
+         key_ramp=None, v_row_pad=0, nan_tail=0, outputs=None, self_only=False):
     inp = kw.make_inputs(pt, lengths, seed, torch.device("cpu"), torch.bfloat16)
+    if self_only:                    # each tree token sees itself alone of the tree (not a real tree)
+        eye = torch.eye(pt.tokens, dtype=torch.bool).expand(pt.batch, pt.tokens, pt.tokens)
+        inp["bits"] = ref.pack_visibility(eye.contiguous())
     if nan_tail:                     # a contiguous cache longer than any sequence, NaN past each one
         with_nan_tail(inp, lengths, pt.tokens, nan_tail)
     if v_row_pad:                    # V rows strided apart from K's (a view of wider rows, NaN between)
@@ -462,6 +465,53 @@ def test_gqa_warp_specialized_kernel_matches_reference(emu_ws, case, schedule):
     emu_ws.emu_configure(*SCHEDULES[schedule])
     pt, lengths, splits, warps = WS_CASES[case]
     assert _run(emu_ws, pt, lengths, splits, warps=warps, wgmma=2, nan_tail=37) < 5e-3
+
+
+# The sum-checked softmax (wgmma 6: the tile max only where P's partial sums pass 2^7): every
+# shape the pipelined kernel runs, contiguous and paged, 4 and 8 warps.
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("case", list(PV_CASES))
+def test_gqa_sumcheck_kernel_matches_reference(emu, case, schedule):
+    emu.emu_configure(*SCHEDULES[schedule])
+    pt, lengths, splits, warps = PV_CASES[case]
+    assert _run(emu, pt, lengths, splits, warps=warps, wgmma=6) < 5e-3
+
+
+SUMCHECK_EQUAL_CASES = {
+    # random scores: after a split's first tile every sum stays far below the bound
+    "T65-random": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [700, 333], 3, 4, {}),
+    "paged-ps16-8warps": (_point(heads=16, kv_heads=2, T=16, d=128, layout="paged"), [900], 2, 8, {}),
+    # keys growing along the sequence: sums past the bound, the exact path with and without a
+    # rescale of O
+    "T65-growing-keys": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [300, 250], 2, 4,
+                         {"key_ramp": lambda j: 1.0 + 0.04 * j}),
+    "paged-growing-keys": (_point(b=2, heads=8, kv_heads=2, T=17, d=128, layout="paged"), [300, 200], 2, 4,
+                           {"key_ramp": lambda j: 1.0 + 0.04 * j}),
+}
+
+
+@pytest.mark.parametrize("case", list(SUMCHECK_EQUAL_CASES))
+def test_sumcheck_kernel_equals_the_pipelined_kernel(emu, case):
+    """A tile whose sums pass the bound runs wgmma_pv's softmax itself, and one whose sums do
+    not would not have moved the max there: the outputs are bit-equal to wgmma_pv's (the split
+    partials and their merge included), whichever path each tile took."""
+    emu.emu_configure(*SCHEDULES["skewed"])
+    pt, lengths, splits, warps, extra = SUMCHECK_EQUAL_CASES[case]
+    outs = {}
+    for wgmma in (2, 6):
+        _run(emu, pt, lengths, splits, warps=warps, wgmma=wgmma, outputs=outs.setdefault(wgmma, []), **extra)
+    assert torch.equal(outs[2][0], outs[6][0])
+
+
+def test_sumcheck_takes_the_exact_path_for_a_row_that_has_seen_nothing(emu):
+    """Tree token 64 sees only itself (key 64, the second tile): through the first tile its max
+    is -inf. Its one score is ~+-700 in log2 units (keys x 500), so P against a reference of 0
+    would underflow to zeros where the score is negative (l = 0: a zero row instead of V_64); the
+    row must take the exact path, which sets the max from the score."""
+    emu.emu_configure(*SCHEDULES["lockstep"])
+    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
+    big = lambda j: torch.full_like(j, 500.0)
+    assert _run(emu, pt, [0, 0], 1, warps=4, wgmma=6, self_only=True, key_ramp=big) < 5e-3
 
 
 @pytest.mark.parametrize("schedule", ["lockstep", "skewed"])

@@ -8,6 +8,7 @@ kernels in ci/gpu/selfcheck.sh; the timing is the kernel workload's (scenarios/k
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -213,6 +214,53 @@ def test_wgmma_ahead_equals_wgmma_pv_and_replays_in_a_graph(hopper):
     b = cv.tree_verify_attention(*args, impl="wgmma_ahead")
     assert torch.equal(a, b)
     _replays_equal(lambda out: cv.tree_verify_attention(*args, impl="wgmma_ahead", out=out), b)
+
+
+# The sum-checked softmax (impl wgmma_sumcheck): every shape the pipelined kernel runs (paged and
+# 8 warps too), bit-equal to it whichever path each tile takes.
+SUMCHECK_CASES = AHEAD_CASES | {
+    "paged16-g4-T65": (point(b=2, T=65, layout="paged", ps=16), [3000, 1100]),
+    "paged1-g4-T16": (point(b=2, T=16, layout="paged", ps=1), [5000, 700]),
+    "g8-T64-8warps": (point(heads=64, kv_heads=8, T=64), [4096]),
+}
+SUMCHECK_CASES.pop("paged16-g4-T65-as-pv")
+
+
+@pytest.mark.parametrize("case", list(SUMCHECK_CASES))
+def test_wgmma_sumcheck_variant_matches_float64_reference(case, hopper):
+    pt, lengths = SUMCHECK_CASES[case]
+    nan_tail = 37 if pt.layout == "contiguous" else 0
+    warps = 8 if case.endswith("8warps") else None
+    assert check(pt, lengths, impl="wgmma_sumcheck", nan_tail=nan_tail, num_warps=warps) <= TOL
+
+
+@pytest.mark.parametrize("splits", [1, 2, 7, 64])
+def test_wgmma_sumcheck_any_split_count(splits, hopper):
+    assert check(point(b=2, T=65), [3000, 150], num_splits=splits, impl="wgmma_sumcheck") <= TOL
+
+
+@pytest.mark.parametrize("keys", ["random", "growing", "paged"])
+def test_wgmma_sumcheck_equals_wgmma_pv_and_replays_in_a_graph(keys, hopper):
+    """Random keys (after each split's first tile every tile stays on the fast path), keys that
+    grow along the sequence (tiles past the bound: the exact path, with and without a rescale),
+    a paged cache: bit-equal to wgmma_pv, and a captured call replays equal to an eager one."""
+    from harness.kernels.verify import custom_verify as cv
+
+    pt = point(b=2, T=65, layout="paged" if keys == "paged" else "contiguous")
+    inp = kw.make_inputs(pt, [9000, 3000], 5, DEV, torch.bfloat16)
+    if keys == "growing":
+        ramp = 1.0 + 3.0 * torch.arange(inp["k"].shape[2], device=DEV) / inp["k"].shape[2]
+        inp["k"] = (inp["k"].float() * ramp[:, None]).to(torch.bfloat16)
+    if keys == "paged":
+        call = functools.partial(cv.tree_verify_attention_paged, inp["q"], inp["k"], inp["v"], inp["page_table"],
+                                 inp["lengths"], inp["bits"])
+    else:
+        call = functools.partial(cv.tree_verify_attention, inp["q"], inp["k"], inp["v"], inp["lengths"],
+                                 inp["bits"])
+    a = call(impl="wgmma_pv")
+    b = call(impl="wgmma_sumcheck")
+    assert torch.equal(a, b)
+    _replays_equal(lambda out: call(impl="wgmma_sumcheck", out=out), b)
 
 
 def _replays_equal(call, eager: torch.Tensor) -> None:

@@ -80,15 +80,15 @@ def test_a_kernel_cell_may_name_the_variant():
     assert sorted(c["custom_impl"] for c in cells) == ["mma", "wgmma"]
 
 
-def test_the_tail_merge_and_ahead_variants_are_cells_of_their_own_and_never_auto():
-    """wgmma_tail and wgmma_merge (kernels/NOTES.md, session 27: level with wgmma_pv and slower)
-    and wgmma_ahead (built in session 29, not yet timed) are chosen by name only, each its own
-    cell; no device class gets them from `auto`."""
-    variants = ("wgmma_tail", "wgmma_merge", "wgmma_ahead")
+def test_the_pipelined_kernels_variants_are_cells_of_their_own_and_never_auto():
+    """wgmma_tail and wgmma_merge (kernels/NOTES.md, session 27: level with wgmma_pv and slower),
+    wgmma_ahead (session 30: level to slower) and wgmma_sumcheck (built in session 31, not yet
+    timed) are chosen by name only, each its own cell; no device class gets them from `auto`."""
+    variants = ("wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck")
     text = ("name: c\ndefaults:\n  workload: kernel\n  verify_mode: custom\n  device: cuda\n"
             f"matrix:\n  custom_impl: [wgmma_pv, {', '.join(variants)}]\n")
     cells = parse_scenario(text, "c.yaml").cells()
-    assert len({params.cell_id(c) for c in cells}) == 4
+    assert len({params.cell_id(c) for c in cells}) == 5
     for device in ("hopper", "cuda", "cpu"):
         assert params.custom_auto(device, 128) not in variants
     for impl in variants:
