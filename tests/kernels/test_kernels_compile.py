@@ -73,6 +73,9 @@ def spills(stderr: str, archs: tuple[str, ...]) -> list[str]:
 
 
 VERIFY_ARCHS = ("90a", "120")
+# gqa_pipelined_kernel<128, 4, contiguous, no merge>: wgmma_pv's, and with the sum-checked softmax
+PIPELINED = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0ELb0EEEvNS_10AttnParamsE"
+SUMCHECK = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0ELb1EEEvNS_10AttnParamsE"
 TREE_BUILD_ARCHS = ("90a", "120")
 
 
@@ -153,12 +156,8 @@ def _cuda_tool(name: str) -> str | None:
     return None
 
 
-def loop_events(obj: Path, function: str) -> list[str]:
-    """The main loop of `function`'s sm_90a SASS in `obj` (the shortest span of a backward branch
-    that holds both an S product and a softmax: barrier spin loops hold neither, and branches
-    back from code laid out after the loop hold more), as its schedule's events in order: S (an
-    HGMMA 64x64), PV (64x128), a warpgroup wait `wait N` (WARPGROUP.DEPBAR.LE gsb0, N: at most
-    N groups left in flight) and EX2 (the softmax's MUFU.EX2)."""
+def sass(obj: Path, function: str) -> list[tuple[int, str]]:
+    """`function`'s sm_90a SASS in `obj` as (address, instruction) pairs."""
     tool, disasm = _cuda_tool("cuobjdump"), _cuda_tool("nvdisasm")
     if tool is None or disasm is None:
         pytest.skip("cuobjdump or nvdisasm not found (the nvidia-cuda-cuobjdump and -nvdisasm wheels, "
@@ -167,26 +166,83 @@ def loop_events(obj: Path, function: str) -> list[str]:
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "NVDISASM_PATH": str(Path(disasm).parent)})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    code = [(int(m.group(1), 16), m.group(2)) for m in
+    code = [(int(m.group(1), 16), m.group(2).strip()) for m in
             re.finditer(r"/\*([0-9a-f]{4,6})\*/\s+([^;]*);", proc.stdout)]
     assert code, f"no SASS for {function}"
-    def event(ins: str) -> str | None:
-        if "HGMMA.64x64x16" in ins:
-            return "S"
-        if "HGMMA.64x128x16" in ins:
-            return "PV"
-        if (w := re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", ins)):
-            return f"wait {int(w.group(1), 16)}"
-        return "EX2" if "MUFU.EX2" in ins else None
+    return code
 
-    def span_events(start: int, end: int) -> list[str]:
-        return [e for at, ins in code if start <= at <= end and (e := event(ins))]
+
+def _event(ins: str) -> str | None:
+    if "HGMMA.64x64x16" in ins:
+        return "S"
+    if "HGMMA.64x128x16" in ins:
+        return "PV"
+    if (w := re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", ins)):
+        return f"wait {int(w.group(1), 16)}"
+    return "EX2" if "MUFU.EX2" in ins else None
+
+
+def main_loop(code: list[tuple[int, str]]) -> tuple[int, int]:
+    """The main loop's (first, last) address: the shortest span of a backward branch that holds
+    both an S product and a softmax (barrier spin loops hold neither, and branches back from
+    code laid out after the loop hold more)."""
+    def events(start: int, end: int) -> set[str]:
+        return {e for at, ins in code if start <= at <= end and (e := _event(ins))}
 
     back = [(int(t.group(1), 16), at) for at, ins in code
             if (t := re.search(r"\bBRA (0x[0-9a-f]+)", ins)) and int(t.group(1), 16) < at]
-    loops = [span for span in back if {"S", "EX2"} <= set(span_events(*span))]
-    assert loops, f"no loop with S and a softmax in {function}"
-    return span_events(*min(loops, key=lambda span: span[1] - span[0]))
+    loops = [span for span in back if {"S", "EX2"} <= events(*span)]
+    assert loops, "no loop with S and a softmax"
+    return min(loops, key=lambda span: span[1] - span[0])
+
+
+def loop_events(obj: Path, function: str) -> list[str]:
+    """The main loop of `function` (main_loop) as its schedule's events in order: S (an HGMMA
+    64x64), PV (64x128), a warpgroup wait `wait N` (WARPGROUP.DEPBAR.LE gsb0, N: at most N
+    groups left in flight) and EX2 (the softmax's MUFU.EX2)."""
+    code = sass(obj, function)
+    start, end = main_loop(code)
+    return [e for at, ins in code if start <= at <= end and (e := _event(ins))]
+
+
+def shortest_paths_to_vote(obj: Path, function: str) -> list[list[str]]:
+    """For each wait for S in the main loop (`wait 1`: only P V left in flight), the opcodes on
+    the shortest path (in instructions, through branches taken or not) from it to the softmax's
+    vote: the way a tile with nothing to mask and nothing to rescale goes."""
+    code = sass(obj, function)
+    start, end = main_loop(code)
+    index = {at: i for i, (at, _) in enumerate(code)}
+
+    def successors(i: int) -> list[int]:
+        ins = code[i][1]
+        target = re.search(r"\bBRA (0x[0-9a-f]+)", ins)
+        nxt = [i + 1] if i + 1 < len(code) and not (target and not ins.startswith("@")) else []
+        return nxt + ([index[int(target.group(1), 16)]] if target else [])
+
+    paths = []
+    for i, (at, ins) in enumerate(code):
+        if not (start <= at <= end and _event(ins) == "wait 1"):
+            continue
+        came_from, frontier, found = {i: None}, [i], None
+        while frontier and found is None:          # breadth-first: each edge one instruction
+            step = []
+            for j in frontier:
+                if "VOTE" in code[j][1]:
+                    found = j
+                    break
+                for k in successors(j):
+                    if k not in came_from:
+                        came_from[k] = j
+                        step.append(k)
+            frontier = step
+        assert found is not None, f"no vote after the wait at {at:#x}"
+        path, j = [], found
+        while j is not None:
+            ins = code[j][1]
+            path.append((ins.split()[1] if ins.startswith("@") else ins.split()[0]).split(".")[0])
+            j = came_from[j]
+        paths.append(path[::-1])
+    return paths
 
 
 def waits_before_softmax(events: list[str]) -> list[list[str]]:
@@ -218,5 +274,21 @@ def test_s_a_tile_ahead_leaves_the_softmax_without_waiting_for_s(compiled):
     _, obj = compiled
     ahead = waits_before_softmax(loop_events(obj, "_ZN3tva16gqa_ahead_kernelENS_10AttnParamsE"))
     assert len(ahead) == 2 and all(w == ["wait 2"] for w in ahead), ahead
-    pipelined = waits_before_softmax(loop_events(obj, "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0EEEvNS_10AttnParamsE"))
+    pipelined = waits_before_softmax(loop_events(obj, PIPELINED))
     assert len(pipelined) == 2 and all("wait 1" in w for w in pipelined), pipelined
+
+
+def test_the_sum_checked_softmax_has_no_max_on_its_fast_path(compiled):
+    """gqa_pipelined_kernel<..., SUMCHECK> (custom_impl wgmma_sumcheck): from the wait for S to
+    the vote, a tile with nothing to mask runs the exponentials straight from S's registers and
+    their row sums: no max tree, no shuffle, no copy of S (a copy before the mask branch once
+    cost a move a score). The plain pipelined kernel's same path has the max tree and its
+    shuffles, which this check tells apart."""
+    _, obj = compiled
+    for path in shortest_paths_to_vote(obj, SUMCHECK):
+        # 32 exponentials and the two rows' 16-term sum trees (15 adds each)
+        assert path.count("MUFU") == 32 and path.count("FADD") == 30, path
+        assert not {"SHFL", "FMNMX"} & set(path), path
+        assert path.count("IMAD") <= 2 and len(path) <= 115, (len(path), path)
+    for path in shortest_paths_to_vote(obj, PIPELINED):
+        assert path.count("SHFL") == 4 and path.count("FMNMX") >= 30, path
