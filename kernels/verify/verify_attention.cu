@@ -1752,11 +1752,11 @@ struct GqaTmaParams {
     AttnParams p;
 };
 
-template <int D, int NW>
+template <int D, int NW, bool SUMCHECK = false>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_tma_kernel(const __grid_constant__ GqaTmaParams a) {
     wait_for_previous_kernel();
-    gqa_pipelined<D, NW, false, true>(a.p, &a.k, &a.v);
+    gqa_pipelined<D, NW, false, true, false, false, SUMCHECK>(a.p, &a.k, &a.v);
 }
 
 #ifdef TVA_TMA
@@ -2651,6 +2651,9 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
     if (wgmma == 3) wgmma = 2;
     if (wgmma == 6) {                    // the sum-checked softmax: the pipelined kernel's shapes
         if constexpr (D == 128) {
+#ifdef TVA_TMA
+            if (!PAGED && num_warps == 4) return launch_gqa_tma<D, 4>(gqa_tma_kernel<D, 4, true>, p, stream, m_blocks);
+#endif
             if (num_warps == 4) return launch_gqa<D, 4, PAGED, 6>(p, stream, m_blocks);
             if (num_warps == 8) return launch_gqa<D, 8, PAGED, 6>(p, stream, m_blocks);
         }

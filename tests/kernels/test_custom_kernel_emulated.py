@@ -436,6 +436,20 @@ def test_gqa_ahead_tma_kernel_matches_reference(emu_tma, case, schedule):
     assert _run(emu_tma, pt, lengths, splits, warps=warps, wgmma=5, nan_tail=37) < 5e-3
 
 
+@pytest.mark.parametrize("case", ["T65-random", "T65-growing-keys"])
+def test_sumcheck_tma_kernel_equals_the_pipelined_tma_kernel(emu_tma, case):
+    """The sum-checked softmax in the tensor-copy build (gqa_tma_kernel<..., SUMCHECK>): bit-equal
+    to that build's wgmma_pv, on random keys and on keys growing along the sequence (the exact
+    path), with NaN past each sequence read by the boxes."""
+    emu_tma.emu_configure(*SCHEDULES["skewed-early-copies"])
+    pt, lengths, splits, warps, extra = SUMCHECK_EQUAL_CASES[case]
+    outs = {}
+    for wgmma in (2, 6):
+        _run(emu_tma, pt, lengths, splits, warps=warps, wgmma=wgmma, nan_tail=37,
+             outputs=outs.setdefault(wgmma, []), **extra)
+    assert torch.equal(outs[2][0], outs[6][0])
+
+
 @pytest.fixture(scope="module")
 def emu_ws(tmp_path_factory):
     """The warp-specialised build (-DTVA_TMA -DTVA_WS): a producer warpgroup's tensor copies,
