@@ -15,7 +15,7 @@ def decode_cell(**kw) -> dict:
 
 
 @pytest.mark.parametrize("on_cuda,capability,expected", [
-    (True, (9, 0), "wgmma_pv"), (True, (8, 0), "mma"), (True, (12, 0), "mma"), (True, None, "mma"),
+    (True, (9, 0), "wgmma_sumcheck"), (True, (8, 0), "mma"), (True, (12, 0), "mma"), (True, None, "mma"),
     (False, None, "mma")])
 def test_auto_is_wgmma_on_hopper_only(on_cuda, capability, expected):
     cell = decode_cell(verify_mode="custom", model="qwen3-8b")       # head_dim 128
@@ -81,16 +81,18 @@ def test_a_kernel_cell_may_name_the_variant():
 
 
 def test_the_pipelined_kernels_variants_are_cells_of_their_own_and_never_auto():
-    """wgmma_tail and wgmma_merge (kernels/NOTES.md, session 27: level with wgmma_pv and slower),
-    wgmma_ahead (session 30: level to slower) and wgmma_sumcheck (built in session 31, not yet
-    timed) are chosen by name only, each its own cell; no device class gets them from `auto`."""
-    variants = ("wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck")
+    """wgmma_pv (what auto ran on Hopper until session 31's wgmma_sumcheck, 1.03-1.06x faster at
+    65 tree tokens), wgmma_tail and wgmma_merge (kernels/NOTES.md, session 27: level with
+    wgmma_pv and slower) and wgmma_ahead (session 30: level to slower) are chosen by name only,
+    each its own cell; no device class gets them from `auto` (at GQA head dim 128)."""
+    variants = ("wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead")
     text = ("name: c\ndefaults:\n  workload: kernel\n  verify_mode: custom\n  device: cuda\n"
-            f"matrix:\n  custom_impl: [wgmma_pv, {', '.join(variants)}]\n")
+            f"matrix:\n  custom_impl: [wgmma_sumcheck, {', '.join(variants)}]\n")
     cells = parse_scenario(text, "c.yaml").cells()
     assert len({params.cell_id(c) for c in cells}) == 5
     for device in ("hopper", "cuda", "cpu"):
         assert params.custom_auto(device, 128) not in variants
+    assert params.custom_auto("hopper", 128) == "wgmma_sumcheck"
     for impl in variants:
         decode = decode_cell(verify_mode="custom", model="qwen3-8b", custom_impl=impl)
         assert params.resolve_kernels(decode, True, (9, 0))["custom_impl"] == impl

@@ -84,7 +84,10 @@ IMPL_DEFAULTS = {p.name: p.default for p in IMPL_PARAMS}
 # the mma.sync variant's time at 64 and 65 tree tokens, 4k-64k, H200: kernels/NOTES.md, session
 # 7) and for the MLA latent (62.97 vs 72.72 us at 65536 keys in one call, 57.15 after a second
 # change; H200, kernels/NOTES.md, session 16), QK^T only at other head dims (the d64 P V failed
-# the float64 check there); mma.sync on other GPUs.
+# the float64 check there); mma.sync on other GPUs. The GQA kernel with the sum-checked softmax
+# (wgmma_sumcheck: bit-equal to wgmma_pv; 1.03-1.06x faster at 65 tree tokens over 4k-128k keys,
+# level at 16, the loop at 64k 2 % more tokens/s and level at 4k; H100, kernels/NOTES.md,
+# session 31); the MLA latent runs its own P V kernel (wgmma_pv), which has no variants.
 # The skinny linear kernel on Hopper: graph-captured plain decoding of Qwen3-8B 2.1-2.8 % more
 # tokens/s at 4k-64k (442 -> 370 kernels a step), gpu/full 0.4 % shorter steps at 4k, level at
 # 64k (H200, results/h200/README.md, session 12); not measured on other GPUs.
@@ -93,7 +96,7 @@ AUTO_KERNELS = {
     "cuda": {"fused_ops": True, "topk_impl": "triton", "tree_build_impl": "cuda",
              "custom_impl": "mma", "linear_impl": "torch", "accept_impl": "triton"},
     "hopper": {"fused_ops": True, "topk_impl": "triton", "tree_build_impl": "cuda",
-               "custom_impl": "wgmma_pv", "linear_impl": "triton", "accept_impl": "triton"},
+               "custom_impl": "wgmma_sumcheck", "linear_impl": "triton", "accept_impl": "triton"},
     "cpu": {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "torch",
             "custom_impl": "mma", "linear_impl": "torch", "accept_impl": "torch"},
 }
@@ -118,8 +121,10 @@ CUDA_TREE_MAX_NODES, CUDA_TREE_MAX_DEPTH = 256, 16
 def custom_auto(device: str, head_dim: int | None, mla: bool = False) -> str:
     """What custom_impl `auto` runs on a device class for a head dim (None: not known here)."""
     impl = AUTO_KERNELS[device]["custom_impl"]
-    if impl in PIPELINED_IMPLS and not mla and head_dim != 128:
-        impl = "wgmma"        # the GQA P V wgmma is checked at head_dim 128 only
+    if impl in PIPELINED_IMPLS and mla:
+        return "wgmma_pv"     # the latent's own P V kernel: the GQA kernel's variants are not its
+    if impl in PIPELINED_IMPLS and head_dim != 128:
+        return "wgmma"        # the GQA P V wgmma is checked at head_dim 128 only
     return impl
 
 
