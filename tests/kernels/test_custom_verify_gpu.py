@@ -218,12 +218,11 @@ def test_wgmma_ahead_equals_wgmma_pv_and_replays_in_a_graph(hopper):
 
 # The sum-checked softmax (impl wgmma_sumcheck): every shape the pipelined kernel runs (paged and
 # 8 warps too), bit-equal to it whichever path each tile takes.
-SUMCHECK_CASES = AHEAD_CASES | {
+SUMCHECK_CASES = {c: v for c, v in AHEAD_CASES.items() if not c.endswith("-as-pv")} | {
     "paged16-g4-T65": (point(b=2, T=65, layout="paged", ps=16), [3000, 1100]),
     "paged1-g4-T16": (point(b=2, T=16, layout="paged", ps=1), [5000, 700]),
     "g8-T64-8warps": (point(heads=64, kv_heads=8, T=64), [4096]),
 }
-SUMCHECK_CASES.pop("paged16-g4-T65-as-pv")
 
 
 @pytest.mark.parametrize("case", list(SUMCHECK_CASES))
