@@ -85,9 +85,10 @@ IMPL_DEFAULTS = {p.name: p.default for p in IMPL_PARAMS}
 # 7) and for the MLA latent (62.97 vs 72.72 us at 65536 keys in one call, 57.15 after a second
 # change; H200, kernels/NOTES.md, session 16), QK^T only at other head dims (the d64 P V failed
 # the float64 check there); mma.sync on other GPUs. The GQA kernel with the sum-checked softmax
-# (wgmma_sumcheck: bit-equal to wgmma_pv; 1.03-1.06x faster at 65 tree tokens over 4k-128k keys,
-# level at 16, the loop at 64k 2 % more tokens/s and level at 4k; H100, kernels/NOTES.md,
-# session 31); the MLA latent runs its own P V kernel (wgmma_pv), which has no variants.
+# (wgmma_sumcheck: bit-equal to wgmma_pv; 1.02-1.07x faster at 65 tree tokens over 4k-64k keys,
+# level at 16, the loop at 64k 2-3 % more tokens/s and level at 4k; H100 and H200,
+# kernels/NOTES.md, session 31); the MLA latent runs its own P V kernel (wgmma_pv), which has no
+# variants.
 # The skinny linear kernel on Hopper: graph-captured plain decoding of Qwen3-8B 2.1-2.8 % more
 # tokens/s at 4k-64k (442 -> 370 kernels a step), gpu/full 0.4 % shorter steps at 4k, level at
 # 64k (H200, results/h200/README.md, session 12); not measured on other GPUs.
