@@ -3,7 +3,9 @@ a kernel: what `harness counters RUN` prints and the HTML report's counters tabl
 
 A cell carries `ncu.<kernel>.<counter>` for its own call (a kernel cell's verify mode, an op
 cell's op) and `<mode>.ncu.<kernel>.<counter>` for each mode a kernel cell compares; a kernel
-may carry its launch number (`gqa_kernel.2`), a counter may be `stall.<reason>`.
+may carry its launch number (`gqa_kernel.2`), a counter may be `stall.<reason>` (cycles a warp
+waits for it per issued instruction) or `time.<OPCODE>` (% of the warps' samples at that kind of
+instruction).
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ COLUMNS = (
     ("GHz", "sm_ghz", "{:.2f}", 1),
 )
 STALLS_COLUMN = "top stalls (cycles/issue)"
+TIME_COLUMN = "warp time by instruction (%)"
+TEXT_COLUMNS = (STALLS_COLUMN, TIME_COLUMN)     # after COLUMNS, left-aligned
 TOP_STALLS = 3
+TOP_TIME = 3
 
-_NAME = re.compile(r"^(?:(?P<mode>\w+)\.)?ncu\.(?P<kernel>\w+(?:\.\d+)?)\.(?P<counter>[a-z0-9_.]+)$")
+_NAME = re.compile(r"^(?:(?P<mode>\w+)\.)?ncu\.(?P<kernel>\w+(?:\.\d+)?)\.(?P<counter>[a-z0-9_.]+|time\.\w+)$")
 
 
 @dataclass
@@ -38,9 +43,9 @@ class Row:
     values: dict[str, float]
 
     def cells(self) -> list[str]:
-        """The COLUMNS formatted ('–' where absent), then the top stalls."""
+        """The COLUMNS formatted ('–' where absent), then the TEXT_COLUMNS."""
         return [_fmt(self.values.get(key), spec, scale) for _, key, spec, scale in COLUMNS] + \
-            [top_stalls(self.values)]
+            [top_stalls(self.values), top_time(self.values)]
 
 
 def rows(result: dict) -> list[Row]:
@@ -64,6 +69,13 @@ def top_stalls(values: dict[str, float]) -> str:
     stalls = sorted(((v, k.removeprefix("stall.")) for k, v in values.items() if k.startswith("stall.")),
                     reverse=True)[:TOP_STALLS]
     return ", ".join(f"{name} {v:.2f}" for v, name in stalls) or "–"
+
+
+def top_time(values: dict[str, float]) -> str:
+    """The opcodes the warps spent most of their samples at: `MUFU 22, IMAD 12, FADD 7`."""
+    shares = sorted(((v, k.removeprefix("time.")) for k, v in values.items()
+                     if k.startswith("time.") and k != "time.other"), reverse=True)[:TOP_TIME]
+    return ", ".join(f"{op} {v:.0f}" for v, op in shares) or "–"
 
 
 def _fmt(value, spec: str, scale: float) -> str:

@@ -282,7 +282,7 @@ def _counters_table(planned: list[dict], results: dict[str, dict]) -> dict | Non
     cell asked for them."""
     order = list(dict.fromkeys([c["cell_id"] for c in planned] + list(results)))
     head = [_td(h) for h in ("cell", "mode", "kernel")]
-    head += [_td(name, num=True) for name, *_ in counters.COLUMNS] + [_td(counters.STALLS_COLUMN)]
+    head += [_td(name, num=True) for name, *_ in counters.COLUMNS] + [_td(h) for h in counters.TEXT_COLUMNS]
     rows = []
     for cid in order:
         r = results.get(cid)
@@ -290,12 +290,13 @@ def _counters_table(planned: list[dict], results: dict[str, dict]) -> dict | Non
             continue
         full = style.full_label({**r, "cell_id": cid})
         for i, row in enumerate(counters.rows(r)):
-            *values, stalls = row.cells()
+            cells = row.cells()
+            values, text = cells[:len(counters.COLUMNS)], cells[len(counters.COLUMNS):]
             rows.append([_td(full if i == 0 else "", title=f"{full} ({cid})"), _td(row.mode),
-                         _td(row.kernel)] + [_td(v, num=True) for v in values] + [_td(stalls)])
+                         _td(row.kernel)] + [_td(v, num=True) for v in values] + [_td(t) for t in text])
         for mode, why in counters.errors(r).items():
             rows.append([_td(full, title=cid), _td(mode), _td("no counters", cls="muted", detail=why)]
-                        + [_td("–", num=True) for _ in counters.COLUMNS] + [_td("")])
+                        + [_td("–", num=True) for _ in counters.COLUMNS] + [_td("") for _ in counters.TEXT_COLUMNS])
     if not rows:
         return None
     return {"caption": "Hardware counters (Nsight Compute, ncu: true)", "head": head, "rows": rows}

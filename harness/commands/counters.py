@@ -44,9 +44,9 @@ def counters(
         results = [r for r in results if match in str(r.get("label", ""))]
     table = Table(title=f"Hardware counters of {escape(run.run_id)} ({escape(run.scenario_name)})",
                   title_justify="left", header_style="bold")
-    for name in ("cell", "mode", "kernel", *(c[0] for c in view.COLUMNS), view.STALLS_COLUMN):
+    for name in ("cell", "mode", "kernel", *(c[0] for c in view.COLUMNS), *view.TEXT_COLUMNS):
         table.add_column(name, overflow="fold", min_width=24 if name == "cell" else None,
-                         justify="left" if name in ("cell", "mode", "kernel", view.STALLS_COLUMN)
+                         justify="left" if name in ("cell", "mode", "kernel", *view.TEXT_COLUMNS)
                          else "right")
     shown = 0
     missing: list[str] = []

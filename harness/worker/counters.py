@@ -6,6 +6,9 @@ Value` among others; `--page raw` one row per launch with every collected metric
 their units in a second row. The harness keeps a fixed set of them under short names (SUMMARY,
 and STALL from the raw page), each in one unit whatever unit ncu printed (its console units
 depend on the version and on `--print-units`), so two runs' numbers mean the same thing.
+`--page source --print-source sass` prints each kernel's SASS, an instruction a row with the warp
+state samples taken at it: summed by opcode (`time.<OPCODE>`), they say which kind of
+instruction a latency-bound kernel's warps spend their time at (parse_source).
 
 No I/O and no torch here: harness/worker/ncu.py runs the profiler and hands its text to `parse`.
 """
@@ -40,8 +43,9 @@ SUMMARY: dict[tuple[str, str], tuple[str, str]] = {
     ("Warp State Statistics", "Warp Cycles Per Issued Instruction"): ("cycles_per_issue", "cycle"),
 }
 
-# The sections that collect them (`ncu --section NAME`).
-SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "SchedulerStats", "WarpStateStats")
+# The sections that collect them (`ncu --section NAME`); SourceCounters: the per-instruction
+# samples of the source page.
+SECTIONS = ("SpeedOfLight", "LaunchStats", "Occupancy", "SchedulerStats", "WarpStateStats", "SourceCounters")
 
 # Raw-page columns of the warp state section: the cycles a warp spends stalled for each reason,
 # per issued instruction (they sum to cycles_per_issue). Kept as `stall.<reason>`.
@@ -51,6 +55,12 @@ STALL = re.compile(r"^smsp__average_warps_issue_stalled_(\w+?)_per_issue_active(
 # instructions the kernel executed, which with cycles_per_issue and warps_per_scheduler say
 # where a latency-bound kernel's time goes.
 RAW = {"smsp__inst_executed.sum": "instructions"}
+
+# The source page's column of warp state samples at an instruction (issued or stalled there).
+SAMPLES = "Warp Stall Sampling (All Samples)"
+# An opcode whose instructions hold less than this share of a kernel's samples is summed into
+# `time.other`.
+TIME_MIN_PCT = 1.0
 
 _TIME_S = {"s": 1.0, "second": 1.0, "ms": 1e-3, "msecond": 1e-3, "us": 1e-6, "usecond": 1e-6,
            "ns": 1e-9, "nsecond": 1e-9}
@@ -165,6 +175,64 @@ def _raw_values(raw: str) -> dict[str, dict[str, float]]:
                        if (key := RAW.get(name)) and (v := number(row[i])) is not None})
         out[row[id_col].strip()] = values
     return out
+
+
+def parse_source(text: str) -> dict[str, dict[str, float]]:
+    """The source page: kernel short name -> {`time.<OPCODE>`: % of the kernel's warp state
+    samples taken at instructions of that opcode (`MUFU` for `MUFU.EX2`, predicates dropped)},
+    opcodes under TIME_MIN_PCT summed as `time.other`. A kernel the page prints again (ncu
+    repeats a function's listing) counts once; one without samples is left out."""
+    found: dict[str, dict[str, float]] = {}
+    name, header, counts = None, None, None
+
+    def finish() -> None:
+        total = sum(counts.values()) if counts else 0.0
+        if name is None or not total:
+            return
+        shares: dict[str, float] = {}
+        for op, n in counts.items():
+            pct = 100.0 * n / total
+            key = f"time.{op}" if pct >= TIME_MIN_PCT else "time.other"
+            shares[key] = shares.get(key, 0.0) + pct
+        found[name] = shares
+
+    for row in csv.reader(io.StringIO(text)):
+        if not row:
+            continue
+        if row[0] == "Kernel Name" and len(row) > 1:
+            finish()
+            name, header = short_name(row[1]), None
+            counts = None if name in found else {}
+            continue
+        if row[0] == "Address":
+            header = row
+            continue
+        if counts is None or header is None or len(row) != len(header) or SAMPLES not in header:
+            continue
+        samples = number(row[header.index(SAMPLES)])
+        op = opcode(row[header.index("Source")]) if "Source" in header else ""
+        if samples and op:
+            counts[op] = counts.get(op, 0.0) + samples
+    finish()
+    return found
+
+
+def opcode(sass: str) -> str:
+    """`@!P0 MUFU.EX2 R1, R2` -> `MUFU`."""
+    words = sass.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else ""
+
+
+def add_source(pages: Pages, source: dict[str, dict[str, float]]) -> None:
+    """parse_source's shares onto the first launch of each kernel (the page sums a kernel's
+    launches)."""
+    named: set[str] = set()
+    for k in pages.kernels:
+        if k.name in source and k.name not in named:
+            k.values.update(source[k.name])
+            named.add(k.name)
 
 
 def _csv_part(text: str) -> str:

@@ -13,7 +13,9 @@ from harness.protocol import params
 from harness.sweep.journal import RunJournal
 from harness.worker import counters
 
-DETAILS = (Path(__file__).resolve().parents[1] / "worker" / "data" / "ncu_details_h200.csv").read_text()
+DATA = Path(__file__).resolve().parents[1] / "worker" / "data"
+DETAILS = (DATA / "ncu_details_h200.csv").read_text()
+SOURCE = (DATA / "ncu_source_h100.csv").read_text()
 RAW = ('"ID","Kernel Name","smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",'
        '"smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",'
        '"smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio",'
@@ -22,7 +24,7 @@ RAW = ('"ID","Kernel Name","smsp__average_warps_issue_stalled_barrier_per_issue_
 
 
 def harness_cli(*args: str):
-    out = run_cli(list(args), cwd=Path.cwd(), env=dict(os.environ, COLUMNS="250"))
+    out = run_cli(list(args), cwd=Path.cwd(), env=dict(os.environ, COLUMNS="330"))
     return out.returncode, out.stdout + out.stderr
 
 
@@ -34,6 +36,7 @@ def kernel_cell(impl: str) -> dict:
 
 def journal(tmp_path: Path) -> Path:
     pages = counters.parse(DETAILS, RAW)
+    counters.add_source(pages, counters.parse_source(SOURCE))
     own = counters.flatten(pages)
     triton = {"triton." + k.replace("gqa_tail_kernel", "_verify_kernel"): v
               for k, v in own.items() if "gqa_tail_kernel" in k}
@@ -59,7 +62,8 @@ def test_each_kernel_of_each_mode_is_a_row(tmp_path):
     # µs, M instructions, SM %, DRAM %, L2 %, regs, occupancy, warps and eligible a scheduler,
     # cycles an issue
     assert cols[3:13] == ["235.4", "13.60", "51", "25", "46", "228", "12.3", "1.97", "0.50", "5.07"]
-    assert cols[-1] == "barrier 1.42, wait 1.39, selected 1.00"        # the three largest
+    assert cols[-2] == "barrier 1.42, wait 1.39, selected 1.00"        # the three largest
+    assert cols[-1] == "MUFU 21, IMAD 12, FADD 7"      # where the warps' samples were, by opcode
     tail = next(r for r in rows if "gqa_tail_kernel" in r)
     assert "244" in tail and "–" in tail                        # no stall columns for launch 2
     triton = next(r for r in rows if "_verify_kernel" in r)

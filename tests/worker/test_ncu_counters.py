@@ -15,7 +15,8 @@ import pytest
 
 from harness.worker import counters
 
-DETAILS = (Path(__file__).parent / "data" / "ncu_details_h200.csv").read_text(encoding="utf-8")
+DATA = Path(__file__).parent / "data"
+DETAILS = (DATA / "ncu_details_h200.csv").read_text(encoding="utf-8")
 
 RAW = "\n".join([
     '"ID","Process ID","Kernel Name","gpu__time_duration.sum",'
@@ -112,3 +113,50 @@ def test_short_kernel_names(name, short):
                                          ("1,5", None), ("-3", -3.0)])
 def test_numbers_as_ncu_prints_them(text, value):
     assert counters.number(text) == value
+
+
+# The source page of a real profile (session 31, H100: wgmma_sumcheck at 65 tree tokens over
+# 65536 keys, `--page source --csv --print-source sass`), trimmed to its columns this reads and
+# to the instructions with samples; the combine kernel printed twice, as ncu printed every kernel.
+SOURCE = (DATA / "ncu_source_h100.csv").read_text(encoding="utf-8")
+
+
+def test_the_source_page_says_which_instructions_the_warps_spend_their_time_at():
+    found = counters.parse_source(SOURCE)
+    assert set(found) == {"gqa_pipelined_kernel", "combine_kernel"}
+    pv = found["gqa_pipelined_kernel"]
+    # the exponentials first (32 MUFU.EX2 a tile at the special-function pipe's rate), then the
+    # copies' address arithmetic and the row sums: what kernels/NOTES.md read off this profile
+    assert pv["time.MUFU"] == pytest.approx(21.50, abs=0.01)
+    assert pv["time.IMAD"] == pytest.approx(11.67, abs=0.01)
+    assert pv["time.FADD"] == pytest.approx(7.03, abs=0.01)
+    assert sorted(pv, key=pv.get, reverse=True)[:3] == ["time.MUFU", "time.IMAD", "time.other"]
+    assert all(v >= counters.TIME_MIN_PCT for k, v in pv.items() if k != "time.other")
+    assert sum(pv.values()) == pytest.approx(100.0)
+    # printed twice, counted once: the shares are those of one listing
+    marker = '"Kernel Name","void tva::combine_kernel'
+    before, listing, _again = SOURCE.split(marker)
+    assert counters.parse_source(before + marker + listing)["combine_kernel"] == found["combine_kernel"]
+    assert found["combine_kernel"]["time.FMNMX"] == pytest.approx(59.52, abs=0.01)
+
+
+def test_the_source_shares_go_to_a_kernels_first_launch():
+    pages = counters.parse(DETAILS)
+    pages.kernels[1].name = pages.kernels[0].name          # gqa_pipelined_kernel launched twice
+    counters.add_source(pages, counters.parse_source(SOURCE))
+    flat = counters.flatten(pages)
+    assert flat["ncu.gqa_pipelined_kernel.time.MUFU"] == pytest.approx(21.5, abs=0.01)
+    assert not any(k.startswith("ncu.gqa_pipelined_kernel.2.time.") for k in flat)
+
+
+@pytest.mark.parametrize("text", ["", "==PROF== nothing", '"Kernel Name","k"\n"Address","Source"\n"0x0","NOP"'])
+def test_a_source_page_without_samples_gives_nothing(text):
+    assert counters.parse_source(text) == {}
+
+
+@pytest.mark.parametrize("sass, op", [("      MUFU.EX2 R168, R168", "MUFU"), ("@!P0  BRA 0x7f65", "BRA"),
+                                      ("@!PT  LDS RZ, [RZ]", "LDS"), ("HGMMA.64x64x16.F32.BF16 R88", "HGMMA"),
+                                      ("", "")])
+def test_opcodes_of_sass_lines(sass, op):
+    assert counters.opcode(sass) == op
+

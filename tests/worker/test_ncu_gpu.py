@@ -38,6 +38,11 @@ def test_a_kernel_cell_carries_the_counters_of_every_mode_it_timed(cuda):
         assert 0 < own[f"{kernel}.registers"] <= 255
         assert 0 <= own[f"{kernel}.sm_pct"] <= 100
     assert any(k.split(".")[-2] == "stall" for k in own), "no stall reason from the raw page"
+    # where the warps' samples were, by opcode (the source page): the softmax's exponentials
+    # among them, shares of 100
+    main = max(durations, key=durations.get).removesuffix(".duration_us")
+    time = {k: v for k, v in own.items() if k.startswith(f"{main}.time.")}
+    assert f"{main}.time.MUFU" in time and sum(time.values()) == pytest.approx(100.0, abs=0.5), time
 
 
 def test_an_op_cell_carries_its_kernels_counters(cuda):

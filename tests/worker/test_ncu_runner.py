@@ -26,8 +26,15 @@ MODE = {mode!r}
 args = sys.argv[1:]
 if "--import" in args:
     print("==PROF== importing")
-    if args[args.index("--page") + 1] == "details":
+    page = args[args.index("--page") + 1]
+    if page == "details":
         print(open({details!r}).read())
+    if page == "source":
+        if MODE == "no-source":
+            print("==ERROR== unknown option --print-source")
+            sys.exit(1)
+        assert args[args.index("--print-source") + 1] == "sass"
+        print(open({source!r}).read())
     sys.exit(0)
 if MODE == "perm":
     print("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU "
@@ -50,7 +57,8 @@ open(report, "w").write("report")
 def fake_ncu(tmp_path: Path, mode: str) -> str:
     exe = tmp_path / "ncu"
     exe.write_text(FAKE.format(python=sys.executable, mode=mode, args_file=str(tmp_path / "args.txt"),
-                               details=str(DATA / "ncu_details_h200.csv")))
+                               details=str(DATA / "ncu_details_h200.csv"),
+                               source=str(DATA / "ncu_source_h100.csv")))
     exe.chmod(0o755)
     return str(exe)
 
@@ -74,7 +82,15 @@ def test_a_report_becomes_the_kernels_counters(tmp_path):
     assert args[args.index("--profile-from-start") + 1] == "off"
     assert got["ncu.gqa_pipelined_kernel.duration_us"] == pytest.approx(235.42)
     assert got["ncu.gqa_tail_kernel.registers"] == 244
+    assert "SourceCounters" in {args[i + 1] for i, a in enumerate(args) if a == "--section"}
+    assert got["ncu.gqa_pipelined_kernel.time.MUFU"] == pytest.approx(21.5, abs=0.01)
     assert all(k.startswith("ncu.") for k in got)
+
+
+def test_an_ncu_without_the_source_page_keeps_the_other_counters(tmp_path):
+    got = ncu.profile(cpu_cell(), "custom", exe=fake_ncu(tmp_path, "no-source"))
+    assert got["ncu.gqa_pipelined_kernel.duration_us"] == pytest.approx(235.42)
+    assert not any(".time." in k for k in got)
 
 
 def test_the_profiled_process_says_why_it_cannot_run(tmp_path):
