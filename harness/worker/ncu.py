@@ -94,7 +94,11 @@ def profile(cell: dict, mode: str, *, timeout: float = TIMEOUT_S,
             raise Unavailable(_why(done, "ncu wrote no report"))
         details = _run([exe, "--import", str(rep), "--csv", "--page", "details"], 60.0)
         raw = _run([exe, "--import", str(rep), "--csv", "--page", "raw"], 60.0)
-        source = _run([exe, "--import", str(rep), "--csv", "--page", "source", "--print-source", "sass"], 60.0)
+        try:        # the time by opcode is extra: a version without the page keeps the rest
+            source = _run([exe, "--import", str(rep), "--csv", "--page", "source", "--print-source", "sass"],
+                          60.0)
+        except Unavailable:
+            source = None
     if details.returncode != 0:
         raise Unavailable(_why(details, "ncu could not export its report"))
     try:
@@ -103,7 +107,7 @@ def profile(cell: dict, mode: str, *, timeout: float = TIMEOUT_S,
         raise Unavailable(str(e)) from None
     if not pages.kernels:
         raise Unavailable("ncu profiled no kernel of the call")
-    if source.returncode == 0:      # the time by opcode is extra: a version without the page has the rest
+    if source is not None and source.returncode == 0:
         counters.add_source(pages, counters.parse_source(source.stdout))
     return counters.flatten(pages)
 
