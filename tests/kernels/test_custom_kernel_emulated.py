@@ -482,11 +482,11 @@ def test_gqa_warp_specialized_kernel_matches_reference(emu_ws, case, schedule):
 
 
 # The sum-checked softmax (wgmma 6: the tile max only where P's partial sums pass 2^7): every
-# shape the pipelined kernel runs, contiguous and paged, 4 and 8 warps.
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+# shape the pipelined kernel runs, contiguous and paged, 4 and 8 warps; its copies and barriers
+# are wgmma_pv's (checked under every schedule above), so one schedule, the racy one.
 @pytest.mark.parametrize("case", list(PV_CASES))
-def test_gqa_sumcheck_kernel_matches_reference(emu, case, schedule):
-    emu.emu_configure(*SCHEDULES[schedule])
+def test_gqa_sumcheck_kernel_matches_reference(emu, case):
+    emu.emu_configure(*SCHEDULES["skewed-early-copies"])
     pt, lengths, splits, warps = PV_CASES[case]
     assert _run(emu, pt, lengths, splits, warps=warps, wgmma=6) < 5e-3
 
