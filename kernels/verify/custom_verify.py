@@ -81,7 +81,7 @@ def _sm_count(index: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _gqa_occupancy(index: int, head_dim: int, num_warps: int, paged: bool, wgmma: bool) -> int:
+def _gqa_occupancy(index: int, head_dim: int, num_warps: int, paged: bool, wgmma: int) -> int:
     with torch.cuda.device(index):
         return max(1, _lib().tva_gqa_occupancy(head_dim, num_warps, int(paged), int(wgmma)))
 

@@ -281,8 +281,12 @@ def check(mode: str, pt: Point, device, dtype, seed: int, *, custom_impl: str = 
 
 def input_sets(pt: Point, device, dtype, seed: int) -> list[dict]:
     elem = torch.empty((), dtype=dtype).element_size()
-    n = set_count(pt.bytes(elem), device)
-    return [make_inputs(pt, [pt.context] * pt.batch, seed + 1 + i, device, dtype) for i in range(n)]
+    return [input_set(pt, device, dtype, seed, i) for i in range(set_count(pt.bytes(elem), device))]
+
+
+def input_set(pt: Point, device, dtype, seed: int, i: int) -> dict:
+    """The i-th timed input set of a cell whose sets start at `seed`."""
+    return make_inputs(pt, [pt.context] * pt.batch, seed + 1 + i, device, dtype)
 
 
 def measure_mode(mode: str, pt: Point, sets: list[dict], cell: dict, device, *,
@@ -306,7 +310,7 @@ def profile_call(cell: dict, mode: str, device, dtype):
     """The call `ncu: true` profiles (harness/worker/ncu_target.py): `mode` on the cell's first
     timed input set."""
     pt = Point.from_cell(cell)
-    inp = make_inputs(pt, [pt.context] * pt.batch, cell["seed"] * 1000 + 1, device, dtype)
+    inp = input_set(pt, device, dtype, cell["seed"] * 1000, 0)
     return prepare(mode, pt, inp, **custom_knobs(cell, pt, device))
 
 

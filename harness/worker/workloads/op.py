@@ -454,16 +454,20 @@ def _needs_cuda(cell: dict, device: torch.device) -> None:
 def profile_call(cell: dict, mode: str, device, dtype):
     """The call `ncu: true` profiles (harness/worker/ncu_target.py): the op's kernel on the
     cell's first timed input set (`mode` is the op)."""
-    cell = {**cell, **params.resolve_kernels(cell, device.type == "cuda")}
-    fam = family(cell, device, dtype)
+    fam = family(resolved(cell, device), device, dtype)
     return fam.call(fam.inputs(cell["seed"] * 1000))
+
+
+def resolved(cell: dict, device) -> dict:
+    """The cell with its `auto` kernel knobs resolved for this device."""
+    return {**cell, **params.resolve_kernels(cell, device.type == "cuda")}
 
 
 @torch.no_grad()
 def run(cell: dict, progress) -> dict:
     device = resolve_device(cell)
     dtype = resolve_dtype(cell, device)
-    cell = {**cell, **params.resolve_kernels(cell, device.type == "cuda")}   # auto: this device's
+    cell = resolved(cell, device)
     _needs_cuda(cell, device)
     graphstate.settle(device)                   # every cell times in the same graph state
     fam = family(cell, device, dtype)
