@@ -134,6 +134,15 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+// x clamped to [lo, hi], a NaN kept (max.NaN / min.NaN return NaN for a NaN operand; fmaxf and
+// fminf would return the bound).
+__device__ __forceinline__ float clamp_keep_nan(float x, float lo, float hi) {
+    float y;
+    asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(y) : "f"(x), "f"(lo));
+    asm("min.NaN.f32 %0, %1, %2;\n" : "=f"(y) : "f"(y), "f"(hi));
+    return y;
+}
+
 __device__ __forceinline__ void st_shared_b32(uint32_t a, uint32_t v) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
 }
@@ -584,26 +593,49 @@ __device__ __forceinline__ bool online_softmax(const float (&s)[NK / 8][4], int 
 // first tile has set m (kernels/NOTES.md), so the exact path runs on few tiles.
 constexpr float SUMCHECK_BOUND = static_cast<float>(1 << (static_cast<int>(RESCALE_LOG2) - 1));
 
-template <int NK>
+// 2^x on the FMA and integer pipes, for the exponentials the special-function pipe (MUFU.EX2,
+// one warp instruction every 8 cycles a scheduler) cannot take in time (`custom_impl:
+// wgmma_polyexp`; FlashAttention-4's software exp2). x = n + f with n = round(x) (the 1.5 2^23
+// trick: adding it leaves n in the sum's low mantissa bits) and f in [-1/2, 1/2]; 2^f by a
+// degree-3 polynomial (a relative-error minimax fit: at most 7.5e-5 off, against bf16 P's 2^-9
+// rounding), and 2^n added to its exponent bits. x is first clamped to [-125, 126], where that
+// addition stays a normal float (below, 2^x is < 2^-124 and counts for nothing beside a row sum
+// that is at least 1 once a tile has set m; above, the value passes the sum check's bound as
+// 2^x would); a NaN stays NaN, so the sum check still sees it. 9 instructions, none on MUFU.
+__device__ __forceinline__ float poly_exp2(float x) {
+    constexpr float ROUND = 12582912.f;    // 1.5 * 2^23
+    x = clamp_keep_nan(x, -125.f, 126.f);
+    const float t = x + ROUND;
+    const float f = x - (t - ROUND);
+    const float p = fmaf(fmaf(fmaf(0.05517134f, f, 0.24261034f), f, 0.69326097f), f, 0.99992812f);
+    return __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));
+}
+
+// POLY (`custom_impl: wgmma_polyexp`): on a tile with nothing masked, the last POLY of the NK / 8
+// score pairs a thread holds of each row take poly_exp2 instead of MUFU.EX2 (not bit-equal to
+// wgmma_sumcheck then: P within 7.5e-5 of it). A masked tile keeps MUFU.EX2, whose 2^-inf is 0.
+template <int NK, int POLY = 0>
 __device__ __forceinline__ bool sumchecked_softmax(const float (&s)[NK / 8][4], int kb, int L, int k_end,
                                                    const int32_t* const (&bits_row)[2], int tig, float scale,
                                                    float (&m_run)[2], float (&l_run)[2], float (&x)[NK / 8][4],
                                                    float (&alpha)[2]) {
     // P from S itself where the tile has no masked key (most tiles): a masked copy of S, live
     // beside S (which the exact path reads again), would cost a move a score.
-    const auto exps = [&](const float (&from)[NK / 8][4]) {
+    const auto exps = [&](const float (&from)[NK / 8][4], auto poly) {
+        constexpr int FIRST_POLY = NK / 8 - decltype(poly)::value;
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             const float m_use = max_ref(m_run[hf]);
 #pragma unroll
             for (int nt = 0; nt < NK / 8; ++nt) {
-                x[nt][2 * hf] = fast_exp2(fmaf(from[nt][2 * hf], scale, -m_use));
-                x[nt][2 * hf + 1] = fast_exp2(fmaf(from[nt][2 * hf + 1], scale, -m_use));
+                const float a = fmaf(from[nt][2 * hf], scale, -m_use), c = fmaf(from[nt][2 * hf + 1], scale, -m_use);
+                x[nt][2 * hf] = nt >= FIRST_POLY ? poly_exp2(a) : fast_exp2(a);
+                x[nt][2 * hf + 1] = nt >= FIRST_POLY ? poly_exp2(c) : fast_exp2(c);
             }
         }
     };
     if (kb + NK <= L) {
-        exps(s);
+        exps(s, std::integral_constant<int, POLY>{});
     } else {
         float masked[NK / 8][4];
 #pragma unroll
@@ -611,7 +643,7 @@ __device__ __forceinline__ bool sumchecked_softmax(const float (&s)[NK / 8][4], 
 #pragma unroll
             for (int e = 0; e < 4; ++e) masked[nt][e] = s[nt][e];
         mask_tile<NK>(masked, kb, L, k_end, bits_row, tig);
-        exps(masked);
+        exps(masked, std::integral_constant<int, 0>{});
     }
     const float sum[2] = {row_sum(x, 0), row_sum(x, 1)};
     // `<=` is false for NaN: a NaN term sends the tile to the exact path too.
@@ -1109,7 +1141,8 @@ __device__ __forceinline__ void copy_tile_rows(uint32_t dst, const char* base, i
     }
 }
 
-template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false, bool MERGE = false, bool SUMCHECK = false>
+template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false, bool MERGE = false, bool SUMCHECK = false,
+          int POLY = 0>
 __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap) {
     static_assert(!(TMA && PAGED), "tensor copies for a contiguous cache only");
     static_assert(!MERGE || (!TMA && NW == 4), "the cluster merge: cp.async, 4 warps");
@@ -1372,10 +1405,10 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
         }
     };
     // SUMCHECK: the loop's tiles through sumchecked_softmax (the first tile, before the loop,
-    // always takes the exact path: m is -inf there).
+    // always takes the exact path: m is -inf there), POLY of a row's score pairs by poly_exp2.
     auto softmax = [&](const float (&s)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&alpha)[2]) {
         if constexpr (SUMCHECK)
-            return sumchecked_softmax<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
+            return sumchecked_softmax<BN, POLY>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
         else
             return online_softmax<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
     };
@@ -1498,11 +1531,11 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     }
 }
 
-template <int D, int NW, bool PAGED, bool MERGE = false, bool SUMCHECK = false>
+template <int D, int NW, bool PAGED, bool MERGE = false, bool SUMCHECK = false, int POLY = 0>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_pipelined_kernel(const AttnParams p) {
     wait_for_previous_kernel();
-    gqa_pipelined<D, NW, PAGED, false, false, MERGE, SUMCHECK>(p, nullptr, nullptr);
+    gqa_pipelined<D, NW, PAGED, false, false, MERGE, SUMCHECK, POLY>(p, nullptr, nullptr);
 }
 
 // The pipelined kernel with the tail rows (TAIL above): launched as tail_row_blocks row blocks.
@@ -1752,11 +1785,11 @@ struct GqaTmaParams {
     AttnParams p;
 };
 
-template <int D, int NW, bool SUMCHECK = false>
+template <int D, int NW, bool SUMCHECK = false, int POLY = 0>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_tma_kernel(const __grid_constant__ GqaTmaParams a) {
     wait_for_previous_kernel();
-    gqa_pipelined<D, NW, false, true, false, false, SUMCHECK>(a.p, &a.k, &a.v);
+    gqa_pipelined<D, NW, false, true, false, false, SUMCHECK, POLY>(a.p, &a.k, &a.v);
 }
 
 #ifdef TVA_TMA
@@ -2517,10 +2550,14 @@ static cudaError_t prepare(Kernel kernel, int smem, bool big_clusters = false) {
 
 // The kernel of a variant: wgmma 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (pipelined), 3
 // the pipelined kernel with tail rows, 5 the pipelined kernel with S a tile further ahead, 6 the
-// pipelined kernel with the sum-checked softmax.
+// pipelined kernel with the sum-checked softmax, 7 that with some exponentials by poly_exp2.
+// POLYEXP_PAIRS: of a row's 8 score pairs a tile, a thread's last 2 (a quarter of its 32
+// exponentials) by poly_exp2; kernels/NOTES.md says why a quarter.
+constexpr int POLYEXP_PAIRS = 2;
 template <int D, int NW, bool PAGED, int WGMMA>
 constexpr auto gqa_variant() {
-    if constexpr (WGMMA == 6) return gqa_pipelined_kernel<D, NW, PAGED, false, true>;
+    if constexpr (WGMMA == 7) return gqa_pipelined_kernel<D, NW, PAGED, false, true, POLYEXP_PAIRS>;
+    else if constexpr (WGMMA == 6) return gqa_pipelined_kernel<D, NW, PAGED, false, true>;
     else if constexpr (WGMMA == 5) return gqa_ahead_kernel;
     else if constexpr (WGMMA == 3) return gqa_tail_kernel<D, NW>;
     else if constexpr (WGMMA == 2) return gqa_pipelined_kernel<D, NW, PAGED>;
@@ -2634,7 +2671,8 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
     // wgmma: 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (head_dim 128 only), 3 as 2 with the
     // rows past the last full row block as tail rows where M has that shape (else as 2), 4 as 3
     // with the splits merged in clusters (merges_in_cluster; else as 3), 5 as 2 with S a tile
-    // further ahead (a contiguous cache, 4 warps; else as 2), 6 as 2 with the sum-checked softmax
+    // further ahead (a contiguous cache, 4 warps; else as 2), 6 as 2 with the sum-checked softmax,
+    // 7 as 6 with a quarter of its exponentials by poly_exp2 (a contiguous cache, 4 warps; else as 6)
     if (wgmma >= 2 && D != 128) return cudaErrorInvalidValue;
     if constexpr (D == 128) {
         if (merges_in_cluster(p, num_warps, wgmma)) {
@@ -2649,6 +2687,18 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
         if constexpr (!PAGED && D == 128) return launch_gqa<D, 4, false, 3>(p, stream, tail_row_blocks(M, bm));
     }
     if (wgmma == 3) wgmma = 2;
+    if (wgmma == 7) {                    // poly exponentials: contiguous, 4 warps (else as 6)
+        if constexpr (!PAGED && D == 128) {
+            if (num_warps == 4) {
+#ifdef TVA_TMA
+                return launch_gqa_tma<D, 4>(gqa_tma_kernel<D, 4, true, POLYEXP_PAIRS>, p, stream, m_blocks);
+#else
+                return launch_gqa<D, 4, false, 7>(p, stream, m_blocks);
+#endif
+            }
+        }
+        wgmma = 6;
+    }
     if (wgmma == 6) {                    // the sum-checked softmax: the pipelined kernel's shapes
         if constexpr (D == 128) {
 #ifdef TVA_TMA
@@ -2706,10 +2756,11 @@ int tva_mla_smem_bytes() { return tva::mla::SMEM; }
 
 // CTAs of the GQA kernel that fit on one multiprocessor (0 on error). wgmma 3 and 4: the tail
 // kernel's where it may run, else the plain pipelined kernel's (the merge's kernels are those
-// with the same shared memory); wgmma 5 likewise gqa_ahead_kernel's.
+// with the same shared memory); wgmma 5 likewise gqa_ahead_kernel's; wgmma 7 as 6 where it runs as 6.
 int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     if (wgmma == 4) wgmma = 3;
     if ((wgmma == 3 || wgmma == 5) && (paged || num_warps != 4 || head_dim != 128)) wgmma = 2;
+    if (wgmma == 7 && (paged || num_warps != 4)) wgmma = 6;
     int blocks = 0;
     const int smem = tva_gqa_smem_bytes(head_dim, num_warps, wgmma);
 #define TVA_OCC(D, NW, P, W)                                                                     \
@@ -2723,7 +2774,7 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     TVA_OCC(D, 8, P, 1)
     TVA_OCC_D(64, 0) TVA_OCC_D(64, 1) TVA_OCC_D(128, 0) TVA_OCC_D(128, 1)
     TVA_OCC(128, 4, 0, 2) TVA_OCC(128, 8, 0, 2) TVA_OCC(128, 4, 1, 2) TVA_OCC(128, 8, 1, 2)
-    TVA_OCC(128, 4, 0, 3) TVA_OCC(128, 4, 0, 5)
+    TVA_OCC(128, 4, 0, 3) TVA_OCC(128, 4, 0, 5) TVA_OCC(128, 4, 0, 7)
     TVA_OCC(128, 4, 0, 6) TVA_OCC(128, 8, 0, 6) TVA_OCC(128, 4, 1, 6) TVA_OCC(128, 8, 1, 6)
 #undef TVA_OCC_D
 #undef TVA_OCC
@@ -2735,7 +2786,8 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
 // 2: P V on it too; 3: as 2, with tail rows where the shape has them (a contiguous cache, 4 warps);
 // 4: as 3, with 2-16 splits merged in thread-block clusters (4 warps) instead of a combine kernel;
 // 5: as 2, with S a tile further ahead (gqa_ahead: a contiguous cache, 4 warps; else as 2);
-// 6: as 2, with the sum-checked softmax (the tile max only where P's sums say m may move).
+// 6: as 2, with the sum-checked softmax (the tile max only where P's sums say m may move);
+// 7: as 6, with a quarter of its exponentials on the FMA pipe (a contiguous cache, 4 warps; else as 6).
 int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int paged, int wgmma, void* stream) {
     const AttnParams& p = *params;
     cudaStream_t s = static_cast<cudaStream_t>(stream);

@@ -41,8 +41,10 @@ def _point(attention="gqa", b=1, heads=4, kv_heads=1, T=16, d=64, layout="contig
 
 
 def _run(lib, pt: kw.Point, lengths, splits, *, warps=None, wgmma=False, seed=0, lengths_dtype=torch.int32,
-         key_ramp=None, v_row_pad=0, nan_tail=0, outputs=None, self_only=False):
+         key_ramp=None, v_row_pad=0, nan_tail=0, outputs=None, self_only=False, edit=None):
     inp = kw.make_inputs(pt, lengths, seed, torch.device("cpu"), torch.bfloat16)
+    if edit is not None:             # the caller shapes the inputs (q, k, v) itself
+        edit(inp)
     if self_only:                    # each tree token sees itself alone of the tree (not a real tree)
         eye = torch.eye(pt.tokens, dtype=torch.bool).expand(pt.batch, pt.tokens, pt.tokens)
         inp["bits"] = ref.pack_visibility(eye.contiguous())
@@ -526,6 +528,62 @@ def test_sumcheck_takes_the_exact_path_for_a_row_that_has_seen_nothing(emu):
     pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
     big = lambda j: torch.full_like(j, 500.0)
     assert _run(emu, pt, [0, 0], 1, warps=4, wgmma=6, self_only=True, key_ramp=big) < 5e-3
+
+
+# Some of the sum-checked softmax's exponentials by polynomial (wgmma 7: a contiguous cache, 4
+# warps; elsewhere it runs as 6). Its copies, barriers and exact path are wgmma_sumcheck's.
+POLYEXP_CASES = {c: v for c, v in PV_CASES.items() if v[0].layout == "contiguous" and v[3] == 4}
+
+
+@pytest.mark.parametrize("case", list(POLYEXP_CASES))
+def test_gqa_polyexp_kernel_matches_reference(emu, case):
+    emu.emu_configure(*SCHEDULES["skewed-early-copies"])
+    pt, lengths, splits, warps = POLYEXP_CASES[case]
+    assert _run(emu, pt, lengths, splits, warps=warps, wgmma=7) < 5e-3
+
+
+def test_polyexp_differs_from_sumcheck_by_its_polynomial_alone(emu):
+    """Random keys keep every tile after a split's first on the fast path, where a quarter of
+    the exponentials come from the polynomial (at most 7.5e-5 off 2^x): the output is not
+    wgmma_sumcheck's bit for bit (the polynomial ran) and within a few bf16 roundings of it."""
+    emu.emu_configure(*SCHEDULES["skewed"])
+    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
+    outs = {}
+    for wgmma in (6, 7):
+        _run(emu, pt, [700, 333], 3, warps=4, wgmma=wgmma, outputs=outs.setdefault(wgmma, []))
+    a, b = outs[6][0].float(), outs[7][0].float()
+    assert not torch.equal(a, b)
+    assert ref.relative_error(b, a) < 2e-3
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_polyexp_far_scores_on_the_polynomial(emu, sign):
+    """Key 240 (the first of tile 3's last 16 keys: a polynomial lane's) made to score ~196 log2
+    units, ~190 above every row's max or ~200 below it, in a tile with nothing masked after the
+    first tile has set m (every query's first column 4, the key +-384 there and 0 elsewhere: the
+    same score for every row, so no row of a warp takes the exact path for another). Above: 2^x
+    must pass the sum check's bound (the exact path then rescales); below: it must stay a tiny
+    positive number. Unclamped, the exponent addition wraps into the sign bit at both distances
+    (a P of ~-2^50 below; ~-2^-66 above, where it should dominate) and the sums let the tile
+    through wrong."""
+    def spike(inp):
+        inp["q"][..., 0] = 4.0
+        inp["k"][:, :, 240] = 0.0
+        inp["k"][:, :, 240, 0] = sign * 384.0
+    emu.emu_configure(*SCHEDULES["lockstep"])
+    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
+    assert _run(emu, pt, [300, 290], 1, warps=4, wgmma=7, edit=spike) < 5e-3
+
+
+def test_polyexp_runs_as_sumcheck_where_it_has_no_kernel(emu):
+    """A paged cache and 8 warps have no polynomial kernel: wgmma 7 runs wgmma_sumcheck's, bit
+    for bit."""
+    emu.emu_configure(*SCHEDULES["skewed"])
+    pt, lengths, splits, warps, extra = SUMCHECK_EQUAL_CASES["paged-ps16-8warps"]
+    outs = {}
+    for wgmma in (6, 7):
+        _run(emu, pt, lengths, splits, warps=warps, wgmma=wgmma, outputs=outs.setdefault(wgmma, []), **extra)
+    assert torch.equal(outs[6][0], outs[7][0])
 
 
 @pytest.mark.parametrize("schedule", ["lockstep", "skewed"])

@@ -262,6 +262,56 @@ def test_wgmma_sumcheck_equals_wgmma_pv_and_replays_in_a_graph(keys, hopper):
     _replays_equal(lambda out: call(impl="wgmma_sumcheck", out=out), b)
 
 
+# A quarter of the sum-checked softmax's exponentials by polynomial (impl wgmma_polyexp): the
+# pipelined kernel's shapes on a contiguous cache at 4 warps; paged caches run wgmma_sumcheck.
+POLYEXP_CASES = {c: v for c, v in AHEAD_CASES.items() if not c.endswith("-as-pv")} | {
+    "paged16-g4-T65-as-sumcheck": (point(b=2, T=65, layout="paged", ps=16), [3000, 1100]),
+}
+
+
+@pytest.mark.parametrize("case", list(POLYEXP_CASES))
+def test_wgmma_polyexp_variant_matches_float64_reference(case, hopper):
+    pt, lengths = POLYEXP_CASES[case]
+    nan_tail = 37 if pt.layout == "contiguous" else 0
+    assert check(pt, lengths, impl="wgmma_polyexp", nan_tail=nan_tail) <= TOL
+
+
+@pytest.mark.parametrize("splits", [1, 2, 7, 64])
+def test_wgmma_polyexp_any_split_count(splits, hopper):
+    assert check(point(b=2, T=65), [3000, 150], num_splits=splits, impl="wgmma_polyexp") <= TOL
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_wgmma_polyexp_far_scores(sign, hopper):
+    """A key ~190 log2 units above every row's max, or ~200 below it, on a polynomial lane of a
+    tile with nothing masked (the emulated test's inputs at the GPU's sizes): the clamps here are
+    max.NaN / min.NaN, which the emulator stands in for."""
+    from harness.kernels.verify import custom_verify as cv
+
+    pt = point(b=2, T=65)
+    inp = kw.make_inputs(pt, [9000, 3000], 5, DEV, torch.bfloat16)
+    inp["q"][..., 0] = 4.0
+    inp["k"][:, :, 240] = 0.0
+    inp["k"][:, :, 240, 0] = sign * 384.0
+    out = cv.tree_verify_attention(inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"],
+                                   impl="wgmma_polyexp")
+    assert ref.relative_error(out, kw.reference(pt, inp)) <= TOL
+
+
+def test_wgmma_polyexp_is_close_to_sumcheck_and_replays_in_a_graph(hopper):
+    """Within a few bf16 roundings of wgmma_sumcheck, not equal to it (the polynomial ran), and a
+    captured call replays equal to an eager one."""
+    from harness.kernels.verify import custom_verify as cv
+
+    pt = point(b=2, T=65)
+    inp = kw.make_inputs(pt, [9000, 3000], 5, DEV, torch.bfloat16)
+    call = functools.partial(cv.tree_verify_attention, inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"])
+    a, b = call(impl="wgmma_sumcheck"), call(impl="wgmma_polyexp")
+    assert not torch.equal(a, b)
+    assert ref.relative_error(b, a.double()) < 2e-3
+    _replays_equal(lambda out: call(impl="wgmma_polyexp", out=out), b)
+
+
 def _replays_equal(call, eager: torch.Tensor) -> None:
     """`call(out)` captured in a graph (no host sync) replays equal to `eager`."""
     out = torch.empty_like(eager)

@@ -23,10 +23,12 @@ TREE_BUILD_IMPLS = ("triton", "cuda", "torch")   # the kernel of tree_build: gpu
 # last full row block (65 tree tokens: one a KV head's query head) as tail rows of the full blocks;
 # wgmma_merge: wgmma_tail with a row block's splits merged in a thread-block cluster;
 # wgmma_ahead: wgmma_pv with S issued a tile further ahead (a contiguous cache); wgmma_sumcheck:
-# wgmma_pv whose softmax takes a tile's max only where its exponentials' sums say the max may move
-CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck")
+# wgmma_pv whose softmax takes a tile's max only where its exponentials' sums say the max may move;
+# wgmma_polyexp: wgmma_sumcheck with a quarter of those exponentials by polynomial (the FMA pipe)
+CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck",
+                "wgmma_polyexp")
 # P V on wgmma: head_dim 128 only
-PIPELINED_IMPLS = ("wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck")
+PIPELINED_IMPLS = ("wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck", "wgmma_polyexp")
 LINEAR_IMPLS = ("torch", "triton", "wgmma", "wgmma_cluster")  # the forward's weight GEMMs at decode's few rows
 ACCEPT_IMPLS = ("torch", "triton")          # the accept's argmax, path and bookkeeping (accept: gpu)
 PRESETS = ("tiny", "qwen3-8b", "kimi-k2.6-rank")  # shapes in harness/protocol/presets.py

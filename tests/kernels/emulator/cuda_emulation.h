@@ -928,6 +928,18 @@ inline void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
 }
 
 inline float fast_exp2(float x) { return std::exp2(x); }
+// max.NaN / min.NaN: a NaN operand gives NaN.
+inline float clamp_keep_nan(float x, float lo, float hi) { return x != x ? x : std::fmin(std::fmax(x, lo), hi); }
+inline uint32_t __float_as_uint(float x) {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    return u;
+}
+inline float __uint_as_float(uint32_t u) {
+    float x;
+    std::memcpy(&x, &u, 4);
+    return x;
+}
 
 inline void fence_proxy_async() {}
 inline void wgmma_fence() {}
