@@ -24,7 +24,8 @@ TREE_BUILD_IMPLS = ("triton", "cuda", "torch")   # the kernel of tree_build: gpu
 # wgmma_merge: wgmma_tail with a row block's splits merged in a thread-block cluster;
 # wgmma_ahead: wgmma_pv with S issued a tile further ahead (a contiguous cache); wgmma_sumcheck:
 # wgmma_pv whose softmax takes a tile's max only where its exponentials' sums say the max may move;
-# wgmma_polyexp: wgmma_sumcheck with a quarter of those exponentials by polynomial (the FMA pipe)
+# wgmma_polyexp: wgmma_sumcheck with a quarter of those exponentials by polynomial (the FMA pipe;
+# 1.04-1.10x slower, kernels/NOTES.md session 32)
 CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck",
                 "wgmma_polyexp")
 # P V on wgmma: head_dim 128 only
