@@ -123,19 +123,6 @@ TAIL_CASES = {
 
 
 @pytest.mark.parametrize("case", list(TAIL_CASES))
-def test_wgmma_tail_variant_matches_float64_reference(case, hopper):
-    """NaN past each sequence (contiguous): a tail row reading past its keys would carry it."""
-    pt, lengths = TAIL_CASES[case]
-    nan_tail = 37 if pt.layout == "contiguous" else 0
-    assert check(pt, lengths, impl="wgmma_tail", nan_tail=nan_tail) <= TOL
-
-
-@pytest.mark.parametrize("splits", [1, 2, 7, 64])
-def test_wgmma_tail_any_split_count(splits, hopper):
-    assert check(point(b=2, T=65), [3000, 150], num_splits=splits, impl="wgmma_tail") <= TOL
-
-
-@pytest.mark.parametrize("case", list(TAIL_CASES))
 def test_wgmma_merge_variant_matches_float64_reference(case, hopper):
     """The cluster merge at the plan's split counts (clusters of up to 16)."""
     pt, lengths = TAIL_CASES[case]
@@ -183,23 +170,11 @@ AHEAD_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(AHEAD_CASES))
-def test_wgmma_ahead_variant_matches_float64_reference(case, hopper):
-    pt, lengths = AHEAD_CASES[case]
-    nan_tail = 37 if pt.layout == "contiguous" else 0
-    assert check(pt, lengths, impl="wgmma_ahead", nan_tail=nan_tail) <= TOL
-
-
 def test_wgmma_ahead_runs_the_mla_latent_as_wgmma_pv(hopper):
     """The MLA latent has no ahead kernel: impl wgmma_ahead runs its wgmma_pv kernel (as the tail
     and merge variants do), not a launch error."""
     pt = point("mla", heads=8, kv_heads=1, T=16, d=576)
     assert check(pt, [3000], impl="wgmma_ahead") <= TOL
-
-
-@pytest.mark.parametrize("splits", [1, 2, 7, 64])
-def test_wgmma_ahead_any_split_count(splits, hopper):
-    assert check(point(b=2, T=65), [3000, 150], num_splits=splits, impl="wgmma_ahead") <= TOL
 
 
 def test_wgmma_ahead_equals_wgmma_pv_and_replays_in_a_graph(hopper):
@@ -223,19 +198,6 @@ SUMCHECK_CASES = {c: v for c, v in AHEAD_CASES.items() if not c.endswith("-as-pv
     "paged1-g4-T16": (point(b=2, T=16, layout="paged", ps=1), [5000, 700]),
     "g8-T64-8warps": (point(heads=64, kv_heads=8, T=64), [4096]),
 }
-
-
-@pytest.mark.parametrize("case", list(SUMCHECK_CASES))
-def test_wgmma_sumcheck_variant_matches_float64_reference(case, hopper):
-    pt, lengths = SUMCHECK_CASES[case]
-    nan_tail = 37 if pt.layout == "contiguous" else 0
-    warps = 8 if case.endswith("8warps") else None
-    assert check(pt, lengths, impl="wgmma_sumcheck", nan_tail=nan_tail, num_warps=warps) <= TOL
-
-
-@pytest.mark.parametrize("splits", [1, 2, 7, 64])
-def test_wgmma_sumcheck_any_split_count(splits, hopper):
-    assert check(point(b=2, T=65), [3000, 150], num_splits=splits, impl="wgmma_sumcheck") <= TOL
 
 
 @pytest.mark.parametrize("keys", ["random", "growing", "paged"])
@@ -269,16 +231,25 @@ POLYEXP_CASES = {c: v for c, v in AHEAD_CASES.items() if not c.endswith("-as-pv"
 }
 
 
-@pytest.mark.parametrize("case", list(POLYEXP_CASES))
-def test_wgmma_polyexp_variant_matches_float64_reference(case, hopper):
-    pt, lengths = POLYEXP_CASES[case]
+# The pipelined kernel's variants, each over its shapes: NaN past each sequence on a contiguous
+# cache (a row reading past its keys, a tail row's included, would carry it), 8 warps where the
+# case says so, and any split count.
+VARIANT_CASES = {"wgmma_tail": TAIL_CASES, "wgmma_ahead": AHEAD_CASES, "wgmma_sumcheck": SUMCHECK_CASES,
+                 "wgmma_polyexp": POLYEXP_CASES}
+
+
+@pytest.mark.parametrize("impl,case", [(impl, c) for impl, cases in VARIANT_CASES.items() for c in cases])
+def test_pipelined_variant_matches_float64_reference(impl, case, hopper):
+    pt, lengths = VARIANT_CASES[impl][case]
     nan_tail = 37 if pt.layout == "contiguous" else 0
-    assert check(pt, lengths, impl="wgmma_polyexp", nan_tail=nan_tail) <= TOL
+    warps = 8 if case.endswith("8warps") else None
+    assert check(pt, lengths, impl=impl, nan_tail=nan_tail, num_warps=warps) <= TOL
 
 
+@pytest.mark.parametrize("impl", list(VARIANT_CASES))
 @pytest.mark.parametrize("splits", [1, 2, 7, 64])
-def test_wgmma_polyexp_any_split_count(splits, hopper):
-    assert check(point(b=2, T=65), [3000, 150], num_splits=splits, impl="wgmma_polyexp") <= TOL
+def test_pipelined_variant_any_split_count(impl, splits, hopper):
+    assert check(point(b=2, T=65), [3000, 150], num_splits=splits, impl=impl) <= TOL
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
