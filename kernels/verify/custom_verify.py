@@ -36,7 +36,8 @@ it is wgmma_sumcheck). The caller picks one; nothing in the environment does. On
 (kernels/NOTES.md, sessions 27-31) wgmma_tail is level with wgmma_pv at 16k-128k keys (1.04x
 slower at 64k), wgmma_merge 1.4-2x slower, wgmma_ahead level to 1.05x slower (1.2x at 16 tree
 tokens), wgmma_sumcheck 1.02-1.07x faster at 65 tree tokens (the harness's `auto` on Hopper) and
-wgmma_polyexp 1.04-1.10x slower than it (on an H100, session 32: 20 % more instructions a warp).
+wgmma_polyexp 1.04-1.10x slower than it (an H100 and an H200, session 32: 20 % more instructions
+a warp).
 """
 
 from __future__ import annotations
