@@ -593,9 +593,10 @@ __device__ __forceinline__ bool online_softmax(const float (&s)[NK / 8][4], int 
 // first tile has set m (kernels/NOTES.md), so the exact path runs on few tiles.
 constexpr float SUMCHECK_BOUND = static_cast<float>(1 << (static_cast<int>(RESCALE_LOG2) - 1));
 
-// 2^x on the FMA and integer pipes, for the exponentials the special-function pipe (MUFU.EX2,
-// one warp instruction every 8 cycles a scheduler) cannot take in time (`custom_impl:
-// wgmma_polyexp`; FlashAttention-4's software exp2). x = n + f with n = round(x) (the 1.5 2^23
+// 2^x on the FMA and integer pipes, to take some exponentials off the special-function pipe
+// (MUFU.EX2, one warp instruction every 8 cycles a scheduler) as FlashAttention-4's software exp2
+// does (`custom_impl: wgmma_polyexp`; measured 1.04-1.10x slower here: its 9 instructions cost a
+// warp more than the MUFU's pipe time, kernels/NOTES.md session 32). x = n + f with n = round(x) (the 1.5 2^23
 // trick: adding it leaves n in the sum's low mantissa bits) and f in [-1/2, 1/2]; 2^f by a
 // degree-3 polynomial (a relative-error minimax fit: at most 7.5e-5 off, against bf16 P's 2^-9
 // rounding), and 2^n added to its exponent bits. x is first clamped to [-125, 126], where that
