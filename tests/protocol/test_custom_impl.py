@@ -125,3 +125,15 @@ def test_a_kernel_cell_may_force_the_custom_kernels_split_count():
         with pytest.raises(InputError, match=message) as err:
             parse_scenario(text, "c.yaml")
         assert str(err.value).startswith("c.yaml:")
+
+
+def test_the_protocols_variant_names_are_the_kernels():
+    """A scenario's custom_impl is checked against the protocol's list (no torch there), the
+    launch against custom_verify's: one name added to only one of them would pass validation and
+    fail on the GPU host, or the reverse."""
+    from harness.kernels.verify import custom_verify as cv
+    from harness.protocol.workloads import decode
+
+    assert decode.CUSTOM_IMPLS == cv.IMPLS
+    assert decode.PIPELINED_IMPLS == cv.PIPELINED
+
