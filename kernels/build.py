@@ -42,6 +42,10 @@ TMA_FLAGS = ("-DTVA_TMA",)
 # cache is warp-specialised (a producer warpgroup on tensor copies, two consumer warpgroups, a
 # task each), to A/B likewise (kernels/NOTES.md, "The warp-specialised kernel").
 WS_FLAGS = ("-DTVA_TMA", "-DTVA_WS")
+# HARNESS_KERNEL_TRACE=1: a build (its own cache entry) whose verify kernels stamp each CTA's
+# start, wait, phases and end (kernels/trace.cuh), for kernels/verify/anatomy.py. The stamps are
+# a few stores by thread 0 a CTA; the default build has none of them.
+TRACE_FLAGS = ("-DTVA_TRACE",)
 
 
 def _on(name: str) -> bool:
@@ -50,7 +54,8 @@ def _on(name: str) -> bool:
 
 def nvcc_flags() -> tuple[str, ...]:
     return (NVCC_FLAGS + (DEBUG_FLAGS if _on("HARNESS_KERNEL_DEBUG") else ())
-            + (WS_FLAGS if _on("HARNESS_KERNEL_WS") else TMA_FLAGS if _on("HARNESS_KERNEL_TMA") else ()))
+            + (WS_FLAGS if _on("HARNESS_KERNEL_WS") else TMA_FLAGS if _on("HARNESS_KERNEL_TMA") else ())
+            + (TRACE_FLAGS if _on("HARNESS_KERNEL_TRACE") else ()))
 
 # Architectures built as exactly that machine code; any other GPU gets its own SASS plus PTX.
 # Hopper builds 9.0a: its wgmma instructions exist only in the arch-specific target.
@@ -72,7 +77,7 @@ def arch_list(capability: tuple[int, int]) -> str:
 
 
 # Headers the sources include (a change to one is a change to every build).
-HEADERS = (Path(__file__).parent / "sm90.cuh",)
+HEADERS = (Path(__file__).parent / "sm90.cuh", Path(__file__).parent / "trace.cuh")
 
 
 def build_key(arch: str, source: Path = SOURCE) -> str:
@@ -152,6 +157,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.tva_error_string.restype = ctypes.c_char_p
     lib.tva_struct_size.argtypes = []
     lib.tva_struct_size.restype = c_int
+    lib.tva_trace_row_size.argtypes = []
+    lib.tva_trace_row_size.restype = c_int
+    lib.tva_trace_read.argtypes = [c_void_p, c_int]
+    lib.tva_trace_read.restype = c_int
 
 
 def _declare_tree_build(lib: ctypes.CDLL) -> None:

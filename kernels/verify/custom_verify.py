@@ -79,6 +79,39 @@ def _lib():
     return lib
 
 
+class _TraceRow(ctypes.Structure):
+    """Mirror of trace::Row (kernels/trace.cuh): one CTA's stamps in a trace build."""
+
+    _fields_ = [("start_ns", ctypes.c_uint64), ("end_ns", ctypes.c_uint64), ("clock", ctypes.c_int64 * 6),
+                ("kernel", ctypes.c_uint32), ("sm", ctypes.c_uint32), ("block", ctypes.c_uint32 * 3),
+                ("pad", ctypes.c_uint32)]
+
+
+TRACE_ROWS = 1 << 15        # trace::ROWS
+
+
+def read_trace() -> tuple[list[dict], int] | None:
+    """The CTAs a trace build (HARNESS_KERNEL_TRACE=1) stamped since the last read, in the order
+    they started, and how many were stamped (more than returned: the rest were dropped); None where
+    the library is not a trace build. Each row: kernel (verify_attention.cu's TraceKernel), sm,
+    block (x, y, z), start_ns / end_ns (%globaltimer) and clock (%clock64 at each stamp, 0 where
+    the kernel has no such stamp). Synchronises the device first."""
+    torch.cuda.synchronize()
+    lib = _lib()
+    if lib.tva_trace_row_size() != ctypes.sizeof(_TraceRow):
+        raise RuntimeError("kernels/trace.cuh and custom_verify.py disagree on a trace row")
+    rows = (_TraceRow * TRACE_ROWS)()
+    n = lib.tva_trace_read(ctypes.byref(rows), TRACE_ROWS)
+    if n == -1:
+        return None
+    if n < 0:
+        raise RuntimeError("reading the kernels' trace failed")
+    out = [{"kernel": r.kernel, "sm": r.sm, "block": tuple(r.block), "start_ns": r.start_ns,
+            "end_ns": r.end_ns, "clock": list(r.clock)} for r in rows[:min(n, TRACE_ROWS)]]
+    out.sort(key=lambda r: r["start_ns"])
+    return out, n
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count

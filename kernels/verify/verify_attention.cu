@@ -52,6 +52,7 @@
 #include <string.h>
 
 #include "../sm90.cuh"          // PDL launches, mbarriers, tensor copies, wgmma bookkeeping
+#include "../trace.cuh"         // per-CTA timestamps (-DTVA_TRACE builds only)
 
 #include <mutex>
 #include <type_traits>
@@ -65,6 +66,12 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
     griddep_wait();
     griddep_launch_dependents();
 }
+
+// Kernel ids and stamps of a trace build (kernels/trace.cuh; kernels/verify/anatomy.py reads
+// them): 0 start, 1 past the wait for the kernel before, 2 the prologue's first tiles landed,
+// 3 the first tile's softmax done (the loop starts), 4 the loop done, 5 the end.
+enum TraceKernel : uint32_t { TRACE_PIPELINED = 1, TRACE_COMBINE = 2 };
+enum TraceStamp : int { STAMP_WAITED = 1, STAMP_LANDED = 2, STAMP_FIRST_TILE = 3, STAMP_LOOP = 4, STAMP_END = 5 };
 
 // ------------------------------------------------------------------------------------------
 // Parameters (mirrored by ctypes structures in custom_verify.py: every field 8 bytes wide)
@@ -1144,7 +1151,8 @@ __device__ __forceinline__ void copy_tile_rows(uint32_t dst, const char* base, i
 
 template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false, bool MERGE = false, bool SUMCHECK = false,
           int POLY = 0>
-__device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap) {
+__device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap,
+                                              int trace_row = -1) {
     static_assert(!(TMA && PAGED), "tensor copies for a contiguous cache only");
     static_assert(!MERGE || (!TMA && NW == 4), "the cluster merge: cp.async, 4 warps");
     static_assert(!TAIL || (!TMA && !PAGED && NW == 4 && D == 128), "the tail row: cp.async, contiguous, 4 warps, d 128");
@@ -1302,6 +1310,7 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     if constexpr (TMA) {
         if (n > 0) mbar_wait(k_bar(0), 0);
     }
+    trace::stamp(trace_row, STAMP_LANDED);
 
     uint32_t qa[D / 16][4];
     load_q_fragments<D>(qa, sQ, warp, lane);
@@ -1498,12 +1507,14 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             cp_async_commit();
         }
     };
+    trace::stamp(trace_row, STAMP_FIRST_TILE);
     run_tiles(n, step);
     // The last step waited for every product; ptxas cannot tell across the loops, and would
     // inject this wait itself (advisory C7517).
     wgmma_wait<0>();
     keep_live(o);
     cp_async_wait<0>();
+    trace::stamp(trace_row, STAMP_LOOP);
 
     float t_o = 0.f, t_lse = -INFINITY;      // TAIL: this thread's dim of the tail row, its lse
     if constexpr (TAIL) {
@@ -1535,8 +1546,11 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
 template <int D, int NW, bool PAGED, bool MERGE = false, bool SUMCHECK = false, int POLY = 0>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_pipelined_kernel(const AttnParams p) {
+    const int trace_row = trace::begin(TRACE_PIPELINED);
     wait_for_previous_kernel();
-    gqa_pipelined<D, NW, PAGED, false, false, MERGE, SUMCHECK, POLY>(p, nullptr, nullptr);
+    trace::stamp(trace_row, STAMP_WAITED);
+    gqa_pipelined<D, NW, PAGED, false, false, MERGE, SUMCHECK, POLY>(p, nullptr, nullptr, trace_row);
+    trace::end(trace_row, STAMP_END);
 }
 
 // The pipelined kernel with the tail rows (TAIL above): launched as tail_row_blocks row blocks.
@@ -1789,8 +1803,11 @@ struct GqaTmaParams {
 template <int D, int NW, bool SUMCHECK = false, int POLY = 0>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_tma_kernel(const __grid_constant__ GqaTmaParams a) {
+    const int trace_row = trace::begin(TRACE_PIPELINED);
     wait_for_previous_kernel();
-    gqa_pipelined<D, NW, false, true, false, false, SUMCHECK, POLY>(a.p, &a.k, &a.v);
+    trace::stamp(trace_row, STAMP_WAITED);
+    gqa_pipelined<D, NW, false, true, false, false, SUMCHECK, POLY>(a.p, &a.k, &a.v, trace_row);
+    trace::end(trace_row, STAMP_END);
 }
 
 #ifdef TVA_TMA
@@ -2452,7 +2469,9 @@ constexpr int COMBINE_COLS = DV < 128 ? DV : 128;
 template <int DV, int CHUNK>
 __global__ void __launch_bounds__(COMBINE_ROWS * 32)
 combine_kernel(const AttnParams p) {
+    const int trace_row = trace::begin(TRACE_COMBINE);
     wait_for_previous_kernel();
+    trace::stamp(trace_row, STAMP_WAITED);
     constexpr int COLS = COMBINE_COLS<DV>, SLICES = DV / COLS;
     static_assert(COLS % 64 == 0 && DV % COLS == 0, "a float2 per lane per 64 columns");
     constexpr int V = COLS / 64;                   // float2 per lane and split: columns 2 (lane + 32 i)
@@ -2514,6 +2533,7 @@ combine_kernel(const AttnParams p) {
 #pragma unroll
     for (int i = 0; i < V; ++i)
         *reinterpret_cast<uint32_t*>(out + 2 * (lane + 32 * i)) = pack_bf16(acc[i].x * inv, acc[i].y * inv);
+    trace::end(trace_row, STAMP_END);     // thread 0's warp done (its row is never a spare one)
 }
 
 // ------------------------------------------------------------------------------------------
@@ -2832,5 +2852,27 @@ int tva_mla_forward(const AttnParams* params, int paged, int wgmma, void* stream
 const char* tva_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
 
 int tva_struct_size() { return static_cast<int>(sizeof(AttnParams)); }
+
+// A trace build's rows (kernels/trace.cuh) into `dst` (at most `max_rows`), and the count reset
+// for the next read. Returns the rows recorded since the last read (more than `max_rows` or
+// trace::ROWS: some were dropped), or -1 where this is not a trace build.
+int tva_trace_row_size() { return static_cast<int>(sizeof(trace::Row)); }
+
+int tva_trace_read(void* dst, int max_rows) {
+#if defined(TVA_TRACE)
+    unsigned int n = 0;
+    cudaError_t err = cudaMemcpyFromSymbol(&n, trace::count, sizeof(n));
+    const int kept = static_cast<int>(n < static_cast<unsigned>(trace::ROWS) ? n : trace::ROWS);
+    const int copy = kept < max_rows ? kept : max_rows;
+    if (err == cudaSuccess && copy > 0) err = cudaMemcpyFromSymbol(dst, trace::rows, copy * sizeof(trace::Row));
+    const unsigned int zero = 0;
+    if (err == cudaSuccess) err = cudaMemcpyToSymbol(trace::count, &zero, sizeof(zero));
+    return err == cudaSuccess ? static_cast<int>(n) : -2;
+#else
+    (void)dst;
+    (void)max_rows;
+    return -1;
+#endif
+}
 
 }  // extern "C"
