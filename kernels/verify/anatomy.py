@@ -162,6 +162,9 @@ def trace_point(context: int, tokens: int, impl: str, replays: int, device: torc
     point = {k: statistics.median(r[k] for r in results if k in r) for k in keys}
     point.update(context=context, tokens=tokens, impl=impl, splits=plan["num_splits"], tiles=tiles,
                  row_blocks=plan["m_blocks"], replay_call_us=statistics.median(timed))
+    # The last replay's rows as they came, for a closer look than the medians:
+    # [kernel, sm, block x, y, z, start_ns, end_ns, clock 0..5]
+    point["rows"] = [[r["kernel"], r["sm"], *r["block"], r["start_ns"], r["end_ns"], *r["clock"]] for r in rows]
     return point
 
 
@@ -180,8 +183,8 @@ def main(argv=None) -> None:
             for context in args.context:
                 p = trace_point(context, tokens, impl, args.replays, device)
                 points.append(p)
-                print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in p.items()}),
-                      flush=True)
+                print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in p.items()
+                                  if k != "rows"}), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "points": points}, f,
