@@ -586,6 +586,81 @@ def test_polyexp_runs_as_sumcheck_where_it_has_no_kernel(emu):
     assert torch.equal(outs[6][0], outs[7][0])
 
 
+# The deferred softmax (wgmma 8: a contiguous cache, 4 warps; elsewhere it runs as 6): on a tile
+# with nothing masked, once the warp's rows have a max, P against it with no sums or vote before
+# P V; the sums from the packed P after the next products issue; a split whose sums end past
+# 2^64 (or not finite) runs again as wgmma_sumcheck.
+@pytest.mark.parametrize("case", list(POLYEXP_CASES))
+def test_gqa_deferred_kernel_matches_reference(emu, case):
+    emu.emu_configure(*SCHEDULES["skewed-early-copies"])
+    pt, lengths, splits, warps = POLYEXP_CASES[case]
+    assert _run(emu, pt, lengths, splits, warps=warps, wgmma=8) < 5e-3
+
+
+@pytest.mark.parametrize("case", ["T65-random", "T65-growing-keys"])
+def test_deferred_differs_from_sumcheck_by_its_sums_alone(emu, case):
+    """Its l comes from the bf16 P that P V multiplies, not the fp32 P before rounding, and its
+    reference max never moves on a fast tile: not wgmma_sumcheck's output bit for bit (so the
+    fast path ran), within a few bf16 roundings of it. Growing keys move the max past the
+    sum check's bound mid-split, which the deferred path lets stand."""
+    emu.emu_configure(*SCHEDULES["skewed"])
+    pt, lengths, splits, warps, extra = SUMCHECK_EQUAL_CASES[case]
+    outs = {}
+    for wgmma in (6, 8):
+        _run(emu, pt, lengths, splits, warps=warps, wgmma=wgmma, outputs=outs.setdefault(wgmma, []), **extra)
+    a, b = outs[6][0].float(), outs[8][0].float()
+    assert not torch.equal(a, b)
+    assert ref.relative_error(b, a) < 2e-3
+
+
+@pytest.mark.parametrize("log2_above, reruns", [(196.0, True), (75.0, True), (12.0, False)])
+def test_deferred_reruns_a_split_whose_sums_overflow(emu, log2_above, reruns):
+    """Key 240 (tile 3, nothing masked, after the first tile has set every row's max) scored
+    `log2_above` log2 units above every other key, the same for every row (every query's column
+    0 is 4, the key's the score over 4, and 0 elsewhere). 196: its P is inf, 75: 2^75, both past
+    the 2^64 limit, so the split runs again as wgmma_sumcheck and the output is its bit for bit;
+    12: past the sum check's bound (wgmma_sumcheck moves the max there), kept by the deferred path
+    (P up to 2^12: exact at any scale), whose output is right and not wgmma_sumcheck's. (Far
+    enough above, one key is the whole output in both, bit for bit: hence 12, not 40.) Past the
+    limit the key's V row is 2^60 too: P V kept at 2^75 would be inf in O, so only the rerun
+    gives the right output there (a P of 2^75 alone would divide out of O / l)."""
+    scale = 1.0 / math.sqrt(128) * math.log2(math.e)
+
+    def spike(inp):
+        inp["q"][..., 0] = 4.0
+        inp["k"][:, :, 240] = 0.0
+        inp["k"][:, :, 240, 0] = log2_above / scale / 4.0
+        if reruns:
+            inp["v"][:, :, 240] *= 2.0 ** 60
+    emu.emu_configure(*SCHEDULES["lockstep"])
+    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
+    outs = {}
+    for wgmma in (6, 8):
+        err = _run(emu, pt, [300, 290], 1, warps=4, wgmma=wgmma, edit=spike, outputs=outs.setdefault(wgmma, []))
+        assert err < 5e-3
+    assert torch.equal(outs[6][0], outs[8][0]) == reruns
+
+
+def test_deferred_takes_the_exact_path_for_a_row_that_has_seen_nothing(emu):
+    """As wgmma_sumcheck must (test_sumcheck_takes_the_exact_path_for_a_row_that_has_seen_nothing):
+    a row whose max is still -inf after the first tile keeps its warp off the deferred path."""
+    emu.emu_configure(*SCHEDULES["lockstep"])
+    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
+    big = lambda j: torch.full_like(j, 500.0)
+    assert _run(emu, pt, [0, 0], 1, warps=4, wgmma=8, self_only=True, key_ramp=big) < 5e-3
+
+
+def test_deferred_runs_as_sumcheck_where_it_has_no_kernel(emu):
+    """A paged cache and 8 warps have no deferred kernel: wgmma 8 runs wgmma_sumcheck's, bit
+    for bit."""
+    emu.emu_configure(*SCHEDULES["skewed"])
+    pt, lengths, splits, warps, extra = SUMCHECK_EQUAL_CASES["paged-ps16-8warps"]
+    outs = {}
+    for wgmma in (6, 8):
+        _run(emu, pt, lengths, splits, warps=warps, wgmma=wgmma, outputs=outs.setdefault(wgmma, []), **extra)
+    assert torch.equal(outs[6][0], outs[8][0])
+
+
 @pytest.mark.parametrize("schedule", ["lockstep", "skewed"])
 def test_wgmma_pv_rescales_when_the_max_grows(emu, schedule):
     """The pipelined kernel moves a row's reference max only when a tile's max exceeds it by
