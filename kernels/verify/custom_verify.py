@@ -32,11 +32,7 @@ the running max as it stands, sum past 2^7 in some row: bit-equal to wgmma_pv, ~
 instructions a warp a tile; the GQA shapes wgmma_pv runs) and "wgmma_polyexp" (wgmma_sumcheck
 with a quarter of the fast path's exponentials by a polynomial on the FMA pipe instead of the
 special-function unit: within 7.5e-5 of it, not bit-equal; a contiguous cache, 4 warps; elsewhere
-it is wgmma_sumcheck) and "wgmma_deferred" (wgmma_sumcheck whose tiles with nothing masked take P
-against the reference max as it stands with neither row sums nor a vote between S and P V: the
-sums come from the packed P after the next products are issued, and a split whose sums end past
-2^64 runs again as wgmma_sumcheck; not bit-equal (l from bf16 P); a contiguous cache, 4 warps, the
-default build; elsewhere it is wgmma_sumcheck). The caller picks one; nothing in the environment does. On the H200
+it is wgmma_sumcheck). The caller picks one; nothing in the environment does. On the H200
 (kernels/NOTES.md, sessions 27-31) wgmma_tail is level with wgmma_pv at 16k-128k keys (1.04x
 slower at 64k), wgmma_merge 1.4-2x slower, wgmma_ahead level to 1.05x slower (1.2x at 16 tree
 tokens), wgmma_sumcheck 1.02-1.07x faster at 65 tree tokens (the harness's `auto` on Hopper) and
@@ -128,18 +124,16 @@ def _gqa_occupancy(index: int, head_dim: int, num_warps: int, paged: bool, wgmma
 
 
 IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead",
-         "wgmma_sumcheck", "wgmma_polyexp", "wgmma_deferred")    # wgmma_pv: S and P V on wgmma
+         "wgmma_sumcheck", "wgmma_polyexp")    # wgmma_pv: S and P V on wgmma
 _IMPL_CODE = {"mma": 0, "wgmma": 1, "wgmma_pv": 2, "wgmma_tail": 3, "wgmma_merge": 4,
-              "wgmma_ahead": 5, "wgmma_sumcheck": 6, "wgmma_polyexp": 7,
-              "wgmma_deferred": 8}   # tva_gqa_forward's `wgmma`
+              "wgmma_ahead": 5, "wgmma_sumcheck": 6, "wgmma_polyexp": 7}   # tva_gqa_forward's `wgmma`
 # the pipelined kernel (head_dim 128): plain, with tail rows, with tail rows and the cluster
 # merge, with S a tile further ahead, with the sum-checked softmax, with some of its
-# exponentials by polynomial, with the deferred softmax
-PIPELINED = ("wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck", "wgmma_polyexp",
-             "wgmma_deferred")
+# exponentials by polynomial
+PIPELINED = ("wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck", "wgmma_polyexp")
 TAILED = ("wgmma_tail", "wgmma_merge")     # run the tail kernel where the shape has tail rows
 # variants of the pipelined GQA kernel alone: the MLA latent runs its own P V kernel for them
-GQA_VARIANTS = TAILED + ("wgmma_ahead", "wgmma_sumcheck", "wgmma_polyexp", "wgmma_deferred")
+GQA_VARIANTS = TAILED + ("wgmma_ahead", "wgmma_sumcheck", "wgmma_polyexp")
 MAX_MERGE_SPLITS = 16                      # a cluster's CTAs at most (sm_90's non-portable size)
 # A library caller gets mma.sync (any GPU from sm_80). The harness's cells pick with their
 # custom_impl knob, whose `auto` is wgmma on Hopper: measured faster there (kernels/NOTES.md).
@@ -147,9 +141,9 @@ DEFAULT_IMPL = "mma"
 
 
 def _resolve_impl(impl: str, index: int, warps: int) -> int:
-    """The variant to launch (tva_gqa_forward's `wgmma`: 0-8): impl "mma" (any GPU), "wgmma",
-    "wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck", "wgmma_polyexp" or
-    "wgmma_deferred" (compute capability 9.0, 4 or 8 warps; an error where it cannot run)."""
+    """The variant to launch (tva_gqa_forward's `wgmma`: 0-7): impl "mma" (any GPU), "wgmma",
+    "wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck" or "wgmma_polyexp" (compute
+    capability 9.0, 4 or 8 warps; an error where it cannot run)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "mma":
@@ -427,8 +421,7 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
     on the device with lengths[b] + T <= S (not checked: that would sync); tree_bits
     [b, T, ceil(T/32)] int32. Returns [b, Hq, T, d] bfloat16. `num_splits` and `num_warps`
     override the plan; `impl` "mma" (the default), "wgmma", "wgmma_pv", "wgmma_tail",
-    "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck", "wgmma_polyexp" or "wgmma_deferred" (Hopper only,
-    see _resolve_impl).
+    "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck" or "wgmma_polyexp" (Hopper only, see _resolve_impl).
     """
     if k.dim() != 4 or k.shape[0] != q.shape[0]:
         raise ValueError(f"k must be [b, Hkv, S, d] with b = {q.shape[0]}, got {tuple(k.shape)}")

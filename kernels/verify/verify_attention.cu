@@ -715,40 +715,6 @@ __device__ __forceinline__ void pack_p(const float (&x)[NK / 8][4], uint32_t (&p
     }
 }
 
-// The deferred softmax (`custom_impl: wgmma_deferred`): on a tile with nothing masked, once every
-// row of the warp has a reference max, P = 2^(S scale - m) against m as it stands, with neither
-// the row sums nor the sum check's vote between S's wait and the packing: the sums come from the
-// packed bf16 P (what P V multiplies) after the next MMAs are issued, where the warp would
-// otherwise wait for S (add_packed_sums), and m never moves on such a tile. That is exact at any
-// scale (P and O keep their relative precision at any power of two; O and l share m) as long as
-// nothing overflows, which the end of the split checks: every thread's l below DEFERRED_LIMIT,
-// else the CTA runs its split again on wgmma_sumcheck's path (a key ~60 log2 units above every
-// key of its split's first tile, or a NaN: never on random or real scores). DEFERRED_LIMIT keeps
-// O finite for |V| below 2^57 (l times max |V| bounds it).
-constexpr float DEFERRED_LIMIT = 18446744073709551616.f;      // 2^64
-
-// Each of this thread's two rows' sum of a tile's packed P (pack_p's layout: registers 0 and 2
-// of each 16 keys hold row 0's pairs, 1 and 3 row 1's), as a balanced tree, added to l.
-template <int NK>
-__device__ __forceinline__ void add_packed_sums(const uint32_t (&pk)[NK / 16][4], float (&l)[2]) {
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        float v[NK / 8];
-#pragma unroll
-        for (int kk = 0; kk < NK / 16; ++kk)
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                const uint32_t u = pk[kk][hf + 2 * j];
-                v[2 * kk + j] = __uint_as_float(u << 16) + __uint_as_float(u & 0xFFFF0000u);
-            }
-#pragma unroll
-        for (int w = NK / 16; w > 0; w /= 2)
-#pragma unroll
-            for (int i = 0; i < w; ++i) v[i] += v[i + w];
-        l[hf] += v[0];
-    }
-}
-
 // The pipelined loop's work under P_tile V_tile once S_{tile+1} has retired: its softmax (the
 // kernel's `softmax(s, tile, x, alpha)`), O rescaled only when the reference max moved (rarely,
 // with the lazy rescale), and only then a wait for P_tile V_tile: otherwise that product keeps
@@ -1207,15 +1173,10 @@ __device__ __forceinline__ void copy_tile_rows(uint32_t dst, const char* base, i
     }
 }
 
-// DEFERRED (`custom_impl: wgmma_deferred`): the deferred softmax above on the tiles it fits; returns
-// true, having written nothing, where the split's sums say it must run again on the exact path
-// (the caller then runs it as wgmma_sumcheck). Otherwise false, the output or partial written.
 template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false, bool MERGE = false, bool SUMCHECK = false,
-          int POLY = 0, bool DEFERRED = false>
-__device__ __forceinline__ bool gqa_pipelined(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap,
+          int POLY = 0>
+__device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap,
                                               int trace_row = -1) {
-    static_assert(!DEFERRED || (SUMCHECK && !TMA && !TAIL && !MERGE && !PAGED && NW == 4),
-                  "the deferred softmax: the sum-checked kernel's default build, contiguous, 4 warps");
     static_assert(!(TMA && PAGED), "tensor copies for a contiguous cache only");
     static_assert(!MERGE || (!TMA && NW == 4), "the cluster merge: cp.async, 4 warps");
     static_assert(!TAIL || (!TMA && !PAGED && NW == 4 && D == 128), "the tail row: cp.async, contiguous, 4 warps, d 128");
@@ -1479,33 +1440,11 @@ __device__ __forceinline__ bool gqa_pipelined(const AttnParams& p, const CUtenso
     };
     // SUMCHECK: the loop's tiles through sumchecked_softmax (the first tile, before the loop,
     // always takes the exact path: m is -inf there), POLY of a row's score pairs by poly_exp2.
-    // DEFERRED: `m_set` (warp-uniform) once every row of the warp has a reference max; `l_pending`
-    // while the sums of the P last packed are still to be added (after its P V is issued).
-    bool m_set = false, l_pending = false;
     auto softmax = [&](const float (&s)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&alpha)[2]) {
-        const int kb = sr.begin + tile * BN;
-        if constexpr (DEFERRED) {
-            if (m_set && kb + BN <= L) {
-#pragma unroll
-                for (int hf = 0; hf < 2; ++hf) {
-                    alpha[hf] = 1.f;
-#pragma unroll
-                    for (int nt = 0; nt < BN / 8; ++nt) {
-                        x[nt][2 * hf] = fast_exp2(fmaf(s[nt][2 * hf], scale, -m_run[hf]));
-                        x[nt][2 * hf + 1] = fast_exp2(fmaf(s[nt][2 * hf + 1], scale, -m_run[hf]));
-                    }
-                }
-                l_pending = true;
-                return false;
-            }
-            const bool moved = sumchecked_softmax<BN>(s, kb, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
-            m_set = __all_sync(0xffffffffu, m_run[0] != -INFINITY && m_run[1] != -INFINITY);
-            return moved;
-        } else if constexpr (SUMCHECK) {
-            return sumchecked_softmax<BN, POLY>(s, kb, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
-        } else {
-            return online_softmax<BN>(s, kb, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
-        }
+        if constexpr (SUMCHECK)
+            return sumchecked_softmax<BN, POLY>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
+        else
+            return online_softmax<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
     };
 
     if (n > 0) {
@@ -1516,7 +1455,6 @@ __device__ __forceinline__ bool gqa_pipelined(const AttnParams& p, const CUtenso
         keep_live(s);
         // O is still zero: alpha is not needed
         online_softmax<BN>(s, sr.begin, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
-        if constexpr (DEFERRED) m_set = __all_sync(0xffffffffu, m_run[0] != -INFINITY && m_run[1] != -INFINITY);
         pack_p<BN>(x, pa[0]);
         if constexpr (TAIL) {
             keep_live(st);
@@ -1572,10 +1510,6 @@ __device__ __forceinline__ bool gqa_pipelined(const AttnParams& p, const CUtenso
         if (!TAIL && tile + 2 < n) copy_tile(v_stage(tile + 2), vbase, p.v_st, tile + 2, voff, 16);
         if (tile + 3 < n) voff = offs3;
         cp_async_commit();
-        if constexpr (DEFERRED) {     // P_tile's sums, its P V issued above (registers read, not written)
-            if (l_pending) add_packed_sums<BN>(pa[PA], l_run);
-            l_pending = false;
-        }
         if (more) {
             // S_{tile+1}, and with it every older group: P_{tile-1} V_{tile-1} too. Only P_tile
             // V_tile (TAIL: and the tail's S^T) may still run.
@@ -1605,11 +1539,6 @@ __device__ __forceinline__ bool gqa_pipelined(const AttnParams& p, const CUtenso
     keep_live(o);
     cp_async_wait<0>();
     trace::stamp(trace_row, STAMP_LOOP);
-    if constexpr (DEFERRED) {
-        // `<` is false for inf and NaN. Every warp is past its last copy and MMA: the caller may
-        // reuse the shared memory at once.
-        if (__syncthreads_or(!(l_run[0] < DEFERRED_LIMIT && l_run[1] < DEFERRED_LIMIT))) return true;
-    }
 
     float t_o = 0.f, t_lse = -INFINITY;      // TAIL: this thread's dim of the tail row, its lse
     if constexpr (TAIL) {
@@ -1636,18 +1565,16 @@ __device__ __forceinline__ bool gqa_pipelined(const AttnParams& p, const CUtenso
         write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
         if (TAIL && t_valid) write_tail_row<D>(p, t_o, t_lse, t_row, b, h, split, tid);
     }
-    return false;
 }
 
-template <int D, int NW, bool PAGED, bool MERGE = false, bool SUMCHECK = false, int POLY = 0, bool DEFERRED = false>
+template <int D, int NW, bool PAGED, bool MERGE = false, bool SUMCHECK = false, int POLY = 0>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_pipelined_kernel(const AttnParams p) {
     const int trace_row = trace::begin(TRACE_PIPELINED);
     if constexpr (!PAGED) prefetch_first_tiles<D>(p, MERGE ? blockIdx.x : blockIdx.y, blockIdx.z);
     wait_for_previous_kernel();
     trace::stamp(trace_row, STAMP_WAITED);
-    if (gqa_pipelined<D, NW, PAGED, false, false, MERGE, SUMCHECK, POLY, DEFERRED>(p, nullptr, nullptr, trace_row))
-        gqa_pipelined<D, NW, PAGED, false, false, MERGE, true>(p, nullptr, nullptr);   // DEFERRED's exact rerun
+    gqa_pipelined<D, NW, PAGED, false, false, MERGE, SUMCHECK, POLY>(p, nullptr, nullptr, trace_row);
     trace::end(trace_row, STAMP_END);
 }
 
@@ -2670,15 +2597,13 @@ static cudaError_t prepare(Kernel kernel, int smem, bool big_clusters = false) {
 
 // The kernel of a variant: wgmma 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (pipelined), 3
 // the pipelined kernel with tail rows, 5 the pipelined kernel with S a tile further ahead, 6 the
-// pipelined kernel with the sum-checked softmax, 7 that with some exponentials by poly_exp2, 8 that with the
-// deferred softmax.
+// pipelined kernel with the sum-checked softmax, 7 that with some exponentials by poly_exp2.
 // POLYEXP_PAIRS: of a row's 8 score pairs a tile, a thread's last 2 (a quarter of its 32
 // exponentials) by poly_exp2; kernels/NOTES.md says why a quarter.
 constexpr int POLYEXP_PAIRS = 2;
 template <int D, int NW, bool PAGED, int WGMMA>
 constexpr auto gqa_variant() {
-    if constexpr (WGMMA == 8) return gqa_pipelined_kernel<D, NW, PAGED, false, true, 0, true>;
-    else if constexpr (WGMMA == 7) return gqa_pipelined_kernel<D, NW, PAGED, false, true, POLYEXP_PAIRS>;
+    if constexpr (WGMMA == 7) return gqa_pipelined_kernel<D, NW, PAGED, false, true, POLYEXP_PAIRS>;
     else if constexpr (WGMMA == 6) return gqa_pipelined_kernel<D, NW, PAGED, false, true>;
     else if constexpr (WGMMA == 5) return gqa_ahead_kernel;
     else if constexpr (WGMMA == 3) return gqa_tail_kernel<D, NW>;
@@ -2794,8 +2719,7 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
     // rows past the last full row block as tail rows where M has that shape (else as 2), 4 as 3
     // with the splits merged in clusters (merges_in_cluster; else as 3), 5 as 2 with S a tile
     // further ahead (a contiguous cache, 4 warps; else as 2), 6 as 2 with the sum-checked softmax,
-    // 7 as 6 with a quarter of its exponentials by poly_exp2 (a contiguous cache, 4 warps; else as 6),
-    // 8 as 6 with the deferred softmax (a contiguous cache, 4 warps, the default build; else as 6)
+    // 7 as 6 with a quarter of its exponentials by poly_exp2 (a contiguous cache, 4 warps; else as 6)
     if (wgmma >= 2 && D != 128) return cudaErrorInvalidValue;
     if constexpr (D == 128) {
         if (merges_in_cluster(p, num_warps, wgmma)) {
@@ -2810,14 +2734,6 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
         if constexpr (!PAGED && D == 128) return launch_gqa<D, 4, false, 3>(p, stream, tail_row_blocks(M, bm));
     }
     if (wgmma == 3) wgmma = 2;
-    if (wgmma == 8) {                    // the deferred softmax: contiguous, 4 warps, cp.async (else as 6)
-#ifndef TVA_TMA
-        if constexpr (!PAGED && D == 128) {
-            if (num_warps == 4) return launch_gqa<D, 4, false, 8>(p, stream, m_blocks);
-        }
-#endif
-        wgmma = 6;
-    }
     if (wgmma == 7) {                    // poly exponentials: contiguous, 4 warps (else as 6)
         if constexpr (!PAGED && D == 128) {
             if (num_warps == 4) {
@@ -2892,10 +2808,6 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     if (wgmma == 4) wgmma = 3;
     if ((wgmma == 3 || wgmma == 5) && (paged || num_warps != 4 || head_dim != 128)) wgmma = 2;
     if (wgmma == 7 && (paged || num_warps != 4)) wgmma = 6;
-#ifdef TVA_TMA
-    if (wgmma == 8) wgmma = 6;
-#endif
-    if (wgmma == 8 && (paged || num_warps != 4)) wgmma = 6;
     int blocks = 0;
     const int smem = tva_gqa_smem_bytes(head_dim, num_warps, wgmma);
 #define TVA_OCC(D, NW, P, W)                                                                     \
@@ -2909,7 +2821,7 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     TVA_OCC(D, 8, P, 1)
     TVA_OCC_D(64, 0) TVA_OCC_D(64, 1) TVA_OCC_D(128, 0) TVA_OCC_D(128, 1)
     TVA_OCC(128, 4, 0, 2) TVA_OCC(128, 8, 0, 2) TVA_OCC(128, 4, 1, 2) TVA_OCC(128, 8, 1, 2)
-    TVA_OCC(128, 4, 0, 3) TVA_OCC(128, 4, 0, 5) TVA_OCC(128, 4, 0, 7) TVA_OCC(128, 4, 0, 8)
+    TVA_OCC(128, 4, 0, 3) TVA_OCC(128, 4, 0, 5) TVA_OCC(128, 4, 0, 7)
     TVA_OCC(128, 4, 0, 6) TVA_OCC(128, 8, 0, 6) TVA_OCC(128, 4, 1, 6) TVA_OCC(128, 8, 1, 6)
 #undef TVA_OCC_D
 #undef TVA_OCC
@@ -2922,8 +2834,7 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
 // 4: as 3, with 2-16 splits merged in thread-block clusters (4 warps) instead of a combine kernel;
 // 5: as 2, with S a tile further ahead (gqa_ahead: a contiguous cache, 4 warps; else as 2);
 // 6: as 2, with the sum-checked softmax (the tile max only where P's sums say m may move);
-// 7: as 6, with a quarter of its exponentials on the FMA pipe (a contiguous cache, 4 warps; else as 6);
-// 8: as 6, with the deferred softmax (a contiguous cache, 4 warps, the default build; else as 6).
+// 7: as 6, with a quarter of its exponentials on the FMA pipe (a contiguous cache, 4 warps; else as 6).
 int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int paged, int wgmma, void* stream) {
     const AttnParams& p = *params;
     cudaStream_t s = static_cast<cudaStream_t>(stream);

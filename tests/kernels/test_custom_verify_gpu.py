@@ -235,7 +235,7 @@ POLYEXP_CASES = {c: v for c, v in AHEAD_CASES.items() if not c.endswith("-as-pv"
 # cache (a row reading past its keys, a tail row's included, would carry it), 8 warps where the
 # case says so, and any split count.
 VARIANT_CASES = {"wgmma_tail": TAIL_CASES, "wgmma_ahead": AHEAD_CASES, "wgmma_sumcheck": SUMCHECK_CASES,
-                 "wgmma_polyexp": POLYEXP_CASES, "wgmma_deferred": POLYEXP_CASES}
+                 "wgmma_polyexp": POLYEXP_CASES}
 
 
 @pytest.mark.parametrize("impl,case", [(impl, c) for impl, cases in VARIANT_CASES.items() for c in cases])
@@ -281,41 +281,6 @@ def test_wgmma_polyexp_is_close_to_sumcheck_and_replays_in_a_graph(hopper):
     assert not torch.equal(a, b)
     assert ref.relative_error(b, a.double()) < 2e-3
     _replays_equal(lambda out: call(impl="wgmma_polyexp", out=out), b)
-
-
-@pytest.mark.parametrize("log2_above, reruns", [(196.0, True), (75.0, True), (12.0, False)])
-def test_wgmma_deferred_reruns_a_split_whose_sums_overflow(log2_above, reruns, hopper):
-    """The emulated test's spike at the GPU's sizes: key 240 `log2_above` log2 units above every
-    other key of its split (and its V row 2^60 past the limit). Past 2^64 the split runs again
-    as wgmma_sumcheck (its output bit for bit); at 12 the deferred path keeps P up to 2^12 and
-    is right, not wgmma_sumcheck's bits."""
-    from harness.kernels.verify import custom_verify as cv
-
-    pt = point(b=2, T=65)
-    inp = kw.make_inputs(pt, [9000, 3000], 5, DEV, torch.bfloat16)
-    inp["q"][..., 0] = 4.0
-    inp["k"][:, :, 240] = 0.0
-    inp["k"][:, :, 240, 0] = log2_above / (pt.dk ** -0.5 * 1.4426950408889634) / 4.0
-    if reruns:
-        inp["v"][:, :, 240] *= 2.0 ** 60
-    call = functools.partial(cv.tree_verify_attention, inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"])
-    a, b = call(impl="wgmma_sumcheck"), call(impl="wgmma_deferred")
-    assert ref.relative_error(b, kw.reference(pt, inp)) <= TOL
-    assert torch.equal(a, b) == reruns
-
-
-def test_wgmma_deferred_is_close_to_sumcheck_and_replays_in_a_graph(hopper):
-    """Within a few bf16 roundings of wgmma_sumcheck, not equal to it (l from the packed P), and
-    a captured call replays equal to an eager one."""
-    from harness.kernels.verify import custom_verify as cv
-
-    pt = point(b=2, T=65)
-    inp = kw.make_inputs(pt, [9000, 3000], 5, DEV, torch.bfloat16)
-    call = functools.partial(cv.tree_verify_attention, inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"])
-    a, b = call(impl="wgmma_sumcheck"), call(impl="wgmma_deferred")
-    assert not torch.equal(a, b)
-    assert ref.relative_error(b, a.double()) < 2e-3
-    _replays_equal(lambda out: call(impl="wgmma_deferred", out=out), b)
 
 
 def _replays_equal(call, eager: torch.Tensor) -> None:

@@ -73,12 +73,10 @@ def spills(stderr: str, archs: tuple[str, ...]) -> list[str]:
 
 
 VERIFY_ARCHS = ("90a", "120")
-# gqa_pipelined_kernel<128, 4, contiguous, no merge>: wgmma_pv's, and with the sum-checked softmax,
-# with some exponentials by polynomial, with the deferred softmax
-PIPELINED = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0ELb0ELi0ELb0EEEvNS_10AttnParamsE"
-SUMCHECK = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0ELb1ELi0ELb0EEEvNS_10AttnParamsE"
-POLYEXP = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0ELb1ELi2ELb0EEEvNS_10AttnParamsE"
-DEFERRED = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0ELb1ELi0ELb1EEEvNS_10AttnParamsE"
+# gqa_pipelined_kernel<128, 4, contiguous, no merge>: wgmma_pv's, and with the sum-checked softmax
+PIPELINED = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0ELb0ELi0EEEvNS_10AttnParamsE"
+SUMCHECK = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0ELb1ELi0EEEvNS_10AttnParamsE"
+POLYEXP = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0ELb1ELi2EEEvNS_10AttnParamsE"
 TREE_BUILD_ARCHS = ("90a", "120")
 
 
@@ -202,21 +200,6 @@ def main_loop(code: list[tuple[int, str]]) -> tuple[int, int]:
     return min(loops, key=lambda span: span[1] - span[0])
 
 
-def first_main_loop(code: list[tuple[int, str]]) -> tuple[int, int]:
-    """Of a kernel holding two pipelines (wgmma_deferred's pass, then the wgmma_sumcheck rerun it
-    falls back to), the first one's loop: the innermost loops with S and a softmax (none holding
-    another), the first laid out."""
-    def events(start: int, end: int) -> set[str]:
-        return {e for at, ins in code if start <= at <= end and (e := _event(ins))}
-
-    back = [(int(t.group(1), 16), at) for at, ins in code
-            if (t := re.search(r"\bBRA (0x[0-9a-f]+)", ins)) and int(t.group(1), 16) < at]
-    loops = [span for span in back if {"S", "EX2"} <= events(*span)]
-    inner = [a for a in loops if not any(b != a and a[0] <= b[0] and b[1] <= a[1] for b in loops)]
-    assert inner, "no loop with S and a softmax"
-    return min(inner)
-
-
 def loop_events(obj: Path, function: str) -> list[str]:
     """The main loop of `function` (main_loop) as its schedule's events in order: S (an HGMMA
     64x64), PV (64x128), a warpgroup wait `wait N` (WARPGROUP.DEPBAR.LE gsb0, N: at most N
@@ -226,13 +209,12 @@ def loop_events(obj: Path, function: str) -> list[str]:
     return [e for at, ins in code if start <= at <= end and (e := _event(ins))]
 
 
-def shortest_paths_to_vote(obj: Path, function: str, until: str = "VOTE", loop=main_loop) -> list[list[str]]:
+def shortest_paths_to_vote(obj: Path, function: str) -> list[list[str]]:
     """For each wait for S in the main loop (`wait 1`: only P V left in flight), the opcodes on
     the shortest path (in instructions, through branches taken or not) from it to the softmax's
-    vote (or the first instruction containing `until`): the way a tile with nothing to mask and
-    nothing to rescale goes. `loop` finds the loop (main_loop: the only one)."""
+    vote: the way a tile with nothing to mask and nothing to rescale goes."""
     code = sass(obj, function)
-    start, end = loop(code)
+    start, end = main_loop(code)
     index = {at: i for i, (at, _) in enumerate(code)}
 
     def successors(i: int) -> list[int]:
@@ -249,7 +231,7 @@ def shortest_paths_to_vote(obj: Path, function: str, until: str = "VOTE", loop=m
         while frontier and found is None:          # breadth-first: each edge one instruction
             step = []
             for j in frontier:
-                if until in code[j][1] and j != i:
+                if "VOTE" in code[j][1]:
                     found = j
                     break
                 for k in successors(j):
@@ -257,7 +239,7 @@ def shortest_paths_to_vote(obj: Path, function: str, until: str = "VOTE", loop=m
                         came_from[k] = j
                         step.append(k)
             frontier = step
-        assert found is not None, f"no {until} after the wait at {at:#x}"
+        assert found is not None, f"no vote after the wait at {at:#x}"
         path, j = [], found
         while j is not None:
             ins = code[j][1]
@@ -326,33 +308,3 @@ def test_the_polynomial_exponentials_leave_the_special_function_unit(compiled):
         assert path.count("MUFU") == 24 and path.count("FMNMX") == 16, path
         assert path.count("FFMA") == 32 + 24 and path.count("FADD") == 30 + 24, path
         assert not {"SHFL", "F2I", "FRND"} & set(path), path
-
-
-def test_the_deferred_softmax_leaves_sums_and_vote_off_the_chain(compiled):
-    """gqa_pipelined_kernel<..., SUMCHECK, DEFERRED> (custom_impl wgmma_deferred): from the wait
-    for S to the next iteration's barrier, a tile with nothing to mask runs its 32 exponentials
-    and packs P, with no row sums (FADD) and no vote; wgmma_sumcheck's same path has the two
-    rows' sum trees (30 FADD, l's adds besides) and the vote, which this check tells apart. The
-    sums are added after the next products issue: 32 FADD (each row's 8 pairs, its tree of 7,
-    l's add) between an iteration's first P V HGMMA and its wait for S."""
-    _, obj = compiled
-    paths = shortest_paths_to_vote(obj, DEFERRED, until="BAR.SYNC", loop=first_main_loop)
-    assert paths
-    for path in paths:
-        assert path.count("MUFU") == 32 and path.count("F2FP") == 16, path
-        assert "FADD" not in path and "VOTE" not in path, path
-    for path in shortest_paths_to_vote(obj, SUMCHECK, until="BAR.SYNC"):
-        assert path.count("FADD") >= 30 and "VOTE" in path, path
-    code = sass(obj, DEFERRED)
-    start, end = first_main_loop(code)
-    events = [(ins, _event(ins)) for at, ins in code if start <= at <= end]
-    after_issue, counting, sums = 0, False, []
-    for ins, e in events:
-        if e == "PV" and not counting:
-            counting, after_issue = True, 0
-        elif e == "wait 1" and counting:
-            sums.append(after_issue)
-            counting = False
-        elif counting and re.search(r"\bFADD\b", ins):
-            after_issue += 1
-    assert sums and all(n == 32 for n in sums), sums

@@ -83,14 +83,14 @@ def test_a_kernel_cell_may_name_the_variant():
 def test_the_pipelined_kernels_variants_are_cells_of_their_own_and_never_auto():
     """wgmma_pv (what auto ran on Hopper until session 31's wgmma_sumcheck, 1.03-1.06x faster at
     65 tree tokens), wgmma_tail and wgmma_merge (kernels/NOTES.md, session 27: level with
-    wgmma_pv and slower), wgmma_ahead (session 30: level to slower), wgmma_polyexp (session 32,
-    not bit-equal to auto's kernel) and wgmma_deferred (session 33, likewise) are chosen by name
-    only, each its own cell; no device class gets them from `auto` (at GQA head dim 128)."""
-    variants = ("wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_polyexp", "wgmma_deferred")
+    wgmma_pv and slower), wgmma_ahead (session 30: level to slower) and wgmma_polyexp (session 32,
+    not bit-equal to auto's kernel) are chosen by name only, each its own cell; no device class
+    gets them from `auto` (at GQA head dim 128)."""
+    variants = ("wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_polyexp")
     text = ("name: c\ndefaults:\n  workload: kernel\n  verify_mode: custom\n  device: cuda\n"
             f"matrix:\n  custom_impl: [wgmma_sumcheck, {', '.join(variants)}]\n")
     cells = parse_scenario(text, "c.yaml").cells()
-    assert len({params.cell_id(c) for c in cells}) == 7
+    assert len({params.cell_id(c) for c in cells}) == 6
     for device in ("hopper", "cuda", "cpu"):
         assert params.custom_auto(device, 128) not in variants
     assert params.custom_auto("hopper", 128) == "wgmma_sumcheck"

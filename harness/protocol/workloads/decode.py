@@ -25,14 +25,11 @@ TREE_BUILD_IMPLS = ("triton", "cuda", "torch")   # the kernel of tree_build: gpu
 # wgmma_ahead: wgmma_pv with S issued a tile further ahead (a contiguous cache); wgmma_sumcheck:
 # wgmma_pv whose softmax takes a tile's max only where its exponentials' sums say the max may move;
 # wgmma_polyexp: wgmma_sumcheck with a quarter of those exponentials by polynomial (the FMA pipe;
-# 1.04-1.10x slower, kernels/NOTES.md session 32); wgmma_deferred: wgmma_sumcheck with the row sums
-# and the sum check's vote off the chain between S and P V (the sums after the next products issue,
-# the split rerun as wgmma_sumcheck where they end past 2^64)
+# 1.04-1.10x slower, kernels/NOTES.md session 32)
 CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck",
-                "wgmma_polyexp", "wgmma_deferred")
+                "wgmma_polyexp")
 # P V on wgmma: head_dim 128 only
-PIPELINED_IMPLS = ("wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck", "wgmma_polyexp",
-                   "wgmma_deferred")
+PIPELINED_IMPLS = ("wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck", "wgmma_polyexp")
 LINEAR_IMPLS = ("torch", "triton", "wgmma", "wgmma_cluster")  # the forward's weight GEMMs at decode's few rows
 ACCEPT_IMPLS = ("torch", "triton")          # the accept's argmax, path and bookkeeping (accept: gpu)
 PRESETS = ("tiny", "qwen3-8b", "kimi-k2.6-rank")  # shapes in harness/protocol/presets.py

@@ -806,19 +806,6 @@ inline unsigned __ballot_sync(unsigned, int predicate) {
     return bits;
 }
 inline int __any_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) != 0; }
-inline int __all_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) == mask; }
-// A block barrier that also ORs a predicate over the block's threads: each leaves it in its last
-// slot (shuffles use the first two) before the barrier and reads every thread's after it; a
-// second barrier keeps a later call from overwriting a slot another thread has yet to read.
-inline int __syncthreads_or(int predicate) {
-    emu::Block* b = emu::current_block();
-    b->slots[emu::me().tid][15] = predicate ? 1u : 0u;
-    emu::syncthreads();
-    int any = 0;
-    for (size_t t = 0; t < b->fibers.size(); ++t) any |= b->slots[t][15] != 0;
-    emu::syncthreads();
-    return any;
-}
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline void __syncwarp(unsigned = 0xFFFFFFFFu) { emu::warp_sync(); }
