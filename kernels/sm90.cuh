@@ -93,15 +93,6 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 #endif
 }
 
-// `bytes` (a multiple of 16) from `src` (16-byte aligned) into L2, asynchronously and without a
-// result: a hint that fetches lines a later copy will read. L2 is where the GPU's memory is
-// coherent, so a prefetched line a kernel then writes is read as written. Elsewhere a no-op.
-__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-#endif
-}
-
 // mbarriers and tensor copies (sm_90+): a copy of a box through a tensor map completes `bytes`
 // of its barrier's expected transactions; a phase completes when its arrivals are in and its
 // bytes have landed, and mbar_wait returns once the phase of `parity` has completed.

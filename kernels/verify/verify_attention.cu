@@ -359,30 +359,6 @@ __device__ __forceinline__ SplitRange split_range(int n_keys, int splits, int sp
     return s;
 }
 
-// Before the wait for the kernel ahead (under PDL a CTA may be resident while that kernel still
-// runs): the tiles the prologue copies first, K's three and V's two, fetched into L2. A trace of
-// the calls (kernels/NOTES.md, session 33) had each CTA wait ~4 µs from its release to its first
-// tiles landing, every CTA of the grid asking DRAM for its first tiles at the same moment. A
-// prefetch is only a hint, and L2 is where memory is coherent (a line the kernel ahead then
-// writes, such as the tree's own keys, is read as written), so the length read here before the
-// wait may be stale: the prefetch then fetches other rows and no result changes. A contiguous
-// cache with unpadded rows only, clamped to its rows.
-template <int D>
-__device__ __forceinline__ void prefetch_first_tiles(const AttnParams& p, int split, int bz) {
-    if (threadIdx.x != 0 || p.k_st != D || p.v_st != D) return;
-    const int b = bz / static_cast<int>(p.heads_kv), h = bz % static_cast<int>(p.heads_kv);
-    const SplitRange sr = split_range(read_length(p, b) + static_cast<int>(p.tokens), static_cast<int>(p.num_splits), split);
-    int64_t end = sr.end < sr.begin + 3 * BN ? sr.end : sr.begin + 3 * BN;
-    if (end > p.kv_rows) end = p.kv_rows;
-    const int64_t rows = end - sr.begin;
-    if (rows <= 0) return;
-    const int64_t first = static_cast<int64_t>(sr.begin) * D;
-    prefetch_l2(static_cast<const __nv_bfloat16*>(p.k) + b * p.k_sb + h * p.k_sh + first,
-                static_cast<uint32_t>(rows * D * 2));
-    prefetch_l2(static_cast<const __nv_bfloat16*>(p.v) + b * p.v_sb + h * p.v_sh + first,
-                static_cast<uint32_t>((rows < 2 * BN ? rows : 2 * BN) * D * 2));
-}
-
 // n / d and n % d for a divisor fixed per launch (the page size), n < 2^31, by a multiply-high
 // (the round-up method, as torch's IntDivider): a 32-bit division is a ~20-instruction
 // sequence on the GPU, and the paged copies did one per row of every tile.
@@ -1571,7 +1547,6 @@ template <int D, int NW, bool PAGED, bool MERGE = false, bool SUMCHECK = false, 
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_pipelined_kernel(const AttnParams p) {
     const int trace_row = trace::begin(TRACE_PIPELINED);
-    if constexpr (!PAGED) prefetch_first_tiles<D>(p, MERGE ? blockIdx.x : blockIdx.y, blockIdx.z);
     wait_for_previous_kernel();
     trace::stamp(trace_row, STAMP_WAITED);
     gqa_pipelined<D, NW, PAGED, false, false, MERGE, SUMCHECK, POLY>(p, nullptr, nullptr, trace_row);
@@ -1829,7 +1804,6 @@ template <int D, int NW, bool SUMCHECK = false, int POLY = 0>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_tma_kernel(const __grid_constant__ GqaTmaParams a) {
     const int trace_row = trace::begin(TRACE_PIPELINED);
-    prefetch_first_tiles<D>(a.p, blockIdx.y, blockIdx.z);
     wait_for_previous_kernel();
     trace::stamp(trace_row, STAMP_WAITED);
     gqa_pipelined<D, NW, false, true, false, false, SUMCHECK, POLY>(a.p, &a.k, &a.v, trace_row);

@@ -946,15 +946,6 @@ inline void wgmma_fence() {}
 // Programmatic dependent launch: kernels run one after another here, so there is nothing to wait for.
 inline void griddep_wait() {}
 inline void griddep_launch_dependents() {}
-// An L2 prefetch fetches nothing here; its operands are held to the PTX rules, and its first and
-// last byte are read, so a range off its allocation's end faults as a copy's would.
-inline void prefetch_l2(const void* src, uint32_t bytes) {
-    if (reinterpret_cast<uintptr_t>(src) % 16 || bytes % 16 || bytes == 0)
-        emu::die("cp.async.bulk.prefetch: address and size must be 16-byte multiples, size > 0");
-    const volatile uint8_t* at = static_cast<const uint8_t*>(src);
-    (void)at[0];
-    (void)at[bytes - 1];
-}
 
 // Element (row r, column k), as bf16 bits, of a K-major 128-byte-swizzle operand described by
 // `desc`: rows in groups of 8, the groups SBO bytes apart, rows 128 bytes apart; the swizzle XORs
