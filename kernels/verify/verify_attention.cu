@@ -511,12 +511,59 @@ __device__ __forceinline__ void tree_mask_rows(const AttnParams& p, int b, int r
     }
 }
 
+// Which of the NK (<= 64) keys kb .. kb + NK - 1 a query whose tree-mask row is `bits_row` may
+// see, as bit i for key kb + i: key_visible's answer for the whole tile at once. The prefix keys
+// (before L) are all visible, the keys from k_end none, and the tree's keys between come from the
+// row's bitmask a word at a time, at most three loads. (key_visible a score at a time loaded a
+// word and spent ~10 instructions on each of a thread's 32 scores; on a split's last tiles the
+// session-33 trace found those tiles ~1.2 µs slower each than a tile with nothing masked, which
+// made the last split the call's slowest CTAs.)
+template <int NK>
+__device__ __forceinline__ uint64_t visible_keys(const int32_t* bits_row, int kb, int L, int k_end) {
+    static_assert(NK <= 64, "a tile's keys in one 64-bit mask");
+    const int j0 = kb - L;                              // the tile's first key's tree index
+    const int first = j0 > 0 ? j0 : 0;                  // the tile's tree keys: indices [first, last)
+    const int last = (kb + NK < k_end ? kb + NK : k_end) - L;
+    uint64_t m = j0 < 0 ? (j0 <= -64 ? ~0ull : (1ull << -j0) - 1) : 0ull;
+    if (last > first) {
+        // The row's mask from tree index `first` on (the 96 bits from word w, shifted), cut at `last`.
+        const int w = first >> 5, sh = first & 31;
+        uint64_t v = static_cast<uint32_t>(__ldg(bits_row + w));
+        if (32 * (w + 1) < last) v |= static_cast<uint64_t>(static_cast<uint32_t>(__ldg(bits_row + w + 1))) << 32;
+        v >>= sh;
+        if (sh && 32 * (w + 2) < last) v |= static_cast<uint64_t>(static_cast<uint32_t>(__ldg(bits_row + w + 2))) << (64 - sh);
+        const int n = last - first;
+        if (n < 64) v &= (1ull << n) - 1;
+        m |= v << (first - j0);
+    }
+    return m;
+}
+
 // -inf where a score of a tile of NK keys from kb is not visible to its row: fragment (nt, e) is
 // key kb + 8 nt + 2 tig + (e & 1) of row e >> 1 (the mma C layout). Only a tile that reaches the
 // tree part or the split's end (kb + NK > L) has any.
 template <int NK, int NT8>
 __device__ __forceinline__ void mask_tile(float (&s)[NT8][4], int kb, int L, int k_end, const int32_t* const (&rows)[2],
                                           int tig) {
+    static_assert(NT8 * 8 == NK, "a fragment per 8 keys");
+    if (kb + NK <= L) return;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+        const uint64_t vis = visible_keys<NK>(rows[hf], kb, L, k_end) >> (2 * tig);
+#pragma unroll
+        for (int nt = 0; nt < NT8; ++nt)
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+                if (!((vis >> (8 * nt + j)) & 1u)) s[nt][2 * hf + j] = -INFINITY;
+    }
+}
+
+// mask_tile a key at a time (key_visible for each score), for the mma.sync kernel (gqa_kernel):
+// its 2-warp paged instance at head dim 128 has no registers left for visible_keys' mask (8
+// bytes of spill), and it is not the kernel the loop runs.
+template <int NK, int NT8>
+__device__ __forceinline__ void mask_tile_by_key(float (&s)[NT8][4], int kb, int L, int k_end,
+                                                 const int32_t* const (&rows)[2], int tig) {
     if (kb + NK <= L) return;
 #pragma unroll
     for (int nt = 0; nt < NT8; ++nt)
@@ -915,7 +962,7 @@ gqa_kernel(const AttnParams p) {
         for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nt][e] *= scale;
-        mask_tile<BN>(s, kb, L, sr.end, bits_row, tig);
+        mask_tile_by_key<BN>(s, kb, L, sr.end, bits_row, tig);
 
         // Online softmax (fp32, log2 domain). l is kept per thread and reduced at the end.
 #pragma unroll
