@@ -515,8 +515,8 @@ __device__ __forceinline__ void tree_mask_rows(const AttnParams& p, int b, int r
 // see, as bit i for key kb + i: key_visible's answer for the whole tile at once. The prefix keys
 // (before L) are all visible, the keys from k_end none, and the tree's keys between come from the
 // row's bitmask a word at a time, at most three loads. (key_visible a score at a time loaded a
-// word and spent ~10 instructions on each of a thread's 32 scores; on a split's last tiles the
-// session-33 trace found those tiles ~1.2 µs slower each than a tile with nothing masked, which
+// word and spent ~10 instructions on each of a thread's 32 scores: on a split's last tiles the
+// session-33 trace found those two tiles ~2 µs slower each than a tile with nothing masked, which
 // made the last split the call's slowest CTAs.)
 template <int NK>
 __device__ __forceinline__ uint64_t visible_keys(const int32_t* bits_row, int kb, int L, int k_end) {
