@@ -410,3 +410,33 @@ def test_the_warp_specialized_build_matches_the_reference(case, monkeypatch):
     pt, lengths = CASES[case]
     assert check(pt, lengths, impl="wgmma_pv", nan_tail=37) < TOL
 
+
+
+def test_the_trace_build_stamps_every_cta_of_a_call(monkeypatch, hopper):
+    """HARNESS_KERNEL_TRACE=1 (kernels/trace.cuh): one call at 65 tree tokens over 4096 keys
+    leaves a row for each CTA of the split kernel and of its combine, their stamps in order, and
+    anatomy.py's medians from them; the trace build's output is the default build's bit for bit
+    (the stamps change no result)."""
+    from harness.kernels.verify import anatomy, custom_verify as cv
+
+    pt = point(T=65)
+    inp = kw.make_inputs(pt, [4096], 3, DEV, torch.bfloat16)
+    call = functools.partial(cv.tree_verify_attention, inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"],
+                             impl="wgmma_sumcheck")
+    plain = call()
+    assert cv.read_trace() is None                       # the default build has no trace
+    monkeypatch.setenv("HARNESS_KERNEL_TRACE", "1")
+    cv.read_trace()                                      # builds the trace library, empties its rows
+    traced = call()
+    rows, n = cv.read_trace()
+    assert torch.equal(plain, traced)
+    plan = cv.plan(inp["q"], 8, 4096 + 65, paged=False, impl="wgmma_sumcheck")
+    ctas = plan["m_blocks"] * plan["num_splits"] * 8
+    splits = [r for r in rows if r["kernel"] == anatomy.SPLIT]
+    combines = [r for r in rows if r["kernel"] == anatomy.COMBINE]
+    assert n == len(rows) and len(splits) == ctas and len(combines) > 0
+    for r in splits:
+        assert all(a <= b for a, b in zip(r["clock"], r["clock"][1:])), r
+        assert r["start_ns"] <= r["end_ns"]
+    got = anatomy.anatomy(rows, tiles=-(-(4096 + 65) // plan["num_splits"] // 64))
+    assert got["calls"] == 1 and 0 < got["loop_us"] < got["split_us"]
