@@ -17,6 +17,7 @@ stamps and reports per call (medians over the calls of several replays):
   landed_us       a split CTA from its wait to its first tiles landing (Q, K_0, V_0)
   first_tile_us   the first tile's S and exact softmax
   loop_us, tile_us  the loop over the other tiles, and per tile
+  slowest_loop_us the slowest CTA's loop (a split with more work, or slower tiles, sets the end)
   epilogue_us     writing the partial rows (or the output)
   end_spread_us   the split's first CTA end to its last (imbalance and wave tail)
   combine_after_us  the split's last end to the combine's last end: what the combine adds
@@ -78,7 +79,7 @@ def anatomy(rows: list[dict], tiles: int) -> dict:
     """Per-call medians (µs) of one replay's rows; `tiles` a split CTA streams."""
     ghz = clock_ghz(rows)
     splits, combines = launches(rows, SPLIT), launches(rows, COMBINE)
-    per_call: dict[str, list[float]] = defaultdict(list)
+    call: dict[str, list[float]] = defaultdict(list)
 
     def med(ctas, a, b):
         return statistics.median((r["clock"][b] - r["clock"][a]) / ghz for r in ctas) / 1e3
@@ -88,13 +89,13 @@ def anatomy(rows: list[dict], tiles: int) -> dict:
         cb = combines[i] if i < len(combines) else []
         first_start = min(r["start_ns"] for r in sp)
         ends = sorted(r["end_ns"] for r in sp)
-        call = per_call
         call["split_us"].append((ends[-1] - first_start) / 1e3)
         call["wait_us"].append(med(sp, 0, WAITED))
         call["landed_us"].append(med(sp, WAITED, LANDED))
         call["first_tile_us"].append(med(sp, LANDED, FIRST_TILE))
         loop = med(sp, FIRST_TILE, LOOP)
         call["loop_us"].append(loop)
+        call["slowest_loop_us"].append(max(r["clock"][LOOP] - r["clock"][FIRST_TILE] for r in sp) / ghz / 1e3)
         if tiles > 1:
             call["tile_us"].append(loop / (tiles - 1))
         call["epilogue_us"].append(med(sp, LOOP, END))
@@ -118,7 +119,7 @@ def anatomy(rows: list[dict], tiles: int) -> dict:
             if prev_end is not None:
                 call["call_us"].append((last - prev_end) / 1e3)
             prev_end = last
-    out = {k: statistics.median(v) for k, v in per_call.items() if v}
+    out = {k: statistics.median(v) for k, v in call.items() if v}
     out["clock_ghz"] = ghz
     out["calls"] = len(splits)
     return out

@@ -41,6 +41,7 @@ def test_anatomy_of_made_up_calls():
     assert got["first_tile_us"] == pytest.approx(1.0, abs=1e-3)
     assert got["loop_us"] == pytest.approx(10.0, abs=1e-3)
     assert got["tile_us"] == pytest.approx(1.0, abs=1e-3)
+    assert got["slowest_loop_us"] == pytest.approx(10.0, abs=1e-3)
     assert got["epilogue_us"] == pytest.approx(1.0, abs=1e-3)
     assert got["split_us"] == pytest.approx(14.5, abs=1e-3)        # 0 .. 1000 + 13500
     assert got["end_spread_us"] == pytest.approx(1.0, abs=1e-3)
@@ -59,3 +60,15 @@ def test_launches_split_by_block_order():
     groups = an.launches(rows, an.SPLIT)
     assert [len(g) for g in groups] == [2, 2, 2]
     assert [min(r["start_ns"] for r in g) for g in groups] == [0, 40_000, 80_000]
+
+
+def test_the_slowest_cta_is_told_apart_from_the_median():
+    """A third split CTA a call whose loop takes 6 µs longer (a split holding the tree's masked
+    tiles): the median loop stays 10 µs, the slowest is 16."""
+    rows = []
+    for start in (0, 40_000):
+        rows += call(start)
+        rows.append(row(an.SPLIT, (0, 2, 0), 7, start + 500, [500, 1500, 2500, 18_500, 19_500]))
+    got = an.anatomy(rows, tiles=11)
+    assert got["loop_us"] == pytest.approx(10.0, abs=1e-3)
+    assert got["slowest_loop_us"] == pytest.approx(16.0, abs=1e-3)
