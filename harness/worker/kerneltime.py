@@ -88,11 +88,17 @@ def set_count(bytes_per_set: int, device: torch.device) -> int:
     return min(MAX_SETS, max(2, math.ceil(L2_MULTIPLE * l2 / max(1, bytes_per_set))))
 
 
+def launch_count(n_calls: int, min_launches: int = MIN_LAUNCHES) -> int:
+    """Launches a captured graph of `n_calls` input sets holds: whole rounds of them, at least
+    `min_launches`."""
+    return math.ceil(max(min_launches, n_calls) / n_calls) * n_calls
+
+
 def time_calls(calls: list, repeats: int, warmup: int, device: torch.device, *,
                min_launches: int = MIN_LAUNCHES) -> tuple[list[float], bool]:
     """Per-launch µs samples, one per timed replay, and whether a CUDA graph was replayed.
     `calls`: one zero-argument callable per input set, everything allocated beforehand."""
-    launches = math.ceil(max(min_launches, len(calls)) / len(calls)) * len(calls)
+    launches = launch_count(len(calls), min_launches)
 
     def eager():
         for i in range(launches):

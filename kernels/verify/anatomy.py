@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections import Counter, defaultdict
 
 import torch
@@ -126,13 +127,13 @@ def anatomy(rows: list[dict], tiles: int) -> dict:
 
 
 def trace_point(context: int, tokens: int, impl: str, replays: int, device: torch.device) -> dict:
-    from harness.worker.kerneltime import MIN_LAUNCHES
+    from harness.worker.kerneltime import launch_count
     from harness.worker.workloads.kernel import Point, input_sets, prepare
 
     pt = Point("gqa", 1, context, tokens, 32, 8, 128, 128, "contiguous", 16)
     sets = input_sets(pt, device, torch.bfloat16, seed=1000)
     calls = [prepare("custom", pt, s, custom_impl=impl) for s in sets]
-    calls = (calls * ((MIN_LAUNCHES + len(calls) - 1) // len(calls)))
+    calls = calls * (launch_count(len(calls)) // len(calls))
     for c in calls:
         c()
     torch.cuda.synchronize(device)
@@ -142,9 +143,7 @@ def trace_point(context: int, tokens: int, impl: str, replays: int, device: torc
             c()
     for _ in range(3):
         graph.replay()
-    got = cv.read_trace()
-    if got is None:
-        raise SystemExit("not a trace build: run with HARNESS_KERNEL_TRACE=1")
+    cv.read_trace()                     # the warm-up's rows out of the way
     plan = cv.plan(sets[0]["q"], 8, context + tokens, paged=False, impl=impl)
     chunk = -(-(context + tokens) // plan["num_splits"])
     tiles = -(-chunk // 64)
@@ -156,7 +155,7 @@ def trace_point(context: int, tokens: int, impl: str, replays: int, device: torc
         stop.record()
         rows, n = cv.read_trace()
         if n > len(rows):
-            raise SystemExit(f"{n} CTAs stamped, {len(rows)} kept: fewer calls a replay")
+            _refuse(f"{n} CTAs stamped a replay, {len(rows)} kept (trace::ROWS): a point with fewer calls")
         timed.append(start.elapsed_time(stop) * 1e3 / len(calls))
         results.append(anatomy(rows, tiles))
     keys = sorted({k for r in results for k in r})
@@ -169,6 +168,11 @@ def trace_point(context: int, tokens: int, impl: str, replays: int, device: torc
     return point
 
 
+def _refuse(why: str) -> None:
+    print(f"anatomy: {why}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--context", type=int, nargs="+", default=[4096, 16384, 65536])
@@ -177,6 +181,10 @@ def main(argv=None) -> None:
     ap.add_argument("--replays", type=int, default=5)
     ap.add_argument("--json", help="write the points here")
     args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        _refuse("needs a CUDA GPU (none is visible)")
+    if cv.read_trace() is None:
+        _refuse("not a trace build of the verify kernels: run with HARNESS_KERNEL_TRACE=1")
     device = torch.device("cuda")
     points = []
     for impl in args.impl:
