@@ -223,15 +223,8 @@ class Attention(nn.Module):
                                             overlap=overlaps_gemm(x, mask.kernels))
         S = mask.kv_len
         out = torch.empty_like(q)
-        import os
-        from harness.kernels.linear import l2_prefetch
-        where = os.environ.get("HARNESS_L2_PREFETCH", "")
-        if where == "verify":
-            l2_prefetch.prefetch(self.o_proj.weight)
         attention.attend(q.transpose(1, 2), cache.k[layer, :, :, :S], cache.v[layer, :, :, :S], mask,
                          out=out.transpose(1, 2))
-        if where == "oproj":
-            l2_prefetch.prefetch(self.o_proj.weight)
         return linear(self.o_proj, out.view(b, T, cfg.heads * cfg.head_dim), mask.kernels)
 
 
