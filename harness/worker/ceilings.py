@@ -7,11 +7,14 @@ driver and these clocks, actually does. Each ceiling is measured once per worker
 A ceiling is the fastest the GPU went, not a typical run: whatever disturbs a timing (clocks
 still rising from idle, a power cap biting, an unlucky placement of one buffer) only slows it,
 so the best of several is the estimate that does not move with them. Taken as the median of
-one buffer pair after a single warm-up copy, the copy ceiling read 2.56-2.60 TB/s in about one
-process in four on a power-capped H100 where the others read 2.95-3.01 (and now and then
-3.69-3.80 against 4.07-4.26 on an H200), enough to put a decode step at 108 % of its "roofline". So each ceiling
-runs its operation for WARM_MS first, then times it on ROUNDS separately allocated operands
-and keeps the fastest call.
+one memcpy of one buffer pair after a single warm-up copy, the copy ceiling read 2.56-2.60 TB/s
+in 7 of 15 decode worker processes on a power-capped H100 (none of 20 kernel-workload ones)
+where the others read 2.95-3.01 (and now and then 3.69-3.80 against 4.07-4.26 on an H200),
+enough to put a decode step at 108 % of its "roofline", while the steps themselves ran no
+slower. The low readings cluster too tightly for a clock effect; how the driver moved that
+process's memcpy may be the cause as well. So each ceiling runs its operation for WARM_MS
+first, then times it on ROUNDS separately allocated operands (the copy both as a memcpy and as
+an elementwise kernel) and keeps the fastest call.
 """
 
 from __future__ import annotations
@@ -45,15 +48,24 @@ def _fastest_ms(fn, reps: int = REPS, warm_ms: float = WARM_MS) -> float:
     return min(times)
 
 
+def copy_ops(src: torch.Tensor, dst: torch.Tensor) -> list:
+    """The two ways a copy runs: the driver's device-to-device memcpy (`copy_` of contiguous
+    tensors; the driver picks how it moves the bytes) and an elementwise kernel on the
+    multiprocessors (x 1 exactly: bf16 times one is itself), which reads and writes as the decode
+    step's kernels do. Each reads `src` and writes `dst` once."""
+    return [lambda: dst.copy_(src), lambda: torch.mul(src, 1, out=dst)]
+
+
 @functools.lru_cache(maxsize=None)
 def copy_bandwidth(device: int = 0, nbytes: int = 1 << 30, rounds: int = ROUNDS) -> float:
     """Device-to-device copy rate in bytes/s, counting bytes read plus bytes written: the best
-    over `rounds` pairs of `nbytes` buffers (module docstring)."""
+    over `rounds` pairs of `nbytes` buffers, each copied both ways of `copy_ops` (module
+    docstring)."""
     with torch.cuda.device(device):
         pairs = [(torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_(),
                   torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda"))
                  for _ in range(rounds)]
-        ms = min(_fastest_ms(lambda s=src, d=dst: d.copy_(s)) for src, dst in pairs)
+        ms = min(_fastest_ms(op) for src, dst in pairs for op in copy_ops(src, dst))
         del pairs
     return 2 * nbytes / (ms / 1e3)
 
