@@ -29,10 +29,12 @@ REPS = 10           # timed calls a set
 
 
 def _fastest_ms(fn, reps: int = REPS, warm_ms: float = WARM_MS) -> float:
-    """The fastest of `reps` CUDA-event timings of fn(), after fn has run for `warm_ms`."""
+    """The fastest of `reps` CUDA-event timings of fn(), after fn has run for `warm_ms` (and
+    at least twice: a first call's time may be the host loading its kernel)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    warmed = 0.0
-    while warmed < warm_ms:
+    warmed, calls = 0.0, 0
+    while warmed < warm_ms or calls < 2:
+        calls += 1
         start.record()
         fn()
         end.record()
@@ -56,15 +58,29 @@ def copy_ops(src: torch.Tensor, dst: torch.Tensor) -> list:
     return [lambda: dst.copy_(src), lambda: torch.mul(src, 1, out=dst)]
 
 
+def _operand_sets(make, rounds: int) -> list:
+    """Up to `rounds` results of make(), all alive at once (so each is other memory); fewer
+    where the GPU's memory runs out after the first (a worker measures its ceilings beside the
+    model it has loaded), never none: the first allocation's error is the caller's."""
+    sets = [make()]
+    for _ in range(rounds - 1):
+        try:
+            sets.append(make())
+        except torch.cuda.OutOfMemoryError:
+            break
+    return sets
+
+
 @functools.lru_cache(maxsize=None)
 def copy_bandwidth(device: int = 0, nbytes: int = 1 << 30, rounds: int = ROUNDS) -> float:
     """Device-to-device copy rate in bytes/s, counting bytes read plus bytes written: the best
     over `rounds` pairs of `nbytes` buffers, each copied both ways of `copy_ops` (module
     docstring)."""
+    def pair():
+        return (torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_(),
+                torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda"))
     with torch.cuda.device(device):
-        pairs = [(torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_(),
-                  torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda"))
-                 for _ in range(rounds)]
+        pairs = _operand_sets(pair, rounds)
         ms = min(_fastest_ms(op) for src, dst in pairs for op in copy_ops(src, dst))
         del pairs
     return 2 * nbytes / (ms / 1e3)
@@ -74,10 +90,11 @@ def copy_bandwidth(device: int = 0, nbytes: int = 1 << 30, rounds: int = ROUNDS)
 def matmul_rate(device: int = 0, n: int = 8192, rounds: int = ROUNDS) -> float:
     """bf16 matrix-multiply rate in FLOP/s on random data (zeros run faster): the best over
     `rounds` pairs of n x n operands."""
+    def pair():
+        return (torch.randn(n, n, dtype=torch.bfloat16, device="cuda"),
+                torch.randn(n, n, dtype=torch.bfloat16, device="cuda"))
     with torch.cuda.device(device):
-        pairs = [(torch.randn(n, n, dtype=torch.bfloat16, device="cuda"),
-                  torch.randn(n, n, dtype=torch.bfloat16, device="cuda"))
-                 for _ in range(rounds)]
+        pairs = _operand_sets(pair, rounds)
         ms = min(_fastest_ms(lambda a=a, b=b: a @ b) for a, b in pairs)
         del pairs
     return 2 * n**3 / (ms / 1e3)
