@@ -1,11 +1,11 @@
 """harness/worker/ceilings.py: each ceiling is the fastest call over several operand sets, each
 timed only after the operation has run for a while (skipped without a GPU).
 
-Whether that keeps the ceiling where the hardware is (the copy ceiling read ~14 % low in about one
-worker process in four on a power-capped H100 with the median of one pair) is a number for the
+Whether that keeps the ceiling where the hardware is (the copy ceiling read ~14 % low in 7 of 15
+decode worker processes on a power-capped H100 with the median of one pair) is a number for the
 runs to show (`copy_bw_tbps` in every decode result), not a timing for a test to assert; here the
-shape of the measurement is checked: ROUNDS separate operand sets, the copy two ways, each warmed
-and timed.
+shape of the measurement is checked: ROUNDS operand sets, the copy two ways, each warmed and
+timed.
 """
 
 from __future__ import annotations
