@@ -50,12 +50,12 @@ def _fastest_ms(fn, reps: int = REPS, warm_ms: float = WARM_MS) -> float:
     return min(times)
 
 
-def copy_ops(src: torch.Tensor, dst: torch.Tensor) -> list:
-    """The two ways a copy runs: the driver's device-to-device memcpy (`copy_` of contiguous
-    tensors; the driver picks how it moves the bytes) and an elementwise kernel on the
-    multiprocessors (x 1 exactly: bf16 times one is itself), which reads and writes as the decode
-    step's kernels do. Each reads `src` and writes `dst` once."""
-    return [lambda: dst.copy_(src), lambda: torch.mul(src, 1, out=dst)]
+def copy_ops(src: torch.Tensor, dst: torch.Tensor) -> dict:
+    """The two ways a copy runs, by name: the driver's device-to-device memcpy (`copy_` of
+    contiguous tensors; the driver picks how it moves the bytes) and an elementwise kernel on
+    the multiprocessors (x 1 exactly: bf16 times one is itself), which reads and writes as the
+    decode step's kernels do. Each reads `src` and writes `dst` once."""
+    return {"memcpy": lambda: dst.copy_(src), "elementwise": lambda: torch.mul(src, 1, out=dst)}
 
 
 def _operand_sets(make, rounds: int) -> list:
@@ -72,18 +72,24 @@ def _operand_sets(make, rounds: int) -> list:
 
 
 @functools.lru_cache(maxsize=None)
-def copy_bandwidth(device: int = 0, nbytes: int = 1 << 30, rounds: int = ROUNDS) -> float:
-    """Device-to-device copy rate in bytes/s, counting bytes read plus bytes written: the best
-    over `rounds` pairs of `nbytes` buffers, each copied both ways of `copy_ops` (module
-    docstring)."""
+def copy_rates(device: int = 0, nbytes: int = 1 << 30, rounds: int = ROUNDS) -> dict[str, float]:
+    """Device-to-device copy rate in bytes/s (bytes read plus bytes written) of each way of
+    `copy_ops`, the best over `rounds` pairs of `nbytes` buffers. A decode result keeps both
+    (`ceilings.copy_tbps`), so a way that runs slow in some process shows as such."""
     def pair():
         return (torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_(),
                 torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda"))
     with torch.cuda.device(device):
         pairs = _operand_sets(pair, rounds)
-        ms = min(_fastest_ms(op) for src, dst in pairs for op in copy_ops(src, dst))
+        ms = {way: min(_fastest_ms(copy_ops(src, dst)[way]) for src, dst in pairs)
+              for way in copy_ops(*pairs[0])}
         del pairs
-    return 2 * nbytes / (ms / 1e3)
+    return {way: 2 * nbytes / (t / 1e3) for way, t in ms.items()}
+
+
+def copy_bandwidth(device: int = 0, nbytes: int = 1 << 30, rounds: int = ROUNDS) -> float:
+    """The copy ceiling in bytes/s: the faster way of `copy_rates` (module docstring)."""
+    return max(copy_rates(device, nbytes, rounds).values())
 
 
 @functools.lru_cache(maxsize=None)

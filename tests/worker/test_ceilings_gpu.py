@@ -20,10 +20,10 @@ from harness.worker import ceilings
 
 @pytest.fixture
 def uncached():
-    ceilings.copy_bandwidth.cache_clear()
+    ceilings.copy_rates.cache_clear()
     ceilings.matmul_rate.cache_clear()
     yield
-    ceilings.copy_bandwidth.cache_clear()
+    ceilings.copy_rates.cache_clear()
     ceilings.matmul_rate.cache_clear()
 
 
@@ -41,6 +41,8 @@ def test_each_ceiling_takes_the_fastest_call_of_every_operand_set(cuda, uncached
     rate = ceilings.copy_bandwidth(0, nbytes=nbytes, rounds=3)
     assert len(seen) == 3 * 2                   # each pair as a memcpy and as an elementwise copy
     assert rate == pytest.approx(2 * nbytes / (min(seen) / 1e3))
+    ways = ceilings.copy_rates(0, nbytes=nbytes, rounds=3)     # cached: measured above
+    assert set(ways) == {"memcpy", "elementwise"} and max(ways.values()) == rate
     seen.clear()
     n = 1024
     flops = ceilings.matmul_rate(0, n=n, rounds=2)

@@ -46,6 +46,8 @@ def test_a_cell_of_every_mode_runs_on_the_gpu(cuda, mode, switches):
     assert out["status"] == "ok", out["error"]
     m = out["metrics"]
     assert m["tokens_per_s"] > 0 and m["bw_pct_roofline"] > 0
+    ways = out["ceilings"]["copy_tbps"]         # the roofline's copy ceiling is the faster way
+    assert set(ways) == {"memcpy", "elementwise"} and max(ways.values()) == m["copy_bw_tbps"]
     if speculation == "none":
         assert m["accept_len_mean"] == 1
     else:

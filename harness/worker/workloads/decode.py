@@ -270,6 +270,7 @@ def _run(cell: dict, progress) -> dict:
                "step_ms_p50": step_p50, **meter_samples}
     if device.type == "cuda":
         metrics.update(roofline(cell, target, drafter, lengths, metrics))
+        extra["ceilings"] = copy_ways()
     # reuse.decoder: this run built no decoder (its first repeat reset the kept one; later
     # repeats always reset).
     # What ran, `auto` resolved: the gate compares a cell only with a baseline that ran these.
@@ -279,6 +280,14 @@ def _run(cell: dict, progress) -> dict:
     return {"metrics": metrics, "samples": samples, **extra,
             "kernels": {k: ran[k] for k in params.cell_kernels(cell)},
             "reuse": {"model": model_kept, "decoder": decoder_kept}, "timing": timing}
+
+
+def copy_ways() -> dict:
+    """The copy ceiling's two ways apart (TB/s, harness.worker.ceilings.copy_rates): the
+    roofline takes the faster, the result keeps both, so a process whose memcpy runs slow says
+    so."""
+    from harness.worker import ceilings
+    return {"copy_tbps": {way: rate / 1e12 for way, rate in ceilings.copy_rates().items()}}
 
 
 def prefix_lengths(ctx: int, batch: int) -> list[int]:
