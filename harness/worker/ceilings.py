@@ -20,6 +20,7 @@ an elementwise kernel) and keeps the fastest call.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -81,8 +82,10 @@ def copy_rates(device: int = 0, nbytes: int = 1 << 30, rounds: int = ROUNDS) -> 
                 torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda"))
     with torch.cuda.device(device):
         pairs = _operand_sets(pair, rounds)
-        ms = {way: min(_fastest_ms(copy_ops(src, dst)[way]) for src, dst in pairs)
-              for way in copy_ops(*pairs[0])}
+        ms: dict[str, float] = {}
+        for src, dst in pairs:
+            for way, op in copy_ops(src, dst).items():
+                ms[way] = min(ms.get(way, math.inf), _fastest_ms(op))
         del pairs
     return {way: 2 * nbytes / (t / 1e3) for way, t in ms.items()}
 

@@ -29,8 +29,8 @@ stamps and reports per call (medians over the calls of several replays):
 Times inside a CTA come from its multiprocessor's %clock64, converted at the clock rate the
 trace itself measures (cycles against %globaltimer over the split CTAs); spans across CTAs come
 from %globaltimer. A trace build's stamps cost a few stores by thread 0 a CTA, so its call times
-sit within noise of the default build's (the script reports both: `call_us` and the default
-build's cell time are the check).
+should sit within noise of the default build's: compare `call_us` (and `replay_call_us`, the
+replay's time over its calls) with a default build's kernel cell at the same point.
 """
 
 from __future__ import annotations
@@ -145,8 +145,7 @@ def trace_point(context: int, tokens: int, impl: str, replays: int, device: torc
         graph.replay()
     cv.read_trace()                     # the warm-up's rows out of the way
     plan = cv.plan(sets[0]["q"], 8, context + tokens, paged=False, impl=impl)
-    chunk = -(-(context + tokens) // plan["num_splits"])
-    tiles = -(-chunk // 64)
+    tiles = cv.split_tiles(context + tokens, plan["num_splits"])
     results, timed = [], []
     for _ in range(replays):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

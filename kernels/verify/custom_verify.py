@@ -232,6 +232,11 @@ def _splits(requested, ctas_per_split: int, slots: int, max_keys: int, overhead_
     return best_splits(ctas_per_split, slots, max_keys, overhead_keys)
 
 
+def split_tiles(max_keys: int, splits: int) -> int:
+    """Key tiles one CTA of a split streams: its share of `max_keys`, in whole tiles."""
+    return math.ceil(math.ceil(max_keys / splits) / TILE_KEYS)
+
+
 @functools.lru_cache(maxsize=4096)
 def best_splits(ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int, cap: int = MAX_SPLITS) -> int:
     """Split count (at most `cap`) with the shortest modelled time: waves of CTAs (`slots` run at
@@ -239,7 +244,7 @@ def best_splits(ctas_per_split: int, slots: int, max_keys: int, overhead_keys: i
     keys (start-up latency, and writing and re-reading its partial output). Wave quantisation
     matters: 144 CTAs on 132 SMs take two waves, 128 take one."""
     def cost(s: int) -> int:
-        chunk = math.ceil(math.ceil(max_keys / s) / TILE_KEYS) * TILE_KEYS
+        chunk = split_tiles(max_keys, s) * TILE_KEYS
         return math.ceil(s * ctas_per_split / slots) * (chunk + overhead_keys)
     top = max(1, min(cap, math.ceil(max_keys / TILE_KEYS)))
     return min(range(1, top + 1), key=lambda s: (cost(s), s))

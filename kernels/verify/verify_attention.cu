@@ -650,10 +650,10 @@ constexpr float SUMCHECK_BOUND = static_cast<float>(1 << (static_cast<int>(RESCA
 // 2^x on the FMA and integer pipes, to take some exponentials off the special-function pipe
 // (MUFU.EX2, one warp instruction every 8 cycles a scheduler) as FlashAttention-4's software exp2
 // does (`custom_impl: wgmma_polyexp`; measured 1.04-1.10x slower here: its 9 instructions cost a
-// warp more than the MUFU's pipe time, kernels/NOTES.md session 32). x = n + f with n = round(x) (the 1.5 2^23
-// trick: adding it leaves n in the sum's low mantissa bits) and f in [-1/2, 1/2]; 2^f by a
-// degree-3 polynomial (a relative-error minimax fit: at most 7.5e-5 off, against bf16 P's 2^-9
-// rounding), and 2^n added to its exponent bits. x is first clamped to [-125, 126], where that
+// warp more than the MUFU's pipe time, kernels/NOTES.md session 32). x = n + f with n = round(x)
+// (the 1.5 2^23 trick: adding it leaves n in the sum's low mantissa bits) and f in [-1/2, 1/2];
+// 2^f by a degree-3 polynomial (a relative-error minimax fit: at most 7.5e-5 off, against bf16
+// P's 2^-9 rounding), and 2^n added to its exponent bits. x is first clamped to [-125, 126], where that
 // addition stays a normal float (below, 2^x is < 2^-124 and counts for nothing beside a row sum
 // that is at least 1 once a tile has set m; above, the value passes the sum check's bound as
 // 2^x would); a NaN stays NaN, so the sum check still sees it. 9 instructions, none on MUFU.
@@ -2900,11 +2900,12 @@ const char* tva_error_string(int code) { return cudaGetErrorString(static_cast<c
 
 int tva_struct_size() { return static_cast<int>(sizeof(AttnParams)); }
 
-// A trace build's rows (kernels/trace.cuh) into `dst` (at most `max_rows`), and the count reset
-// for the next read. Returns the rows recorded since the last read (more than `max_rows` or
-// trace::ROWS: some were dropped), or -1 where this is not a trace build.
+// The size of a trace build's row (kernels/trace.cuh), which custom_verify.py mirrors.
 int tva_trace_row_size() { return static_cast<int>(sizeof(trace::Row)); }
 
+// A trace build's rows into `dst` (at most `max_rows`), and the count reset for the next read.
+// Returns the rows recorded since the last read (more than `max_rows` or trace::ROWS: some were
+// dropped), -1 where this is not a trace build, -2 where a copy failed.
 int tva_trace_read(void* dst, int max_rows) {
 #if defined(TVA_TRACE)
     unsigned int n = 0;

@@ -411,7 +411,6 @@ def test_the_warp_specialized_build_matches_the_reference(case, monkeypatch):
     assert check(pt, lengths, impl="wgmma_pv", nan_tail=37) < TOL
 
 
-
 def test_the_trace_build_stamps_every_cta_of_a_call(monkeypatch, hopper):
     """HARNESS_KERNEL_TRACE=1 (kernels/trace.cuh): one call at 65 tree tokens over 4096 keys
     leaves a row for each CTA of the split kernel and of its combine, their stamps in order, and
@@ -438,5 +437,5 @@ def test_the_trace_build_stamps_every_cta_of_a_call(monkeypatch, hopper):
     for r in splits:
         assert all(a <= b for a, b in zip(r["clock"], r["clock"][1:])), r
         assert r["start_ns"] <= r["end_ns"]
-    got = anatomy.anatomy(rows, tiles=-(-(4096 + 65) // plan["num_splits"] // 64))
+    got = anatomy.anatomy(rows, tiles=cv.split_tiles(4096 + 65, plan["num_splits"]))
     assert got["calls"] == 1 and 0 < got["loop_us"] < got["split_us"]

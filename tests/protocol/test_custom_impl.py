@@ -136,4 +136,3 @@ def test_the_protocols_variant_names_are_the_kernels():
 
     assert decode.CUSTOM_IMPLS == cv.IMPLS
     assert decode.PIPELINED_IMPLS == cv.PIPELINED
-
