@@ -39,3 +39,21 @@ def test_fewer_sets_where_the_memory_runs_out_after_the_first():
 def test_no_memory_for_even_one_set_is_the_callers_error():
     with pytest.raises(torch.cuda.OutOfMemoryError):
         ceilings._operand_sets(allocator(fits=0), rounds=3)
+
+
+def test_a_ceiling_is_measured_once_however_its_call_is_spelled():
+    # lru_cache alone keyed copy_rates() and copy_rates(0, 1 << 30, 3) apart: a decode result's
+    # ceiling and its two copy ways came from two measurements, which differed.
+    runs = []
+
+    @ceilings.measured_once
+    def rate(device: int = 0, nbytes: int = 1 << 30, rounds: int = 3) -> float:
+        runs.append((device, nbytes, rounds))
+        return float(len(runs))
+    first = rate()
+    assert rate(0) == rate(0, 1 << 30) == rate(device=0, nbytes=1 << 30, rounds=3) == first
+    assert runs == [(0, 1 << 30, 3)]
+    assert rate(0, nbytes=64) != first and len(runs) == 2      # other arguments: measured
+    rate.cache_clear()
+    rate()
+    assert len(runs) == 3
