@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,9 @@ class Kernels:
                   Hopper, bf16), with wgmma_cluster on its cluster kernel
       accept      the GPU accept's argmax, path and bookkeeping (torch | triton): tensor ops, or
                   two Triton launches (kernels/accept/triton_accept.py)
+      blas        the library under the GEMMs `linear` leaves to torch (torch | cublaslt):
+                  torch's default (cuBLAS on CUDA) or cuBLASLt; torch picks it per process, not
+                  per call, so whoever runs the decoder holds `blas_library(kernels)` around it
 
     The defaults are the plain torch code (what a library caller gets); a cell's knobs default
     to `auto`, the kernels measured fastest on its device (`from_cell`).
@@ -49,13 +53,15 @@ class Kernels:
     custom_impl: str = "mma"
     linear: str = "torch"
     accept: str = "torch"
+    blas: str = "torch"
 
     def __post_init__(self):
         for name, allowed in (("verify", params.VERIFY_MODES), ("topk", params.TOPK_IMPLS),
                               ("tree_build", params.TREE_BUILD_IMPLS),
                               ("custom_impl", params.CUSTOM_IMPLS),
                               ("linear", params.LINEAR_IMPLS),
-                              ("accept", params.ACCEPT_IMPLS)):
+                              ("accept", params.ACCEPT_IMPLS),
+                              ("blas", params.BLAS_IMPLS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Kernels.{name} must be one of {', '.join(allowed)} "
                                  f"(got {getattr(self, name)!r})")
@@ -81,4 +87,23 @@ class Kernels:
         return cls(verify=cell["verify_mode"], topk=k["topk_impl"],
                    tree_build=k["tree_build_impl"], fused_ops=k["fused_ops"],
                    custom_impl=k["custom_impl"], linear=k["linear_impl"],
-                   accept=k["accept_impl"])
+                   accept=k["accept_impl"], blas=k["blas_impl"])
+
+
+@contextlib.contextmanager
+def blas_library(kernels: Kernels):
+    """torch's BLAS library set to `kernels.blas` while the block runs, and put back after.
+
+    torch takes it process-wide (torch.backends.cuda.preferred_blas_library), never per call,
+    and a CUDA graph keeps the kernels chosen while it was captured: so a cell holds this around
+    everything its decoders run (prefill, capture, steps, the lossless check), and the next cell
+    of the process starts from what was there before."""
+    if kernels.blas == "torch":
+        yield
+        return
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(kernels.blas)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)

@@ -20,7 +20,8 @@ from harness.protocol.workloads import (SEED_MAX, SPECS, Param, choice, flag, no
 # Re-exported for the code that reads them from here (harness.decode.kernel_choice, the tests).
 from harness.protocol.workloads.calibrate import REPLAYS  # noqa: F401
 from harness.protocol.workloads.decode import (ACCEPTANCES, ACCEPTS, AUTO,  # noqa: F401
-                                               ACCEPT_IMPLS, AUTO_KERNELS, BEFORE_AUTO, CUSTOM_IMPLS,
+                                               ACCEPT_IMPLS, AUTO_KERNELS, BEFORE_AUTO, BLAS_IMPLS,
+                                               CUSTOM_IMPLS,
                                                GRAPH_CAPTURES, LINEAR_IMPLS, PRESETS,
                                                SPECULATIONS, TOPK_IMPLS,
                                                TREE_BUILD_IMPLS, TREE_BUILDS, VERIFY_MODES,

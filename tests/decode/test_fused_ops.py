@@ -234,4 +234,5 @@ def test_a_cpu_cell_that_picks_a_cuda_kernel_fails_and_the_next_cell_runs():
     ok = worker.run_cell(cell)
     assert ok["status"] == "ok", ok["error"]
     # What ran, auto resolved for a CPU (no tree-build kernel: the tree is built on the host).
-    assert ok["kernels"] == {"fused_ops": False, "topk_impl": "torch", "linear_impl": "torch"}
+    assert ok["kernels"] == {"fused_ops": False, "topk_impl": "torch", "linear_impl": "torch",
+                             "blas_impl": "torch"}

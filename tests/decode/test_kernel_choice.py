@@ -16,7 +16,7 @@ import harness.kernels.tree
 from harness.protocol import params
 from harness.decode import attention, model, tree, tree_gpu
 from harness.decode.fast import FastSpecDecoder
-from harness.decode.kernel_choice import Kernels
+from harness.decode.kernel_choice import Kernels, blas_library
 from harness.decode.loop import SpecDecoder
 from harness.kernels.verify import custom_verify as cv
 from harness.worker.workloads import decode
@@ -34,7 +34,7 @@ def test_defaults_are_the_cell_defaults():
 @pytest.mark.parametrize("field,value", [("verify", "fast"), ("verify", "SDPA"), ("topk", "cuda"),
                                          ("tree_build", "auto"), ("tree_build", "metal"),
                                          ("fused_ops", "true"), ("fused_ops", 1),
-                                         ("accept", "cuda")])
+                                         ("accept", "cuda"), ("blas", "cublas"), ("blas", "auto")])
 def test_bad_values_are_refused(field, value):
     with pytest.raises(ValueError, match=f"Kernels.{field} must be"):
         Kernels(**{field: value})
@@ -53,7 +53,7 @@ def test_from_cell_maps_the_knobs():
     assert Kernels.from_cell(cell, torch.device("cuda")) == \
         Kernels(verify="custom", topk="triton", tree_build="cuda", fused_ops=True,
                 custom_impl="wgmma" if hopper else "mma", accept="triton",
-                linear="triton" if hopper else "torch")
+                linear="triton" if hopper else "torch", blas="cublaslt" if hopper else "torch")
     assert Kernels.from_cell(params.canonical({"tree_build_impl": "torch"}), "cuda").tree_build == "torch"
     named = params.canonical({"verify_mode": "custom", "custom_impl": "wgmma"})
     assert Kernels.from_cell(named, "cuda").custom_impl == "wgmma"
@@ -62,10 +62,39 @@ def test_from_cell_maps_the_knobs():
 
 
 @pytest.mark.parametrize("knob,value", [("topk_impl", "triton"), ("tree_build_impl", "cuda"),
-                                        ("fused_ops", True), ("accept_impl", "triton")])
+                                        ("fused_ops", True), ("accept_impl", "triton"),
+                                        ("blas_impl", "cublaslt")])
 def test_a_cuda_kernel_on_a_cpu_device_is_refused(knob, value):
     with pytest.raises(ValueError, match="pick CUDA kernels; this cell runs on cpu"):
         Kernels.from_cell(params.canonical({knob: value}), torch.device("cpu"))
+
+
+@pytest.fixture
+def blas_calls(monkeypatch):
+    """torch.backends.cuda.preferred_blas_library recorded (a CPU build refuses cuBLASLt)."""
+    calls, current = [], ["cublas"]
+
+    def preferred(backend=None):
+        if backend is not None:
+            calls.append(backend)
+            current[0] = backend
+        return current[0]
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", preferred)
+    return calls
+
+
+def test_the_blas_library_is_the_cells_while_it_runs_and_put_back_after(blas_calls):
+    with blas_library(Kernels(blas="cublaslt")):
+        assert torch.backends.cuda.preferred_blas_library() == "cublaslt"
+    assert blas_calls == ["cublaslt", "cublas"]
+    with pytest.raises(RuntimeError, match="a failing cell"):
+        with blas_library(Kernels(blas="cublaslt")):
+            raise RuntimeError("a failing cell")
+    assert torch.backends.cuda.preferred_blas_library() == "cublas"      # put back all the same
+    blas_calls.clear()
+    with blas_library(Kernels()):                 # torch's own: nothing set, nothing put back
+        pass
+    assert blas_calls == []
 
 
 def test_the_verify_mode_is_not_an_implementation_knob():

@@ -15,6 +15,7 @@ from harness.gate import baselines
 from harness.gate.baselines import gpu_class, samples_of
 from harness.protocol.errors import InputError
 from harness.protocol.params import cell_id, cell_label
+from harness.protocol.workloads.decode import IMPL_DEFAULTS
 from harness.sweep.journal import RunJournal
 from harness.sweep.scenario import parse_scenario
 
@@ -38,7 +39,11 @@ def journal(root: Path, run_id: str, tps: float, gpu: str | None = "NVIDIA H200"
                           {"git_sha": sha, "trigger": "nightly"})
     for k, cell in enumerate(sc.cells()):
         ok = k not in failed
-        j.write_cell({"cell": {**cell, **(ran_before_auto or {})}, "cell_id": cell_id(cell),
+        if ran_before_auto is not None:     # its cell knew only the knobs of its day, no auto
+            cell_then = {**{k: v for k, v in cell.items() if k not in IMPL_DEFAULTS},
+                         **ran_before_auto}
+        j.write_cell({"cell": cell_then if ran_before_auto is not None else cell,
+                      "cell_id": cell_id(cell),
                       "label": cell_label(cell), **({"kernels": kernels} if kernels else {}),
                       "status": "ok" if ok else "failed", "error": None if ok else "boom",
                       "metrics": {"tokens_per_s": tps, "accept_len_mean": 6.5, "idle_fraction": None}

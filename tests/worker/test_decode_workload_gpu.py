@@ -10,6 +10,7 @@ and the sync audit. Tokens/s per mode is what scenarios/decode-modes.yaml times.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from harness.protocol import params
 from harness.worker import main as worker
@@ -24,7 +25,7 @@ MODES = {  # label: (speculation, tree_build, accept, graph_capture)
     "gpu/full": ("ddtree", "gpu", "gpu", "full"),
 }
 SWITCHES = {"defaults": {}, "every-switch": {"verify_mode": "triton", "fused_ops": True,
-                                              "topk_impl": "triton"}}
+                                              "topk_impl": "triton", "blas_impl": "cublaslt"}}
 
 
 CASES = [(mode, "defaults") for mode in MODES] + [("baseline", "every-switch"),
@@ -42,9 +43,13 @@ def test_a_cell_of_every_mode_runs_on_the_gpu(cuda, mode, switches):
         speculation=speculation, tree_build=tree_build, accept=accept, graph_capture=graph,
         acceptance="synthetic", tau=3.0, tree_budget=16, block_size=8, warmup_steps=2, steps=6,
         repeats=1, profile_steps=0, **knobs))
+    blas_before = torch.backends.cuda.preferred_blas_library()
     out = worker.run_cell(cell)
     assert out["status"] == "ok", out["error"]
     m = out["metrics"]
+    if "blas_impl" in knobs:                    # what ran is recorded, and put back after
+        assert out["kernels"]["blas_impl"] == "cublaslt"
+        assert torch.backends.cuda.preferred_blas_library() == blas_before
     assert m["tokens_per_s"] > 0 and m["bw_pct_roofline"] > 0
     ways = out["ceilings"]["copy_tbps"]         # the roofline's copy ceiling is the faster way
     assert set(ways) == {"memcpy", "elementwise"} and max(ways.values()) == m["copy_bw_tbps"]

@@ -32,6 +32,7 @@ CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_
 PIPELINED_IMPLS = ("wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck", "wgmma_polyexp")
 LINEAR_IMPLS = ("torch", "triton", "wgmma", "wgmma_cluster")  # the forward's weight GEMMs at decode's few rows
 ACCEPT_IMPLS = ("torch", "triton")          # the accept's argmax, path and bookkeeping (accept: gpu)
+BLAS_IMPLS = ("torch", "cublaslt")          # the library under the GEMMs that go to torch
 PRESETS = ("tiny", "qwen3-8b", "kimi-k2.6-rank")  # shapes in harness/protocol/presets.py
 
 SHARED_PARAMS = (
@@ -78,6 +79,10 @@ IMPL_PARAMS = (
     # accept: gpu's argmax over the tree's logits, accepted path and step bookkeeping: tensor
     # ops, or two Triton launches (kernels/accept/triton_accept.py)
     choice("accept_impl", AUTO, (AUTO,) + ACCEPT_IMPLS),
+    # the GEMMs linear_impl leaves to torch (the verify's 65 rows on its default kernels,
+    # prefill): torch's default BLAS library (cuBLAS on CUDA), or cuBLASLt, whose heuristics
+    # pick other kernels at the verify's shapes (kernel_choice.blas_library)
+    choice("blas_impl", AUTO, (AUTO,) + BLAS_IMPLS),
 )
 IMPL_DEFAULTS = {p.name: p.default for p in IMPL_PARAMS}
 # What `auto` runs, by device. CUDA: the winners of the op and decode timings on an H200
@@ -96,18 +101,27 @@ IMPL_DEFAULTS = {p.name: p.default for p in IMPL_PARAMS}
 # tokens/s at 4k-64k (442 -> 370 kernels a step), gpu/full 0.4 % shorter steps at 4k, level at
 # 64k (H200, results/h200/README.md, session 12); not measured on other GPUs.
 # The Triton accept: two launches for ~30 (see kernels/accept/triton_accept.py) on any CUDA GPU.
+# cuBLASLt on Hopper: at the verify's 65 rows it runs the down GEMM (12288 -> 4096) as one
+# kernel where cuBLAS splits K into a second, reduce kernel (38.8 against 43.9 µs a call, 36 a
+# step); gpu/full custom 2.2 / 1.7 / 0.6 % more tokens/s at 4k / 16k / 64k, idle 2.18 -> 1.82 %
+# at 4k, 493 -> 457 kernels a step (H100; kernels/NOTES.md, session 35); the other GEMMs run
+# the same kernels either way. Not measured on other GPUs.
 AUTO_KERNELS = {
     "cuda": {"fused_ops": True, "topk_impl": "triton", "tree_build_impl": "cuda",
-             "custom_impl": "mma", "linear_impl": "torch", "accept_impl": "triton"},
+             "custom_impl": "mma", "linear_impl": "torch", "accept_impl": "triton",
+             "blas_impl": "torch"},
     "hopper": {"fused_ops": True, "topk_impl": "triton", "tree_build_impl": "cuda",
-               "custom_impl": "wgmma_sumcheck", "linear_impl": "triton", "accept_impl": "triton"},
+               "custom_impl": "wgmma_sumcheck", "linear_impl": "triton", "accept_impl": "triton",
+               "blas_impl": "cublaslt"},
     "cpu": {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "torch",
-            "custom_impl": "mma", "linear_impl": "torch", "accept_impl": "torch"},
+            "custom_impl": "mma", "linear_impl": "torch", "accept_impl": "torch",
+            "blas_impl": "torch"},
 }
 # What a cell ran before the knobs had `auto`: a result that does not record its kernels ran
 # its cell's knobs, and these where its cell predates a knob.
 BEFORE_AUTO = {"fused_ops": False, "topk_impl": "torch", "tree_build_impl": "triton",
-               "custom_impl": "mma", "linear_impl": "torch", "accept_impl": "torch"}
+               "custom_impl": "mma", "linear_impl": "torch", "accept_impl": "torch",
+               "blas_impl": "torch"}
 
 
 def device_class(cuda: bool, capability: tuple[int, int] | None = None) -> str:
@@ -152,9 +166,10 @@ def kernel_knobs(cell: dict) -> tuple[str, ...]:
     built on the GPU, the accept's where the accept runs there."""
     custom = ("custom_impl",) if cell["verify_mode"] == "custom" else ()
     if cell["speculation"] == "none":
-        return ("fused_ops", "linear_impl") + custom
+        return ("fused_ops", "linear_impl", "blas_impl") + custom
     return (("fused_ops", "topk_impl") + (("tree_build_impl",) if cell["tree_build"] == "gpu" else ())
-            + custom + ("linear_impl",) + (("accept_impl",) if cell["accept"] == "gpu" else ()))
+            + custom + ("linear_impl", "blas_impl")
+            + (("accept_impl",) if cell["accept"] == "gpu" else ()))
 
 
 # decode's own parameters (its cells only). check_tokens: after the timed windows, decode this

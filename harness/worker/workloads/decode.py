@@ -32,7 +32,7 @@ import torch
 
 from harness.decode.drafter import Drafter, DrafterConfig
 from harness.decode.fast import FastARDecoder, FastSpecDecoder
-from harness.decode.kernel_choice import Kernels
+from harness.decode.kernel_choice import Kernels, blas_library
 from harness.decode.loop import SpecDecoder
 from harness.decode.model import Target, TargetConfig, init_random_
 from harness.protocol import params, presets
@@ -146,6 +146,12 @@ def _run(cell: dict, progress) -> dict:
     device = resolve_device(cell)
     dtype = resolve_dtype(cell, device)
     kernels = Kernels.from_cell(cell, device)   # handed to the decoder, which passes it down
+    with blas_library(kernels):
+        return _measure(cell, progress, device, dtype, kernels)
+
+
+def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
+             kernels: Kernels) -> dict:
     graphstate.settle(device)                   # every cell times in the same graph state
     torch.manual_seed(cell["seed"])
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -276,7 +282,8 @@ def _run(cell: dict, progress) -> dict:
     # What ran, `auto` resolved: the gate compares a cell only with a baseline that ran these.
     ran = {"fused_ops": kernels.fused_ops, "topk_impl": kernels.topk,
            "tree_build_impl": kernels.tree_build, "custom_impl": kernels.custom_impl,
-           "linear_impl": kernels.linear, "accept_impl": kernels.accept}
+           "linear_impl": kernels.linear, "accept_impl": kernels.accept,
+           "blas_impl": kernels.blas}
     return {"metrics": metrics, "samples": samples, **extra,
             "kernels": {k: ran[k] for k in params.cell_kernels(cell)},
             "reuse": {"model": model_kept, "decoder": decoder_kept}, "timing": timing}
