@@ -42,11 +42,9 @@ IN_FLIGHT = 2
 
 class _StepsBehind:
     """What the host learns from the device, IN_FLIGHT steps late and without stalling it: each
-    step stores its record [accepted length, committed tokens...] into one of IN_FLIGHT + 1
+    step copies its record [accepted length, committed tokens...] to one of IN_FLIGHT + 1
     pinned host buffers (a ring) and records an event; the host reads the oldest unread record
-    after its event, which in steady state completed while later steps were already queued.
-    On a GPU a kernel stores it (kernels/accept/publish.py): a device-to-host copy there idled
-    the GPU ~15 µs a step around the copy engine's turn."""
+    after its event, which in steady state completed while later steps were already queued."""
 
     def _init_behind(self, batch: int, width: int, device: torch.device, phase: PhaseFn,
                      in_flight: int) -> None:
@@ -58,9 +56,6 @@ class _StepsBehind:
         self.record = torch.zeros(batch, width, dtype=torch.long, device=device)
         self.host_record = [torch.zeros(batch, width, dtype=torch.long, pin_memory=self.cuda)
                             for _ in range(in_flight + 1)]
-        if self.cuda:           # (Triton is imported only where there is a GPU)
-            from harness.kernels.accept.publish import publish
-            self._store_record = publish
         self.events = [torch.cuda.Event() if self.cuda else None for _ in self.host_record]
         self.pending: list[int] = []                 # ring slots of records not read yet
         self.slot = 0
@@ -91,11 +86,11 @@ class _StepsBehind:
         return self._read_behind(drain=True)
 
     def _publish(self) -> None:
-        """Queue this step's record into pinned host memory, marked by an event."""
+        """Queue a copy of this step's record to pinned host memory, marked by an event."""
         p = self.slot
         if self.cuda:
             with self.phase("record"):
-                self._store_record(self.record, self.host_record[p])
+                self.host_record[p].copy_(self.record, non_blocking=True)
                 self.events[p].record()
         else:
             self.host_record[p].copy_(self.record)
