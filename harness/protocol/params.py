@@ -27,7 +27,7 @@ from harness.protocol.workloads.decode import (ACCEPTANCES, ACCEPTS, AUTO,  # no
                                                TREE_BUILD_IMPLS, TREE_BUILDS, VERIFY_MODES,
                                                custom_auto, device_class, kernel_knobs,
                                                resolve_kernels)
-from harness.protocol.workloads.op import KNOBS as OP_KNOBS
+from harness.protocol.workloads.op import op_knobs
 from harness.protocol.workloads.kernel import ATTENTIONS, LAYOUTS  # noqa: F401
 
 # The workloads, each declared by its module in harness/protocol/workloads/ (parameters, checks,
@@ -151,7 +151,7 @@ def cell_kernels(cell: dict) -> tuple[str, ...]:
     none for the other workloads."""
     c = canonical(cell)
     if c["workload"] == "op":
-        return (OP_KNOBS[c["op"]],)
+        return op_knobs(c["op"])
     if c["workload"] == "kernel":     # the custom kernel's variant, where the cell times it
         modes = [c["verify_mode"]] + [m for m in str(c.get("compare_modes", "")).split(",") if m]
         return ("custom_impl",) if "custom" in modes else ()

@@ -140,6 +140,17 @@ def test_cuda_kernels_are_refused_on_a_cpu_rather_than_timed_as_torch():
         op.run({**op_cell(), "topk_impl": "triton"}, quiet)
     with pytest.raises(RuntimeError, match="tree_build_impl cuda is a CUDA kernel"):
         op.run({**op_cell(op="tree_build"), "tree_build_impl": "cuda"}, quiet)
+    with pytest.raises(RuntimeError, match="blas_impl cublaslt is a CUDA library"):
+        op.run({**op_cell(op="linear"), "blas_impl": "cublaslt"}, quiet)
+
+
+def test_the_ops_that_run_torch_gemms_record_the_library_they_ran():
+    # The linear op and the verify forward run GEMMs on torch's library, as the loop does: what
+    # ran is part of what identifies their results (auto resolved: torch's default on a CPU).
+    out = op.run({**op_cell(op="linear"), "blas_impl": "auto"}, quiet)
+    assert out["kernels"] == {"linear_impl": "torch", "blas_impl": "torch"}
+    assert params.cell_kernels(op_cell(op="fused_forward")) == ("fused_ops", "blas_impl")
+    assert params.cell_kernels(op_cell(op="topk")) == ("topk_impl",)
 
 
 def test_worker_runs_an_op_cell_with_its_label():
@@ -249,6 +260,11 @@ def op_spec_gemms():
      "topk_impl triton is a CUDA kernel; on device cpu op topk runs topk_impl: torch"),
     ("  op: tree_build\n  device: cpu\n", "  tree_build_impl: [triton]\n",
      "tree_build_impl triton is a CUDA kernel; on device cpu op tree_build runs tree_build_impl: torch"),
+    # blas_impl belongs to the ops that run GEMMs on torch (linear, fused_forward) only
+    ("  op: topk\n  device: cuda\n", "  blas_impl: [cublaslt]\n",
+     "op topk times the kernel topk_impl picks; blas_impl picks the kernels of other ops"),
+    ("  op: linear\n  device: cpu\n", "  blas_impl: [cublaslt]\n",
+     "blas_impl cublaslt is a CUDA kernel; on device cpu op linear runs blas_impl: torch"),
     ("  op: tree_build\n  device: cuda\n  tree_build_impl: cuda\n", "  tree_budget: [512]\n",
      "tree_build_impl cuda builds up to 256 nodes"),
     ("  op: fused_forward\n", "  context_length: [8190]\n",
@@ -276,4 +292,4 @@ def test_the_op_spec_restates_the_decode_knobs_as_they_are():
     # (no op family of its own).
     op_knobs = {k: v for k, v in params.IMPL_DEFAULTS.items() if k != "custom_impl"}
     assert op_spec.KNOB_DEFAULTS == op_knobs
-    assert set(op_spec.KNOBS.values()) == set(op_knobs) == set(op_spec.ON_CPU)
+    assert set(op_spec.KNOBS.values()) | {op_spec.BLAS} == set(op_knobs) == set(op_spec.ON_CPU)

@@ -8,14 +8,17 @@ read the same knob:
   topk           topk_impl          drafter logits [batch, block_size - 1, vocab] -> top tree_budget
   tree_build     tree_build_impl    DDTree of tree_budget nodes over [batch, block_size - 1, k]
   fused_forward  fused_ops          one verify forward of the target: 1 + tree_budget tokens over
-                                    context_length (attention: verify_mode)
+                 (+ blas_impl)      context_length (attention: verify_mode)
   linear         linear_impl        the weight GEMMs of one target layer (q/k/v, o, gate/up, down)
-                                    at the rows of one forward: 1 + tree_budget a sequence (the
+                 (+ blas_impl)      at the rows of one forward: 1 + tree_budget a sequence (the
                                     verify), 1 with speculation: none (plain decoding); one of
                                     them, or the lm_head, alone with linear_gemm
   accept         accept_impl        the verify's logits [batch, 1 + tree_budget, vocab] over a tree
                                     of tree_budget nodes -> the accepted path and the step's
                                     bookkeeping (greedy acceptance)
+
+blas_impl, the library under the GEMMs torch runs, is the decode loop's: the two ops whose GEMMs
+go to torch run under it as the loop does, and record it beside their own knob.
 
 The verify attention on its own is the kernel workload (custom / triton / sdpa / flex,
 contiguous and paged, GQA and MLA); scenarios/ops.yaml times every family, that one included.
@@ -30,12 +33,22 @@ OPS = ("topk", "tree_build", "fused_forward", "linear", "accept")
 # The knob of each family, and the values that run on a CPU host (torch, or no fusion).
 KNOBS = {"topk": "topk_impl", "tree_build": "tree_build_impl", "fused_forward": "fused_ops",
          "linear": "linear_impl", "accept": "accept_impl"}
+# The library under the GEMMs torch runs (decode's blas_impl): the ops whose GEMMs go to torch
+# (the verify forward's, the linear op's beyond the kernels of linear_impl) run under it too,
+# as the loop does, and it is part of what they ran.
+BLAS = "blas_impl"
+BLAS_OPS = ("fused_forward", "linear")
 ON_CPU = {"topk_impl": "torch", "tree_build_impl": "torch", "fused_ops": False,
-          "linear_impl": "torch", "accept_impl": "torch"}
+          "linear_impl": "torch", "accept_impl": "torch", BLAS: "torch"}
 # The knobs' defaults (decode's IMPL_PARAMS: `auto`, the kernel measured fastest on the cell's
 # device), restated: a spec imports no other spec's module.
 KNOB_DEFAULTS = {"fused_ops": "auto", "topk_impl": "auto", "tree_build_impl": "auto",
-                 "linear_impl": "auto", "accept_impl": "auto"}
+                 "linear_impl": "auto", "accept_impl": "auto", BLAS: "auto"}
+
+
+def op_knobs(op: str) -> tuple[str, ...]:
+    """The knobs whose kernels an op cell runs: its family's, and blas_impl where it runs GEMMs."""
+    return (KNOBS[op],) + ((BLAS,) if op in BLAS_OPS else ())
 
 # The linear op's GEMMs: one target layer's four (`layer`), or one of them, or the lm_head alone.
 LINEAR_GEMMS = ("layer", "qkv", "o", "gate_up", "down", "lm_head")
@@ -47,14 +60,17 @@ def check_knobs(cell: dict):
     """One cell times one kernel: the knobs of the other families stay at their defaults, and
     a CPU cell runs what runs on a CPU."""
     own = KNOBS[cell["op"]]
-    others = [k for k in KNOBS.values() if k != own and cell[k] != KNOB_DEFAULTS[k]]
+    others = [k for k in KNOB_DEFAULTS if k not in op_knobs(cell["op"])
+              and cell[k] != KNOB_DEFAULTS[k]]
     if others:
         return tuple(others), (f"op {cell['op']} times the kernel {own} picks; "
                                f"{', '.join(others)} pick{'s' if len(others) == 1 else ''} "
                                f"the kernels of other ops: leave them at their defaults")
-    if cell["device"] == "cpu" and cell[own] not in (ON_CPU[own], "auto"):
-        return (own, "device"), (f"{own} {yaml_word(cell[own])} is a CUDA kernel; on device "
-                                 f"cpu op {cell['op']} runs {own}: {yaml_word(ON_CPU[own])}")
+    for knob in op_knobs(cell["op"]):
+        if cell["device"] == "cpu" and cell[knob] not in (ON_CPU[knob], "auto"):
+            return (knob, "device"), (f"{knob} {yaml_word(cell[knob])} is a CUDA kernel; on "
+                                      f"device cpu op {cell['op']} runs {knob}: "
+                                      f"{yaml_word(ON_CPU[knob])}")
     return None
 
 

@@ -52,12 +52,12 @@ import torch
 
 from harness.decode import attention, fast, tree_gpu
 from harness.decode.drafter import DrafterConfig
-from harness.decode.kernel_choice import Kernels
+from harness.decode.kernel_choice import Kernels, blas_library
 from harness.decode.model import Target, TargetConfig, gemm_overlaps, init_random_, linear_weight
 from harness.decode.tree import build_tree_cpu
 from harness.kernels.verify import verify_reference as ref
 from harness.protocol import params, presets
-from harness.protocol.workloads.op import KNOBS, ON_CPU, linear_rows
+from harness.protocol.workloads.op import BLAS, KNOBS, ON_CPU, linear_rows, op_knobs
 from harness.worker import graphstate, ncu
 from harness.worker.kerneltime import MIN_LAUNCHES, ceilings, roofline_metrics, set_count, time_calls
 from harness.worker.workloads.decode import build_models, resolve_device, resolve_dtype
@@ -443,6 +443,8 @@ def family(cell: dict, device: torch.device, dtype: torch.dtype):
 def _needs_cuda(cell: dict, device: torch.device) -> None:
     """Triton and CUDA C++ kernels run on a CUDA device (Triton also under TRITON_INTERPRET=1,
     as the tests run them); the loop would quietly fall back to torch anywhere else."""
+    if device.type != "cuda" and cell[BLAS] != ON_CPU[BLAS]:
+        raise RuntimeError(f"{BLAS} {cell[BLAS]} is a CUDA library; this cell runs on {device}")
     knob = KNOBS[cell["op"]]
     if device.type == "cuda" or cell[knob] == ON_CPU[knob]:
         return
@@ -454,8 +456,14 @@ def _needs_cuda(cell: dict, device: torch.device) -> None:
 def profile_call(cell: dict, mode: str, device, dtype):
     """The call `ncu: true` profiles (harness/worker/ncu_target.py): the op's kernel on the
     cell's first timed input set (`mode` is the op)."""
-    fam = family(resolved(cell, device), device, dtype)
-    return fam.call(fam.inputs(cell["seed"] * 1000))
+    cell = resolved(cell, device)
+    fam = family(cell, device, dtype)
+    call, kernels = fam.call(fam.inputs(cell["seed"] * 1000)), Kernels(blas=cell[BLAS])
+
+    def in_its_library():         # each call on the cell's BLAS library, as `run` times it
+        with blas_library(kernels):
+            return call()
+    return in_its_library
 
 
 def resolved(cell: dict, device) -> dict:
@@ -469,6 +477,12 @@ def run(cell: dict, progress) -> dict:
     dtype = resolve_dtype(cell, device)
     cell = resolved(cell, device)
     _needs_cuda(cell, device)
+    # The GEMMs torch runs (the verify forward's, the linear op's) on the loop's library.
+    with blas_library(Kernels(blas=cell[BLAS])):
+        return _measure(cell, progress, device, dtype)
+
+
+def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype) -> dict:
     graphstate.settle(device)                   # every cell times in the same graph state
     fam = family(cell, device, dtype)
     seed = cell["seed"]
@@ -492,7 +506,6 @@ def run(cell: dict, progress) -> dict:
     if cell["ncu"]:
         found, info["ncu_errors"] = ncu.counters_for(cell, [cell["op"]], cell["op"], device, progress)
         metrics.update(found)
-    knob = KNOBS[cell["op"]]
     return {"metrics": metrics, "samples": {"kernel_us": samples}, "kernel": info,
-            "kernels": {knob: cell[knob]}}
+            "kernels": {knob: cell[knob] for knob in op_knobs(cell["op"])}}
 
