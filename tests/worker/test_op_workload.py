@@ -264,7 +264,7 @@ def op_spec_gemms():
     ("  op: topk\n  device: cuda\n", "  blas_impl: [cublaslt]\n",
      "op topk times the kernel topk_impl picks; blas_impl picks the kernels of other ops"),
     ("  op: linear\n  device: cpu\n", "  blas_impl: [cublaslt]\n",
-     "blas_impl cublaslt is a CUDA kernel; on device cpu op linear runs blas_impl: torch"),
+     "blas_impl cublaslt is a CUDA library; on device cpu op linear runs blas_impl: torch"),
     ("  op: tree_build\n  device: cuda\n  tree_build_impl: cuda\n", "  tree_budget: [512]\n",
      "tree_build_impl cuda builds up to 256 nodes"),
     ("  op: fused_forward\n", "  context_length: [8190]\n",

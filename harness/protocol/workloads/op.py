@@ -68,7 +68,8 @@ def check_knobs(cell: dict):
                                f"the kernels of other ops: leave them at their defaults")
     for knob in op_knobs(cell["op"]):
         if cell["device"] == "cpu" and cell[knob] not in (ON_CPU[knob], "auto"):
-            return (knob, "device"), (f"{knob} {yaml_word(cell[knob])} is a CUDA kernel; on "
+            what = "library" if knob == BLAS else "kernel"
+            return (knob, "device"), (f"{knob} {yaml_word(cell[knob])} is a CUDA {what}; on "
                                       f"device cpu op {cell['op']} runs {knob}: "
                                       f"{yaml_word(ON_CPU[knob])}")
     return None
