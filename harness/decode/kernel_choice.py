@@ -35,7 +35,7 @@ class Kernels:
                   two Triton launches (kernels/accept/triton_accept.py)
       blas        the library under the GEMMs `linear` leaves to torch (torch | cublaslt):
                   torch's default (cuBLAS on CUDA) or cuBLASLt; torch picks it per process, not
-                  per call, so whoever runs the decoder holds `blas_library(kernels)` around it
+                  per call, so whoever runs the decoder holds `blas_library(kernels.blas)` around it
 
     The defaults are the plain torch code (what a library caller gets); a cell's knobs default
     to `auto`, the kernels measured fastest on its device (`from_cell`).
@@ -91,18 +91,19 @@ class Kernels:
 
 
 @contextlib.contextmanager
-def blas_library(kernels: Kernels):
-    """torch's BLAS library set to `kernels.blas` while the block runs, and put back after.
+def blas_library(name: str):
+    """torch's BLAS library set to `name` (a Kernels.blas value) while the block runs, and put
+    back after.
 
     torch takes it process-wide (torch.backends.cuda.preferred_blas_library), never per call,
     and a CUDA graph keeps the kernels chosen while it was captured: so a cell holds this around
     everything its decoders run (prefill, capture, steps, the lossless check), and the next cell
     of the process starts from what was there before."""
-    if kernels.blas == "torch":
+    if name == "torch":
         yield
         return
     before = torch.backends.cuda.preferred_blas_library()
-    torch.backends.cuda.preferred_blas_library(kernels.blas)
+    torch.backends.cuda.preferred_blas_library(name)
     try:
         yield
     finally:

@@ -84,15 +84,15 @@ def blas_calls(monkeypatch):
 
 
 def test_the_blas_library_is_the_cells_while_it_runs_and_put_back_after(blas_calls):
-    with blas_library(Kernels(blas="cublaslt")):
+    with blas_library("cublaslt"):
         assert torch.backends.cuda.preferred_blas_library() == "cublaslt"
     assert blas_calls == ["cublaslt", "cublas"]
     with pytest.raises(RuntimeError, match="a failing cell"):
-        with blas_library(Kernels(blas="cublaslt")):
+        with blas_library("cublaslt"):
             raise RuntimeError("a failing cell")
     assert torch.backends.cuda.preferred_blas_library() == "cublas"      # put back all the same
     blas_calls.clear()
-    with blas_library(Kernels()):                 # torch's own: nothing set, nothing put back
+    with blas_library(Kernels().blas):                 # torch's own: nothing set, nothing put back
         pass
     assert blas_calls == []
 

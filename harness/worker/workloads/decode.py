@@ -146,7 +146,7 @@ def _run(cell: dict, progress) -> dict:
     device = resolve_device(cell)
     dtype = resolve_dtype(cell, device)
     kernels = Kernels.from_cell(cell, device)   # handed to the decoder, which passes it down
-    with blas_library(kernels):
+    with blas_library(kernels.blas):
         return _measure(cell, progress, device, dtype, kernels)
 
 

@@ -458,10 +458,10 @@ def profile_call(cell: dict, mode: str, device, dtype):
     cell's first timed input set (`mode` is the op)."""
     cell = resolved(cell, device)
     fam = family(cell, device, dtype)
-    call, kernels = fam.call(fam.inputs(cell["seed"] * 1000)), Kernels(blas=cell[BLAS])
+    call = fam.call(fam.inputs(cell["seed"] * 1000))
 
     def in_its_library():         # each call on the cell's BLAS library, as `run` times it
-        with blas_library(kernels):
+        with blas_library(cell[BLAS]):
             return call()
     return in_its_library
 
@@ -478,7 +478,7 @@ def run(cell: dict, progress) -> dict:
     cell = resolved(cell, device)
     _needs_cuda(cell, device)
     # The GEMMs torch runs (the verify forward's, the linear op's) on the loop's library.
-    with blas_library(Kernels(blas=cell[BLAS])):
+    with blas_library(cell[BLAS]):
         return _measure(cell, progress, device, dtype)
 
 
