@@ -75,6 +75,9 @@ def launch_options(device: torch.device, overlap: bool = True) -> dict:
     Triton's launch_pdl. `overlap` False: a plain launch, for a kernel right after one that does
     not let its dependents launch early (a cuBLAS GEMM, a torch kernel): there a PDL launch
     only waits longer, ~0.3 µs a boundary after a 65-row cuBLAS GEMM on the H200
-    (kernels/NOTES.md, "Plain launches after cuBLAS")."""
-    on = overlap and enabled(device)
-    return {"PDL": on, "launch_pdl": on} if on else {"PDL": False}
+    (kernels/NOTES.md, "Plain launches after cuBLAS"). The kernel still releases the one after
+    it: launched plainly, its own wait is a no-op (the kernel before has finished), and its
+    release lets a PDL kernel after it (the verify after the q/k norm that follows the q/k/v
+    GEMM) launch under it instead of after it (kernels/NOTES.md, "Session 36")."""
+    on = enabled(device)
+    return {"PDL": on, "launch_pdl": on and overlap} if on else {"PDL": False}

@@ -109,13 +109,15 @@ def test_every_cuda_verify_kernel_waits_first():
 
 
 def test_a_kernel_after_a_cublas_gemm_launches_plainly(monkeypatch):
-    """PDL only where the kernel before triggers its dependents (ours do, first thing): after
-    cuBLAS's GEMMs (the verify's 65 rows, or linear_impl torch) a plain launch."""
+    """A PDL launch only where the kernel before triggers its dependents (ours do, first
+    thing): after cuBLAS's GEMMs (the verify's 65 rows, or linear_impl torch) a plain launch
+    of a kernel that still triggers its own dependents."""
     from harness.decode.kernel_choice import Kernels
     from harness.decode.model import gemm_overlaps
     monkeypatch.setattr(pdl, "enabled", lambda device: True)     # as on a Hopper GPU
     assert pdl.launch_options(torch.device("cuda")) == {"PDL": True, "launch_pdl": True}
-    assert pdl.launch_options(torch.device("cuda"), overlap=False) == {"PDL": False}
+    # launched plainly, it still releases the kernel after it (its own wait is then a no-op)
+    assert pdl.launch_options(torch.device("cuda"), overlap=False) == {"PDL": True, "launch_pdl": False}
     skinny, cublas = Kernels(linear="triton"), Kernels(linear="torch")
     assert gemm_overlaps(1, 4096, skinny) and gemm_overlaps(16, 12288, skinny)
     assert not gemm_overlaps(65, 4096, skinny)          # more rows than the skinny kernel takes
