@@ -33,9 +33,11 @@ class Kernels:
                   Hopper, bf16), with wgmma_cluster on its cluster kernel
       accept      the GPU accept's argmax, path and bookkeeping (torch | triton): tensor ops, or
                   two Triton launches (kernels/accept/triton_accept.py)
-      blas        the library under the GEMMs `linear` leaves to torch (torch | cublaslt):
-                  torch's default (cuBLAS on CUDA) or cuBLASLt; torch picks it per process, not
-                  per call, so whoever runs the decoder holds `blas_library(kernels.blas)` around it
+      blas        the library under the GEMMs `linear` leaves to torch (torch | cublaslt |
+                  cublaslt_tuned): torch's default (cuBLAS on CUDA) or cuBLASLt; torch picks it
+                  per process, not per call, so whoever runs the decoder holds
+                  `blas_library(kernels.blas)` around it. cublaslt_tuned calls cuBLASLt itself
+                  with the algorithm timed fastest for each GEMM shape (lt_linear.py)
 
     The defaults are the plain torch code (what a library caller gets); a cell's knobs default
     to `auto`, the kernels measured fastest on its device (`from_cell`).
@@ -92,8 +94,8 @@ class Kernels:
 
 @contextlib.contextmanager
 def blas_library(name: str):
-    """torch's BLAS library set to `name` (a Kernels.blas value) while the block runs, and put
-    back after.
+    """torch's BLAS library set to `name` (a Kernels.blas value; cublaslt for cublaslt_tuned)
+    while the block runs, and put back after.
 
     torch takes it process-wide (torch.backends.cuda.preferred_blas_library), never per call,
     and a CUDA graph keeps the kernels chosen while it was captured: so a cell holds this around
@@ -103,7 +105,8 @@ def blas_library(name: str):
         yield
         return
     before = torch.backends.cuda.preferred_blas_library()
-    torch.backends.cuda.preferred_blas_library(name)
+    # cublaslt_tuned: the GEMMs lt_linear hands back to torch (prefill's rows) on cuBLASLt too
+    torch.backends.cuda.preferred_blas_library("cublaslt")
     try:
         yield
     finally:

@@ -35,14 +35,20 @@ def linear_weight(weight: torch.Tensor, x: torch.Tensor, kernels: Kernels) -> to
     """F.linear(x, weight) on cuBLAS, or on the skinny Triton kernel, which takes forwards of
     up to skinny_linear.MAX_ROWS rows (plain decoding's 1, the draft block's 16) and hands
     larger ones (the verify's 65, prefill) to cuBLAS itself; `wgmma` (`wgmma_cluster`) also
-    gives the verify's 17-72 rows to the stream-K (cluster) CUDA kernel (stream_linear.py)."""
+    gives the verify's 17-72 rows to the stream-K (cluster) CUDA kernel (stream_linear.py).
+    What goes to cuBLAS goes to cuBLASLt on each shape's timed algorithm instead where
+    `kernels.blas` is cublaslt_tuned (lt_linear.py)."""
     if kernels.linear in STREAM_IMPLS and _stream_linear_takes(x, weight):
         from harness.kernels.linear import stream_linear
         shape = stream_linear.CLUSTER_SHAPE if kernels.linear == "wgmma_cluster" else stream_linear.DEFAULT_SHAPE
         return stream_linear.linear(x, weight, shape)
     if kernels.linear in ("triton",) + STREAM_IMPLS:
         from harness.kernels.linear import skinny_linear
-        return skinny_linear.linear(x, weight)
+        if skinny_linear.takes(x.numel() // x.shape[-1], x.shape[-1]) or kernels.blas != "cublaslt_tuned":
+            return skinny_linear.linear(x, weight)
+    if kernels.blas == "cublaslt_tuned":
+        from harness.kernels.linear import lt_linear
+        return lt_linear.linear(x, weight)
     return F.linear(x, weight)
 
 

@@ -58,3 +58,22 @@ def test_a_cell_of_every_mode_runs_on_the_gpu(cuda, mode, switches):
     else:
         assert 1 <= m["accept_len_mean"] <= 8
     assert m["syncs_per_step"] >= 0 and out["sync_sites"] is not None
+
+
+def test_a_cell_on_timed_cublaslt_algorithms_records_them(cuda):
+    """blas_impl cublaslt_tuned: the verify's GEMMs (17 rows here) on cuBLASLt with each shape's
+    algorithm timed before the capture; the cell is lossless and says what each shape ran."""
+    cell = params.canonical(dict(
+        model="tiny", device="cuda", dtype="bfloat16", context_length=512, batch_size=1,
+        speculation="ddtree", tree_build="gpu", accept="gpu", graph_capture="full",
+        acceptance="synthetic", tau=3.0, tree_budget=16, block_size=8, warmup_steps=2, steps=6,
+        repeats=1, profile_steps=0, check_tokens=16, blas_impl="cublaslt_tuned"))
+    blas_before = torch.backends.cuda.preferred_blas_library()
+    out = worker.run_cell(cell)
+    assert out["status"] == "ok", out["error"]
+    assert out["kernels"]["blas_impl"] == "cublaslt_tuned"
+    assert torch.backends.cuda.preferred_blas_library() == blas_before
+    verify = [p for p in out["blas_plans"] if p["rows"] == 17]
+    # q/k/v, o, gate/up, down and the lm_head of the tiny target, each timed outside the capture
+    assert {(p["n"], p["k"]) for p in verify} >= {(256, 128), (128, 128), (512, 128), (128, 256), (512, 128)}
+    assert all(p["timed"] and p["torch_us"] > 0 for p in verify)

@@ -32,7 +32,9 @@ CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_
 PIPELINED_IMPLS = ("wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck", "wgmma_polyexp")
 LINEAR_IMPLS = ("torch", "triton", "wgmma", "wgmma_cluster")  # the forward's weight GEMMs at decode's few rows
 ACCEPT_IMPLS = ("torch", "triton")          # the accept's argmax, path and bookkeeping (accept: gpu)
-BLAS_IMPLS = ("torch", "cublaslt")          # the library under the GEMMs that go to torch
+# the library under the GEMMs that go to torch; cublaslt_tuned: cuBLASLt with each shape's
+# algorithm timed at its first call in the process (kernels/linear/lt_linear.py)
+BLAS_IMPLS = ("torch", "cublaslt", "cublaslt_tuned")
 PRESETS = ("tiny", "qwen3-8b", "kimi-k2.6-rank")  # shapes in harness/protocol/presets.py
 
 SHARED_PARAMS = (

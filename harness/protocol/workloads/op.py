@@ -125,16 +125,20 @@ def linear_rows(c: dict) -> int:
 
 def label(c: dict) -> str:
     """e.g. `op topk triton qwen3-8b D=15 k=64`, `op fused_forward on qwen3-8b ctx=4096 T=65`,
-    `op linear triton qwen3-8b rows=16` or `op linear wgmma qwen3-8b qkv rows=65`."""
+    `op linear triton qwen3-8b rows=16`, `op linear wgmma qwen3-8b qkv rows=65` or
+    `op linear torch qwen3-8b lm_head rows=65 blas=cublaslt_tuned`."""
     knob = c[KNOBS[c["op"]]]
     impl = ("on" if knob else "off") if isinstance(knob, bool) else knob
     parts = ["op", c["op"], impl, c["model"]]
+    # the library under its GEMMs, where named: a cell apart from the same op on `auto`'s
+    blas = [f"blas={c[BLAS]}"] if c["op"] in BLAS_OPS and c.get(BLAS, "auto") != "auto" else []
     if c["op"] == "fused_forward":
         parts += [f"ctx={c['context_length']}", f"T={1 + c['tree_budget']}",
                   f"verify={c['verify_mode']}"]
     elif c["op"] == "linear":
         gemm = [] if c["linear_gemm"] == "layer" else [c["linear_gemm"]]
-        return " ".join(parts + gemm + [f"rows={linear_rows(c)}"])
+        return " ".join(parts + gemm + [f"rows={linear_rows(c)}"] + blas)
+        parts += blas
     elif c["op"] == "accept":
         parts += [f"T={1 + c['tree_budget']}"]
     else:

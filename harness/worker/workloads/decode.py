@@ -277,6 +277,11 @@ def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
     if device.type == "cuda":
         metrics.update(roofline(cell, target, drafter, lengths, metrics))
         extra["ceilings"] = copy_ways()
+    if kernels.blas == "cublaslt_tuned":
+        # each GEMM shape's algorithm and its time against F.linear's (every shape this process
+        # has planned so far: a plan is kept for the process's later cells)
+        from harness.kernels.linear import lt_linear
+        extra["blas_plans"] = lt_linear.plans()
     # reuse.decoder: this run built no decoder (its first repeat reset the kept one; later
     # repeats always reset).
     # What ran, `auto` resolved: the gate compares a cell only with a baseline that ran these.

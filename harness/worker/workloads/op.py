@@ -180,7 +180,8 @@ class FusedForward:
         return 1 + self.cell["tree_budget"]
 
     def kernels(self, fused: bool | None = None) -> Kernels:
-        return Kernels(verify=self.verify, fused_ops=self.fused if fused is None else fused)
+        return Kernels(verify=self.verify, fused_ops=self.fused if fused is None else fused,
+                       blas=self.cell[BLAS])
 
     def model(self) -> Target:
         return build_models(self.cell, self.device, self.dtype)[0]
@@ -286,7 +287,7 @@ class LayerLinear:
         return {"weights": weights, "xs": xs}
 
     def call(self, inp: dict):
-        kernels = Kernels(linear=self.impl)
+        kernels = Kernels(linear=self.impl, blas=self.cell[BLAS])
         pairs = list(zip(inp["weights"], inp["xs"]))
         return lambda: [linear_weight(w, x, kernels) for w, x in pairs]
 
