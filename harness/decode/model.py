@@ -42,11 +42,13 @@ def linear_weight(weight: torch.Tensor, x: torch.Tensor, kernels: Kernels) -> to
         from harness.kernels.linear import stream_linear
         shape = stream_linear.CLUSTER_SHAPE if kernels.linear == "wgmma_cluster" else stream_linear.DEFAULT_SHAPE
         return stream_linear.linear(x, weight, shape)
+    tuned = kernels.blas == "cublaslt_tuned"
     if kernels.linear in ("triton",) + STREAM_IMPLS:
         from harness.kernels.linear import skinny_linear
-        if skinny_linear.takes(x.numel() // x.shape[-1], x.shape[-1]) or kernels.blas != "cublaslt_tuned":
+        # it hands what it does not take to F.linear: with `tuned`, lt_linear takes that instead
+        if not tuned or skinny_linear.takes(x.numel() // x.shape[-1], x.shape[-1]):
             return skinny_linear.linear(x, weight)
-    if kernels.blas == "cublaslt_tuned":
+    if tuned:
         from harness.kernels.linear import lt_linear
         return lt_linear.linear(x, weight)
     return F.linear(x, weight)

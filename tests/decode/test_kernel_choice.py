@@ -97,6 +97,14 @@ def test_the_blas_library_is_the_cells_while_it_runs_and_put_back_after(blas_cal
     assert blas_calls == []
 
 
+def test_timed_cublaslt_leaves_torch_on_cublaslt_for_what_it_hands_back(blas_calls):
+    """blas_impl cublaslt_tuned calls cuBLASLt itself (lt_linear.py) and gives the GEMMs it does
+    not take (prefill's rows) to F.linear: on cuBLASLt too."""
+    with blas_library("cublaslt_tuned"):
+        assert torch.backends.cuda.preferred_blas_library() == "cublaslt"
+    assert blas_calls == ["cublaslt", "cublas"]
+
+
 def test_the_verify_mode_is_not_an_implementation_knob():
     # verify_mode is what the CPU cells sweep (sdpa, flex): no device check for it here.
     assert Kernels.from_cell(params.canonical({"verify_mode": "flex"}), "cpu").verify == "flex"

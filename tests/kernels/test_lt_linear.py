@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.decode.kernel_choice import Kernels, blas_library
+from harness.decode.kernel_choice import Kernels
 from harness.decode.model import linear_weight
 from harness.kernels.linear import lt_linear
 
@@ -88,20 +88,6 @@ def test_the_gemms_cublas_would_run_reach_it(routed):
         ("skinny", 1), ("lt", 1), ("skinny", 1),                      # 1 row: the skinny kernel's
         ("skinny", 16), ("lt", 16), ("skinny", 16),
         ("lt", 65), ("lt", 65), ("skinny", 65)]                       # 65: cuBLAS's, so ours
-
-
-def test_its_library_for_what_it_hands_back_is_cublaslt(monkeypatch):
-    calls, current = [], ["cublas"]
-
-    def preferred(backend=None):
-        if backend is not None:
-            calls.append(backend)
-            current[0] = backend
-        return current[0]
-    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", preferred)
-    with blas_library("cublaslt_tuned"):
-        assert current[0] == "cublaslt"
-    assert calls == ["cublaslt", "cublas"]
 
 
 def test_a_plan_says_what_it_runs():

@@ -216,6 +216,11 @@ def test_op_ids_and_labels():
     lin = params.canonical({"workload": "op", "op": "linear", "linear_impl": "triton",
                             "model": "qwen3-8b", "speculation": "none"})
     assert params.SPECS["op"].cell_label(lin) == "op linear triton qwen3-8b rows=1"
+    # the library under the GEMMs, where a cell names one (two cells otherwise read alike)
+    assert (params.SPECS["op"].cell_label({**lin, "blas_impl": "cublaslt_tuned"})
+            == "op linear triton qwen3-8b rows=1 blas=cublaslt_tuned")
+    assert (params.SPECS["op"].cell_label({**fwd, "blas_impl": "torch"})
+            == "op fused_forward on qwen3-8b ctx=4096 T=65 verify=sdpa blas=torch")
     from harness.kernels.linear import skinny_linear
     from harness.protocol.workloads import op as op_spec
     assert op_spec.SKINNY_MAX_ROWS == skinny_linear.MAX_ROWS

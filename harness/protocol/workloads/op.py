@@ -134,11 +134,10 @@ def label(c: dict) -> str:
     blas = [f"blas={c[BLAS]}"] if c["op"] in BLAS_OPS and c.get(BLAS, "auto") != "auto" else []
     if c["op"] == "fused_forward":
         parts += [f"ctx={c['context_length']}", f"T={1 + c['tree_budget']}",
-                  f"verify={c['verify_mode']}"]
+                  f"verify={c['verify_mode']}"] + blas
     elif c["op"] == "linear":
         gemm = [] if c["linear_gemm"] == "layer" else [c["linear_gemm"]]
         return " ".join(parts + gemm + [f"rows={linear_rows(c)}"] + blas)
-        parts += blas
     elif c["op"] == "accept":
         parts += [f"T={1 + c['tree_budget']}"]
     else:
