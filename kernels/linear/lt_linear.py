@@ -315,17 +315,20 @@ def _tune(rows: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
         return plan
     outs = [torch.empty(rows, N, dtype=dtype, device=device) for _ in weights]
 
-    def calls_of(algo):
-        def calls():
-            for _ in range(CALLS):
-                for w, y in zip(weights, outs):
-                    if algo is None:
-                        F.linear(x, w)
-                    else:
-                        _check(_run(descs, algo, x, w, y), "cublasLtMatmul")
-        return calls
+    def calls(algo):
+        for _ in range(CALLS):
+            for w, y in zip(weights, outs):
+                if algo is None:
+                    F.linear(x, w)
+                else:
+                    _check(_run(descs, algo, x, w, y), "cublasLtMatmul")
 
-    graphs = [_graph(calls_of(a), device) for a in [None] + good]
+    graphs = []
+    for algo in [None] + good:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):       # each GEMM has run eagerly above: the reference, the checks
+            calls(algo)
+        graphs.append(graph)
     samples = [[] for _ in graphs]
     n_calls = CALLS * len(weights)
     for _ in range(ROUNDS):
@@ -345,14 +348,3 @@ def _tune(rows: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
         plan.algo, plan.us, plan.config = good[best], times[1 + best], _config(good[best])
     return plan
 
-
-def _graph(fn, device: torch.device) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        fn()                                             # a warm-up run, as torch wants
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
