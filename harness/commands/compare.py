@@ -14,6 +14,11 @@ HEAD's run with KNOB=B, paired by every other parameter (BASE and HEAD may be th
 a scenario whose matrix sweeps the knob). Cells with different kernels are otherwise never
 paired (their ids differ: docs/gate.md); this is the explicit way to ask what a knob buys.
 
+`--kernels` adds, for each cell profiled on both sides (`profile: true`), what moved inside the
+step: its busy and idle time a step, each of the kernels with the most time a step and each
+idle gap between two kernels, base against head (harness.sweep.profile_diff). A tile or kernel
+that changed name shows as one row leaving and another arriving.
+
 Exit codes: 0 (a comparison, whatever it found; `harness gate` is the command that fails CI),
 2 bad input (a run that is not in the journal).
 """
@@ -38,6 +43,9 @@ def compare(
     across: str = typer.Option(None, "--across", metavar="KNOB=A:B",
                                help="compare BASE's cells with KNOB=A against HEAD's with KNOB=B, "
                                     "paired by every other parameter (BASE and HEAD may be one run)"),
+    kernels: bool = typer.Option(False, "--kernels",
+                                 help="also each profiled cell's kernels and idle gaps a step, "
+                                      "base against head"),
 ):
     """Compare two runs cell by cell: both medians, the ratio, the gate's verdict, noise."""
     from harness.gate import runs
@@ -65,6 +73,15 @@ def compare(
         console.print(f"{len(gone)} cell(s) of {escape(base.run_id)} not in {escape(head.run_id)}: "
                       + "; ".join(escape(r.get("label", "?")) for r in gone), highlight=False)
     console.print(runs.VERDICT_NOTE, style="dim", highlight=False)
+    if kernels:
+        tables = profile_tables(head_results, base_results)
+        for table in tables:
+            console.print(table)
+        if tables:
+            console.print(PROFILE_NOTE, style="dim", highlight=False)
+        else:
+            console.print("--kernels: no cell has a profile on both sides (a decode cell records "
+                          "one with profile: true)", highlight=False)
 
 
 def parse_across(text: str) -> tuple[str, object, object]:
@@ -104,6 +121,47 @@ def comparison_table(head: dict[str, dict], base: dict[str, dict], verdicts: dic
                       f"[{style}]{v.verdict}[/]" if style else v.verdict, escape(v.detail),
                       "[yellow]noisy[/] " + escape("; ".join(notes)) if notes or noisy else "")
     return table
+
+
+PROFILE_NOTE = ("Kernels and idle gaps: µs a step in the profiled window; '–': not among that "
+                "side's 12 largest (or not run there).")
+
+
+def profile_tables(head: dict[str, dict], base: dict[str, dict]) -> list[Table]:
+    """One table a cell profiled on both sides: busy and idle a step, then each kernel, then
+    each idle gap, base against head, the largest difference first."""
+    from harness.sweep import profile_diff as pd
+
+    tables = []
+    for cid, h in sorted(head.items(), key=lambda kv: kv[1].get("label", kv[0])):
+        b = base.get(cid)
+        if not (pd.has_profile(h) and pd.has_profile(b)):
+            continue
+        table = Table(title=escape(h.get("label", cid)), title_justify="left", header_style="bold")
+        table.add_column("µs a step", overflow="fold")
+        for name in ("base", "head", "head-base", "a step (base, head)"):
+            table.add_column(name, justify="right")
+        sections = [("", pd.totals(b, h)), ("kernel", pd.kernel_rows(b, h)),
+                    ("idle gap", pd.gap_rows(b, h))]
+        for i, (kind, rows) in enumerate(sections):
+            if i:
+                table.add_section()
+            for r in rows:
+                counts = "" if r.base_count is None and r.head_count is None else \
+                    f"{_count(r.base_count)}, {_count(r.head_count)}"
+                delta = "–" if r.delta_us is None else f"{r.delta_us:+.1f}"
+                table.add_row(escape(f"{kind} {r.name}".strip()), _us(r.base_us), _us(r.head_us),
+                              delta, counts)
+        tables.append(table)
+    return tables
+
+
+def _us(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def _count(value: float | None) -> str:
+    return "–" if value is None else f"{value:g}"
 
 
 def change(metric: str, ratio: float | None) -> str:

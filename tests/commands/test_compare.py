@@ -129,3 +129,49 @@ def test_pairing_across_a_knob_within_one_run():
     assert len(base) == 1 and len(head) == 2
     (key,) = base
     assert head[key] is run["b"]
+
+
+H100 = RESULTS.parent / "h100"
+
+
+def cell_table(output: str, title_start: str) -> dict[str, list[str]]:
+    """`--kernels`' table of one cell: each row's cells by its first column."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title_start))
+    table = {}
+    for line in lines[start + 1:]:
+        if line and line[0] not in "┏┃┡│├└":
+            break
+        if line.startswith("│") and line.split("│")[1].strip():
+            cells = [c.strip() for c in line.split("│")[1:-1]]
+            table[cells[0]] = cells[1:]
+    return table
+
+
+def test_kernels_say_what_moved_inside_the_step():
+    """Session 37's H100 A/B of the verify launched under the q/k norm: the gap between them
+    leaves the profile, the idle a step falls, and the norm's own span grows by about as much."""
+    code, out = harness("compare", "20261205-220030-5908a3", "20261205-220035-6ee98d",
+                        "--results", str(H100), "--kernels")
+    assert code == 0, out
+    table = cell_table(out, "qwen3-8b ctx=4096 N=64 verify=custom")
+    gap = next(v for k, v in table.items() if k.startswith("idle gap _qk_norm_rope_store_kernel -> tva::gqa"))
+    assert gap[:3] == ["16.0", "–", "–"] and gap[3] == "36, –"
+    assert table["idle"][:3] == ["158.1", "140.6", "-17.5"]
+    assert table["kernel _qk_norm_rope_store_kernel"][2] == "+42.1"
+    assert "not among that side's 12 largest" in out
+
+
+def test_kernels_across_a_knob_show_a_gemm_tile_leaving_and_another_arriving():
+    code, out = harness("compare", "20261205-220035-6ee98d", "20261205-220040-649e19", "--results", str(H100),
+                        "--across", "blas_impl=cublaslt:cublaslt_tuned", "--kernels")
+    assert code == 0, out
+    table = cell_table(out, "qwen3-8b ctx=4096 N=64 verify=custom")
+    assert table["kernel nvjet_sm90_tst_192x72_64x6_2x1_v_bz_TNT"][:3] == ["2594.2", "–", "–"]
+    assert table["kernel nvjet_sm90_tst_128x72_64x8_4x1_v_bz_TNT"][:3] == ["–", "2637.7", "–"]
+
+
+def test_kernels_of_cells_without_a_profile_say_so():
+    code, out = harness("compare", "20261204-143613-878452", "20261204-143629-7ce87d",
+                        "--results", str(RESULTS), "--kernels")
+    assert code == 0 and "--kernels: no cell has a profile on both sides" in out
