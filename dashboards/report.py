@@ -302,6 +302,43 @@ def _counters_table(planned: list[dict], results: dict[str, dict]) -> dict | Non
     return {"caption": "Hardware counters (Nsight Compute, ncu: true)", "head": head, "rows": rows}
 
 
+STEP_ROWS = 5  # kernels and idle gaps a cell in the report; `harness compare --kernels` has all
+
+
+def _step_table(planned: list[dict], results: dict[str, dict], base: dict[str, dict]) -> dict | None:
+    """What moved inside the step, for each cell profiled in both runs: busy and idle a step,
+    then the STEP_ROWS kernels and idle gaps that moved most (harness.sweep.profile_diff, as
+    `harness compare --kernels`). None when no cell was profiled on both sides."""
+    from harness.sweep import profile_diff as pd
+
+    def us(v):
+        return _td("–" if v is None else f"{v:.1f}", num=True)
+
+    head = [_td("cell"), _td("what")] + [_td(h, num=True) for h in
+                                         ("base µs a step", "head µs a step", "head-base", "a step (base, head)")]
+    rows = []
+    for cid in dict.fromkeys([c["cell_id"] for c in planned] + list(results)):
+        h, b = results.get(cid), base.get(cid)
+        if not (pd.has_profile(h) and pd.has_profile(b)):
+            continue
+        full = style.full_label({**h, "cell_id": cid})
+        parts = [("", pd.totals(b, h)), ("kernel", pd.kernel_rows(b, h)[:STEP_ROWS]),
+                 ("idle gap", pd.gap_rows(b, h)[:STEP_ROWS])]
+        for i, (kind, r) in enumerate((kind, r) for kind, part in parts for r in part):
+            counts = "" if r.base_count is None and r.head_count is None else \
+                f"{'–' if r.base_count is None else f'{r.base_count:g}'}, " \
+                f"{'–' if r.head_count is None else f'{r.head_count:g}'}"
+            rows.append([_td(full if i == 0 else "", title=f"{full} ({cid})"),
+                         _td(f"{kind} {r.name}".strip()), us(r.base_us), us(r.head_us),
+                         _td("–" if r.delta_us is None else f"{r.delta_us:+.1f}", num=True),
+                         _td(counts, num=True)])
+    if not rows:
+        return None
+    return {"caption": f"Inside the step, base against head (profiled cells; the {STEP_ROWS} kernels "
+                       "and idle gaps that moved most, '–': not among that run's 12 largest)",
+            "head": head, "rows": rows}
+
+
 def _failed(results: dict[str, dict]) -> list[dict]:
     return [{"title": style.full_label({**r, "cell_id": cid}), "cell_id": cid,
              "host": r.get("host") or "?", "wall_s": r.get("wall_s"),
@@ -380,6 +417,8 @@ def build_report(journal: RunJournal, out_dir=None, *, base: RunJournal | None =
         figures=[_figure_context(f) for f in figs],
         tables=[t for t in (_cells_table(planned, results, verdicts, kernel=False),
                             _cells_table(planned, results, verdicts, kernel=True),
+                            _step_table(planned, results, {cid: r for cid, r in base.results().items()
+                                                           if shown(cid)}) if base is not None else None,
                             _counters_table(planned, results)) if t],
         failed=_failed(results),
         missing=[{"label": style.full_label(c), "cell_id": c["cell_id"]} for c in missing],

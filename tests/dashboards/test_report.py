@@ -388,3 +388,52 @@ def test_the_counters_table_reads_right_in_headless_chromium(tmp_path):
     assert check.console_errors == [] and check.broken_images == []
     assert "Hardware counters (Nsight Compute, ncu: true)" in check.text
     assert "gqa_ahead_kernel" in check.text and "tree_build_kernel" in check.text
+
+
+PDL_BASE = REPO / "results" / "h100" / "runs" / "20261205-220030-5908a3"
+PDL_HEAD = REPO / "results" / "h100" / "runs" / "20261205-220035-6ee98d"
+
+
+def copied_runs(tmp_path, *runs):
+    import shutil
+    from harness.sweep.journal import RunJournal
+    for run in runs:
+        shutil.copytree(run, tmp_path / "runs" / run.name, ignore=shutil.ignore_patterns("report"))
+    return [RunJournal.open(tmp_path / "runs", run.name) for run in runs]
+
+
+def step_rows(page: str) -> list[list[str]]:
+    table = page.split("Inside the step, base against head", 1)[1].split("</table>", 1)[0]
+    return [[markupsafe.Markup(c).unescape().strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", r, re.S)]
+            for r in re.findall(r"<tr>(.*?)</tr>", table, re.S) if "<td" in r]
+
+
+def test_a_compared_report_says_what_moved_inside_the_step(tmp_path):
+    """Session 37's H100 A/B (the verify launched under the q/k norm), profiled cells: the
+    step's busy and idle, then the kernels and gaps that moved most, each cell's label once."""
+    head, base = copied_runs(tmp_path, PDL_HEAD, PDL_BASE)
+    verdicts = compare_runs(head.results(), base.results())
+    page = build_report(head, base=base, verdicts=verdicts, verdict_note=VERDICT_NOTE).path.read_text()
+    rows = step_rows(page)
+    labelled = [r for r in rows if r[0]]
+    assert len(labelled) == 4 and all(r[1] == "busy (all kernels)" for r in labelled)
+    custom_4k = rows[rows.index(next(r for r in labelled if "ctx=4096" in r[0] and "verify=custom" in r[0])):][:12]
+    assert custom_4k[1][1:5] == ["idle", "158.1", "140.6", "-17.5"]
+    assert ["kernel _qk_norm_rope_store_kernel", "260.5", "302.6", "+42.1", "46.25, 46"] in [r[1:] for r in custom_4k]
+    gap = next(r for r in custom_4k if r[1].startswith("idle gap _qk_norm_rope_store_kernel -> tva::gqa"))
+    assert gap[2:] == ["16.0", "–", "–", "36, –"]
+
+
+def test_an_uncompared_report_has_no_step_table(tmp_path):
+    (head,) = copied_runs(tmp_path, PDL_HEAD)
+    assert "Inside the step" not in build_report(head).path.read_text()
+
+
+@needs_chromium
+def test_the_step_table_reads_right_in_headless_chromium(tmp_path):
+    head, base = copied_runs(tmp_path, PDL_HEAD, PDL_BASE)
+    report = build_report(head, base=base, verdicts=compare_runs(head.results(), base.results()))
+    check = headless.check_page(report.path, screenshot=False)
+    assert check.console_errors == [] and check.broken_images == []
+    assert "Inside the step, base against head" in check.text
+    assert "idle gap _qk_norm_rope_store_kernel -> tva::gqa_pipelined_kernel<128, 4" in check.text
