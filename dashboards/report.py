@@ -311,9 +311,6 @@ def _step_table(planned: list[dict], results: dict[str, dict], base: dict[str, d
     `harness compare --kernels`). None when no cell was profiled on both sides."""
     from harness.sweep import profile_diff as pd
 
-    def us(v):
-        return _td("–" if v is None else f"{v:.1f}", num=True)
-
     head = [_td("cell"), _td("what")] + [_td(h, num=True) for h in
                                          ("base µs a step", "head µs a step", "head-base", "a step (base, head)")]
     rows = []
@@ -325,13 +322,8 @@ def _step_table(planned: list[dict], results: dict[str, dict], base: dict[str, d
         parts = [("", pd.totals(b, h)), ("kernel", pd.kernel_rows(b, h)[:STEP_ROWS]),
                  ("idle gap", pd.gap_rows(b, h)[:STEP_ROWS])]
         for i, (kind, r) in enumerate((kind, r) for kind, part in parts for r in part):
-            counts = "" if r.base_count is None and r.head_count is None else \
-                f"{'–' if r.base_count is None else f'{r.base_count:g}'}, " \
-                f"{'–' if r.head_count is None else f'{r.head_count:g}'}"
             rows.append([_td(full if i == 0 else "", title=f"{full} ({cid})"),
-                         _td(f"{kind} {r.name}".strip()), us(r.base_us), us(r.head_us),
-                         _td("–" if r.delta_us is None else f"{r.delta_us:+.1f}", num=True),
-                         _td(counts, num=True)])
+                         _td(f"{kind} {r.name}".strip())] + [_td(c, num=True) for c in r.cells()])
     if not rows:
         return None
     return {"caption": f"Inside the step, base against head (profiled cells; the {STEP_ROWS} kernels "

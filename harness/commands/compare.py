@@ -147,21 +147,9 @@ def profile_tables(head: dict[str, dict], base: dict[str, dict]) -> list[Table]:
             if i:
                 table.add_section()
             for r in rows:
-                counts = "" if r.base_count is None and r.head_count is None else \
-                    f"{_count(r.base_count)}, {_count(r.head_count)}"
-                delta = "–" if r.delta_us is None else f"{r.delta_us:+.1f}"
-                table.add_row(escape(f"{kind} {r.name}".strip()), _us(r.base_us), _us(r.head_us),
-                              delta, counts)
+                table.add_row(escape(f"{kind} {r.name}".strip()), *r.cells())
         tables.append(table)
     return tables
-
-
-def _us(value: float | None) -> str:
-    return "–" if value is None else f"{value:.1f}"
-
-
-def _count(value: float | None) -> str:
-    return "–" if value is None else f"{value:g}"
 
 
 def change(metric: str, ratio: float | None) -> str:

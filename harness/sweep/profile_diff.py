@@ -34,6 +34,20 @@ class Row:
             return None
         return self.head_us - self.base_us
 
+    def cells(self) -> tuple[str, str, str, str]:
+        """base, head, head - base (µs a step) and the counts a step, as a table shows them;
+        '–' where a side has no value."""
+        def us(v):
+            return "–" if v is None else f"{v:.1f}"
+
+        def count(v):
+            return "–" if v is None else f"{v:g}"
+
+        counts = "" if self.base_count is None and self.head_count is None else \
+            f"{count(self.base_count)}, {count(self.head_count)}"
+        delta = "–" if self.delta_us is None else f"{self.delta_us:+.1f}"
+        return us(self.base_us), us(self.head_us), delta, counts
+
     @property
     def weight(self) -> float:
         """How much the row may matter, for ordering: the difference, or the one side's time."""

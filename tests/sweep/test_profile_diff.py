@@ -63,3 +63,9 @@ def test_only_results_with_a_kernel_list_have_a_profile():
 ])
 def test_short_names_keep_template_arguments_and_drop_the_parameters(name, short):
     assert pd.short_name(name) == short
+
+
+def test_a_row_as_a_table_shows_it():
+    assert pd.Row("k", 260.5, 302.61, 46.25, 46).cells() == ("260.5", "302.6", "+42.1", "46.25, 46")
+    assert pd.Row("gap", 16.0, None, 36, None).cells() == ("16.0", "–", "–", "36, –")
+    assert pd.Row("idle", 158.1, 140.6).cells() == ("158.1", "140.6", "-17.5", "")
