@@ -319,9 +319,7 @@ def _step_table(planned: list[dict], results: dict[str, dict], base: dict[str, d
         if not (pd.has_profile(h) and pd.has_profile(b)):
             continue
         full = style.full_label({**h, "cell_id": cid})
-        parts = [("", pd.totals(b, h)), ("kernel", pd.kernel_rows(b, h)[:STEP_ROWS]),
-                 ("idle gap", pd.gap_rows(b, h)[:STEP_ROWS])]
-        for i, (kind, r) in enumerate((kind, r) for kind, part in parts for r in part):
+        for i, (kind, r) in enumerate(pd.sections(b, h, STEP_ROWS)):
             rows.append([_td(full if i == 0 else "", title=f"{full} ({cid})"),
                          _td(f"{kind} {r.name}".strip())] + [_td(c, num=True) for c in r.cells()])
     if not rows:
@@ -371,8 +369,9 @@ def build_report(journal: RunJournal, out_dir=None, *, base: RunJournal | None =
 
     results = {cid: r for cid, r in journal.results().items() if shown(cid)}
     planned = [c for c in journal.cells if shown(c["cell_id"])]
-    base_results = ([r for cid, r in base.results().items() if shown(cid)]
-                    if base is not None else None)
+    base_by_id = ({cid: r for cid, r in base.results().items() if shown(cid)}
+                  if base is not None else None)
+    base_results = list(base_by_id.values()) if base_by_id is not None else None
     if verdicts is not None and only is not None:
         verdicts = {cid: v for cid, v in verdicts.items() if shown(cid)}
     result_list = list(results.values())
@@ -409,8 +408,7 @@ def build_report(journal: RunJournal, out_dir=None, *, base: RunJournal | None =
         figures=[_figure_context(f) for f in figs],
         tables=[t for t in (_cells_table(planned, results, verdicts, kernel=False),
                             _cells_table(planned, results, verdicts, kernel=True),
-                            _step_table(planned, results, {cid: r for cid, r in base.results().items()
-                                                           if shown(cid)}) if base is not None else None,
+                            _step_table(planned, results, base_by_id) if base_by_id is not None else None,
                             _counters_table(planned, results)) if t],
         failed=_failed(results),
         missing=[{"label": style.full_label(c), "cell_id": c["cell_id"]} for c in missing],

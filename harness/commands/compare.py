@@ -141,13 +141,12 @@ def profile_tables(head: dict[str, dict], base: dict[str, dict]) -> list[Table]:
         table.add_column("µs a step", overflow="fold")
         for name in ("base", "head", "head-base", "a step (base, head)"):
             table.add_column(name, justify="right")
-        sections = [("", pd.totals(b, h)), ("kernel", pd.kernel_rows(b, h)),
-                    ("idle gap", pd.gap_rows(b, h))]
-        for i, (kind, rows) in enumerate(sections):
-            if i:
+        previous = ""
+        for kind, r in pd.sections(b, h):
+            if kind != previous:
                 table.add_section()
-            for r in rows:
-                table.add_row(escape(f"{kind} {r.name}".strip()), *r.cells())
+                previous = kind
+            table.add_row(escape(f"{kind} {r.name}".strip()), *r.cells())
         tables.append(table)
     return tables
 

@@ -9,7 +9,7 @@ in one list only is either below that side's twelfth or did not run there (a GEM
 changed leaves under one name and arrives under another), so that side reads None and the row
 has no difference; the totals (busy and idle a step) cover every kernel either way.
 
-Pure functions over result dicts: `harness compare --kernels` prints them.
+Pure functions over result dicts: `harness compare --kernels` and a compared report show them.
 """
 
 from __future__ import annotations
@@ -99,6 +99,14 @@ def totals(base: dict, head: dict) -> list[Row]:
 
     b, h = base["profile"], head["profile"]
     return [Row("busy (all kernels)", busy(b), busy(h)), Row("idle", idle(b), idle(h))]
+
+
+def sections(base: dict, head: dict, limit: int | None = None) -> list[tuple[str, Row]]:
+    """Every row of a cell's comparison as (kind, row): the totals (kind ""), then the kernels,
+    then the idle gaps, each largest first and at most `limit` of each."""
+    parts = (("", totals(base, head)), ("kernel", kernel_rows(base, head)[:limit]),
+             ("idle gap", gap_rows(base, head)[:limit]))
+    return [(kind, row) for kind, rows in parts for row in rows]
 
 
 def _rows(base: dict[str, dict], head: dict[str, dict], us_key: str, count_key: str) -> list[Row]:

@@ -334,6 +334,8 @@ def _tune(rows: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
         with torch.cuda.graph(graph):       # each GEMM has run eagerly above: the reference, the checks
             calls(algo)
         graphs.append(graph)
+    # Rounds interleave the candidates (not kerneltime.time_calls, which times one call set's
+    # replays back to back): a clock that drifts during the tuning moves every candidate alike.
     samples = [[] for _ in graphs]
     n_calls = CALLS * len(weights)
     for _ in range(ROUNDS):

@@ -69,3 +69,12 @@ def test_a_row_as_a_table_shows_it():
     assert pd.Row("k", 260.5, 302.61, 46.25, 46).cells() == ("260.5", "302.6", "+42.1", "46.25, 46")
     assert pd.Row("gap", 16.0, None, 36, None).cells() == ("16.0", "–", "–", "36, –")
     assert pd.Row("idle", 158.1, 140.6).cells() == ("158.1", "140.6", "-17.5", "")
+
+
+def test_sections_are_the_totals_then_the_kernels_then_the_gaps_each_cut_to_the_limit():
+    base = result([("a", 3.0, 1), ("b", 2.0, 1), ("c", 1.0, 1)], gaps=[("a", "b", 1.0, 1), ("b", "c", 0.5, 1)])
+    head = result([("a", 3.5, 1), ("b", 2.0, 1), ("c", 1.0, 1)], gaps=[("a", "b", 0.2, 1), ("b", "c", 0.5, 1)])
+    kinds = [kind for kind, _ in pd.sections(base, head, limit=1)]
+    assert kinds == ["", "", "kernel", "idle gap"]
+    assert [r.name for _, r in pd.sections(base, head, limit=1)][2:] == ["a", "a -> b"]
+    assert len(pd.sections(base, head)) == 2 + 3 + 2
