@@ -120,6 +120,16 @@ def test_compare_modes_report_speedups():
     assert m["flex.rel_error"] < 1e-5
 
 
+def test_the_vendor_peer_is_checked_and_timed_beside_the_mode():
+    """compare_modes: vendor (torch's fused prefix kernel + the tree block, merged): on a CPU the
+    CPU flash kernel, sequences of different prefix lengths in the check."""
+    out = kw.run(small_cell(compare_modes="vendor"), lambda **_: None)
+    m = out["metrics"]
+    assert out["kernel"]["compare_errors"] == {} and out["kernel"]["vendor_backend"] == "cpu"
+    assert m["vendor.rel_error"] < 1e-5
+    assert m["speedup_vs_vendor"] == pytest.approx(m["vendor.kernel_us"] / m["kernel_us"])
+
+
 def test_a_wrong_kernel_is_never_timed(monkeypatch):
     real = kw.prepare
 
@@ -178,7 +188,10 @@ def test_kernels_scenario_validates():
     ("  compare_modes: ['custom,sdpa']\n", "repeats a mode or names the cell's own verify_mode"),
     ("  compare_modes: ['cuda']\n", "compare_modes must be a comma-separated list of verify modes"),
     ("  head_dim: [96]\n", "the custom kernel supports head_dim 64 and 128"),
-    ("  layout: [paged]\n  compare_modes: [sdpa]\n", "sdpa and flex read a contiguous cache only"),
+    ("  layout: [paged]\n  compare_modes: [sdpa]\n", "sdpa, flex and vendor read a contiguous cache only"),
+    ("  layout: [paged]\n  compare_modes: [vendor]\n", "sdpa, flex and vendor read a contiguous cache only"),
+    ("  attention: [mla]\n  heads: [8]\n  kv_heads: [1]\n  head_dim: [576]\n  compare_modes: [vendor]\n",
+     "vendor attends with one head dim for keys and values"),
     ("  layout: [ring]\n", "unknown layout 'ring'"),
 ])
 def test_bad_kernel_cells_are_input_errors(matrix, message):

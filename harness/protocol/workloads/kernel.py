@@ -12,7 +12,11 @@ from harness.protocol.workloads.decode import VERIFY_MODES
 ATTENTIONS = ("gqa", "mla")        # grouped-query heads, or the MLA latent (one 576-wide head)
 LAYOUTS = ("contiguous", "paged")  # KV cache layout
 
-_MODE = "(" + "|".join(VERIFY_MODES) + ")"
+# What a kernel cell can also time beside its verify_mode: the loop's verify modes, and `vendor`
+# (kernels/verify/vendor_verify.py: torch's fused attention over the prefix, merged with the tree
+# block; it slices each prefix on the host, so it is a kernel-cell peer, not a loop mode).
+COMPARE_MODES = VERIFY_MODES + ("vendor",)
+_MODE = "(" + "|".join(COMPARE_MODES) + ")"
 _MODE_LIST = rf"^({_MODE}(,{_MODE})*)?$"
 
 PARAMS = (
@@ -26,7 +30,7 @@ PARAMS = (
     positive_int("page_size", 16),            # paged layout only
     # comma-separated verify modes also timed in this cell (adds metrics: not in the id)
     Param("compare_modes", "", str,
-          "a comma-separated list of verify modes (custom, triton, sdpa, flex), or ''",
+          "a comma-separated list of verify modes (custom, triton, sdpa, flex, vendor), or ''",
           pattern=_MODE_LIST, measurement=True),
     # The custom kernel's split-KV count: 0 takes its plan (custom_verify.plan); N forces N
     # splits, to sweep the plan's choice through the product (`--across custom_splits=0:8`).
@@ -62,9 +66,12 @@ def check_shape(cell: dict):
         return ("custom_splits", "verify_mode", "compare_modes"), (
             "custom_splits sets the custom kernel's split count; this cell does not time the "
             "custom kernel (verify_mode or compare_modes: custom)")
-    if cell["layout"] == "paged" and {"sdpa", "flex"} & set(modes):
+    if cell["layout"] == "paged" and {"sdpa", "flex", "vendor"} & set(modes):
         return ("layout", "verify_mode", "compare_modes"), (
-            "sdpa and flex read a contiguous cache only: drop them from paged cells")
+            "sdpa, flex and vendor read a contiguous cache only: drop them from paged cells")
+    if cell["attention"] == "mla" and "vendor" in modes:
+        return ("attention", "compare_modes"), (
+            "vendor attends with one head dim for keys and values: drop it from mla cells")
     return None
 
 

@@ -37,7 +37,10 @@ attends with the 576-wide latent as values and drops the last 64 output columns 
 module has an MLA entry point), `sdpa` (torch SDPA with an additive mask, the G query heads of
 a KV head folded into its query axis so the cache is never expanded: the decode loop's SDPA
 path) and `flex` (harness/decode/flex_verify.py: torch.compile'd flex_attention with a block
-mask, the decode loop's flex path). sdpa and flex read a contiguous cache only.
+mask, the decode loop's flex path). A compared mode may also be `vendor`
+(kernels/verify/vendor_verify.py): torch's fused attention kernel (cuDNN on Hopper) over the
+unmasked prefix, the tree block in torch, merged by log-sum-exp; the kernel it used is
+`kernel.vendor_backend`. sdpa, flex and vendor read a contiguous cache only.
 """
 
 from __future__ import annotations
@@ -178,7 +181,7 @@ def prepare(mode: str, pt: Point, inp: dict, out: torch.Tensor | None = None, *,
     scale = 1.0 / math.sqrt(pt.dk)
     q, k, v, lengths, bits = inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"]
     table = inp.get("page_table")
-    if mode in ("sdpa", "flex") and table is not None:
+    if mode in ("sdpa", "flex", "vendor") and table is not None:
         raise NotImplementedError(f"{mode} reads a contiguous cache only (layout paged)")
 
     if mode == "custom":
@@ -218,6 +221,12 @@ def prepare(mode: str, pt: Point, inp: dict, out: torch.Tensor | None = None, *,
         qg = q.reshape(b, k.shape[1], G * T, pt.dk)
         return lambda: F.scaled_dot_product_attention(qg, kn, vn, attn_mask=bias, scale=scale
                                                       ).reshape(b, hq, T, pt.dv)
+    if mode == "vendor":
+        if pt.mla:
+            raise NotImplementedError("vendor attends with one head dim for keys and values (not mla)")
+        from harness.kernels.verify import vendor_verify
+        prefixes = [int(L) for L in lengths.tolist()]     # sliced on the host, outside the timing
+        return lambda: vendor_verify.tree_verify_attention(q, k, v, prefixes, bits, scale, out=out)
     if mode == "flex":                # the decode loop's flex path, block mask built here
         from harness.decode.flex_verify import flex_block_mask, flex_tree_verify
         block_mask = flex_block_mask(lengths, bits, T, n)
@@ -269,7 +278,7 @@ def check(mode: str, pt: Point, device, dtype, seed: int, *, custom_impl: str = 
         lengths[0] = pt.context
     inp = make_inputs(pt, lengths, seed, device, dtype, tree_boost=check_boost(pt.context))
     out = None
-    if mode in ("custom", "triton"):  # poisoned: an element the kernel never writes stays NaN
+    if mode in ("custom", "triton", "vendor"):  # poisoned: an element never written stays NaN
         out = torch.full((pt.batch, pt.heads, pt.tokens, pt.dv), float("nan"), dtype=dtype, device=device)
     got = prepare(mode, pt, inp, out, custom_impl=custom_impl, custom_splits=custom_splits)()
     err = ref.relative_error(got, reference(pt, inp))
@@ -356,6 +365,9 @@ def run(cell: dict, progress) -> dict:
         metrics[f"{other}.rel_error"] = other_err
         metrics[f"speedup_vs_{other}"] = other_us / us
     info["compare_errors"] = compare_errors
+    if "vendor" in compare_list(cell) and "vendor" not in compare_errors:
+        from harness.kernels.verify.vendor_verify import pick_backend
+        info["vendor_backend"] = pick_backend(device)
     if cell["ncu"]:
         timed = [mode] + [m for m in compare_list(cell) if m not in compare_errors]
         found, info["ncu_errors"] = ncu.counters_for(cell, timed, mode, device, progress)

@@ -1,0 +1,110 @@
+"""Tree-verify attention from torch's own fused attention kernels: the peer a user has without
+writing a kernel (the kernel workload's `vendor` compare mode).
+
+    tree_verify_attention(q, k, v, lengths, tree_bits) -> [b, Hq, T, d]
+
+The verify's keys fall in two parts. The committed prefix (lengths[b] keys) is seen by every
+query, so it needs no mask, and a fused attention kernel that returns its log-sum-exp computes
+it at that kernel's speed: cuDNN's on Hopper and later, FlashAttention-2's (torch's build) on
+other CUDA GPUs, torch's CPU flash kernel on a CPU. The G query heads of a KV head are folded
+into the query axis (one head of G x T rows a KV head, as the SDPA verify mode does), so the
+cache is read once a group and never expanded. The T tree keys, which a query sees when they
+are its ancestors, are a masked softmax over T columns in float32 with plain torch ops. The two
+parts are merged by their log-sum-exps:
+
+    lse = logaddexp(lse_prefix, lse_tree)
+    out = exp(lse_prefix - lse) o_prefix + exp(lse_tree - lse) o_tree
+
+What it is not: the decode loop's verify. Each sequence's prefix is sliced at its length on the
+host (`lengths` is a list of ints), so a captured step, whose shapes are fixed while the prefix
+grows, cannot use it; the kernel workload, whose lengths are fixed per input set, can. Why a
+second SDPA peer: the SDPA verify mode masks every key (an additive bias over the whole cache),
+which sends torch to its memory-efficient kernel; this one leaves the prefix unmasked, which is
+the form the vendors' fastest kernels take.
+
+Reference: kernels/verify/verify_reference.py (float64). Tests: tests/kernels/test_vendor_verify.py
+(CPU), test_vendor_verify_gpu.py (cuDNN and FlashAttention-2 on a GPU). Benchmark: the kernel
+workload's `compare_modes: vendor` (scenarios/verify-ab.yaml).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from harness.kernels.verify.verify_reference import unpack_visibility
+
+BACKENDS = ("cudnn", "flash", "cpu")
+
+
+def pick_backend(device: torch.device) -> str:
+    """The fused kernel the prefix goes to on `device`: cuDNN on compute capability 9.0 and
+    later (its Hopper kernels are the fastest torch ships there), FlashAttention-2 on other CUDA
+    GPUs, the CPU flash kernel on a CPU."""
+    if device.type != "cuda":
+        return "cpu"
+    return "cudnn" if torch.cuda.get_device_capability(device) >= (9, 0) else "flash"
+
+
+def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unmasked attention of q [b, h, M, d] over k, v [b, h, n, d] (n >= 1) by `backend`:
+    (out [b, h, M, d] in q's dtype, natural-log log-sum-exp [b, h, M] float32)."""
+    if backend == "cudnn":
+        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, 0.0, False, False, scale=scale)[:2]
+    elif backend == "flash":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, False, False, scale=scale)[:2]
+    elif backend == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, scale=scale)
+    else:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return out, lse.reshape(q.shape[:3]).float()      # cuDNN's is [b, h, M, 1]
+
+
+def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [b, h, M, d] over the T tree keys k, v [b, h, T, d] where visible [b, 1, M, T] (every row
+    sees at least its own node): (out float32 [b, h, M, d], lse float32 [b, h, M])."""
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    s = s.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return torch.matmul(torch.exp(s - lse[..., None]), v.float()), lse
+
+
+def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
+                          tree_bits: torch.Tensor, sm_scale: float | None = None, *,
+                          backend: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [b, Hq, T, d]; k, v [b, Hkv, S, d] (contiguous cache, S >= lengths[i] + T); lengths: each
+    sequence's committed keys, as ints; tree_bits [b, T, ceil(T/32)] int32 (ancestor bitmasks).
+    Returns [b, Hq, T, d] in q's dtype, written into `out` when given. `backend` (default
+    `pick_backend`) names the prefix's kernel."""
+    b, hq, T, d = q.shape
+    hkv = k.shape[1]
+    if hq % hkv:
+        raise ValueError(f"query heads {hq} are not a multiple of KV heads {hkv}")
+    if len(lengths) != b:
+        raise ValueError(f"{len(lengths)} lengths for {b} sequences")
+    G = hq // hkv
+    scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
+    backend = backend or pick_backend(q.device)
+    # rows g * T + t of a KV head's folded queries: query head h = kv * G + g, tree node t
+    visible = unpack_visibility(tree_bits, T).repeat(1, G, 1)[:, None]        # [b, 1, G*T, T]
+    if out is None:
+        out = torch.empty(b, hq, T, v.shape[-1], dtype=q.dtype, device=q.device)
+    for i, L in enumerate(lengths):
+        qg = q[i:i + 1].reshape(1, hkv, G * T, d)
+        o_tree, lse_tree = tree_attention(qg, k[i:i + 1, :, L:L + T], v[i:i + 1, :, L:L + T],
+                                          visible[i:i + 1], scale)
+        if L == 0:
+            merged = o_tree
+        else:
+            o_pre, lse_pre = prefix_attention(qg, k[i:i + 1, :, :L], v[i:i + 1, :, :L], scale, backend)
+            lse = torch.logaddexp(lse_pre, lse_tree)
+            merged = (torch.exp(lse_pre - lse)[..., None] * o_pre.float()
+                      + torch.exp(lse_tree - lse)[..., None] * o_tree)
+        out[i:i + 1].copy_(merged.reshape(1, hq, T, -1))
+    return out
