@@ -321,7 +321,7 @@ def _step_table(planned: list[dict], results: dict[str, dict], base: dict[str, d
         full = style.full_label({**h, "cell_id": cid})
         for i, (kind, r) in enumerate(pd.sections(b, h, STEP_ROWS)):
             rows.append([_td(full if i == 0 else "", title=f"{full} ({cid})"),
-                         _td(f"{kind} {r.name}".strip())] + [_td(c, num=True) for c in r.cells()])
+                         _td(r.title(kind))] + [_td(c, num=True) for c in r.cells()])
     if not rows:
         return None
     return {"caption": f"Inside the step, base against head (profiled cells; the {STEP_ROWS} kernels "

@@ -146,7 +146,7 @@ def profile_tables(head: dict[str, dict], base: dict[str, dict]) -> list[Table]:
             if kind != previous:
                 table.add_section()
                 previous = kind
-            table.add_row(escape(f"{kind} {r.name}".strip()), *r.cells())
+            table.add_row(escape(r.title(kind)), *r.cells())
         tables.append(table)
     return tables
 

@@ -34,6 +34,10 @@ class Row:
             return None
         return self.head_us - self.base_us
 
+    def title(self, kind: str) -> str:
+        """The row's first column: its kind ("kernel", "idle gap"; "" for the totals) and name."""
+        return f"{kind} {self.name}".strip()
+
     def cells(self) -> tuple[str, str, str, str]:
         """base, head, head - base (µs a step) and the counts a step, as a table shows them;
         '–' where a side has no value."""

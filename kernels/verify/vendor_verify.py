@@ -75,13 +75,22 @@ def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: t
     return torch.matmul(torch.exp(s - lse[..., None]), v.float()), lse
 
 
+def tree_visibility(tree_bits: torch.Tensor, T: int, group: int) -> torch.Tensor:
+    """[b, 1, G*T, T] bool: which tree keys each folded query row sees. Rows g * T + t of a KV
+    head's folded queries are query head kv * G + g at tree node t. The same for every layer of
+    a forward: a caller that calls more than once builds it once and passes it as `visible`."""
+    return unpack_visibility(tree_bits, T).repeat(1, group, 1)[:, None]
+
+
 def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
                           tree_bits: torch.Tensor, sm_scale: float | None = None, *,
-                          backend: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                          backend: str | None = None, visible: torch.Tensor | None = None,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
     """q [b, Hq, T, d]; k, v [b, Hkv, S, d] (contiguous cache, S >= lengths[i] + T); lengths: each
     sequence's committed keys, as ints; tree_bits [b, T, ceil(T/32)] int32 (ancestor bitmasks).
     Returns [b, Hq, T, d] in q's dtype, written into `out` when given. `backend` (default
-    `pick_backend`) names the prefix's kernel."""
+    `pick_backend`) names the prefix's kernel; `visible` is `tree_visibility` of tree_bits,
+    built here when not given."""
     b, hq, T, d = q.shape
     hkv = k.shape[1]
     if hq % hkv:
@@ -91,8 +100,8 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
     G = hq // hkv
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
     backend = backend or pick_backend(q.device)
-    # rows g * T + t of a KV head's folded queries: query head h = kv * G + g, tree node t
-    visible = unpack_visibility(tree_bits, T).repeat(1, G, 1)[:, None]        # [b, 1, G*T, T]
+    if visible is None:
+        visible = tree_visibility(tree_bits, T, G)
     if out is None:
         out = torch.empty(b, hq, T, v.shape[-1], dtype=q.dtype, device=q.device)
     for i, L in enumerate(lengths):

@@ -101,3 +101,16 @@ def test_bad_arguments_are_refused():
 
 def test_backend_by_device():
     assert vv.pick_backend(torch.device("cpu")) == "cpu"
+
+
+def test_a_mask_built_once_is_the_mask_used():
+    """`visible` given (as the kernel workload builds it, once outside the timed call) is what
+    the call masks with: the same as building it from tree_bits, and an all-visible one differs."""
+    lengths = [40]
+    q, k, v, bits = inputs(1, 4, 2, 9, 32, lengths, seed=13)
+    own = vv.tree_verify_attention(q, k, v, lengths, bits)
+    given = vv.tree_verify_attention(q, k, v, lengths, bits, visible=vv.tree_visibility(bits, 9, 2))
+    assert torch.equal(own, given)
+    everything = torch.ones(1, 1, 18, 9, dtype=torch.bool)
+    wrong = vv.tree_verify_attention(q, k, v, lengths, bits, visible=everything)
+    assert ref.relative_error(wrong, reference(q, k, v, lengths, bits)) > 1e-2

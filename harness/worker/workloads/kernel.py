@@ -224,9 +224,14 @@ def prepare(mode: str, pt: Point, inp: dict, out: torch.Tensor | None = None, *,
     if mode == "vendor":
         if pt.mla:
             raise NotImplementedError("vendor attends with one head dim for keys and values (not mla)")
-        from harness.kernels.verify import vendor_verify
-        prefixes = [int(L) for L in lengths.tolist()]     # sliced on the host, outside the timing
-        return lambda: vendor_verify.tree_verify_attention(q, k, v, prefixes, bits, scale, out=out)
+        from harness.kernels.verify import vendor_verify as vv
+        # decided once, outside the timed call: the prefixes (sliced on the host), the kernel,
+        # the tree mask (built once a forward, as a model's layers would share it)
+        prefixes = [int(L) for L in lengths.tolist()]
+        backend = vv.pick_backend(q.device)
+        visible = vv.tree_visibility(bits, T, G)
+        return lambda: vv.tree_verify_attention(q, k, v, prefixes, bits, scale, backend=backend,
+                                                visible=visible, out=out)
     if mode == "flex":                # the decode loop's flex path, block mask built here
         from harness.decode.flex_verify import flex_block_mask, flex_tree_verify
         block_mask = flex_block_mask(lengths, bits, T, n)
