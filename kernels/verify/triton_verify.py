@@ -70,7 +70,8 @@ def _split_kernel(
     stride_ob, stride_oh, stride_ot, stride_od,
     T, HKV, D, M_PAD, num_splits, min_chunk_tiles, qk_scale,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    SPLIT_BLOCK: tl.constexpr, MERGE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl.wait_then_release(PDL)
     pid_m = tl.program_id(0)
@@ -157,9 +158,11 @@ def _split_kernel(
         ticket = tl.atomic_add(Tickets + bh, 1, sem="acq_rel", scope="gpu")
         if ticket == num_splits:
             n_parts = tl.cdiv(n_tiles, chunk_tiles) + 1
-            _merge_partials(Acc, ML, Out, bh, bi, kvh, rows, n_parts,
+            # Its own rows (MERGE_ROWS, not the BLOCK_M of the dots) and a few splits a load:
+            # the whole [SPLIT_BLOCK, BLOCK_M, BLOCK_D] tile would spill the program's registers.
+            _merge_partials(Acc, ML, Out, bh, bi, kvh, tl.arange(0, MERGE_ROWS), n_parts,
                             stride_ob, stride_oh, stride_ot, stride_od, T, D, M_PAD, num_splits,
-                            G, BLOCK_D, SPLIT_BLOCK, ".cg")
+                            G, BLOCK_D, MERGE_SPLITS, ".cg")
             tl.store(Tickets + bh, 0)
 
 
@@ -304,7 +307,7 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
              # launch (a few KB of partials a KV head; _split_kernel). Larger row blocks keep the
              # combine: on one program a KV head, their merge was slower than the launch it
              # saved (kernels/NOTES.md, "The splits merged by their last CTA").
-             MERGE=decode)
+             MERGE=decode, MERGE_SPLITS=8)
     p.update(config or {})
     m_tiles = triton.cdiv(M, p["BLOCK_M"])
     if p["MERGE"] and m_tiles != 1:
@@ -337,6 +340,7 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
     else:
         min_chunk_tiles = 1      # the caller asked for exactly this many
     p.update(G=G, BLOCK_D=max(16, triton.next_power_of_2(d)), m_tiles=m_tiles,
+             MERGE_ROWS=max(2, triton.next_power_of_2(M)),
              M_PAD=m_tiles * p["BLOCK_M"], num_splits=num_splits, min_chunk_tiles=min_chunk_tiles)
     return p
 
@@ -401,19 +405,20 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
             or tickets.numel() < b * hkv):
         raise ValueError("workspace too small for these inputs (alloc_workspace with the same num_splits)")
     scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * LOG2E
-    tiles = dict(G=p["G"], BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"],
-                 SPLIT_BLOCK=min(32, triton.next_power_of_2(p["num_splits"] + 1)))
+    tiles = dict(G=p["G"], BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"])
 
     _split_kernel[(p["m_tiles"], p["num_splits"] + 1, b * hkv)](
         q, k, v, lengths, tree_bits, acc, ml, tickets, out,
         *q.stride(), *k.stride(), *v.stride(), *tree_bits.stride(), *out.stride(),
         T, hkv, d, p["M_PAD"], p["num_splits"], p["min_chunk_tiles"], scale,
-        **tiles, BLOCK_M=p["BLOCK_M"], MERGE=p["MERGE"],
+        **tiles, BLOCK_M=p["BLOCK_M"], MERGE=p["MERGE"], MERGE_ROWS=p["MERGE_ROWS"],
+        MERGE_SPLITS=p["MERGE_SPLITS"],
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=p["num_warps"], num_stages=p["num_stages"], **pdl.launch_options(q.device))
     if not p["MERGE"]:
         _combine_kernel[(triton.cdiv(T * p["G"], p["COMBINE_ROWS"]), b * hkv)](
             acc, ml, lengths, out, *out.stride(),
             T, hkv, d, p["M_PAD"], p["num_splits"], p["min_chunk_tiles"],
-            **tiles, ROWS=p["COMBINE_ROWS"], num_warps=4, **pdl.launch_options(q.device))
+            **tiles, SPLIT_BLOCK=min(32, triton.next_power_of_2(p["num_splits"] + 1)),
+            ROWS=p["COMBINE_ROWS"], num_warps=4, **pdl.launch_options(q.device))
     return out
