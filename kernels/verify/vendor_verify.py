@@ -9,8 +9,9 @@ it at that kernel's speed: cuDNN's on Hopper and later, FlashAttention-2's (torc
 other CUDA GPUs, torch's CPU flash kernel on a CPU. The G query heads of a KV head are folded
 into the query axis (one head of G x T rows a KV head, as the SDPA verify mode does), so the
 cache is read once a group and never expanded. The T tree keys, which a query sees when they
-are its ancestors, are a masked softmax over T columns in float32 with plain torch ops. The two
-parts are merged by their log-sum-exps:
+are its ancestors, are a masked softmax over T columns in float32 with plain torch ops. The
+prefix goes to the fused kernel as a batch of key ranges (`key_ranges`), whose outputs are merged
+the same way as the two parts are merged, by their log-sum-exps:
 
     lse = logaddexp(lse_prefix, lse_tree)
     out = exp(lse_prefix - lse) o_prefix + exp(lse_tree - lse) o_tree
@@ -36,6 +37,12 @@ import torch
 from harness.kernels.verify.verify_reference import unpack_visibility
 
 BACKENDS = ("cudnn", "flash", "cpu")
+# The prefix goes to the fused kernel as a batch of key ranges (split-KV without a kernel of our
+# own): one call over a 64k prefix gives cuDNN a grid of a few row tiles a KV head (754 µs at 65
+# tree tokens on an H200), where 16 ranges of 4k keys took 160.5 µs (kernels/NOTES.md, "Session
+# 38"). Ranges of at least RANGE_MIN_KEYS keys, at most MAX_RANGES of them.
+MAX_RANGES = 16
+RANGE_MIN_KEYS = 1024
 
 
 def pick_backend(device: torch.device) -> str:
@@ -65,6 +72,34 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     return out, lse.reshape(q.shape[:3]).float()      # cuDNN's is [b, h, M, 1]
 
 
+def key_ranges(n: int) -> int:
+    """How many key ranges a prefix of n keys is cut into (1 below 2 x RANGE_MIN_KEYS)."""
+    return max(1, min(MAX_RANGES, n // RANGE_MIN_KEYS))
+
+
+def ranged_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                            backend: str, ranges: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`prefix_attention` of q [1, h, M, d] over k, v [1, h, n, d] with the n keys cut into
+    `ranges` ranges of n // ranges keys, attended as one batch (views of the cache, no copy),
+    plus the n % ranges keys left as one more call; the parts merged by their log-sum-exps.
+    Returns (out float32 [1, h, M, d], lse float32 [1, h, M])."""
+    n = k.shape[2]
+    ranges = max(1, min(ranges, n))
+    c = n // ranges
+    main = ranges * c
+    # [h, ranges * c, d] -> [ranges, h, c, d]: range r is batch entry r, a strided view.
+    kr = k[0, :, :main].unflatten(1, (ranges, c)).transpose(0, 1)
+    vr = v[0, :, :main].unflatten(1, (ranges, c)).transpose(0, 1)
+    qr = q.expand(ranges, -1, -1, -1).contiguous()
+    outs, lses = prefix_attention(qr, kr, vr, scale, backend)
+    if main < n:
+        o_rest, lse_rest = prefix_attention(q, k[:, :, main:n], v[:, :, main:n], scale, backend)
+        outs, lses = torch.cat([outs, o_rest]), torch.cat([lses, lse_rest])
+    lse = torch.logsumexp(lses, 0, keepdim=True)                       # [1, h, M]
+    out = (torch.exp(lses - lse)[..., None] * outs.float()).sum(0, keepdim=True)
+    return out, lse
+
+
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """q [b, h, M, d] over the T tree keys k, v [b, h, T, d] where visible [b, 1, M, T] (every row
@@ -85,12 +120,12 @@ def tree_visibility(tree_bits: torch.Tensor, T: int, group: int) -> torch.Tensor
 def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
                           tree_bits: torch.Tensor, sm_scale: float | None = None, *,
                           backend: str | None = None, visible: torch.Tensor | None = None,
-                          out: torch.Tensor | None = None) -> torch.Tensor:
+                          ranges: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """q [b, Hq, T, d]; k, v [b, Hkv, S, d] (contiguous cache, S >= lengths[i] + T); lengths: each
     sequence's committed keys, as ints; tree_bits [b, T, ceil(T/32)] int32 (ancestor bitmasks).
     Returns [b, Hq, T, d] in q's dtype, written into `out` when given. `backend` (default
     `pick_backend`) names the prefix's kernel; `visible` is `tree_visibility` of tree_bits,
-    built here when not given."""
+    built here when not given; `ranges` the key ranges of each prefix (default `key_ranges`)."""
     b, hq, T, d = q.shape
     hkv = k.shape[1]
     if hq % hkv:
@@ -111,9 +146,10 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
         if L == 0:
             merged = o_tree
         else:
-            o_pre, lse_pre = prefix_attention(qg, k[i:i + 1, :, :L], v[i:i + 1, :, :L], scale, backend)
+            o_pre, lse_pre = ranged_prefix_attention(qg, k[i:i + 1, :, :L], v[i:i + 1, :, :L], scale,
+                                                     backend, ranges or key_ranges(L))
             lse = torch.logaddexp(lse_pre, lse_tree)
-            merged = (torch.exp(lse_pre - lse)[..., None] * o_pre.float()
+            merged = (torch.exp(lse_pre - lse)[..., None] * o_pre
                       + torch.exp(lse_tree - lse)[..., None] * o_tree)
         out[i:i + 1].copy_(merged.reshape(1, hq, T, -1))
     return out

@@ -114,3 +114,24 @@ def test_a_mask_built_once_is_the_mask_used():
     everything = torch.ones(1, 1, 18, 9, dtype=torch.bool)
     wrong = vv.tree_verify_attention(q, k, v, lengths, bits, visible=everything)
     assert ref.relative_error(wrong, reference(q, k, v, lengths, bits)) > 1e-2
+
+
+@pytest.mark.parametrize("n, ranges", [(70, 1), (70, 3), (64, 4), (5, 16), (4096, None)])
+def test_key_ranges_merge_to_the_whole_prefix(n, ranges):
+    """The prefix cut into key ranges (a batch of strided views of the cache, the keys left over
+    as one more call) and merged by log-sum-exp equals one call over the whole prefix, out and
+    log-sum-exp."""
+    g = torch.Generator().manual_seed(n)
+    q = torch.randn(1, 2, 9, 32, generator=g)
+    k = torch.randn(1, 2, n + 7, 32, generator=g)
+    v = torch.randn(1, 2, n + 7, 32, generator=g)
+    k[:, :, n:] = float("nan")           # keys past the prefix must not be read
+    scale = 1 / math.sqrt(32)
+    whole, lse_whole = vv.prefix_attention(q, k[:, :, :n], v[:, :, :n], scale, "cpu")
+    ranges = ranges or vv.key_ranges(n)
+    got, lse = vv.ranged_prefix_attention(q, k[:, :, :n], v[:, :, :n], scale, "cpu", ranges)
+    assert torch.allclose(got, whole, atol=1e-5) and torch.allclose(lse, lse_whole, atol=1e-5)
+
+
+def test_key_ranges_rule():
+    assert [vv.key_ranges(n) for n in (1, 1500, 2048, 4096, 16384, 65536, 131072)] == [1, 1, 2, 4, 16, 16, 16]
