@@ -256,8 +256,8 @@ def _finish_row(
     n = tl.where(fallback, KP, n)
     tl.debug_barrier()    # the fallback's candidate stores, visible to every thread below
 
-    # Rank by counting: rank(i) = #{j : v_j > v_i or (v_j == v_i and id_j < id_i)}. Ids are
-    # unique, so ranks are 0 .. n-1 and n >= k' of them: every output slot is written once.
+    # rank(i) = #{j : v_j > v_i or (v_j == v_i and id_j < id_i)}. Ids are unique, so ranks are
+    # 0 .. n-1 and n >= k' of them: every output slot is written once.
     if (n <= BJ) & (~fallback):
         # One block (the common case: ~1.3 k' candidates): the loaded slots sorted at once by a
         # packed key, value descending then id ascending, so a slot's place is its rank. A sort
@@ -271,6 +271,7 @@ def _finish_row(
         tl.store(OUT_LP + r64 * KP + j, (value - M) - log_s, mask=w)
         tl.store(OUT_ID + r64 * KP + j, ids.to(tl.int64), mask=w)
     else:
+        # By counting, BI candidates against every BJ (the fallback, or more than BJ candidates).
         for i0 in range(0, n, BI):
             i = i0 + tl.arange(0, BI)
             im = i < n
