@@ -351,7 +351,7 @@ class Workspace(NamedTuple):
     serves every layer of a forward and every replay of a graph that captured it."""
     acc: torch.Tensor        # float32 [parts * M_PAD * d]   unnormalised partial outputs
     ml: torch.Tensor         # float32 [parts * 2 * M_PAD]   their running max and sum
-    tickets: torch.Tensor    # int32 [b * kv_heads]          split programs finished (MERGE)
+    tickets: torch.Tensor    # int32 [b * kv_heads]          split programs finished (MERGE; else unused)
 
 
 def alloc_workspace(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
@@ -364,7 +364,11 @@ def alloc_workspace(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = N
     parts = b * hkv * (p["num_splits"] + 1)
     return Workspace(acc=torch.empty(parts * p["M_PAD"] * d, dtype=torch.float32, device=q.device),
                      ml=torch.empty(parts * 2 * p["M_PAD"], dtype=torch.float32, device=q.device),
-                     tickets=torch.zeros(b * hkv, dtype=torch.int32, device=q.device))
+                     # zeroed only where a plan merges: a memset node in every captured
+                     # forward of the verify's other shapes would buy nothing (one unused slot
+                     # there: the kernel takes a pointer)
+                     tickets=(torch.zeros(b * hkv, dtype=torch.int32, device=q.device) if p["MERGE"]
+                              else torch.empty(1, dtype=torch.int32, device=q.device)))
 
 
 def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
@@ -402,7 +406,7 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
     acc, ml, tickets = workspace
     parts = b * hkv * (p["num_splits"] + 1)
     if (acc.numel() < parts * p["M_PAD"] * d or ml.numel() < parts * 2 * p["M_PAD"]
-            or tickets.numel() < b * hkv):
+            or (p["MERGE"] and tickets.numel() < b * hkv)):
         raise ValueError("workspace too small for these inputs (alloc_workspace with the same num_splits)")
     scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * LOG2E
     tiles = dict(G=p["G"], BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"])
