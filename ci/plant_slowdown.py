@@ -26,7 +26,7 @@ from pathlib import Path
 
 MARK = "PLANTED_SLOWDOWN"
 VERIFY = Path("kernels") / "verify" / "triton_verify.py"
-VERIFY_ANCHOR = "    if not p[\"MERGE\"]:\n        _combine_kernel["
+VERIFY_ANCHOR = "    _combine_kernel[(triton.cdiv(T * p[\"G\"], p[\"COMBINE_ROWS\"]), b * hkv)]("
 VERIFY_SPLIT_CALL = "    _split_kernel[(p[\"m_tiles\"], p[\"num_splits\"] + 1, b * hkv)]("
 TOPK = Path("kernels") / "tree" / "triton_topk.py"
 TOPK_DEF = "\ndef topk_logprobs("

@@ -46,17 +46,6 @@ class Mask:
     kernels: Kernels = Kernels()  # which kernels run this forward (the attention: .verify)
     bits: torch.Tensor | None = None   # [b, T, W] int32 ancestor bitmasks (made on demand)
     _bias: dict = field(default_factory=dict, repr=False)
-    _workspace: dict = field(default_factory=dict, repr=False)
-
-    def triton_workspace(self, q: torch.Tensor, k: torch.Tensor):
-        """The Triton verify's split workspace, one a forward for every layer (their calls run one
-        after another on one stream, and each leaves its tickets at zero): a captured step
-        allocates and zeroes it once, not once a layer."""
-        from harness.kernels.verify import triton_verify
-        key = (tuple(q.shape), q.dtype, tuple(k.shape))
-        if key not in self._workspace:
-            self._workspace[key] = triton_verify.alloc_workspace(q, k)
-        return self._workspace[key]
 
     def dense(self) -> torch.Tensor:
         """[b, 1, T, kv_len] bool: True where query i may attend key j."""
@@ -99,8 +88,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
     if out is not None:
         if verify == "triton":
             from harness.kernels.verify.triton_verify import tree_verify_attention
-            return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out,
-                                         workspace=mask.triton_workspace(q, k))
+            return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out)
         if verify == "custom":
             from harness.kernels.verify.custom_verify import tree_verify_attention
             return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(), out=out,
@@ -118,8 +106,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask,
         return out.reshape(b, h, T, d)
     if verify == "triton":
         from harness.kernels.verify.triton_verify import tree_verify_attention
-        return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(),
-                                     workspace=mask.triton_workspace(q, k))
+        return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits())
     if verify == "custom":
         from harness.kernels.verify.custom_verify import tree_verify_attention
         return tree_verify_attention(q, k, v, mask.lengths, mask.tree_bits(),

@@ -1,7 +1,7 @@
 """Top-k log-probs of drafter logits in Triton: `topk(logits, k) - logsumexp(logits)` per row.
 
 For logits [..., V] (V = 151936, rows = b x D drafted positions) this replaces torch.topk +
-torch.logsumexp (~124 µs on an H200 at b=2, D=15, k=64) with two launches that read the
+torch.logsumexp (~124 µs on an H200 at b=2, D=15, k=64) with three launches that read the
 logits twice (once from HBM, once from L2), with no host sync and no allocation other than the
 outputs and the workspace, so a CUDA graph can capture it.
 
@@ -15,10 +15,8 @@ outputs and the workspace, so a CUDA graph can capture it.
      candidate counter, so every call (and graph replay) starts clean.
   2. `_gather_kernel`, same grid: each program reads its span again (from L2) and appends its
      (value, id) pairs with value >= t to the row's candidate buffer of CAP slots, each taking
-     its slot with an atomic add on the row's counter. The row's last program to finish (the
-     arrival counter again, reset again by that program) then finishes the row (`_finish_row`):
-     no third launch.
-  3. `_finish_row`: logsumexp from the partials; then each candidate's
+     its slot with an atomic add on the row's counter.
+  3. `_finish_kernel`, one program per row: logsumexp from the partials; then each candidate's
      rank = #candidates that precede it in (value desc, id asc), and those with rank < k' are
      written at their rank. Ties are thus broken by lower token id, deterministically.
      More than CAP candidates (all-equal rows, heavy ties, adversarial layouts), or fewer than
@@ -50,8 +48,6 @@ from harness.kernels import pdl
 # Order-preserving int32 keys of float32 values (see _key): the keys of -inf and +inf.
 KEY_NEG_INF = tl.constexpr(-2139095041)
 KEY_POS_INF = tl.constexpr(2139095040)
-# Below every packed (key, id) of _finish_row's sort: the empty slots sort last.
-KEY64_EMPTY = tl.constexpr(-2**63)
 
 MAX_CHUNKS = 4096     # chunk maxima per row: the last stats program holds them in registers
 MIN_CAP = 2048        # candidate slots per row (at least k'): past this, the exact fallback
@@ -123,10 +119,9 @@ def _stats_kernel(
 
 @triton.jit
 def _gather_kernel(
-    X, THRESH, COUNT, CAND_V, CAND_I, ARRIVE, PART_M, PART_S, OUT_LP, OUT_ID,
-    V, n1, stride0, stride1, P, KP, CAP,
-    BLOCK: tl.constexpr, PB: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, FB: tl.constexpr,
-    PDL: tl.constexpr,
+    X, THRESH, COUNT, CAND_V, CAND_I,
+    V, n1, stride0, stride1, CAP,
+    BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl.wait_then_release(PDL)
     p = tl.program_id(0)
@@ -140,22 +135,11 @@ def _gather_kernel(
     hit = in_row & (x >= t)
     # One atomic per passing element for its slot, no block-wide count and scan: a span holds
     # ~1 of the row's ~1.2 k' passing elements, so nearly every program had to run the scan
-    # (the order of the slots does not matter: _finish_row ranks them).
+    # (the order of the slots does not matter: _finish_kernel ranks them).
     pos = tl.atomic_add(COUNT + row + tl.zeros([BLOCK], tl.int32), 1, mask=hit, sem="relaxed")
-    keep = hit & (pos < CAP)            # past CAP: only counted (_finish_row's fallback)
+    keep = hit & (pos < CAP)            # past CAP: only counted (_finish_kernel's fallback)
     tl.store(CAND_V + r64 * CAP + pos, x, mask=keep)
     tl.store(CAND_I + r64 * CAP + pos, offs, mask=keep)
-
-    # The row's last program to finish ranks its candidates (no third launch). Every thread's
-    # stores above, then one release by the atomic; _finish_row reads the candidates and the
-    # count past L1 (.cg). The stats kernel's last program left the arrival counter at 0; this
-    # one puts it back to 0 for the next call or graph replay.
-    tl.debug_barrier()
-    arrived = tl.atomic_add(ARRIVE + row, 1, sem="acq_rel", scope="gpu")
-    if arrived == P - 1:
-        _finish_row(X, row, PART_M, PART_S, COUNT, CAND_V, CAND_I, OUT_LP, OUT_ID,
-                    V, n1, stride0, stride1, P, KP, CAP, PB, BI, BJ, FB)
-        tl.store(ARRIVE + row, 0)
 
 
 @triton.jit
@@ -211,13 +195,13 @@ def _rank_block(vi, ii, vj, ij, jm):
 
 
 @triton.jit
-def _finish_row(
-    X, row, PART_M, PART_S, COUNT, CAND_V, CAND_I, OUT_LP, OUT_ID,
+def _finish_kernel(
+    X, PART_M, PART_S, COUNT, CAND_V, CAND_I, OUT_LP, OUT_ID,
     V, n1, stride0, stride1, P, KP, CAP,
-    PB: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, FB: tl.constexpr,
+    PB: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, FB: tl.constexpr, PDL: tl.constexpr,
 ):
-    """The row's log-probs and ids from its candidates: run by the last gather program of the
-    row, so what other programs wrote (the count, the candidates) is read past L1 (.cg)."""
+    pdl.wait_then_release(PDL)
+    row = tl.program_id(0)
     r64 = row.to(tl.int64)
     cand_v = CAND_V + r64 * CAP
     cand_i = CAND_I + r64 * CAP
@@ -226,10 +210,10 @@ def _finish_row(
     # count, the first BJ candidate slots (slots past the count hold anything and are masked
     # below) and the first PB span partials. The program is a chain of global round trips
     # otherwise (6.6 us for 15 rows with the count, partials and candidates loaded in turn).
-    n = tl.load(COUNT + row, cache_modifier=".cg")
+    n = tl.load(COUNT + row)
     j = tl.arange(0, BJ)
-    vj0 = tl.load(cand_v + j, mask=j < CAP, other=0.0, cache_modifier=".cg")
-    ij0 = tl.load(cand_i + j, mask=j < CAP, other=0, cache_modifier=".cg")
+    vj0 = tl.load(cand_v + j, mask=j < CAP, other=0.0)
+    ij0 = tl.load(cand_i + j, mask=j < CAP, other=0)
     o = tl.arange(0, PB)
     m = tl.load(PART_M + r64 * P + o, mask=o < P, other=float("-inf"))
     s = tl.load(PART_S + r64 * P + o, mask=o < P, other=0.0)
@@ -256,33 +240,27 @@ def _finish_row(
     n = tl.where(fallback, KP, n)
     tl.debug_barrier()    # the fallback's candidate stores, visible to every thread below
 
-    # rank(i) = #{j : v_j > v_i or (v_j == v_i and id_j < id_i)}. Ids are unique, so ranks are
-    # 0 .. n-1 and n >= k' of them: every output slot is written once.
+    # Rank by counting: rank(i) = #{j : v_j > v_i or (v_j == v_i and id_j < id_i)}. Ids are
+    # unique, so ranks are 0 .. n-1 and n >= k' of them: every output slot is written once.
     if (n <= BJ) & (~fallback):
-        # One block (the common case: ~1.3 k' candidates): the loaded slots sorted at once by a
-        # packed key, value descending then id ascending, so a slot's place is its rank. A sort
-        # holds a few registers a thread where the [BJ, BJ] count held ~BJ: this runs at the end
-        # of a gather program, whose occupancy it must not cut.
-        packed = (_key(vj0).to(tl.int64) << 32) | (0x7FFFFFFF - ij0).to(tl.int64)
-        ordered = tl.sort(tl.where(j < n, packed, KEY64_EMPTY), descending=True)
-        value = _unkey((ordered >> 32).to(tl.int32))
-        ids = 0x7FFFFFFF - (ordered & 0x7FFFFFFF).to(tl.int32)
-        w = j < KP                      # n >= k' here, so every one of the first k' is a candidate
-        tl.store(OUT_LP + r64 * KP + j, (value - M) - log_s, mask=w)
-        tl.store(OUT_ID + r64 * KP + j, ids.to(tl.int64), mask=w)
+        # One block (the common case: ~1.3 k' candidates): rank the loaded slots among themselves.
+        jm = j < n
+        rank = _rank_block(vj0, ij0, vj0, ij0, jm)
+        w = jm & (rank < KP)
+        tl.store(OUT_LP + r64 * KP + rank, (vj0 - M) - log_s, mask=w)
+        tl.store(OUT_ID + r64 * KP + rank, ij0.to(tl.int64), mask=w)
     else:
-        # By counting, BI candidates against every BJ (the fallback, or more than BJ candidates).
         for i0 in range(0, n, BI):
             i = i0 + tl.arange(0, BI)
             im = i < n
-            vi = tl.load(cand_v + i, mask=im, other=0.0, cache_modifier=".cg")
-            ii = tl.load(cand_i + i, mask=im, other=0, cache_modifier=".cg")
+            vi = tl.load(cand_v + i, mask=im, other=0.0)
+            ii = tl.load(cand_i + i, mask=im, other=0)
             rank = tl.zeros([BI], tl.int32)
             for j0 in range(0, n, BJ):
                 jj = j0 + tl.arange(0, BJ)
                 jm = jj < n
-                vj = tl.load(cand_v + jj, mask=jm, other=0.0, cache_modifier=".cg")
-                ij = tl.load(cand_i + jj, mask=jm, other=0, cache_modifier=".cg")
+                vj = tl.load(cand_v + jj, mask=jm, other=0.0)
+                ij = tl.load(cand_i + jj, mask=jm, other=0)
                 rank += _rank_block(vi, ii, vj, ij, jm)
             w = im & (rank < KP)
             tl.store(OUT_LP + r64 * KP + rank, (vi - M) - log_s, mask=w)
@@ -302,7 +280,7 @@ class Workspace:
     part_s: torch.Tensor      # float32 [rows * P]     span sum exp(x - max)
     thresh: torch.Tensor      # float32 [rows]
     count: torch.Tensor       # int32 [rows]           candidates appended
-    arrive: torch.Tensor      # int32 [rows]           stats, then gather programs finished
+    arrive: torch.Tensor      # int32 [rows]           stats programs finished
     cand_v: torch.Tensor      # float32 [rows * CAP]
     cand_i: torch.Tensor      # int32 [rows * CAP]
 
@@ -315,7 +293,7 @@ def _interpreting() -> bool:
 def plan(V: int, k: int, config: dict | None = None) -> dict:
     """Tile sizes for rows of V logits and top-k (host only, no device work).
     `config` overrides BLOCK (elements per program, power of 2), SUB (chunks per program),
-    CAP (candidate slots per row), num_warps (for tuning and tests)."""
+    CAP (candidate slots per row), num_warps / finish_warps (for tuning and tests)."""
     if V < 1 or k < 1:
         raise ValueError(f"need V >= 1 and k >= 1 (got V={V}, k={k})")
     config = dict(config or {})
@@ -338,8 +316,8 @@ def plan(V: int, k: int, config: dict | None = None) -> dict:
     C = P * sub
     cap = max(config.pop("CAP", None) or MIN_CAP, kp)
     p = dict(V=V, kp=kp, BLOCK=block, SUB=sub, P=P, C=C, CP=triton.next_power_of_2(C), CAP=cap,
-             PB=min(1024, triton.next_power_of_2(P)), BI=16, BJ=128, FB=1024,
-             num_warps=4)
+             PB=min(1024, triton.next_power_of_2(P)), BI=64, BJ=128, FB=1024,
+             num_warps=4, finish_warps=8)
     p.update(config)
     return p
 
@@ -381,7 +359,7 @@ def topk_logprobs(logits: torch.Tensor, k: int,
     """(log_probs float32 [..., k'], ids int64 [..., k']), k' = min(k, V), of logits [..., V]
     (float32 / bf16 / fp16, last dim contiguous): rows sorted descending, ties by lower id,
     log_probs = topk - logsumexp over the whole row. Written into `out` (contiguous) when given;
-    `workspace` from `alloc_workspace` with the same k and config. Two launches, no sync."""
+    `workspace` from `alloc_workspace` with the same k and config. Three launches, no sync."""
     if logits.dim() < 1:
         raise ValueError("logits need a vocabulary dimension")
     if logits.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -422,8 +400,11 @@ def topk_logprobs(logits: torch.Tensor, k: int,
         V, n1, s0, s1, p["P"], kp,
         BLOCK=p["BLOCK"], SUB=p["SUB"], CP=p["CP"], num_warps=p["num_warps"], **launch)
     _gather_kernel[grid](
-        logits, ws.thresh, ws.count, ws.cand_v, ws.cand_i, ws.arrive, ws.part_m, ws.part_s, lp, ids,
+        logits, ws.thresh, ws.count, ws.cand_v, ws.cand_i,
+        V, n1, s0, s1, p["CAP"],
+        BLOCK=p["BLOCK"], num_warps=p["num_warps"], **launch)
+    _finish_kernel[(rows,)](
+        logits, ws.part_m, ws.part_s, ws.count, ws.cand_v, ws.cand_i, lp, ids,
         V, n1, s0, s1, p["P"], kp, p["CAP"],
-        BLOCK=p["BLOCK"], PB=p["PB"], BI=p["BI"], BJ=p["BJ"], FB=p["FB"],
-        num_warps=p["num_warps"], **launch)
+        PB=p["PB"], BI=p["BI"], BJ=p["BJ"], FB=p["FB"], num_warps=p["finish_warps"], **launch)
     return lp, ids

@@ -14,9 +14,7 @@ Shapes are small in the query dimension (T = 1 + N, N <= 256) and long in the ke
     b * kv_heads). Chunks are cut from lengths[b] on the device, so nothing is synced to the
     host and programs whose chunk lies beyond lengths[b] store nothing. Split 0 is the tree chunk.
   - Each program keeps an fp32 online softmax (m, l, acc) and writes it, unnormalised, to a
-    workspace; `_combine_kernel` merges the partials with a log-sum-exp rescale and writes the
-    output. Plain decoding (one query row a head) has no combine launch: the last of a KV head's
-    programs to finish (a ticket per KV head in the workspace) merges its few KB of partials.
+    workspace; `_combine_kernel` merges the partials with a log-sum-exp rescale and writes the output.
 
 No host syncs and no allocations other than the output and the workspace (both can be passed
 in), so a call can be captured in a CUDA graph. Kernels are dtype-generic (fp16 / bf16 / fp32 via
@@ -30,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple
 
 import torch
 import triton
@@ -62,15 +59,13 @@ def _attend_tile(q, kT_ptrs, v_ptrs, visible, m_i, l_i, acc, load_mask_kT, load_
 
 @triton.jit
 def _split_kernel(
-    Q, K, V, Lengths, Bits, Acc, ML, Tickets, Out,
+    Q, K, V, Lengths, Bits, Acc, ML,
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
     stride_bb, stride_bt, stride_bw,
-    stride_ob, stride_oh, stride_ot, stride_od,
     T, HKV, D, M_PAD, num_splits, min_chunk_tiles, qk_scale,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl.wait_then_release(PDL)
@@ -149,51 +144,47 @@ def _split_kernel(
     acc_ptrs = Acc + (part * M_PAD + rows[:, None]) * D + offs_d[None, :]
     tl.store(acc_ptrs, acc, mask=store_ok[:, None] & d_ok[None, :])
 
-    if MERGE:
-        # The last of a KV head's num_splits + 1 programs to finish merges their partials, in
-        # place of the combine launch (plain decoding: one row block, a few KB of partials). Every
-        # thread's stores above, then one release by the ticket; the merge reads past L1 (.cg).
-        # The last program puts the ticket back to 0 for the next call or graph replay.
-        tl.debug_barrier()
-        ticket = tl.atomic_add(Tickets + bh, 1, sem="acq_rel", scope="gpu")
-        if ticket == num_splits:
-            n_parts = tl.cdiv(n_tiles, chunk_tiles) + 1
-            # Its own rows (MERGE_ROWS, not the BLOCK_M of the dots) and a few splits a load:
-            # the whole [SPLIT_BLOCK, BLOCK_M, BLOCK_D] tile would spill the program's registers.
-            _merge_partials(Acc, ML, Out, bh, bi, kvh, tl.arange(0, MERGE_ROWS), n_parts,
-                            stride_ob, stride_oh, stride_ot, stride_od, T, D, M_PAD, num_splits,
-                            G, BLOCK_D, MERGE_SPLITS, ".cg")
-            tl.store(Tickets + bh, 0)
-
 
 @triton.jit
-def _merge_partials(Acc, ML, Out, bh, bi, kvh, rows, n_parts,
-                    stride_ob, stride_oh, stride_ot, stride_od, T, D, M_PAD, num_splits,
-                    G: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
-                    CACHE: tl.constexpr):
-    """Merge the n_parts partials (the tree chunk + the prefix splits with keys) of `rows` of KV
-    head bh with a log-sum-exp rescale and write them to Out. All of a block of splits' partials
-    are loaded at once as a [SPLIT_BLOCK, rows, BLOCK_D] tile: a few wide independent loads
-    rather than a chain of dependent ones."""
-    t = rows // G                                      # row = t * G + g, as in _split_kernel
+def _combine_kernel(
+    Acc, ML, Lengths, Out,
+    stride_ob, stride_oh, stride_ot, stride_od,
+    T, HKV, D, M_PAD, num_splits, min_chunk_tiles,
+    G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
+    ROWS: tl.constexpr, PDL: tl.constexpr,
+):
+    # ROWS output rows per program, all of their partials loaded at once as a
+    # [SPLIT_BLOCK, ROWS, BLOCK_D] tile: a few wide independent loads rather than a chain of
+    # dependent ones, so the combine stays small next to the split kernel even at 4k context.
+    pdl.wait_then_release(PDL)
+    pid_r = tl.program_id(0)
+    bh = tl.program_id(1)
+    bi = (bh // HKV).to(tl.int64)
+    kvh = (bh % HKV).to(tl.int64)
+    L = tl.load(Lengths + bi).to(tl.int32)
+    n_tiles = tl.cdiv(L, BLOCK_N)
+    chunk_tiles = tl.maximum(tl.cdiv(n_tiles, num_splits), min_chunk_tiles)
+    n_parts = tl.cdiv(n_tiles, chunk_tiles) + 1        # the tree chunk + prefix splits with keys
+
+    rows = pid_r * ROWS + tl.arange(0, ROWS)           # row = t * G + g, as in _split_kernel
+    t = rows // G
     g = rows % G
     row_ok = t < T
     offs_s = tl.arange(0, SPLIT_BLOCK)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    m = tl.full(rows.shape, float("-inf"), dtype=tl.float32)
-    l = tl.zeros(rows.shape, dtype=tl.float32)
-    acc = tl.zeros([rows.shape[0], BLOCK_D], dtype=tl.float32)
+    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     for s0 in range(0, n_parts, SPLIT_BLOCK):
         split = s0 + offs_s
         ok = (split < n_parts)[:, None] & row_ok[None, :]                     # [S, R]
         part = bh.to(tl.int64) * (num_splits + 1) + split
         ml_off = (part * 2)[:, None] * M_PAD + rows[None, :]
-        m_s = tl.load(ML + ml_off, mask=ok, other=float("-inf"), cache_modifier=CACHE)
-        l_s = tl.load(ML + ml_off + M_PAD, mask=ok, other=0.0, cache_modifier=CACHE)
+        m_s = tl.load(ML + ml_off, mask=ok, other=float("-inf"))
+        l_s = tl.load(ML + ml_off + M_PAD, mask=ok, other=0.0)
         acc_off = ((part[:, None] * M_PAD + rows[None, :]) * D)[:, :, None] + offs_d[None, None, :]
-        acc_s = tl.load(Acc + acc_off, mask=ok[:, :, None] & d_ok[None, None, :], other=0.0,
-                        cache_modifier=CACHE)
+        acc_s = tl.load(Acc + acc_off, mask=ok[:, :, None] & d_ok[None, None, :], other=0.0)
         m_new = tl.maximum(m, tl.max(m_s, 0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         w_old = tl.math.exp2(m - m_safe)
@@ -206,29 +197,6 @@ def _merge_partials(Acc, ML, Out, bh, bi, kvh, rows, n_parts,
     o_ptrs = (Out + bi * stride_ob + (kvh * G + g)[:, None] * stride_oh + t[:, None] * stride_ot
               + offs_d[None, :] * stride_od)
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-
-
-@triton.jit
-def _combine_kernel(
-    Acc, ML, Lengths, Out,
-    stride_ob, stride_oh, stride_ot, stride_od,
-    T, HKV, D, M_PAD, num_splits, min_chunk_tiles,
-    G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
-    ROWS: tl.constexpr, PDL: tl.constexpr,
-):
-    pdl.wait_then_release(PDL)
-    pid_r = tl.program_id(0)
-    bh = tl.program_id(1)
-    bi = (bh // HKV).to(tl.int64)
-    kvh = (bh % HKV).to(tl.int64)
-    L = tl.load(Lengths + bi).to(tl.int32)
-    n_tiles = tl.cdiv(L, BLOCK_N)
-    chunk_tiles = tl.maximum(tl.cdiv(n_tiles, num_splits), min_chunk_tiles)
-    n_parts = tl.cdiv(n_tiles, chunk_tiles) + 1        # the tree chunk + prefix splits with keys
-    rows = pid_r * ROWS + tl.arange(0, ROWS)
-    _merge_partials(Acc, ML, Out, bh, bi, kvh, rows, n_parts,
-                    stride_ob, stride_oh, stride_ot, stride_od, T, D, M_PAD, num_splits,
-                    G, BLOCK_D, SPLIT_BLOCK, "")
 
 
 @functools.lru_cache(maxsize=None)
@@ -277,8 +245,7 @@ def splits_by_waves(n_tiles: int, tree_tiles: int, per_split: int, slots: int, c
 def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
          config: dict | None = None) -> dict:
     """Tile sizes, number of prefix splits and workspace shape for these inputs (host only).
-    `config` overrides BLOCK_M, BLOCK_N, num_warps, num_stages, COMBINE_ROWS or MERGE (for tuning
-    and tests)."""
+    `config` overrides BLOCK_M, BLOCK_N, num_warps, num_stages or COMBINE_ROWS (for tuning)."""
     b, hq, T, d = q.shape
     hkv, S = k.shape[1], k.shape[2]
     G = hq // hkv
@@ -302,16 +269,9 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
              num_warps=8 if fp32 or block_m * max(d, 64) >= 128 * 128 else 4,
              num_stages=1 if fp32 else 2 if wide else 3,
              # The interpreter pays per program: give it a few big combine programs.
-             COMBINE_ROWS=16 if _interpreting() else 1,
-             # Plain decoding merges its splits in the last split program instead of a combine
-             # launch (a few KB of partials a KV head; _split_kernel). Larger row blocks keep the
-             # combine: on one program a KV head, their merge was slower than the launch it
-             # saved (kernels/NOTES.md, "The splits merged by their last CTA").
-             MERGE=decode, MERGE_SPLITS=8)
+             COMBINE_ROWS=16 if _interpreting() else 1)
     p.update(config or {})
     m_tiles = triton.cdiv(M, p["BLOCK_M"])
-    if p["MERGE"] and m_tiles != 1:
-        raise ValueError(f"MERGE takes one row block a KV head ({M} rows in blocks of {p['BLOCK_M']})")
     if num_splits is None:
         # No split shorter than MIN_CHUNK keys, and (measured on the H200: kernels/NOTES.md,
         # "The Triton verify's split count"):
@@ -340,35 +300,20 @@ def plan(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
     else:
         min_chunk_tiles = 1      # the caller asked for exactly this many
     p.update(G=G, BLOCK_D=max(16, triton.next_power_of_2(d)), m_tiles=m_tiles,
-             MERGE_ROWS=max(2, triton.next_power_of_2(M)),
              M_PAD=m_tiles * p["BLOCK_M"], num_splits=num_splits, min_chunk_tiles=min_chunk_tiles)
     return p
 
 
-class Workspace(NamedTuple):
-    """Scratch of one plan. `acc` and `ml` may hold anything between calls; `tickets` must be zero
-    (alloc_workspace zeroes them and every completed call leaves them zero), so one workspace
-    serves every layer of a forward and every replay of a graph that captured it."""
-    acc: torch.Tensor        # float32 [parts * M_PAD * d]   unnormalised partial outputs
-    ml: torch.Tensor         # float32 [parts * 2 * M_PAD]   their running max and sum
-    tickets: torch.Tensor    # int32 [b * kv_heads]          split programs finished (MERGE; else unused)
-
-
 def alloc_workspace(q: torch.Tensor, k: torch.Tensor, num_splits: int | None = None,
-                    config: dict | None = None) -> Workspace:
-    """The split-KV workspace for inputs shaped like q, k: allocate it once (outside a CUDA graph,
-    or once a forward: its tickets are zeroed here) and pass it as `workspace=` with the same
-    num_splits and config."""
+                    config: dict | None = None):
+    """The split-KV workspace (partial acc and m/l, fp32) for inputs shaped like q, k: allocate it
+    once (outside a CUDA graph) and pass it as `workspace=` with the same num_splits and config."""
     p = plan(q, k, num_splits, config)
     b, hkv, d = q.shape[0], k.shape[1], q.shape[3]
     parts = b * hkv * (p["num_splits"] + 1)
-    return Workspace(acc=torch.empty(parts * p["M_PAD"] * d, dtype=torch.float32, device=q.device),
-                     ml=torch.empty(parts * 2 * p["M_PAD"], dtype=torch.float32, device=q.device),
-                     # zeroed only where a plan merges: a memset node in every captured
-                     # forward of the verify's other shapes would buy nothing (one unused slot
-                     # there: the kernel takes a pointer)
-                     tickets=(torch.zeros(b * hkv, dtype=torch.int32, device=q.device) if p["MERGE"]
-                              else torch.empty(1, dtype=torch.int32, device=q.device)))
+    acc = torch.empty(parts * p["M_PAD"] * d, dtype=torch.float32, device=q.device)
+    ml = torch.empty(parts * 2 * p["M_PAD"], dtype=torch.float32, device=q.device)
+    return acc, ml
 
 
 def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
@@ -403,26 +348,23 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
         out = torch.empty(b, hq, T, d, dtype=q.dtype, device=q.device)
     if workspace is None:
         workspace = alloc_workspace(q, k, num_splits, config)
-    acc, ml, tickets = workspace
+    acc, ml = workspace
     parts = b * hkv * (p["num_splits"] + 1)
-    if (acc.numel() < parts * p["M_PAD"] * d or ml.numel() < parts * 2 * p["M_PAD"]
-            or (p["MERGE"] and tickets.numel() < b * hkv)):
+    if acc.numel() < parts * p["M_PAD"] * d or ml.numel() < parts * 2 * p["M_PAD"]:
         raise ValueError("workspace too small for these inputs (alloc_workspace with the same num_splits)")
     scale = (sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)) * LOG2E
-    tiles = dict(G=p["G"], BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"])
+    tiles = dict(G=p["G"], BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"])
 
     _split_kernel[(p["m_tiles"], p["num_splits"] + 1, b * hkv)](
-        q, k, v, lengths, tree_bits, acc, ml, tickets, out,
-        *q.stride(), *k.stride(), *v.stride(), *tree_bits.stride(), *out.stride(),
+        q, k, v, lengths, tree_bits, acc, ml,
+        *q.stride(), *k.stride(), *v.stride(), *tree_bits.stride(),
         T, hkv, d, p["M_PAD"], p["num_splits"], p["min_chunk_tiles"], scale,
-        **tiles, BLOCK_M=p["BLOCK_M"], MERGE=p["MERGE"], MERGE_ROWS=p["MERGE_ROWS"],
-        MERGE_SPLITS=p["MERGE_SPLITS"],
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+        **tiles, DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=p["num_warps"], num_stages=p["num_stages"], **pdl.launch_options(q.device))
-    if not p["MERGE"]:
-        _combine_kernel[(triton.cdiv(T * p["G"], p["COMBINE_ROWS"]), b * hkv)](
-            acc, ml, lengths, out, *out.stride(),
-            T, hkv, d, p["M_PAD"], p["num_splits"], p["min_chunk_tiles"],
-            **tiles, SPLIT_BLOCK=min(32, triton.next_power_of_2(p["num_splits"] + 1)),
-            ROWS=p["COMBINE_ROWS"], num_warps=4, **pdl.launch_options(q.device))
+    _combine_kernel[(triton.cdiv(T * p["G"], p["COMBINE_ROWS"]), b * hkv)](
+        acc, ml, lengths, out, *out.stride(),
+        T, hkv, d, p["M_PAD"], p["num_splits"], p["min_chunk_tiles"],
+        G=p["G"], BLOCK_N=p["BLOCK_N"], BLOCK_D=p["BLOCK_D"],
+        SPLIT_BLOCK=min(32, triton.next_power_of_2(p["num_splits"] + 1)),
+        ROWS=p["COMBINE_ROWS"], num_warps=4, **pdl.launch_options(q.device))
     return out

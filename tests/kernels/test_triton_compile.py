@@ -156,21 +156,23 @@ def test_pdl_kernels_wait_before_any_access(arch):
     assert wait < release < ptx.index("st.global")
 
 
+
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("merge", [False, True])
-def test_verify_split_kernel_compiles(arch, merge):
-    """Plain decoding's plan (4 query rows a KV head, 128-key tiles); with MERGE the last split
-    program of a KV head draws its ticket by an acq_rel atomic at GPU scope after a block barrier
-    and reads the other programs' partials past L1."""
+@pytest.mark.parametrize("T", [1, 65])
+def test_verify_kernels_compile(arch, T):
+    """The Triton verify's split and combine kernels with the plans of plain decoding (4 query rows
+    a KV head, 128-key tiles) and of 65 tree tokens (64-row blocks, 64-key tiles)."""
     from harness.kernels.verify import triton_verify
+    block_m, block_n = (16, 128) if T == 1 else (64, 64)
     fn = triton_verify._split_kernel
     ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Lengths": "*i64", "Bits": "*i32",
-            "Acc": "*fp32", "ML": "*fp32", "Tickets": "*i32", "Out": "*bf16"}
+            "Acc": "*fp32", "ML": "*fp32"}
     k = compile_for(fn, arch, typed(fn, ptrs, floats=("qk_scale",)),
-                    dict(G=4, BLOCK_M=16, BLOCK_N=128, BLOCK_D=128, MERGE=merge, MERGE_ROWS=4,
-                         MERGE_SPLITS=8, DOT_PRECISION=None, PDL=True), num_warps=4)
-    ptx = k.asm["ptx"]
+                    dict(G=4, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=128, DOT_PRECISION=None,
+                         PDL=True), num_warps=4)
     assert k.asm["cubin"]
-    assert ("atom.global.gpu.acq_rel.add" in ptx) == merge
-    if merge:
-        assert "bar.sync" in ptx and "ld.global.cg" in ptx
+    fn = triton_verify._combine_kernel
+    ptrs = {"Acc": "*fp32", "ML": "*fp32", "Lengths": "*i64", "Out": "*bf16"}
+    k = compile_for(fn, arch, typed(fn, ptrs), dict(G=4, BLOCK_N=block_n, BLOCK_D=128, SPLIT_BLOCK=16,
+                                                    ROWS=1, PDL=True), num_warps=4)
+    assert k.asm["cubin"]

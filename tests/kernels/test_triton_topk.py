@@ -301,8 +301,9 @@ def test_kernels_compile_for_the_gpu(arch, k):
     ptr = {"X": "*bf16", "COUNT": "*i32", "ARRIVE": "*i32", "CAND_I": "*i32", "OUT_ID": "*i64"}
     for fn, constexprs, warps in (
             (triton_topk._stats_kernel, dict(BLOCK=p["BLOCK"], SUB=p["SUB"], CP=p["CP"]), p["num_warps"]),
-            (triton_topk._gather_kernel, dict(BLOCK=p["BLOCK"], PB=p["PB"], BI=p["BI"], BJ=p["BJ"],
-                                              FB=p["FB"]), p["num_warps"])):
+            (triton_topk._gather_kernel, dict(BLOCK=p["BLOCK"]), p["num_warps"]),
+            (triton_topk._finish_kernel, dict(PB=p["PB"], BI=p["BI"], BJ=p["BJ"], FB=p["FB"]),
+             p["finish_warps"])):
         pointers = fn.arg_names[:fn.arg_names.index("V")]     # the tensors come first
         sig = {n: "constexpr" if n in constexprs else ptr.get(n, "*fp32") if n in pointers else
                "i64" if n.startswith("stride") else "i32" for n in fn.arg_names}

@@ -92,8 +92,8 @@ def run_poisoned(interp, q, k, v, lengths, vis, num_splits=None, config=None):
     b, hq, T, d = q.shape
     out = torch.full((b, hq, T, d), float("nan"), dtype=q.dtype)
     ws = triton_verify.alloc_workspace(q, k, num_splits, config)
-    ws.acc.fill_(float("nan"))
-    ws.ml.fill_(float("nan"))
+    for w in ws:
+        w.fill_(float("nan"))
     res = call(interp, triton_verify.tree_verify_attention, q, k, v, lengths, visibility_bits(vis),
                num_splits=num_splits, out=out, workspace=ws, config=config)
     assert res.shape == out.shape and res.dtype == q.dtype
@@ -179,52 +179,6 @@ def test_split_count_fills_whole_waves(monkeypatch):
     assert [triton_verify.plan(t16, k[:, :, :n])["num_splits"] for n in (65536, 16384, 4096)] == [32, 24, 16]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-@pytest.mark.parametrize("num_splits", [None, 1, 3, 16])
-def test_plain_decoding_merges_in_its_last_split(interp, dtype, num_splits):
-    # One query row a head: no combine launch, the last split program of each KV head merges.
-    # 16 splits leave programs with no keys (they still take a ticket); lengths 0 leaves only
-    # the tree chunk. Two calls on one workspace: the first must leave its tickets at zero.
-    g = gen_for("merge", dtype, num_splits)
-    q, k, v, L = make_inputs(3, 8, 2, 32, 1, [300, 0, 45], dtype, g)
-    vis = torch.ones(3, 1, 1, dtype=torch.bool)
-    config = {"MERGE": True}
-    assert triton_verify.plan(q, k, num_splits, config)["MERGE"]
-    ws = triton_verify.alloc_workspace(q, k, num_splits, config)
-    for _ in range(2):
-        ws.acc.fill_(float("nan"))
-        ws.ml.fill_(float("nan"))
-        out = torch.full(q.shape, float("nan"), dtype=dtype)
-        call(interp, triton_verify.tree_verify_attention, q, k, v, L, visibility_bits(vis),
-             num_splits=num_splits, out=out, workspace=ws, config=config)
-        assert torch.isfinite(out).all()
-        assert rel_err(out, reference(q, k, v, L, vis)) <= TOL[dtype]
-        assert int(ws.tickets.abs().sum()) == 0
-
-
-def test_merge_is_plain_decodings_default_only():
-    k = torch.empty(1, 8, 8192, 128, dtype=torch.float16)
-    merge = {T: triton_verify.plan(torch.empty(1, 32, T, 128, dtype=torch.float16), k)["MERGE"]
-             for T in (1, 4, 5, 16, 65)}
-    assert merge == {1: True, 4: True, 5: False, 16: False, 65: False}
-    with pytest.raises(ValueError, match="one row block"):
-        triton_verify.plan(torch.empty(1, 32, 65, 128, dtype=torch.float16), k, config={"MERGE": True})
-
-
-def test_merge_without_its_ticket_reset_fails_the_next_call(interp):
-    # The merge is the only writer of the output (no combine launch): with tickets no program
-    # of this call can draw last, nothing is merged and the output keeps its poison.
-    g = gen_for("stale")
-    q, k, v, L = make_inputs(1, 4, 2, 32, 1, [100], torch.float32, g)
-    vis = torch.ones(1, 1, 1, dtype=torch.bool)
-    ws = triton_verify.alloc_workspace(q, k, 2, {"MERGE": True})
-    ws.tickets.fill_(100)
-    out = torch.full(q.shape, float("nan"))
-    call(interp, triton_verify.tree_verify_attention, q, k, v, L, visibility_bits(vis),
-         num_splits=2, out=out, workspace=ws, config={"MERGE": True})
-    assert torch.isnan(out).all()
-
-
 @pytest.mark.parametrize("shape", ["chain", "star"])
 def test_tree_shapes(interp, shape):
     # chain: token i sees tree keys 0..i; star: only the root and itself.
@@ -285,7 +239,7 @@ def test_rejects_bad_inputs(interp):
     with pytest.raises(ValueError, match="query heads"):
         call(interp, fn, q[:, :3], k, v, L, bits)
     with pytest.raises(ValueError, match="workspace too small"):
-        call(interp, fn, q, k, v, L, bits, workspace=(torch.empty(1), torch.empty(1), torch.zeros(1)))
+        call(interp, fn, q, k, v, L, bits, workspace=(torch.empty(1), torch.empty(1)))
     # Here (not interpreted) CPU tensors cannot run: a clear error, not a Triton crash.
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
         fn(q, k, v, L, bits)

@@ -66,7 +66,7 @@ AUTO = "auto"
 IMPL_PARAMS = (
     # residual+RMSNorm, q/k norm+RoPE+KV write, SiLU*up fused (kernels/fused/triton_fused.py)
     choice("fused_ops", AUTO, (AUTO, True, False)),
-    choice("topk_impl", AUTO, (AUTO,) + TOPK_IMPLS),   # triton: the two-launch top-k kernel
+    choice("topk_impl", AUTO, (AUTO,) + TOPK_IMPLS),   # triton: the three-launch top-k kernel
     # cuda: the shared-memory CUDA C++ tree build (tree_build: gpu)
     choice("tree_build_impl", AUTO, (AUTO,) + TREE_BUILD_IMPLS),
     # the custom verify kernel's S = QK^T (verify_mode: custom; kernels/verify/custom_verify.py):

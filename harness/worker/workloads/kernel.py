@@ -210,8 +210,7 @@ def prepare(mode: str, pt: Point, inp: dict, out: torch.Tensor | None = None, *,
             if not hasattr(tv, "tree_verify_attention_paged"):
                 raise NotImplementedError("the Triton baseline has no paged variant")
             return lambda: tv.tree_verify_attention_paged(q, k, v, table, lengths, bits, scale)
-        ws = tv.alloc_workspace(q, k)       # once, outside the timed call (a forward's layers share one)
-        return lambda: tv.tree_verify_attention(q, k, v, lengths, bits, scale, out=out, workspace=ws)
+        return lambda: tv.tree_verify_attention(q, k, v, lengths, bits, scale, out=out)
 
     n = inp["n_keys"]
     kn, vn = k[:, :, :n], v[:, :, :n]
