@@ -156,7 +156,6 @@ def test_pdl_kernels_wait_before_any_access(arch):
     assert wait < release < ptx.index("st.global")
 
 
-
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("T", [1, 65])
 def test_verify_kernels_compile(arch, T):
