@@ -122,10 +122,12 @@ def test_compare_modes_report_speedups():
 
 def test_the_vendor_peer_is_checked_and_timed_beside_the_mode():
     """compare_modes: vendor (torch's fused prefix kernel + the tree block, merged): on a CPU the
-    CPU flash kernel, sequences of different prefix lengths in the check."""
-    out = kw.run(small_cell(compare_modes="vendor"), lambda **_: None)
+    CPU flash kernel, sequences of different prefix lengths in the check, the prefix in two key
+    ranges."""
+    out = kw.run(small_cell(compare_modes="vendor", context_length=2100), lambda **_: None)
     m = out["metrics"]
     assert out["kernel"]["compare_errors"] == {} and out["kernel"]["vendor_backend"] == "cpu"
+    assert out["kernel"]["vendor_ranges"] == 2          # 2100 keys: two ranges of 1050
     assert m["vendor.rel_error"] < 1e-5
     assert m["speedup_vs_vendor"] == pytest.approx(m["vendor.kernel_us"] / m["kernel_us"])
 

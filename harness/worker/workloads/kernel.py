@@ -40,7 +40,8 @@ path) and `flex` (harness/decode/flex_verify.py: torch.compile'd flex_attention 
 mask, the decode loop's flex path). A compared mode may also be `vendor`
 (kernels/verify/vendor_verify.py): torch's fused attention kernel (cuDNN on Hopper) over the
 unmasked prefix, the tree block in torch, merged by log-sum-exp; the kernel it used is
-`kernel.vendor_backend`. sdpa, flex and vendor read a contiguous cache only.
+`kernel.vendor_backend` and the key ranges of its prefix, `kernel.vendor_ranges`. sdpa, flex and
+vendor read a contiguous cache only.
 """
 
 from __future__ import annotations
@@ -371,8 +372,9 @@ def run(cell: dict, progress) -> dict:
         metrics[f"speedup_vs_{other}"] = other_us / us
     info["compare_errors"] = compare_errors
     if "vendor" in compare_list(cell) and "vendor" not in compare_errors:
-        from harness.kernels.verify.vendor_verify import pick_backend
+        from harness.kernels.verify.vendor_verify import key_ranges, pick_backend
         info["vendor_backend"] = pick_backend(device)
+        info["vendor_ranges"] = key_ranges(pt.context)     # the timed sets' prefixes are all pt.context
     if cell["ncu"]:
         timed = [mode] + [m for m in compare_list(cell) if m not in compare_errors]
         found, info["ncu_errors"] = ncu.counters_for(cell, timed, mode, device, progress)
