@@ -318,20 +318,49 @@ def _tune(rows: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
                 good.append(algo)
     if not good:
         return plan
-    outs = [torch.empty(rows, N, dtype=dtype, device=device) for _ in weights]
+    times = time_candidates([None] + good, descs, x, weights)
+    best = choose(times[0], times[1:])
+    plan.torch_us = times[0]
+    if best is None:
+        plan.us = times[0]
+    else:
+        plan.algo, plan.us, plan.config = good[best], times[1 + best], _config(good[best])
+    return plan
+
+
+def time_candidates(candidates: list, descs: tuple, x: torch.Tensor, weights: list[torch.Tensor],
+                    neighbours: bool = True) -> list[float]:
+    """Each candidate's time a call (µs; None: F.linear, else an algorithm), as the loop runs it:
+    CUDA graphs of CALLS calls a weight copy, rounds interleaved, median of ROUNDS.
+
+    With `neighbours` every call sits between the two kernels it has in the step, one that
+    writes its input (a norm there) and one that reads its output (the next layer's kernel),
+    and their own time, timed alone the same way, is taken off: the algorithm is ranked where
+    it runs. Alone, back to back over cold weights, the 128x72 tile won gate/up by 1.0 µs and
+    lost it by 1.2 µs in the step (kernels/NOTES.md, "Session 37")."""
+    rows, N = x.shape[0], weights[0].shape[0]
+    outs = [torch.empty(rows, N, dtype=x.dtype, device=x.device) for _ in weights]
+    sink = torch.empty(rows, N, dtype=x.dtype, device=x.device)
+    alone = object()                     # the neighbours without a GEMM between them
 
     def calls(algo):
         for _ in range(CALLS):
             for w, y in zip(weights, outs):
+                if neighbours:
+                    x.mul_(1.0)
                 if algo is None:
-                    F.linear(x, w)
-                else:
+                    y = F.linear(x, w)
+                elif algo is not alone:
                     _check(_run(descs, algo, x, w, y), "cublasLtMatmul")
+                if neighbours:
+                    torch.neg(y, out=sink)
 
+    sets = list(candidates) + ([alone] if neighbours else [])
     graphs = []
-    for algo in [None] + good:
+    for algo in sets:
+        calls(algo)                       # each kernel once outside the capture
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):       # each GEMM has run eagerly above: the reference, the checks
+        with torch.cuda.graph(graph):
             calls(algo)
         graphs.append(graph)
     # Rounds interleave the candidates (not kerneltime.time_calls, which times one call set's
@@ -347,11 +376,7 @@ def _tune(rows: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
             end.synchronize()
             samples[i].append(start.elapsed_time(end) * 1e3 / n_calls)
     times = [statistics.median(s) for s in samples]
-    best = choose(times[0], times[1:])
-    plan.torch_us = times[0]
-    if best is None:
-        plan.us = times[0]
-    else:
-        plan.algo, plan.us, plan.config = good[best], times[1 + best], _config(good[best])
-    return plan
-
+    if neighbours:
+        base = times.pop()
+        times = [t - base for t in times]
+    return times
