@@ -93,3 +93,20 @@ def test_a_shape_first_met_inside_a_capture_runs_the_heuristic_pick():
     assert close(out["y"], x, w)
     plan = next(p for p in lt_linear.plans() if (p["rows"], p["n"], p["k"]) == (rows, N, K))
     assert not plan["timed"] and plan["us"] is None and plan["runs"].startswith("algo ")
+
+
+def test_timing_between_neighbours_takes_their_time_off():
+    """The ranking's time of a GEMM between the kernel that writes its input and the one that
+    reads its output is the GEMM's: the neighbours' own time (a few µs, ~a quarter of the o
+    GEMM's) is taken off, and they stay out of the candidates' order."""
+    N, K = 4096, 4096
+    x, w = _xw(65, N, K, 12)
+    handle, _ = lt_linear._device_state(x.device)
+    descs = lt_linear._descs(65, N, K, x.dtype)
+    algos = lt_linear._heuristics(handle, descs)[:2]
+    weights = [w] + [torch.randn_like(w) for _ in range(5)]
+    alone = lt_linear.time_candidates([None] + algos, descs, x, weights, neighbours=False)
+    between = lt_linear.time_candidates([None] + algos, descs, x, weights, neighbours=True)
+    assert len(between) == len(alone) == 1 + len(algos)
+    for a, b in zip(alone, between):
+        assert 0.85 < b / a < 1.15, (alone, between)
