@@ -118,6 +118,7 @@ def test_compare_modes_report_speedups():
     m = out["metrics"]
     assert m["speedup_vs_flex"] == pytest.approx(m["flex.kernel_us"] / m["kernel_us"])
     assert m["flex.rel_error"] < 1e-5
+    assert out["kernel"]["compare_graph"] == {"flex": False}     # a CPU: eager launches
 
 
 def test_the_vendor_peer_is_checked_and_timed_beside_the_mode():

@@ -20,7 +20,8 @@ The cell, in order:
      changes this mode's), giving `<mode>.kernel_us`, `<mode>.pct_roofline` and
      `speedup_vs_<mode>` = their time / this mode's time, measured in the same process on the
      same inputs. A compared mode that fails or is wrong leaves its metrics absent and its
-     error in `compare_errors`; the cell still succeeds.
+     error in `compare_errors`; the cell still succeeds. How each was timed (graph or eager
+     launches) is `compare_graph`.
   5. With `ncu: true`, each timed mode's call once more in a process under Nsight Compute
      (harness/worker/ncu.py): `ncu.<kernel>.<counter>` (and `<mode>.ncu....` for a compared
      mode) for every kernel of the call: duration, SM / memory / DRAM / L2 throughput, registers,
@@ -354,12 +355,12 @@ def run(cell: dict, progress) -> dict:
     if mode == "custom":
         info["custom_plan"] = _custom_plan(pt, sets[0], impl, custom["custom_splits"])
 
-    compare_errors = {}
+    compare_errors, compare_graph = {}, {}
     for other in compare_list(cell):
         progress(stage="compare", mode=other)
         try:
             other_err = check(other, pt, device, dtype, seed * 1000 + 7919, **custom)
-            other_samples, _ = measure_mode(other, pt, sets, cell, device, **custom)
+            other_samples, compare_graph[other] = measure_mode(other, pt, sets, cell, device, **custom)
         except Exception as exc:     # a peer that cannot run here is a note, not a failed cell
             compare_errors[other] = f"{type(exc).__name__}: {str(exc)[:500]}"
             if device.type == "cuda":
@@ -371,6 +372,9 @@ def run(cell: dict, progress) -> dict:
         metrics[f"{other}.rel_error"] = other_err
         metrics[f"speedup_vs_{other}"] = other_us / us
     info["compare_errors"] = compare_errors
+    # How each peer was timed: a mode whose calls cannot be captured (a host sync inside) is timed
+    # by eager launches, host launch cost included, and its speedup means less for it.
+    info["compare_graph"] = compare_graph
     if "vendor" in compare_list(cell) and "vendor" not in compare_errors:
         from harness.kernels.verify.vendor_verify import key_ranges, pick_backend
         info["vendor_backend"] = pick_backend(device)
