@@ -11,8 +11,9 @@ and the lm_head's is a cooperative kernel behind a memset, whose boundary idles 
 So at the first call of a shape (rows, N, K, dtype) in a process this module asks cuBLASLt's
 heuristic for up to MAX_ALGOS algorithms that fit WORKSPACE_BYTES, checks each one's output
 against F.linear's, times each one and F.linear itself the way the loop runs them (CUDA graphs
-of calls over weight copies that together exceed L2 twice, rounds interleaved, median of
-ROUNDS), and keeps the fastest for every later call of that shape, F.linear included: an
+of calls over weight copies that together exceed L2 twice, each call between a kernel that
+writes its input and one that reads its output, whose own time is taken off; rounds
+interleaved, median of ROUNDS), and keeps the fastest for every later call of that shape, F.linear included: an
 algorithm replaces it only when faster by more than MIN_GAIN, so noise does not flip the choice.
 A first call inside a CUDA graph capture cannot time anything: it takes the heuristic's first
 pick and says so (`Plan.timed`). `plans()` lists the choices, which a decode result records.
@@ -22,10 +23,12 @@ build and no headers, only the few declarations below. Every call runs on torch'
 stream with a workspace kept per device, never synchronises with the host and allocates only
 its output, so it can be captured in a CUDA graph.
 
-Measured (kernels/NOTES.md, "Session 37", H100): alone, one layer's four GEMMs at 65 rows take
-144.6 µs against cuBLASLt's heuristic pick's 149.4 and the lm_head 422.0 against 435.2; in the
-gpu/full loop that comes to 0-0.3 % more tokens/s (level by the gate), so `auto` keeps the
-heuristic's pick and this stays opt-in.
+Measured (kernels/NOTES.md, "Session 37" and "Session 40", H100): alone, one layer's four GEMMs
+at 65 rows take 144.6 µs against cuBLASLt's heuristic pick's 149.4 and the lm_head 422.0 against
+435.2. Ranked between neighbours, q/k/v and the lm_head take another algorithm and gate/up keeps
+the heuristic's pick (alone, its 128x72 tile ranked 1 µs faster and ran 1.2 µs slower in the
+step); in the gpu/full loop that is 0.3-0.4 % more tokens/s at 4k and 16k, level at 64k (the
+gate's verdict: unchanged), so `auto` keeps the heuristic's pick and this stays opt-in.
 
 More rows than MAX_ROWS (prefill) and inputs the call cannot take as they are (not contiguous,
 a pointer off cuBLASLt's default 256-byte alignment, another dtype) go to F.linear, which

@@ -9,12 +9,17 @@ it at that kernel's speed: cuDNN's on Hopper and later, FlashAttention-2's (torc
 other CUDA GPUs, torch's CPU flash kernel on a CPU. The G query heads of a KV head are folded
 into the query axis (one head of G x T rows a KV head, as the SDPA verify mode does), so the
 cache is read once a group and never expanded. The T tree keys, which a query sees when they
-are its ancestors, are a masked softmax over T columns in float32 with plain torch ops. The
-prefix goes to the fused kernel as a batch of key ranges (`key_ranges`), whose outputs are merged
-the same way as the two parts are merged, by their log-sum-exps:
+are its ancestors, go to the same kernel with an additive mask (`tree_mask`; FlashAttention-2
+takes none, so there they are a masked softmax over T columns in float32 torch ops). The prefix
+goes to the fused kernel as a batch of key ranges (`key_ranges`), and every part (each range,
+the keys left over, the tree block) is merged by its log-sum-exp, each part's output weighted by
+its share of the row's softmax mass (`merge`):
 
-    lse = logaddexp(lse_prefix, lse_tree)
-    out = exp(lse_prefix - lse) o_prefix + exp(lse_tree - lse) o_tree
+    out = sum_p softmax_p(lse_p) o_p
+
+The tree block in torch ops took ~51 µs and the merges by logsumexp / logaddexp ~60 more at 65
+tree tokens on an H100, 46 kernels a call (kernels/NOTES.md, "Session 40"): a peer slowed by
+its glue, not by its attention kernel.
 
 What it is not: the decode loop's verify. Each sequence's prefix is sliced at its length on the
 host (`lengths` is a list of ints), so a captured step, whose shapes are fixed while the prefix
@@ -37,6 +42,7 @@ import torch
 from harness.kernels.verify.verify_reference import unpack_visibility
 
 BACKENDS = ("cudnn", "flash", "cpu")
+FUSED_TREE = ("cudnn", "cpu")   # the backends whose kernel takes the tree block's mask (FA2's none)
 # The prefix goes to the fused kernel as a batch of key ranges (split-KV without a kernel of our
 # own): one call over a 64k prefix gives cuDNN a grid of a few row tiles a KV head (754 µs at 65
 # tree tokens on an H200), where 16 ranges of 4k keys took 160.5 µs (kernels/NOTES.md, "Session
@@ -77,58 +83,103 @@ def key_ranges(n: int) -> int:
     return max(1, min(MAX_RANGES, n // RANGE_MIN_KEYS))
 
 
-def ranged_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                            backend: str, ranges: int) -> tuple[torch.Tensor, torch.Tensor]:
+def prefix_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, backend: str,
+                 ranges: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`prefix_attention` of q [1, h, M, d] over k, v [1, h, n, d] with the n keys cut into
     `ranges` ranges of n // ranges keys, attended as one batch (views of the cache, no copy),
-    plus the n % ranges keys left as one more call; the parts merged by their log-sum-exps.
-    Returns (out float32 [1, h, M, d], lse float32 [1, h, M])."""
+    plus the n % ranges keys left as one more call: the parts `merge` takes, each (out
+    [p, h, M, d] in q's dtype, lse [p, h, M] float32) for p ranges."""
     n = k.shape[2]
     ranges = max(1, min(ranges, n))
-    if ranges == 1:           # one call: no copy of q, no merge (short prefixes, timed as such)
-        out, lse = prefix_attention(q, k, v, scale, backend)
-        return out.float(), lse
+    if ranges == 1:           # one call, no copy of q (short prefixes, timed as such)
+        return [prefix_attention(q, k, v, scale, backend)]
     c = n // ranges
     main = ranges * c
     # [h, ranges * c, d] -> [ranges, h, c, d]: range r is batch entry r, a strided view.
     kr = k[0, :, :main].unflatten(1, (ranges, c)).transpose(0, 1)
     vr = v[0, :, :main].unflatten(1, (ranges, c)).transpose(0, 1)
     qr = q.expand(ranges, -1, -1, -1).contiguous()
-    outs, lses = prefix_attention(qr, kr, vr, scale, backend)
+    parts = [prefix_attention(qr, kr, vr, scale, backend)]
     if main < n:
-        o_rest, lse_rest = prefix_attention(q, k[:, :, main:n], v[:, :, main:n], scale, backend)
-        outs, lses = torch.cat([outs, o_rest]), torch.cat([lses, lse_rest])
-    lse = torch.logsumexp(lses, 0, keepdim=True)                       # [1, h, M]
-    out = (torch.exp(lses - lse)[..., None] * outs.float()).sum(0, keepdim=True)
-    return out, lse
+        parts.append(prefix_attention(q, k[:, :, main:n], v[:, :, main:n], scale, backend))
+    return parts
 
 
-def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor,
-                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [b, h, M, d] over the T tree keys k, v [b, h, T, d] where visible [b, 1, M, T] (every row
-    sees at least its own node): (out float32 [b, h, M, d], lse float32 [b, h, M])."""
+def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """The attention over the union of the parts' keys, float32 [1, h, M, d]: each part's output
+    weighted by its share of the row's softmax mass, softmax over the parts' log-sum-exps (one
+    kernel for the weights; every part has a key a row, so every lse is finite)."""
+    weights = torch.softmax(torch.cat([lse for _, lse in parts]), 0)[..., None]    # [P, h, M, 1]
+    out, i = None, 0
+    for o, lse in parts:
+        p = lse.shape[0]
+        term = weights[i] * o if p == 1 else (weights[i:i + p] * o).sum(0)
+        out = term if out is None else out + term
+        i += p
+    return out[None]
+
+
+def ranged_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                            backend: str, ranges: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefix's attention through `prefix_parts`, merged: (out float32 [1, h, M, d], lse
+    float32 [1, h, M])."""
+    parts = prefix_parts(q, k, v, scale, backend, ranges)
+    return merge(parts), torch.logsumexp(torch.cat([lse for _, lse in parts]), 0, keepdim=True)
+
+
+def tree_mask(tree_bits: torch.Tensor, T: int, group: int, backend: str, heads_kv: int,
+              dtype: torch.dtype) -> torch.Tensor:
+    """Which tree keys each folded query row sees, in the form `tree_attention` takes on
+    `backend`: for the fused kernels an additive mask [b, heads_kv, G*T, T] in `dtype` (0 seen,
+    -inf hidden; rows padded to 8 elements, the 16-byte strides the kernels ask), for the
+    float32 block a bool [b, 1, G*T, T]. The same for every layer of a forward: a caller that
+    calls more than once builds it once and passes it."""
+    visible = tree_visibility(tree_bits, T, group)
+    if backend not in FUSED_TREE:
+        return visible
+    b, _, M, _ = visible.shape
+    bias = torch.full((b, heads_kv, M, -(-T // 8) * 8), float("-inf"), dtype=dtype,
+                      device=visible.device)
+    bias[..., :T].masked_fill_(visible, 0.0)
+    return bias[..., :T]
+
+
+
+def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                   scale: float, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [b, h, M, d] over the T tree keys k, v [b, h, T, d] under `tree_mask`'s mask (every row
+    sees at least its own node): (out [b, h, M, d], lse float32 [b, h, M]). On cuDNN and the
+    CPU one masked call of the backend's kernel; on FlashAttention-2, which takes no mask, a
+    masked softmax over T columns in float32 torch ops."""
+    if backend == "cudnn":
+        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, mask, True, 0.0, False, False, scale=scale)[:2]
+        return out, lse.reshape(q.shape[:3]).float()
+    if backend == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=mask, scale=scale)
+        return out, lse.reshape(q.shape[:3]).float()
     s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-    s = s.masked_fill(~visible, float("-inf"))
+    s = s.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(s, -1)
     return torch.matmul(torch.exp(s - lse[..., None]), v.float()), lse
 
 
 def tree_visibility(tree_bits: torch.Tensor, T: int, group: int) -> torch.Tensor:
     """[b, 1, G*T, T] bool: which tree keys each folded query row sees. Rows g * T + t of a KV
-    head's folded queries are query head kv * G + g at tree node t. The same for every layer of
-    a forward: a caller that calls more than once builds it once and passes it as `visible`."""
+    head's folded queries are query head kv * G + g at tree node t."""
     return unpack_visibility(tree_bits, T).repeat(1, group, 1)[:, None]
 
 
 def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[int],
                           tree_bits: torch.Tensor, sm_scale: float | None = None, *,
-                          backend: str | None = None, visible: torch.Tensor | None = None,
+                          backend: str | None = None, mask: torch.Tensor | None = None,
                           ranges: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """q [b, Hq, T, d]; k, v [b, Hkv, S, d] (contiguous cache, S >= lengths[i] + T); lengths: each
     sequence's committed keys, as ints; tree_bits [b, T, ceil(T/32)] int32 (ancestor bitmasks).
     Returns [b, Hq, T, d] in q's dtype, written into `out` when given. `backend` (default
-    `pick_backend`) names the prefix's kernel; `visible` is `tree_visibility` of tree_bits,
-    built here when not given; `ranges` the key ranges of each prefix (default `key_ranges`)."""
+    `pick_backend`) names the fused kernel; `mask` is `tree_mask` of tree_bits for it, built
+    here when not given; `ranges` the key ranges of each prefix (default `key_ranges`)."""
     b, hq, T, d = q.shape
     hkv = k.shape[1]
     if hq % hkv:
@@ -138,21 +189,17 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
     G = hq // hkv
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(d)
     backend = backend or pick_backend(q.device)
-    if visible is None:
-        visible = tree_visibility(tree_bits, T, G)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if mask is None:
+        mask = tree_mask(tree_bits, T, G, backend, hkv, q.dtype)
     if out is None:
         out = torch.empty(b, hq, T, v.shape[-1], dtype=q.dtype, device=q.device)
     for i, L in enumerate(lengths):
         qg = q[i:i + 1].reshape(1, hkv, G * T, d)
-        o_tree, lse_tree = tree_attention(qg, k[i:i + 1, :, L:L + T], v[i:i + 1, :, L:L + T],
-                                          visible[i:i + 1], scale)
-        if L == 0:
-            merged = o_tree
-        else:
-            o_pre, lse_pre = ranged_prefix_attention(qg, k[i:i + 1, :, :L], v[i:i + 1, :, :L], scale,
-                                                     backend, ranges or key_ranges(L))
-            lse = torch.logaddexp(lse_pre, lse_tree)
-            merged = (torch.exp(lse_pre - lse)[..., None] * o_pre
-                      + torch.exp(lse_tree - lse)[..., None] * o_tree)
-        out[i:i + 1].copy_(merged.reshape(1, hq, T, -1))
+        tree = tree_attention(qg, k[i:i + 1, :, L:L + T], v[i:i + 1, :, L:L + T], mask[i:i + 1],
+                              scale, backend)
+        parts = [tree] if L == 0 else prefix_parts(qg, k[i:i + 1, :, :L], v[i:i + 1, :, :L], scale,
+                                                   backend, ranges or key_ranges(L)) + [tree]
+        out[i:i + 1].copy_(merge(parts).reshape(1, hq, T, -1))
     return out

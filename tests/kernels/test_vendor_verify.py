@@ -1,5 +1,5 @@
 """The vendor verify (kernels/verify/vendor_verify.py) on a CPU: torch's CPU flash kernel over the
-prefix, the tree block in torch, merged by log-sum-exp, against the float64 reference.
+prefix and, masked, over the tree block, merged by log-sum-exp, against the float64 reference.
 
 The cache past each sequence's lengths[b] + T holds NaN, so a slice that reads one key too many
 fails; the tree keys are scaled up so that a wrong tree mask or a wrong merge weight moves the
@@ -104,16 +104,56 @@ def test_backend_by_device():
 
 
 def test_a_mask_built_once_is_the_mask_used():
-    """`visible` given (as the kernel workload builds it, once outside the timed call) is what
-    the call masks with: the same as building it from tree_bits, and an all-visible one differs."""
+    """`mask` given (as the kernel workload builds it, once outside the timed call) is what the
+    call masks with: the same as building it from tree_bits, and an all-visible one differs."""
     lengths = [40]
     q, k, v, bits = inputs(1, 4, 2, 9, 32, lengths, seed=13)
     own = vv.tree_verify_attention(q, k, v, lengths, bits)
-    given = vv.tree_verify_attention(q, k, v, lengths, bits, visible=vv.tree_visibility(bits, 9, 2))
+    given = vv.tree_verify_attention(q, k, v, lengths, bits,
+                                     mask=vv.tree_mask(bits, 9, 2, "cpu", 2, q.dtype))
     assert torch.equal(own, given)
-    everything = torch.ones(1, 1, 18, 9, dtype=torch.bool)
-    wrong = vv.tree_verify_attention(q, k, v, lengths, bits, visible=everything)
+    everything = torch.zeros(1, 2, 18, 9)                  # additive: every tree key seen
+    wrong = vv.tree_verify_attention(q, k, v, lengths, bits, mask=everything)
     assert ref.relative_error(wrong, reference(q, k, v, lengths, bits)) > 1e-2
+
+
+def test_the_tree_mask_by_backend():
+    """The fused kernels take an additive mask (0 seen, -inf hidden) per KV head with rows padded
+    to 16-byte strides; FlashAttention-2's float32 block a bool one."""
+    g = torch.Generator().manual_seed(3)
+    bits = ref.pack_visibility(ref.random_tree(1, 9, g))
+    visible = vv.tree_visibility(bits, 9, 2)
+    bias = vv.tree_mask(bits, 9, 2, "cudnn", 3, torch.bfloat16)
+    assert bias.shape == (1, 3, 18, 9) and bias.dtype == torch.bfloat16 and bias.stride(2) == 16
+    assert torch.equal(bias == 0, visible.expand(1, 3, 18, 9))
+    assert torch.isneginf(bias[~visible.expand(1, 3, 18, 9)]).all()
+    assert torch.equal(vv.tree_mask(bits, 9, 2, "flash", 3, torch.bfloat16), visible)
+
+
+def test_the_fused_tree_block_equals_the_float32_one():
+    """The tree block through the CPU kernel with its additive mask equals FlashAttention-2's
+    float32 torch block with the bool mask (out and log-sum-exp)."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, n, 32, generator=g) for n in (18, 9, 9))
+    bits = ref.pack_visibility(ref.random_tree(1, 9, g))
+    args = (q, k, v)
+    fused = vv.tree_attention(*args, vv.tree_mask(bits, 9, 2, "cpu", 2, q.dtype), 0.2, "cpu")
+    block = vv.tree_attention(*args, vv.tree_mask(bits, 9, 2, "flash", 2, q.dtype), 0.2, "flash")
+    assert torch.allclose(fused[0], block[0], atol=1e-5) and torch.allclose(fused[1], block[1], atol=1e-5)
+
+
+def test_merge_weights_each_part_by_its_mass():
+    """Two parts of one row's keys merged equal the softmax over all of them; a part whose lse
+    is swapped for another's does not."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 2, 6, 16, generator=g)
+    k, v = (torch.randn(1, 2, 30, 16, generator=g) for _ in range(2))
+    parts = [vv.prefix_attention(q, k[:, :, :12], v[:, :, :12], 0.3, "cpu"),
+             vv.prefix_attention(q, k[:, :, 12:], v[:, :, 12:], 0.3, "cpu")]
+    whole, _ = vv.prefix_attention(q, k, v, 0.3, "cpu")
+    assert torch.allclose(vv.merge(parts), whole, atol=1e-5)
+    swapped = [(parts[0][0], parts[1][1]), (parts[1][0], parts[0][1])]
+    assert not torch.allclose(vv.merge(swapped), whole, atol=1e-3)
 
 
 @pytest.mark.parametrize("n, ranges", [(70, 1), (70, 3), (64, 4), (5, 16), (4096, None)])

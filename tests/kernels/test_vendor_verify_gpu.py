@@ -66,3 +66,19 @@ def test_the_default_backend_on_hopper_is_cudnn():
         pytest.skip("needs a CUDA GPU")
     want = "cudnn" if torch.cuda.get_device_capability() >= (9, 0) else "flash"
     assert vv.pick_backend(torch.device("cuda")) == want
+
+
+@pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("T", [16, 65])
+def test_the_tree_block_on_the_backend_equals_the_float32_one(backend, T):
+    """The tree block alone (G x T folded rows over T keys under the tree's mask, as the loop's
+    shapes give it): the backend's kernel with `tree_mask`'s mask against float32 torch ops."""
+    q, k, v, bits = inputs([0], T, seed=T)
+    qg = q.reshape(1, HKV, (HQ // HKV) * T, D)
+    kt, vt = k[:, :, :T], v[:, :, :T]
+    mask = vv.tree_mask(bits, T, HQ // HKV, backend, HKV, q.dtype)
+    out, lse = vv.tree_attention(qg, kt, vt, mask, D ** -0.5, backend)
+    want, want_lse = vv.tree_attention(qg, kt, vt, vv.tree_mask(bits, T, HQ // HKV, "flash", HKV, q.dtype),
+                                       D ** -0.5, "flash")
+    assert ref.relative_error(out, want.double()) < 1e-2
+    assert torch.allclose(lse, want_lse, atol=5e-2)

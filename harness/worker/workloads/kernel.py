@@ -231,9 +231,9 @@ def prepare(mode: str, pt: Point, inp: dict, out: torch.Tensor | None = None, *,
         # the tree mask (built once a forward, as a model's layers would share it)
         prefixes = [int(L) for L in lengths.tolist()]
         backend = vv.pick_backend(q.device)
-        visible = vv.tree_visibility(bits, T, G)
+        mask = vv.tree_mask(bits, T, G, backend, k.shape[1], q.dtype)
         return lambda: vv.tree_verify_attention(q, k, v, prefixes, bits, scale, backend=backend,
-                                                visible=visible, out=out)
+                                                mask=mask, out=out)
     if mode == "flex":                # the decode loop's flex path, block mask built here
         from harness.decode.flex_verify import flex_block_mask, flex_tree_verify
         block_mask = flex_block_mask(lengths, bits, T, n)
