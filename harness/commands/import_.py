@@ -1,5 +1,5 @@
-"""`harness import DIR`: a batch's results (python -m harness.worker --cells FILE --out DIR, on
-a host the controller never reached) become a normal run: journal, MLflow, report, gate.
+"""`harness import DIR [DIR ...]`: a batch's results (python -m harness.worker --cells FILE --out
+DIR, on a host the controller never reached) become a normal run: journal, MLflow, report, gate.
 
 The batch's header (batch.json, from `harness run --export-cells`) carries the scenario text,
 which is validated again here: its cells are the run's cells. Each result file must be a worker
@@ -8,8 +8,14 @@ is set aside with a one-line warning and its cell counts as missing. The run rec
 the batch was exported at (the code it ran), not this checkout's, and the batch host's
 environment; results keep their own `env` and host facts as the worker wrote them.
 
+Several DIRs make one run of their cells together: a scenario's cells split over several
+batches (a device call's time limit, a cell that ran out of time and was run again), so that
+what a run derives across cells (speedup_vs_ar, speedup_vs_peer) is derived. They must be of
+one scenario at one commit; a cell with results in two of them takes the one that ran (ok over
+failed), and two that both ran is an error: which one the run holds would be a silent choice.
+
 Exit codes as `harness run`: 0 every cell ok and logged, 1 some failed or missing (or the
-upload failed), 2 a DIR that is not a batch.
+upload failed), 2 a DIR that is not a batch, or batches that are not one run.
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ from harness.protocol.errors import InputError
 
 
 def import_(
-    batch_dir: Path = typer.Argument(..., metavar="DIR", help="the --out DIR of a worker batch"),
+    batch_dirs: list[Path] = typer.Argument(..., metavar="DIR...",
+                                            help="the --out DIR of a worker batch; several: one run of "
+                                                 "their cells (one scenario, one commit)"),
     tracking_uri: Optional[str] = tracking_uri_option(
         "MLflow URI (default $MLFLOW_TRACKING_URI or sqlite:///results/mlflow.db)"),
     results_dir: Path = results_option("journal root is RESULTS/runs"),
 ):
-    """Make a worker batch's results a run: journal, MLflow, report (as `harness run` ends)."""
+    """Make worker batches' results a run: journal, MLflow, report (as `harness run` ends)."""
     from harness.commands.run import finish
     from harness.protocol import params
     from harness.sweep import journal as jr, tracking
@@ -42,47 +50,94 @@ def import_(
 
     try:
         uri = validate_tracking_uri(tracking_uri or tracking.default_tracking_uri())
-        batch = _read_batch(batch_dir)
-        sc = parse_scenario(batch["scenario_text"], f"{batch_dir}/batch.json (scenario)")
+        unique = list({d.resolve(): d for d in batch_dirs}.values())    # a DIR named twice: once
+        batches = [(d, _read_batch(d)) for d in unique]
+        _same_run(batches)
+        first_dir, first = batches[0]
+        sc = parse_scenario(first["scenario_text"], f"{first_dir}/batch.json (scenario)")
     except InputError as e:
         raise fail_input(e)
     cells = sc.cells()
-    ran = batch.get("cell_ids")
-    if isinstance(ran, list) and ran:    # the batch of a selection (harness run -k ... --export-cells)
-        cells = [c for c in cells if params.cell_id(c) in set(ran)]
+    selected = set()
+    for _, batch in batches:
+        ran = batch.get("cell_ids")
+        if not (isinstance(ran, list) and ran):   # a whole scenario's batch
+            selected = None
+            break
+        selected |= set(ran)                      # the batch of a selection (-k ... --export-cells)
+    if selected is not None:
+        cells = [c for c in cells if params.cell_id(c) in selected]
     wanted = {params.cell_id(c): c for c in cells}
 
-    results = []
-    for path in sorted((batch_dir / "cells").glob("*.json")):
-        result, why = _read_result(path, wanted)
-        if why:
-            err.print(f"[yellow]warning:[/] {escape(str(path))}: {escape(why)}; its cell counts "
-                      f"as missing", highlight=False)
-        else:
-            results.append(result)
+    found: dict[str, tuple[Path, dict]] = {}
+    for batch_dir, _ in batches:
+        for path in sorted((batch_dir / "cells").glob("*.json")):
+            result, why = _read_result(path, wanted)
+            if why:
+                err.print(f"[yellow]warning:[/] {escape(str(path))}: {escape(why)}; its cell counts "
+                          f"as missing", highlight=False)
+                continue
+            try:
+                found[path.stem] = _one_result(found.get(path.stem), (path, result))
+            except InputError as e:
+                raise fail_input(e)
+    results = [result for _, result in found.values()]
 
-    env = batch.get("env") if isinstance(batch.get("env"), dict) else {}
-    host = str(env.get("hostname") or "batch")
-    meta = {"git_sha": batch.get("git_sha"), "git_branch": batch.get("git_branch"),
-            "git_dirty": batch.get("git_dirty"), "trigger": batch.get("trigger") or sc.trigger,
-            "hosts": [host], "tracking_uri": uri,
-            "imported_from": {"dir": str(batch_dir), "started_at": batch.get("started_at"),
-                              "finished_at": batch.get("finished_at"),
+    host_of = {}
+    for batch_dir, batch in batches:
+        env = batch.get("env") if isinstance(batch.get("env"), dict) else {}
+        host_of[batch_dir] = str(env.get("hostname") or "batch")
+    hosts = list(dict.fromkeys(host_of.values()))
+    for path, result in found.values():
+        result.setdefault("host", host_of[path.parent.parent])
+    starts = [b.get("started_at") for _, b in batches if b.get("started_at")]
+    ends = [b.get("finished_at") for _, b in batches]
+    meta = {"git_sha": first.get("git_sha"), "git_branch": first.get("git_branch"),
+            "git_dirty": first.get("git_dirty"), "trigger": first.get("trigger") or sc.trigger,
+            "hosts": hosts, "tracking_uri": uri,
+            "imported_from": {"dir": str(first_dir), "started_at": min(starts, default=None),
+                              # unfinished when any batch is (a worker stopped mid-batch)
+                              "finished_at": None if None in ends else max(ends),
                               "imported_on": socket.gethostname()}}
+    if len(batches) > 1:
+        meta["imported_from"]["dirs"] = [str(d) for d, _ in batches]
     try:
         journal = jr.RunJournal.create(results_dir / "runs", jr.new_run_id(), sc.name, None,
                                        sc.text, cells, meta)
         for r in results:
-            r.setdefault("host", host)
             journal.write_cell(r)
     except jr.JournalError as e:
         raise fail_input(e)
+    where = " ".join(str(d) for d, _ in batches)
     console.print(f"Imported run [bold]{journal.run_id}[/]: scenario [bold]{escape(sc.name)}[/], "
-                  f"{len(results)} of {len(cells)} cell(s) from {escape(str(batch_dir))} "
-                  f"(measured on {escape(host)})", highlight=False)
+                  f"{len(results)} of {len(cells)} cell(s) from {escape(where)} "
+                  f"(measured on {escape(', '.join(hosts))})", highlight=False)
     finish(journal, uri, SweepOutcome(results=results),
-           f"harness import {batch_dir} (a new run), or harness run "
+           f"harness import {where} (a new run), or harness run "
            f"{journal.path / jr.SCENARIO_FILE} --resume {journal.run_id}")
+
+
+def _same_run(batches: list[tuple[Path, dict]]) -> None:
+    """Batches make one run only when they are one scenario at one commit."""
+    first_dir, first = batches[0]
+    for batch_dir, batch in batches[1:]:
+        for key, what in (("scenario_text", "scenario"), ("git_sha", "commit"), ("git_dirty", "tree state")):
+            if batch.get(key) != first.get(key):
+                raise InputError(f"{batch_dir}/batch.json", None, None,
+                                 f"another {what} than {first_dir}'s: batches of one run are one "
+                                 f"scenario at one commit (import them as separate runs)")
+
+
+def _one_result(held: tuple[Path, dict] | None, new: tuple[Path, dict]) -> tuple[Path, dict]:
+    """Of two batches' results for one cell, the one that ran; both ran: an error."""
+    if held is None:
+        return new
+    ok_held, ok_new = held[1]["status"] == "ok", new[1]["status"] == "ok"
+    if ok_held and ok_new:
+        raise InputError(str(new[0]), None, None,
+                         f"cell {new[0].stem} ran in two batches (also {held[0]}): import one of "
+                         f"them, or each as its own run")
+    return new if ok_new and not ok_held else held
 
 
 def _read_batch(batch_dir: Path) -> dict:

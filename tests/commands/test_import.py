@@ -75,3 +75,57 @@ def test_what_is_not_a_batch_is_one_line_and_exit_2(tmp_path):
     assert bad.returncode == 2 and "cells.jsonl:2: a cell is a JSON object, got list" in bad.stderr
     alone = sh("-m", "harness.worker", "--cells", "cells.jsonl", cwd=tmp_path)
     assert alone.returncode == 2 and "--cells FILE and --out DIR go together" in alone.stderr
+
+
+def test_batches_split_over_calls_import_as_one_run(fresh_store, tmp_path):
+    """A scenario's cells run as two batches (a device call's time limit splits them) and a
+    third that ran one cell again: `harness import A B` is one run of all of them, with the
+    derived metrics one run allows; a cell that ran in two batches, another scenario or another
+    commit is refused in one line."""
+    (tmp_path / "s.yaml").write_text(SCENARIO)
+    assert sh("-m", "harness.cli", "run", "s.yaml", "--export-cells", "all.jsonl",
+              cwd=tmp_path).returncode == 0
+    header, *cells = (tmp_path / "all.jsonl").read_text().splitlines()
+
+    def batch(name, lines, head=header):
+        (tmp_path / f"{name}.jsonl").write_text("\n".join([head, *lines]) + "\n")
+        out = sh("-m", "harness.worker", "--cells", f"{name}.jsonl", "--out", name, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        return tmp_path / name
+
+    a, b = batch("a", cells[:2]), batch("b", cells[2:])
+    uri = fresh_store(tmp_path)
+    both = sh("-m", "harness.cli", "import", str(a), str(b), str(a), "--tracking-uri", uri, cwd=tmp_path)
+    assert both.returncode == 0, both.stdout + both.stderr
+    assert "3 of 3 cell(s)" in both.stdout
+    (run,) = (tmp_path / "results" / "runs").iterdir()
+    assert len(list((run / "cells").glob("*.json"))) == 3
+    meta = json.loads((run / "run.json").read_text())["meta"]
+    assert meta["imported_from"]["dirs"] == [str(a), str(b)] and meta["imported_from"]["finished_at"]
+
+    again = batch("again", cells[:1])
+    twice = sh("-m", "harness.cli", "import", str(a), str(again), "--tracking-uri", uri, cwd=tmp_path)
+    assert twice.returncode == 2 and "Traceback" not in twice.stderr
+    stem = sorted((again / "cells").glob("*.json"))[0].stem
+    assert f"cell {stem} ran in two batches (also {a}" in twice.stderr
+
+    other = json.loads(header)
+    other["harness_batch"]["git_sha"] = "0" * 40
+    elsewhere = batch("elsewhere", cells[2:], json.dumps(other))
+    mixed = sh("-m", "harness.cli", "import", str(a), str(elsewhere), "--tracking-uri", uri, cwd=tmp_path)
+    assert mixed.returncode == 2
+    assert f"{elsewhere}/batch.json: another commit than {a}'s" in mixed.stderr
+    assert len(list((tmp_path / "results" / "runs").iterdir())) == 1     # nothing half-imported
+
+
+def test_of_two_results_for_a_cell_the_one_that_ran_is_kept():
+    import pytest
+
+    from harness.commands.import_ import _one_result
+    from harness.protocol.errors import InputError
+    ok, failed = (Path("a/cells/c1.json"), {"status": "ok"}), (Path("b/cells/c1.json"), {"status": "failed"})
+    assert _one_result(None, failed) == failed
+    assert _one_result(failed, ok) == ok and _one_result(ok, failed) == ok
+    assert _one_result(failed, (Path("c/cells/c1.json"), {"status": "failed"})) == failed
+    with pytest.raises(InputError, match="ran in two batches"):
+        _one_result(ok, (Path("c/cells/c1.json"), {"status": "ok"}))
