@@ -13,8 +13,9 @@ heuristic for up to MAX_ALGOS algorithms that fit WORKSPACE_BYTES, checks each o
 against F.linear's, times each one and F.linear itself the way the loop runs them (CUDA graphs
 of calls over weight copies that together exceed L2 twice, each call between a kernel that
 writes its input and one that reads its output, whose own time is taken off; rounds
-interleaved, median of ROUNDS), and keeps the fastest for every later call of that shape, F.linear included: an
-algorithm replaces it only when faster by more than MIN_GAIN, so noise does not flip the choice.
+interleaved, median of ROUNDS), and keeps the fastest for every later call of that shape,
+F.linear included: an algorithm replaces it only when faster by more than MIN_GAIN, so noise
+does not flip the choice.
 A first call inside a CUDA graph capture cannot time anything: it takes the heuristic's first
 pick and says so (`Plan.timed`). `plans()` lists the choices, which a decode result records.
 
@@ -361,7 +362,7 @@ def time_candidates(candidates: list, descs: tuple, x: torch.Tensor, weights: li
     sets = list(candidates) + ([alone] if neighbours else [])
     graphs = []
     for algo in sets:
-        calls(algo)                       # each kernel once outside the capture
+        calls(algo)                       # the set eagerly first: first calls load outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             calls(algo)

@@ -17,9 +17,10 @@ its share of the row's softmax mass (`merge`):
 
     out = sum_p softmax_p(lse_p) o_p
 
-The tree block in torch ops took ~51 µs and the merges by logsumexp / logaddexp ~60 more at 65
-tree tokens on an H100, 46 kernels a call (kernels/NOTES.md, "Session 40"): a peer slowed by
-its glue, not by its attention kernel.
+With the tree block in float32 torch ops and the parts merged by logsumexp / logaddexp, a call
+at 65 tree tokens over 64k keys on an H100 was 46 kernels: cuDNN's 165.6 µs, the tree block 51,
+the rest of the glue ~87 (kernels/NOTES.md, "Session 40"): a peer slowed by its glue, not by its
+attention kernel.
 
 What it is not: the decode loop's verify. Each sequence's prefix is sliced at its length on the
 host (`lengths` is a list of ints), so a captured step, whose shapes are fixed while the prefix
@@ -113,7 +114,7 @@ def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     out, i = None, 0
     for o, lse in parts:
         p = lse.shape[0]
-        term = weights[i] * o if p == 1 else (weights[i:i + p] * o).sum(0)
+        term = weights[i] * o[0] if p == 1 else (weights[i:i + p] * o).sum(0)     # [h, M, d]
         out = term if out is None else out + term
         i += p
     return out[None]

@@ -151,7 +151,7 @@ def test_merge_weights_each_part_by_its_mass():
     parts = [vv.prefix_attention(q, k[:, :, :12], v[:, :, :12], 0.3, "cpu"),
              vv.prefix_attention(q, k[:, :, 12:], v[:, :, 12:], 0.3, "cpu")]
     whole, _ = vv.prefix_attention(q, k, v, 0.3, "cpu")
-    assert torch.allclose(vv.merge(parts), whole, atol=1e-5)
+    assert vv.merge(parts).shape == whole.shape and torch.allclose(vv.merge(parts), whole, atol=1e-5)
     swapped = [(parts[0][0], parts[1][1]), (parts[1][0], parts[0][1])]
     assert not torch.allclose(vv.merge(swapped), whole, atol=1e-3)
 
@@ -170,6 +170,7 @@ def test_key_ranges_merge_to_the_whole_prefix(n, ranges):
     whole, lse_whole = vv.prefix_attention(q, k[:, :, :n], v[:, :, :n], scale, "cpu")
     ranges = ranges or vv.key_ranges(n)
     got, lse = vv.ranged_prefix_attention(q, k[:, :, :n], v[:, :, :n], scale, "cpu", ranges)
+    assert got.shape == whole.shape and lse.shape == lse_whole.shape
     assert torch.allclose(got, whole, atol=1e-5) and torch.allclose(lse, lse_whole, atol=1e-5)
 
 
