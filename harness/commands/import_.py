@@ -34,7 +34,7 @@ from harness.protocol.errors import InputError
 
 
 def import_(
-    batch_dirs: list[Path] = typer.Argument(..., metavar="DIR...",
+    batch_dirs: list[Path] = typer.Argument(..., metavar="DIR",
                                             help="the --out DIR of a worker batch; several: one run of "
                                                  "their cells (one scenario, one commit)"),
     tracking_uri: Optional[str] = tracking_uri_option(
