@@ -61,19 +61,22 @@ def pick_backend(device: torch.device) -> str:
     return "cudnn" if torch.cuda.get_device_capability(device) >= (9, 0) else "flash"
 
 
-def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                     backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unmasked attention of q [b, h, M, d] over k, v [b, h, n, d] (n >= 1) by `backend`:
-    (out [b, h, M, d] in q's dtype, natural-log log-sum-exp [b, h, M] float32)."""
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, backend: str,
+                    mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q [b, h, M, d] over k, v [b, h, n, d] (n >= 1) by `backend`'s fused kernel,
+    under an additive `mask` [b, h, M, n] where given (cuDNN and the CPU kernel; FlashAttention-2
+    takes none): (out [b, h, M, d] in q's dtype, natural-log log-sum-exp [b, h, M] float32)."""
     if backend == "cudnn":
         out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
-            q, k, v, None, True, 0.0, False, False, scale=scale)[:2]
-    elif backend == "flash":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
-            q, k, v, 0.0, False, False, scale=scale)[:2]
+            q, k, v, mask, True, 0.0, False, False, scale=scale)[:2]
     elif backend == "cpu":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, scale=scale)
+            q, k, v, 0.0, False, attn_mask=mask, scale=scale)
+    elif backend == "flash" and mask is None:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, False, False, scale=scale)[:2]
+    elif backend == "flash":
+        raise ValueError("FlashAttention-2 takes no mask")
     else:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     return out, lse.reshape(q.shape[:3]).float()      # cuDNN's is [b, h, M, 1]
@@ -86,23 +89,23 @@ def key_ranges(n: int) -> int:
 
 def prefix_parts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, backend: str,
                  ranges: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`prefix_attention` of q [1, h, M, d] over k, v [1, h, n, d] with the n keys cut into
+    """`fused_attention` of q [1, h, M, d] over the prefix k, v [1, h, n, d], the n keys cut into
     `ranges` ranges of n // ranges keys, attended as one batch (views of the cache, no copy),
     plus the n % ranges keys left as one more call: the parts `merge` takes, each (out
     [p, h, M, d] in q's dtype, lse [p, h, M] float32) for p ranges."""
     n = k.shape[2]
     ranges = max(1, min(ranges, n))
     if ranges == 1:           # one call, no copy of q (short prefixes, timed as such)
-        return [prefix_attention(q, k, v, scale, backend)]
+        return [fused_attention(q, k, v, scale, backend)]
     c = n // ranges
     main = ranges * c
     # [h, ranges * c, d] -> [ranges, h, c, d]: range r is batch entry r, a strided view.
     kr = k[0, :, :main].unflatten(1, (ranges, c)).transpose(0, 1)
     vr = v[0, :, :main].unflatten(1, (ranges, c)).transpose(0, 1)
     qr = q.expand(ranges, -1, -1, -1).contiguous()
-    parts = [prefix_attention(qr, kr, vr, scale, backend)]
+    parts = [fused_attention(qr, kr, vr, scale, backend)]
     if main < n:
-        parts.append(prefix_attention(q, k[:, :, main:n], v[:, :, main:n], scale, backend))
+        parts.append(fused_attention(q, k[:, :, main:n], v[:, :, main:n], scale, backend))
     return parts
 
 
@@ -118,14 +121,6 @@ def merge(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         out = term if out is None else out + term
         i += p
     return out[None]
-
-
-def ranged_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                            backend: str, ranges: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The prefix's attention through `prefix_parts`, merged: (out float32 [1, h, M, d], lse
-    float32 [1, h, M])."""
-    parts = prefix_parts(q, k, v, scale, backend, ranges)
-    return merge(parts), torch.logsumexp(torch.cat([lse for _, lse in parts]), 0, keepdim=True)
 
 
 def tree_mask(tree_bits: torch.Tensor, T: int, group: int, backend: str, heads_kv: int,
@@ -145,21 +140,14 @@ def tree_mask(tree_bits: torch.Tensor, T: int, group: int, backend: str, heads_k
     return bias[..., :T]
 
 
-
 def tree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                    scale: float, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     """q [b, h, M, d] over the T tree keys k, v [b, h, T, d] under `tree_mask`'s mask (every row
     sees at least its own node): (out [b, h, M, d], lse float32 [b, h, M]). On cuDNN and the
     CPU one masked call of the backend's kernel; on FlashAttention-2, which takes no mask, a
     masked softmax over T columns in float32 torch ops."""
-    if backend == "cudnn":
-        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
-            q, k, v, mask, True, 0.0, False, False, scale=scale)[:2]
-        return out, lse.reshape(q.shape[:3]).float()
-    if backend == "cpu":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=mask, scale=scale)
-        return out, lse.reshape(q.shape[:3]).float()
+    if backend in FUSED_TREE:
+        return fused_attention(q, k, v, scale, backend, mask)
     s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
     s = s.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(s, -1)

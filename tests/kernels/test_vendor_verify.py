@@ -75,14 +75,14 @@ def test_a_wrong_merge_or_mask_fails_the_check():
     all_visible = ref.pack_visibility(torch.ones(1, 9, 9, dtype=torch.bool))
     assert ref.relative_error(vv.tree_verify_attention(q, k, v, lengths, all_visible), want) > 1e-2
     scale = 1 / math.sqrt(32)
-    o_pre, _ = vv.prefix_attention(q.reshape(1, 2, 18, 32), k[:, :, :70], v[:, :, :70], scale, "cpu")
+    o_pre, _ = vv.fused_attention(q.reshape(1, 2, 18, 32), k[:, :, :70], v[:, :, :70], scale, "cpu")
     assert ref.relative_error(o_pre.reshape(1, 4, 9, 32), want) > 1e-2
 
 
 def test_prefix_lse_is_the_natural_log_sum_exp():
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, n, 16, generator=g) for n in (7, 40, 40))
-    out, lse = vv.prefix_attention(q, k, v, 0.25, "cpu")
+    out, lse = vv.fused_attention(q, k, v, 0.25, "cpu")
     s = q @ k.transpose(-1, -2) * 0.25
     assert torch.allclose(lse, torch.logsumexp(s, -1), atol=1e-5)
     assert torch.allclose(out, torch.softmax(s, -1) @ v, atol=1e-5)
@@ -148,9 +148,9 @@ def test_merge_weights_each_part_by_its_mass():
     g = torch.Generator().manual_seed(5)
     q = torch.randn(1, 2, 6, 16, generator=g)
     k, v = (torch.randn(1, 2, 30, 16, generator=g) for _ in range(2))
-    parts = [vv.prefix_attention(q, k[:, :, :12], v[:, :, :12], 0.3, "cpu"),
-             vv.prefix_attention(q, k[:, :, 12:], v[:, :, 12:], 0.3, "cpu")]
-    whole, _ = vv.prefix_attention(q, k, v, 0.3, "cpu")
+    parts = [vv.fused_attention(q, k[:, :, :12], v[:, :, :12], 0.3, "cpu"),
+             vv.fused_attention(q, k[:, :, 12:], v[:, :, 12:], 0.3, "cpu")]
+    whole, _ = vv.fused_attention(q, k, v, 0.3, "cpu")
     assert vv.merge(parts).shape == whole.shape and torch.allclose(vv.merge(parts), whole, atol=1e-5)
     swapped = [(parts[0][0], parts[1][1]), (parts[1][0], parts[0][1])]
     assert not torch.allclose(vv.merge(swapped), whole, atol=1e-3)
@@ -167,9 +167,10 @@ def test_key_ranges_merge_to_the_whole_prefix(n, ranges):
     v = torch.randn(1, 2, n + 7, 32, generator=g)
     k[:, :, n:] = float("nan")           # keys past the prefix must not be read
     scale = 1 / math.sqrt(32)
-    whole, lse_whole = vv.prefix_attention(q, k[:, :, :n], v[:, :, :n], scale, "cpu")
+    whole, lse_whole = vv.fused_attention(q, k[:, :, :n], v[:, :, :n], scale, "cpu")
     ranges = ranges or vv.key_ranges(n)
-    got, lse = vv.ranged_prefix_attention(q, k[:, :, :n], v[:, :, :n], scale, "cpu", ranges)
+    parts = vv.prefix_parts(q, k[:, :, :n], v[:, :, :n], scale, "cpu", ranges)
+    got, lse = vv.merge(parts), torch.logsumexp(torch.cat([lse for _, lse in parts]), 0, keepdim=True)
     assert got.shape == whole.shape and lse.shape == lse_whole.shape
     assert torch.allclose(got, whole, atol=1e-5) and torch.allclose(lse, lse_whole, atol=1e-5)
 

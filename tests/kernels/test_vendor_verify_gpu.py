@@ -55,7 +55,7 @@ def test_prefix_lse_is_the_natural_log_sum_exp(backend):
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(1, HKV, 4 * 65, D, device="cuda", generator=g).bfloat16()
     k, v = (torch.randn(1, HKV, 2048, D, device="cuda", generator=g).bfloat16() for _ in range(2))
-    out, lse = vv.prefix_attention(q, k, v, D ** -0.5, backend)
+    out, lse = vv.fused_attention(q, k, v, D ** -0.5, backend)
     s = q.float() @ k.float().transpose(-1, -2) * D ** -0.5
     assert torch.allclose(lse, torch.logsumexp(s, -1), atol=2e-2)
     assert ref.relative_error(out, torch.softmax(s, -1).double() @ v.double()) < 1e-2

@@ -40,9 +40,9 @@ a KV head folded into its query axis so the cache is never expanded: the decode 
 path) and `flex` (harness/decode/flex_verify.py: torch.compile'd flex_attention with a block
 mask, the decode loop's flex path). A compared mode may also be `vendor`
 (kernels/verify/vendor_verify.py): torch's fused attention kernel (cuDNN on Hopper) over the
-unmasked prefix, the tree block in torch, merged by log-sum-exp; the kernel it used is
-`kernel.vendor_backend` and the key ranges of its prefix, `kernel.vendor_ranges`. sdpa, flex and
-vendor read a contiguous cache only.
+unmasked prefix and, with an additive mask, over the tree block, merged by log-sum-exp; the
+kernel it used is `kernel.vendor_backend` and the key ranges of its prefix,
+`kernel.vendor_ranges`. sdpa, flex and vendor read a contiguous cache only.
 """
 
 from __future__ import annotations
