@@ -18,7 +18,10 @@ outputs and the workspace, so a CUDA graph can capture it.
      its slot with an atomic add on the row's counter.
   3. `_finish_kernel`, one program per row: logsumexp from the partials; then each candidate's
      rank = #candidates that precede it in (value desc, id asc), and those with rank < k' are
-     written at their rank. Ties are thus broken by lower token id, deterministically.
+     written at their rank. Ties are thus broken by lower token id, deterministically. Up to
+     BJ candidates (the common case) are ranked by counting in one block; up to BS (rows whose
+     large values share chunks: a vocabulary ordered by frequency puts its likely words
+     together) by one sort of packed (value, id) keys; more, by counting block by block.
      More than CAP candidates (all-equal rows, heavy ties, adversarial layouts), or fewer than
      k' (impossible with a correct threshold; checked anyway, so the result never depends on
      it): an exact selection over the whole row instead (bisection on order-preserving integer
@@ -30,7 +33,7 @@ Log-probs are (x - max) - log(sum exp(x - max)) in float32: a few ulp of |log-pr
 float64 value (<= 1.7e-6 measured at the drafter's x32 scale, interpreter), which is below
 torch's own float32 path, whose logsumexp is rounded at |lse| (half an ulp: 7.6e-6 at
 |lse| ~ 150), so the two differ by up to about that. NaN logits are not supported. Any k works;
-the ranking is quadratic in the candidates, so k' in the thousands gets slow.
+past BS candidates the ranking is quadratic in them, so k' in the thousands gets slow.
 Dtype-generic kernels: the tests run them under TRITON_INTERPRET=1 on CPU (fp32, fp16); bf16
 is checked on the GPU (tests/kernels/test_triton_topk_gpu.py, `pytest -m gpu`).
 """
@@ -48,6 +51,8 @@ from harness.kernels import pdl
 # Order-preserving int32 keys of float32 values (see _key): the keys of -inf and +inf.
 KEY_NEG_INF = tl.constexpr(-2139095041)
 KEY_POS_INF = tl.constexpr(2139095040)
+# Below every packed (key, id) of _finish_kernel's sort: the empty slots sort last.
+KEY64_EMPTY = tl.constexpr(-2**63)
 
 MAX_CHUNKS = 4096     # chunk maxima per row: the last stats program holds them in registers
 MIN_CAP = 2048        # candidate slots per row (at least k'): past this, the exact fallback
@@ -198,7 +203,8 @@ def _rank_block(vi, ii, vj, ij, jm):
 def _finish_kernel(
     X, PART_M, PART_S, COUNT, CAND_V, CAND_I, OUT_LP, OUT_ID,
     V, n1, stride0, stride1, P, KP, CAP,
-    PB: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, FB: tl.constexpr, PDL: tl.constexpr,
+    PB: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr, BS: tl.constexpr, FB: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pdl.wait_then_release(PDL)
     row = tl.program_id(0)
@@ -249,6 +255,19 @@ def _finish_kernel(
         w = jm & (rank < KP)
         tl.store(OUT_LP + r64 * KP + rank, (vj0 - M) - log_s, mask=w)
         tl.store(OUT_ID + r64 * KP + rank, ij0.to(tl.int64), mask=w)
+    elif n <= BS:
+        # Up to BS candidates (rows whose large values share chunks, which loosens the
+        # threshold; a fallback's k'): one sort by a packed key, value descending then id
+        # ascending, so a slot's place is its rank. Counting would take (n / BJ)^2 blocks.
+        q = tl.arange(0, BS)
+        qm = q < n
+        vq = tl.load(cand_v + q, mask=qm, other=0.0)
+        iq = tl.load(cand_i + q, mask=qm, other=0)
+        packed = (_key(vq).to(tl.int64) << 32) | (0x7FFFFFFF - iq).to(tl.int64)
+        ordered = tl.sort(tl.where(qm, packed, KEY64_EMPTY), descending=True)
+        w = q < KP
+        tl.store(OUT_LP + r64 * KP + q, (_unkey((ordered >> 32).to(tl.int32)) - M) - log_s, mask=w)
+        tl.store(OUT_ID + r64 * KP + q, (0x7FFFFFFF - (ordered & 0x7FFFFFFF)).to(tl.int64), mask=w)
     else:
         for i0 in range(0, n, BI):
             i = i0 + tl.arange(0, BI)
@@ -316,7 +335,7 @@ def plan(V: int, k: int, config: dict | None = None) -> dict:
     C = P * sub
     cap = max(config.pop("CAP", None) or MIN_CAP, kp)
     p = dict(V=V, kp=kp, BLOCK=block, SUB=sub, P=P, C=C, CP=triton.next_power_of_2(C), CAP=cap,
-             PB=min(1024, triton.next_power_of_2(P)), BI=64, BJ=128, FB=1024,
+             PB=min(1024, triton.next_power_of_2(P)), BI=64, BJ=128, BS=1024, FB=1024,
              num_warps=4, finish_warps=8)
     p.update(config)
     return p
@@ -406,5 +425,6 @@ def topk_logprobs(logits: torch.Tensor, k: int,
     _finish_kernel[(rows,)](
         logits, ws.part_m, ws.part_s, ws.count, ws.cand_v, ws.cand_i, lp, ids,
         V, n1, s0, s1, p["P"], kp, p["CAP"],
-        PB=p["PB"], BI=p["BI"], BJ=p["BJ"], FB=p["FB"], num_warps=p["finish_warps"], **launch)
+        PB=p["PB"], BI=p["BI"], BJ=p["BJ"], BS=p["BS"], FB=p["FB"], num_warps=p["finish_warps"],
+        **launch)
     return lp, ids

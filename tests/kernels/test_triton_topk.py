@@ -183,6 +183,22 @@ def test_fallback_ignores_stale_candidates(interp):
     assert (r["count"][:2] > 8).all()
 
 
+@pytest.mark.parametrize("BS", [1024, 1], ids=["sorted", "counted"])
+def test_crowded_rows_rank_many_candidates(interp, BS):
+    # The row's largest values in its first chunks (a vocabulary ordered by frequency puts its
+    # likely words together): the k'-th largest chunk max is a low threshold, so ~200
+    # candidates pass, more than one ranking block (BJ). Up to BS they are sorted at once
+    # (BS 1: ranked by counting, block by block); both must give the reference.
+    g = gen_for("crowded", BS)
+    x = torch.randn(2, 4096, generator=g)
+    x[:, :200] += 10
+    config = {"BLOCK": 256, "BS": BS}
+    r = run(interp, x, 24, config)[0]
+    check(x, 24, r)
+    bj = r["plan"]["BJ"]
+    assert ((r["count"][:2] > bj) & (r["count"][:2] <= 1024)).all(), r["count"][:2]
+
+
 def test_threshold_is_the_kth_largest_chunk_max(interp):
     # One element per chunk (SUB = BLOCK) and distinct values: exactly k' elements reach the
     # threshold, none more (a looser threshold is still correct, only slower).
@@ -302,7 +318,7 @@ def test_kernels_compile_for_the_gpu(arch, k):
     for fn, constexprs, warps in (
             (triton_topk._stats_kernel, dict(BLOCK=p["BLOCK"], SUB=p["SUB"], CP=p["CP"]), p["num_warps"]),
             (triton_topk._gather_kernel, dict(BLOCK=p["BLOCK"]), p["num_warps"]),
-            (triton_topk._finish_kernel, dict(PB=p["PB"], BI=p["BI"], BJ=p["BJ"], FB=p["FB"]),
+            (triton_topk._finish_kernel, dict(PB=p["PB"], BI=p["BI"], BJ=p["BJ"], BS=p["BS"], FB=p["FB"]),
              p["finish_warps"])):
         pointers = fn.arg_names[:fn.arg_names.index("V")]     # the tensors come first
         sig = {n: "constexpr" if n in constexprs else ptr.get(n, "*fp32") if n in pointers else

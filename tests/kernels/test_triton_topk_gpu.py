@@ -1,8 +1,10 @@
 """The Triton top-k log-probs (harness.kernels.tree.triton_topk) on a GPU, at the drafter's shapes.
 
 b in 1, 2, 4 sequences of D = 15 drafted positions over V = 151936 (qwen3-8b's vocabulary),
-k in 16, 64, 128, 256, on three kinds of logits: float32 randn x 8, the random drafter's
-(an lm_head product standardised per row, x 32) and bf16 randn x 8 (ties: bf16 keeps 8 bits).
+k in 16, 64, 128, 256, on four kinds of logits: float32 randn x 8, the random drafter's
+(an lm_head product standardised per row, x 32), bf16 randn x 8 (ties: bf16 keeps 8 bits) and
+"crowded" rows whose largest values sit among the first ids (as a vocabulary ordered by
+frequency puts its likely words), which pass several hundred candidates to the ranking.
 The reference is independent of the kernel: a stable descending sort in float64, i.e. (value
 desc, id asc), the kernel's tie rule, so ids must equal it exactly, ties included, and
 log-probs must be within LP_TOL of float64 topk - logsumexp; without ties the ids also equal
@@ -29,7 +31,7 @@ pytestmark = pytest.mark.gpu
 VOCAB = 151936
 D = 15
 LP_TOL = 1e-5          # |log-prob - float64|: a few float32 ulp of the magnitudes involved
-KINDS = ("f32", "drafter", "bf16")
+KINDS = ("f32", "drafter", "bf16", "crowded")
 
 
 def logits_for(kind: str, b: int, seed: int, device) -> torch.Tensor:
@@ -38,6 +40,10 @@ def logits_for(kind: str, b: int, seed: int, device) -> torch.Tensor:
         return torch.randn(b, D, VOCAB, generator=g, device=device) * 8
     if kind == "bf16":
         return (torch.randn(b, D, VOCAB, generator=g, device=device) * 8).to(torch.bfloat16)
+    if kind == "crowded":    # ids 0..511 lifted above the rest, in random order
+        x = torch.randn(b, D, VOCAB, generator=g, device=device) * 8
+        x[..., :512] += 64
+        return x
     if kind == "drafter":   # an lm_head over random hidden states, standardised x 32
         h = torch.randn(b, D, 256, generator=g, device=device)
         w = torch.randn(256, VOCAB, generator=g, device=device)
@@ -107,7 +113,7 @@ def test_graph_replays_equal_eager_calls_on_new_logits(cuda, b, k):
     ws = triton_topk.alloc_workspace(x, k)
     out = (torch.empty(b, D, k, device=cuda), torch.empty(b, D, k, dtype=torch.long, device=cuda))
     graph = capture(lambda: triton_topk.topk_logprobs(x, k, out=out, workspace=ws))
-    for seed, kind in ((101, "f32"), (102, "bf16"), (103, "drafter")):
+    for seed, kind in ((101, "f32"), (102, "bf16"), (103, "drafter"), (104, "crowded")):
         new = logits_for(kind, b, seed, cuda).float()
         x.copy_(new)
         graph.replay()
