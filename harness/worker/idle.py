@@ -48,6 +48,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import time
 
 import torch
 
@@ -236,9 +237,33 @@ def meter_outputs(stats: dict, event_windows_ms: list, steps: int,
     return metrics, samples, extra
 
 
+def plain_window(step_fn, steps: int, *, warmup: int = 1) -> float:
+    """Host milliseconds per step of `steps` calls of `step_fn` after `warmup` unrecorded ones,
+    measured as `profile_window` measures its window (from the first recorded call's start to
+    the last one's end, the queue kept full by the warm-up), without the profiler: the
+    unprofiled side of `profiler_overhead`."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    for _ in range(warmup):
+        step_fn()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step_fn()
+    ms = (time.perf_counter() - t0) * 1e3 / steps
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return ms
+
+
 def profiler_overhead(stats: dict, unprofiled_step_ms: list[float]) -> dict:
     """How much the profiler slows the steps it records: the profiled window's host time per
-    step against the median of the timed windows' (same cell, same process, no profiler).
+    step against the mean of unprofiled windows' (same cell, same process).
+
+    The decode workload passes the two `plain_window`s run just before and just after the
+    profiled one, of its length and warm-up: a loop's steps slow down steadily over a repeat
+    (0.2-0.5 % a step on an H100, every cell of loop-limit; kernels/NOTES.md, Session 41), so a
+    window measured earlier (the timed ones) would charge that drift to the profiler, and the
+    mean of one window either side cancels it where it is linear.
 
     {"profiled_step_ms", "profiler_overhead_pct"}, or {} without a profiled window. This is the
     cost the meter keeps out of tokens/s by profiling only after the timed windows, and the
@@ -247,6 +272,5 @@ def profiler_overhead(stats: dict, unprofiled_step_ms: list[float]) -> dict:
     if not stats or not stats.get("steps") or not unprofiled_step_ms:
         return {}
     profiled = stats["window_ms"] / stats["steps"]
-    plain = statistics.median(unprofiled_step_ms)
+    plain = statistics.mean(unprofiled_step_ms)
     return {"profiled_step_ms": profiled, "profiler_overhead_pct": 100.0 * (profiled / plain - 1.0)}
-

@@ -3,6 +3,7 @@ the scenario that sweeps it."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -13,11 +14,25 @@ from harness.worker import idle
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_overhead_is_the_profiled_step_against_the_median_timed_step():
+def test_overhead_is_the_profiled_step_against_the_plain_windows_either_side():
     stats = {"window_ms": 66.0, "steps": 6}                  # 11 ms a step under the profiler
-    out = idle.profiler_overhead(stats, [10.0, 10.5, 9.0])
+    # Steps drifting from 9.5 to 10.5 ms over the three windows: the mean of the two plain
+    # ones is the drift at the profiled window, so only the profiler's 1 ms is charged.
+    out = idle.profiler_overhead(stats, [9.5, 10.5])
     assert out == {"profiled_step_ms": 11.0, "profiler_overhead_pct": pytest.approx(10.0)}
     assert idle.profiler_overhead(stats, [12.0])["profiler_overhead_pct"] == pytest.approx(-100 / 12)
+
+
+def test_a_plain_window_times_only_its_recorded_steps():
+    calls = []
+
+    def step():                       # warm-up steps are slow here, recorded ones 4 ms
+        calls.append(time.perf_counter())
+        time.sleep(0.05 if len(calls) <= 2 else 0.004)
+
+    ms = idle.plain_window(step, 5, warmup=2)
+    assert len(calls) == 7
+    assert 4.0 <= ms < 15.0, ms
 
 
 @pytest.mark.parametrize("stats, windows", [({}, [10.0]), ({"window_ms": 5.0, "steps": 0}, [10.0]),

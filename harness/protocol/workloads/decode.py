@@ -322,7 +322,8 @@ SPEC = WorkloadSpec(
         "accept_len_mean": {"direction": "higher", "threshold_rel": 0.03},
         # one sample per worker run (the profiled window): reported, not gated
         "idle_fraction": {"direction": "lower", "threshold_abs": 0.02, "gate": False, "per": "run"},
-        # the profiled window against the timed ones (scenarios/profiler-overhead.yaml)
+        # the profiled window against the same window unprofiled either side of it
+        # (scenarios/profiler-overhead.yaml)
         "profiler_overhead_pct": {"direction": "lower", "threshold_abs": 1.0, "gate": False,
                                   "per": "run"},
         "step_ms_p50": {"direction": "lower", "threshold_rel": 0.03},

@@ -5,7 +5,8 @@ Per repeat: the decoder is reset to its new state with the repeat's seed and pre
 committed tokens / window wall time, with the device synchronised at both ends). On a GPU,
 `profile_steps` further steps run under the CUDA-activity profiler in the last repeat, outside
 the timed window so the profiler's overhead never touches tokens/s, and give the idle fraction
-and per-phase GPU time.
+and per-phase GPU time; as many steps unprofiled just before and just after them give what the
+profiler costs (`profiler_overhead_pct`).
 
 A process keeps the last cell's models and decoder (a persistent worker measures the same cell
 round after round): a round after the first allocates no KV cache and captures no CUDA graph.
@@ -31,7 +32,7 @@ from collections import defaultdict
 import torch
 
 from harness.decode.drafter import Drafter, DrafterConfig
-from harness.decode.fast import FastARDecoder, FastSpecDecoder
+from harness.decode.fast import IN_FLIGHT, FastARDecoder, FastSpecDecoder
 from harness.decode.kernel_choice import Kernels, blas_library
 from harness.decode.loop import SpecDecoder
 from harness.decode.model import Target, TargetConfig, init_random_
@@ -168,14 +169,15 @@ def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
 
     batch, ctx, B = cell["batch_size"], cell["context_length"], cell["block_size"]
     per_step = B if cell["speculation"] == "ddtree" else 1
-    total_steps = cell["warmup_steps"] + cell["steps"] + cell["profile_steps"] + 1 + AUDIT_STEPS
+    # The profiled window and the plain ones either side of it, each after its warm-up.
+    profiling = 3 * (cell["profile_steps"] + IN_FLIGHT + 1)
+    total_steps = cell["warmup_steps"] + cell["steps"] + profiling + AUDIT_STEPS
     max_len = ctx + (total_steps + 2) * per_step + cell["tree_budget"] + B + 8
     random_prefill = cell["acceptance"] == "synthetic"
 
     lengths = prefix_lengths(ctx, batch)
     tps, accept_means, step_ms, step_p50, phase_ms = [], [], [], [], defaultdict(list)
-    window_step_ms = []       # host ms per step of each timed window
-    trace_stats, event_ms, audit, decoder_kept = {}, [], None, False
+    trace_stats, plain, event_ms, audit, decoder_kept = {}, [], [], None, False
     key = _decoder_key(cell, device, dtype, kernels)
     for r in range(cell["repeats"]):
         progress(stage="prefill", repeat=r + 1, repeats=cell["repeats"])
@@ -224,7 +226,6 @@ def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
         sync()
         window = time.perf_counter() - t_start
         timing["window_s"] += window
-        window_step_ms.append(window * 1e3 / cell["steps"])
         event_ms.append(events.window_ms())
 
         tps.append(committed / window)
@@ -244,8 +245,12 @@ def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
                 # Warm-up steps inside the profiler until the host is as far ahead of the GPU
                 # as it runs in steady state (the fast loops read IN_FLIGHT steps behind):
                 # a window that starts with the queue empty counts its filling as host time.
-                trace_stats = idle.profile_window(dec.step, cell["profile_steps"],
-                                                  warmup=getattr(dec, "in_flight", 0) + 1)
+                # The same window unprofiled just before and just after: the profiler's cost
+                # against them, not against the timed windows (steps slow down over a repeat).
+                warm = getattr(dec, "in_flight", 0) + 1
+                plain = [idle.plain_window(dec.step, cell["profile_steps"], warmup=warm)]
+                trace_stats = idle.profile_window(dec.step, cell["profile_steps"], warmup=warm)
+                plain.append(idle.plain_window(dec.step, cell["profile_steps"], warmup=warm))
             progress(stage="sync audit", steps=AUDIT_STEPS)
             audit = syncaudit.audit_window(dec.step, AUDIT_STEPS, device)
             timing["profile_s"] = time.perf_counter() - t0
@@ -269,7 +274,7 @@ def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
     # per-phase GPU and idle time, syncs per step: absent, never zero, where not measured.
     meter, meter_samples, extra = idle.meter_outputs(trace_stats, event_ms, cell["steps"], audit)
     metrics.update(meter)
-    metrics.update(idle.profiler_overhead(trace_stats, window_step_ms))
+    metrics.update(idle.profiler_overhead(trace_stats, plain))
     # step_ms: every timed step of every repeat; step_ms_p50: one p50 per repeat, the
     # per-repeat samples of metrics["step_ms_p50"] (which is the p50 over all steps).
     samples = {"tokens_per_s": tps, "accept_len_mean": accept_means, "step_ms": step_ms,
