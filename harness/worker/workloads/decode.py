@@ -251,6 +251,7 @@ def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
                 plain = [idle.plain_window(dec.step, cell["profile_steps"], warmup=warm)]
                 trace_stats = idle.profile_window(dec.step, cell["profile_steps"], warmup=warm)
                 plain.append(idle.plain_window(dec.step, cell["profile_steps"], warmup=warm))
+                trace_stats["plain_step_ms"] = plain      # kept in the result's profile
             progress(stage="sync audit", steps=AUDIT_STEPS)
             audit = syncaudit.audit_window(dec.step, AUDIT_STEPS, device)
             timing["profile_s"] = time.perf_counter() - t0
