@@ -237,19 +237,19 @@ def meter_outputs(stats: dict, event_windows_ms: list, steps: int,
     return metrics, samples, extra
 
 
-def plain_window(step_fn, steps: int, *, warmup: int = 1) -> float:
+def plain_window(step_fn, steps: int, *, warmup: int = 1, clock=time.perf_counter) -> float:
     """Host milliseconds per step of `steps` calls of `step_fn` after `warmup` unrecorded ones,
     measured as `profile_window` measures its window (from the first recorded call's start to
     the last one's end, the queue kept full by the warm-up), without the profiler: the
-    unprofiled side of `profiler_overhead`."""
+    unprofiled side of `profiler_overhead`. `clock` is seconds, for tests."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     for _ in range(warmup):
         step_fn()
-    t0 = time.perf_counter()
+    t0 = clock()
     for _ in range(steps):
         step_fn()
-    ms = (time.perf_counter() - t0) * 1e3 / steps
+    ms = (clock() - t0) * 1e3 / steps
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return ms

@@ -3,7 +3,6 @@ the scenario that sweeps it."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -24,15 +23,16 @@ def test_overhead_is_the_profiled_step_against_the_plain_windows_either_side():
 
 
 def test_a_plain_window_times_only_its_recorded_steps():
+    now = [0.0]                       # seconds, advanced by the steps themselves
     calls = []
 
-    def step():                       # warm-up steps are slow here, recorded ones 4 ms
-        calls.append(time.perf_counter())
-        time.sleep(0.05 if len(calls) <= 2 else 0.004)
+    def step():                       # the warm-up's steps take 50 ms, the recorded ones 4
+        calls.append(now[0])
+        now[0] += 0.050 if len(calls) <= 2 else 0.004
 
-    ms = idle.plain_window(step, 5, warmup=2)
+    ms = idle.plain_window(step, 5, warmup=2, clock=lambda: now[0])
     assert len(calls) == 7
-    assert 4.0 <= ms < 15.0, ms
+    assert ms == pytest.approx(4.0)
 
 
 @pytest.mark.parametrize("stats, windows", [({}, [10.0]), ({"window_ms": 5.0, "steps": 0}, [10.0]),
