@@ -46,3 +46,14 @@ def test_the_profiler_overhead_scenario_profiles_as_many_steps_as_it_times():
     assert len(cells) == 8
     assert all(c["profile_steps"] == c["steps"] and c["profile"] for c in cells)
     assert {c["graph_capture"] for c in cells} == {"none", "verify", "full"}
+
+
+def test_the_profiling_windows_fit_the_steps_the_bounds_count():
+    # The worker warms each profiling window up with the fast loops' steps in flight + 1; the
+    # KV cache, the synthetic draws and the context check count PROFILE_WARMUP steps for it.
+    from harness.decode.fast import IN_FLIGHT
+    from harness.protocol.workloads import decode
+
+    assert IN_FLIGHT + 1 <= decode.PROFILE_WARMUP
+    cell = {"profile_steps": 4}
+    assert decode.profiling_steps(cell) == 3 * (4 + decode.PROFILE_WARMUP) + decode.AUDIT_STEPS

@@ -190,14 +190,26 @@ def check_lossless(cell: dict):
     return None
 
 
+# The steps a decode cell runs besides its warm-up and timed windows (harness/worker/workloads/
+# decode.py): in the last repeat on a GPU, the profiled window with the same window run
+# unprofiled just before and just after it, each after at most PROFILE_WARMUP steps (the fast
+# loops' steps in flight, plus one), then the sync audit's AUDIT_STEPS.
+PROFILE_WARMUP = 3
+AUDIT_STEPS = 3
+
+
+def profiling_steps(cell: dict) -> int:
+    return 3 * (cell["profile_steps"] + PROFILE_WARMUP) + AUDIT_STEPS
+
+
 def decoded_tokens_bound(cell: dict) -> int:
     """The most positions a cell's decoding can add to the KV cache after the prompt.
 
-    Conservative on purpose: every step (warm-up, timed, profiled) may commit a whole block,
+    Conservative on purpose: every step (warm-up, timed, profiling) may commit a whole block,
     no repeat is assumed to restart from the prompt, and the last verify adds a tree of
     1 + tree_budget tokens on top.
     """
-    step_count = cell["warmup_steps"] + cell["repeats"] * cell["steps"] + cell["profile_steps"]
+    step_count = cell["warmup_steps"] + cell["repeats"] * cell["steps"] + profiling_steps(cell)
     if cell["speculation"] == "none":
         return step_count
     # The lossless check decodes from a fresh prompt of the same length: its steps, not added.

@@ -32,15 +32,15 @@ from collections import defaultdict
 import torch
 
 from harness.decode.drafter import Drafter, DrafterConfig
-from harness.decode.fast import IN_FLIGHT, FastARDecoder, FastSpecDecoder
+from harness.decode.fast import FastARDecoder, FastSpecDecoder
 from harness.decode.kernel_choice import Kernels, blas_library
 from harness.decode.loop import SpecDecoder
 from harness.decode.model import Target, TargetConfig, init_random_
 from harness.protocol import params, presets
+from harness.protocol.workloads.decode import AUDIT_STEPS, profiling_steps
 from harness.worker import graphstate, idle, measure, syncaudit
 
 PHASES = ("draft", "tree", "verify", "accept", "commit")
-AUDIT_STEPS = 3   # steps under the sync audit (GPU only; its own untimed, unprofiled window)
 
 
 def resolve_device(cell: dict) -> torch.device:
@@ -169,9 +169,7 @@ def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
 
     batch, ctx, B = cell["batch_size"], cell["context_length"], cell["block_size"]
     per_step = B if cell["speculation"] == "ddtree" else 1
-    # The profiled window and the plain ones either side of it, each after its warm-up.
-    profiling = 3 * (cell["profile_steps"] + IN_FLIGHT + 1)
-    total_steps = cell["warmup_steps"] + cell["steps"] + profiling + AUDIT_STEPS
+    total_steps = cell["warmup_steps"] + cell["steps"] + profiling_steps(cell)
     max_len = ctx + (total_steps + 2) * per_step + cell["tree_budget"] + B + 8
     random_prefill = cell["acceptance"] == "synthetic"
 
@@ -247,7 +245,7 @@ def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
                 # a window that starts with the queue empty counts its filling as host time.
                 # The same window unprofiled just before and just after: the profiler's cost
                 # against them, not against the timed windows (steps slow down over a repeat).
-                warm = getattr(dec, "in_flight", 0) + 1
+                warm = getattr(dec, "in_flight", 0) + 1       # <= PROFILE_WARMUP
                 plain = [idle.plain_window(dec.step, cell["profile_steps"], warmup=warm)]
                 trace_stats = idle.profile_window(dec.step, cell["profile_steps"], warmup=warm)
                 plain.append(idle.plain_window(dec.step, cell["profile_steps"], warmup=warm))
@@ -350,7 +348,7 @@ def _decoder(cell, kernels, target, drafter, batch, max_len, clock, seed):
     if (cell["tree_build"], cell["accept"], cell["graph_capture"]) == ("cpu", "cpu", "none"):
         # The baseline: the plain host-orchestrated loop the fast modes are measured against.
         return SpecDecoder(target, drafter, **common)
-    steps = cell["warmup_steps"] + cell["steps"] + cell["profile_steps"] + AUDIT_STEPS + 8
+    steps = cell["warmup_steps"] + cell["steps"] + profiling_steps(cell) + 8
     return FastSpecDecoder(target, drafter, tree_build=cell["tree_build"], accept=cell["accept"],
                            graph_capture=cell["graph_capture"], max_steps=steps, **common)
 
