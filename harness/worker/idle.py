@@ -261,7 +261,8 @@ def profiler_overhead(stats: dict, unprofiled_step_ms: list[float]) -> dict:
 
     The decode workload passes the two `plain_window`s run just before and just after the
     profiled one, of its length and warm-up: a loop's steps slow down steadily over a repeat
-    (0.2-0.5 % a step on an H100, every cell of loop-limit; kernels/NOTES.md, Session 41), so a
+    (0.16-0.52 % a step on an H100, 0.27-0.92 % on an H200, every decode cell of loop-limit;
+    kernels/NOTES.md, Session 41), so a
     window measured earlier (the timed ones) would charge that drift to the profiler, and the
     mean of one window either side cancels it where it is linear.
 
