@@ -6,9 +6,9 @@ ours is the controller, often on another machine) logs a metric `system/gpu_<i>_
 GPU, a value per logging step, each with its wall-clock timestamp; the UI puts every `system/`
 metric in that tab and draws it over time. The names here are the monitor's
 (mlflow/system_metrics/metrics/gpu_monitor.py): utilisation in %, memory in use in decimal
-megabytes, power in watts. The monitor has no clock metric; the SM clock gets a name in its
-pattern, `gpu_<i>_sm_clock_megahertz`. `<i>` is NVML's index of the cell's GPU, as the monitor
-numbers GPUs.
+megabytes, power in watts. The monitor has no clock, temperature or power-cap metric; they
+get names in its pattern (`gpu_<i>_sm_clock_megahertz`, ...). `<i>` is NVML's index of the
+cell's GPU, as the monitor numbers GPUs.
 
 Only what was sampled is logged: a null point is skipped, a result without a series (no GPU,
 no NVML) logs no system metric at all. No mlflow import: the caller wraps the tuples.
@@ -25,6 +25,8 @@ NAMES = {
     "memory_used_mb": "memory_usage_megabytes",
     "power_w": "power_usage_watts",
     "sm_clock_mhz": "sm_clock_megahertz",
+    "temperature_c": "temperature_celsius",
+    "power_capped_pct": "power_capped_percentage",
 }
 
 

@@ -8,7 +8,12 @@ thread), and the result carries those snapshots as columns, one list per quantit
     "gpu_series": {"gpu_index": 0, "origin": 1764650000.125, "interval_s": 0.5,
                    "t_s": [0.0, 0.5, ...], "utilization_pct": [97, ...],
                    "memory_used_mb": [1610.6, ...], "sm_clock_mhz": [1980, ...],
-                   "power_w": [123.5, ...]}
+                   "power_w": [123.5, ...], "temperature_c": [41, ...],
+                   "power_capped_pct": [0, ...]}
+
+`power_capped_pct` is the share of a point's snapshots in which NVML named the software power
+cap among the clock's event reasons: with `sm_clock_mhz` and `temperature_c` it says whether a
+step time that rose during the cell followed the clock, and why the clock fell.
 
 `origin` is the cell's start (epoch seconds) and `t_s` the seconds since it, so the controller
 can place each point in time (MLflow's system metrics, harness.sweep.tracking) without the
@@ -38,12 +43,21 @@ MAX_POINTS = 240
 _MB = 1e6           # MLflow's GPU memory unit is the decimal megabyte (used bytes / 1e6)
 _MIB = 2**20
 
-# column -> (snapshot field, how it is converted, digits kept)
+
+
+def _power_capped(gpu: dict) -> float | None:
+    reasons = gpu.get("throttle_reasons")
+    return None if reasons is None else 100.0 * ("sw_power_cap" in reasons)
+
+
+# column -> (snapshot field, or how it is read from a snapshot's GPU facts; scale; digits kept)
 COLUMNS = {
     "utilization_pct": ("utilization_pct", 1.0, 1),
     "memory_used_mb": ("memory_used_mib", _MIB / _MB, 1),
     "sm_clock_mhz": ("sm_clock_mhz", 1.0, 0),
     "power_w": ("power_w", 1.0, 1),
+    "temperature_c": ("temperature_c", 1.0, 0),
+    "power_capped_pct": (_power_capped, 1.0, 0),
 }
 
 
@@ -63,7 +77,8 @@ def gpu_series(samples: list[dict], origin: float, interval_s: float | None,
         out["interval_s"] = interval_s * per
     out["t_s"] = [round(_mean([s["time"] for s in run]) - origin, 3) for run in runs]
     for column, (field, scale, digits) in COLUMNS.items():
-        values = [_mean([s["gpu"].get(field) for s in run]) for run in runs]
+        read = field if callable(field) else (lambda gpu, field=field: gpu.get(field))
+        values = [_mean([read(s["gpu"]) for s in run]) for run in runs]
         if all(v is None for v in values):
             continue
         out[column] = [None if v is None else _round(v * scale, digits) for v in values]

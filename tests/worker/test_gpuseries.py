@@ -37,6 +37,8 @@ def test_a_gpu_cell_carries_its_gpu_series(monkeypatch):
     assert series["memory_used_mb"] == [1610.6] * n     # 1536 MiB in MLflow's decimal MB
     assert series["sm_clock_mhz"] == [1980] * n
     assert series["power_w"] == [123.5] * n
+    assert series["temperature_c"] == [41] * n
+    assert series["power_capped_pct"] == [100] * n      # the fake's reasons: idle and power cap
     assert len(json.dumps(series)) < 200 * n           # compact: columns, not a dict per point
 
 
@@ -88,6 +90,17 @@ def test_a_quantity_nvml_could_not_read_is_null_or_has_no_column():
     assert "interval_s" not in gpuseries.gpu_series(samples, 100.0, None)   # not sampled between
     assert gpuseries.gpu_series([{"time": 1.0, "nvml": "no GPU"}], 0.0, 0.5) is None
     assert gpuseries.gpu_series([], 0.0, None) is None
+
+
+def test_the_power_cap_share_is_the_share_of_snapshots_that_name_it():
+    reasons = [["sw_power_cap"], [], ["sw_power_cap", "sw_thermal_slowdown"], None, ["gpu_idle"]]
+    samples = [snap(10.0 + 0.5 * i, temperature_c=60 + i, throttle_reasons=r)
+               for i, r in enumerate(reasons)]
+    series = gpuseries.gpu_series(samples, 10.0, 0.5, max_points=3)      # runs of 2, 2, 1
+    assert series["power_capped_pct"] == [50, 100, 0]    # None: not read, not counted
+    assert series["temperature_c"] == [60, 62, 64]
+    unread = gpuseries.gpu_series([snap(1.0, temperature_c=50)], 1.0, None)
+    assert "power_capped_pct" not in unread              # never read: no column
 
 
 def test_a_long_cell_is_decimated_into_means():
