@@ -85,6 +85,16 @@ class _StepsBehind:
         """Read the records still outstanding (call at the end of a window, before timing)."""
         return self._read_behind(drain=True)
 
+    def _rewind_behind(self) -> None:
+        """The host side of `rewind`: every record in flight read (the GPU has finished the
+        steps before the rewind), none kept, the prefill's lengths as the host's. The device
+        state is each decoder's own."""
+        self.finish()
+        self.slot = 0
+        self.output = [[] for _ in range(self.b)]
+        self.lengths_host = list(self._prefilled[0])
+        self.steps_launched = 0
+
     def _publish(self) -> None:
         """Queue a copy of this step's record to pinned host memory, marked by an event."""
         p = self.slot
@@ -265,6 +275,7 @@ class FastSpecDecoder(_StepsBehind):
             self.draws_host = self._draw()
             self.draws = torch.tensor(self.draws_host, device=dev)
         self.steps_launched = 0
+        self._prefilled = None          # (host lengths, lengths, bonus) the last prefill left
         self._accept_ws = None          # the Triton accept's scratch and outputs, made at first use
 
         self._init_behind(batch, 1 + self.B, dev, phase, in_flight)
@@ -295,6 +306,7 @@ class FastSpecDecoder(_StepsBehind):
         other. So step k after a reset computes what step k of a new decoder computes.
         """
         self._reset_behind(phase)
+        self._prefilled = None
         # Zeroed as construction leaves them, although no step reads a slot that neither the
         # prefill nor the step itself wrote: a few ms at HBM bandwidth buy exact equality.
         for c in (self.cache, self.draft_cache):
@@ -333,8 +345,23 @@ class FastSpecDecoder(_StepsBehind):
         self.lengths.copy_(torch.tensor(lengths))
         self.bonus.copy_(bonus)
         self.lengths_host = list(lengths)
+        self._prefilled = (list(lengths), self.lengths.clone(), bonus.clone())
         if max(lengths) + 2 * self.B + self.T > self.max_len:
             raise ValueError(f"max_len {self.max_len} too small for prompts of {max(lengths)} tokens")
+
+    @torch.no_grad()
+    def rewind(self) -> None:
+        """Back to the state the last prefill left, without running it again: the next step
+        is its first step again, with the same synthetic draws, and what the steps since
+        committed is forgotten. Their KV stays in the caches past the prompt, where no step
+        reads a slot before writing it (as after `reset`). A time-based warm-up
+        (harness/worker/workloads/decode.py) steps, rewinds and steps on, so the GPU runs as
+        long as it takes to settle while the cache never grows past the cell's context."""
+        self._rewind_behind()
+        _, lengths, bonus = self._prefilled
+        self.lengths.copy_(lengths)
+        self.bonus.copy_(bonus)
+        self.step_index.zero_()
 
     # -- the step ------------------------------------------------------------------------
     @torch.no_grad()
@@ -512,6 +539,7 @@ class FastARDecoder(_StepsBehind):
         self.one = torch.ones(batch, 1, 1, dtype=torch.bool, device=dev)
         self.one_bits = attention.visibility_bits(self.one)     # the same every step
         self.steps_launched = 0
+        self._prefilled = None
         self._init_behind(batch, 2, dev, phase, in_flight)
 
     @torch.no_grad()
@@ -521,6 +549,7 @@ class FastARDecoder(_StepsBehind):
         sound). Plain greedy decoding draws nothing: `seed` is taken so every decoder resets
         alike, and changes nothing."""
         self._reset_behind(phase)
+        self._prefilled = None
         self.cache.k.zero_()
         self.cache.v.zero_()
         self.lengths.zero_()
@@ -529,19 +558,29 @@ class FastARDecoder(_StepsBehind):
     @torch.no_grad()
     def prefill(self, prompts: list[list[int]], chunk: int = 1024) -> None:
         lengths, bonus = prefill(self.target, self.cache, prompts, chunk, kernels=self.kernels)
-        self.lengths.copy_(torch.tensor(lengths))
-        self.bonus.copy_(bonus)
-        self.lengths_host = list(lengths)
+        self._set_state(lengths, bonus)
 
     @torch.no_grad()
     def prefill_random(self, lengths: list[int], seed: int) -> None:
         gen = torch.Generator(device=self.device).manual_seed(seed)
         self.cache.k.normal_(generator=gen)
         self.cache.v.normal_(generator=gen)
+        self._set_state(list(lengths), torch.randint(0, self.target.cfg.vocab_size, (self.b,),
+                                                     generator=gen, device=self.device))
+
+    def _set_state(self, lengths: list[int], bonus: torch.Tensor) -> None:
         self.lengths.copy_(torch.tensor(lengths))
-        self.bonus.copy_(torch.randint(0, self.target.cfg.vocab_size, (self.b,), generator=gen,
-                                       device=self.device))
+        self.bonus.copy_(bonus)
         self.lengths_host = list(lengths)
+        self._prefilled = (list(lengths), self.lengths.clone(), bonus.clone())
+
+    @torch.no_grad()
+    def rewind(self) -> None:
+        """Back to the state the last prefill left, as `FastSpecDecoder.rewind`."""
+        self._rewind_behind()
+        _, lengths, bonus = self._prefilled
+        self.lengths.copy_(lengths)
+        self.bonus.copy_(bonus)
 
     def _device_step(self) -> None:
         pos = self.lengths[:, None]

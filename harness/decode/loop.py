@@ -91,6 +91,7 @@ class SpecDecoder:
         self.lengths = [0] * batch            # committed tokens per sequence (host copy)
         self.bonus = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.output: list[list[int]] = [[] for _ in range(batch)]
+        self._prefilled = None        # (lengths, bonus, draw state) the last prefill left
 
     # -- setup ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -107,6 +108,7 @@ class SpecDecoder:
         self.lengths = [0] * batch
         self.bonus = torch.zeros(batch, dtype=torch.long, device=self.device)
         self.output = [[] for _ in range(batch)]
+        self._prefilled = None
         if phase is not None:
             self.phase = phase
 
@@ -117,6 +119,7 @@ class SpecDecoder:
         self.lengths, self.bonus = prefill(self.target, self.cache, prompts, chunk,
                                            capture=self.capture, drafter=self.drafter,
                                            draft_cache=self.draft_cache, kernels=self.kernels)
+        self._mark_prefilled()
 
     @torch.no_grad()
     def prefill_random(self, lengths: list[int], seed: int) -> None:
@@ -130,6 +133,22 @@ class SpecDecoder:
         self.lengths = list(lengths)
         vocab = self.target.cfg.vocab_size - 1  # the last id is the drafter's mask token
         self.bonus = torch.randint(0, vocab, (len(lengths),), generator=gen, device=self.device)
+        self._mark_prefilled()
+
+    def _mark_prefilled(self) -> None:
+        rng = self.synthetic.rng.getstate() if self.synthetic is not None else None
+        self._prefilled = (list(self.lengths), self.bonus.clone(), rng)
+
+    def rewind(self) -> None:
+        """Back to the state the last prefill left, without running it again: the next step
+        is its first step again, with the same synthetic draws, and what the steps since
+        committed is forgotten (their KV stays past the prompt, where no step reads a slot
+        before writing it). See FastSpecDecoder.rewind for what it is for."""
+        lengths, bonus, rng = self._prefilled
+        self.lengths, self.bonus = list(lengths), bonus.clone()
+        if rng is not None:
+            self.synthetic.rng.setstate(rng)
+        self.output = [[] for _ in self.lengths]
 
     # -- one step ------------------------------------------------------------------------
     @torch.no_grad()

@@ -168,6 +168,53 @@ def test_baseline_decoder_reset_decodes_what_a_new_one_does(acceptance):
     assert used.output == new.output
 
 
+# -- rewind: back to the prefill's state without running it again ---------------------------
+
+def rewound_against_prefilled(dec, acceptance, prompts, n: int = 9):
+    """`dec` prefilled and stepped n times, then rewound after 7 more steps with a record left
+    unread, must step the same n steps again (greedy: the same tokens; synthetic: the same
+    accepted lengths), from the prefill's lengths."""
+    start(dec, acceptance, prompts, seed=1)
+    want = steps(dec, n)
+    first = [list(o) for o in dec.output]
+    for _ in range(7):
+        dec.step()
+    dec.rewind()
+    assert dec.output == [[] for _ in first]
+    assert steps(dec, n) == want
+    assert dec.output == first
+    return want
+
+
+@pytest.mark.parametrize("acceptance", ["greedy", "synthetic"])
+@pytest.mark.parametrize("tree_build,accept", MODES)
+def test_a_rewound_fast_spec_decoder_steps_as_after_its_prefill(tree_build, accept, acceptance):
+    target, drafter, prompts, _ = spec_case(acceptance)
+    dec = FastSpecDecoder(target, drafter, batch=2, max_len=1024, tree_budget=16,
+                          tree_build=tree_build, accept=accept, acceptance=acceptance, tau=3.0,
+                          max_steps=64, seed=5)
+    want = rewound_against_prefilled(dec, acceptance, prompts)
+    assert sum(map(sum, want)) > 18                    # more than a token a step: real blocks
+    assert dec.lengths.tolist() == dec.lengths_host    # the device's lengths rewound too
+
+
+def test_a_rewound_fast_ar_decoder_steps_as_after_its_prefill():
+    target, _ = make_models(24)
+    prompts = prompts_for(24, [9, 21])
+    dec = FastARDecoder(target, batch=2, max_len=128)
+    rewound_against_prefilled(dec, "greedy", prompts, n=12)
+    assert dec.output == ar_reference(target, prompts, 12)
+    assert dec.lengths.tolist() == dec.lengths_host == [9 + 12, 21 + 12]
+
+
+@pytest.mark.parametrize("acceptance", ["greedy", "synthetic"])
+def test_a_rewound_baseline_decoder_steps_as_after_its_prefill(acceptance):
+    target, drafter, prompts, _ = spec_case(acceptance)
+    dec = SpecDecoder(target, drafter, batch=2, max_len=1024, tree_budget=16,
+                      acceptance=acceptance, tau=3.0, seed=5)
+    rewound_against_prefilled(dec, acceptance, prompts)
+
+
 # -- the workload ---------------------------------------------------------------------------
 
 @pytest.fixture
