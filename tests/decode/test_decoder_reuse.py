@@ -266,6 +266,49 @@ def test_a_kept_decoder_measures_what_a_new_one_does(kind, clean_process):
         assert len(set(first["samples"]["accept_len_mean"])) > 1    # the seeds do differ
 
 
+@pytest.mark.parametrize("kind", CELLS)
+def test_a_settled_window_decodes_what_an_unsettled_one_does(kind, clean_process):
+    """warmup_s decodes before the window without moving it: the window's committed tokens
+    and synthetic draws are the same with and without it, and the steps are counted."""
+    cell = cell_of(**CELLS[kind])
+    plain = decode.run(cell, lambda **_: None)
+    plain_out = kept_output()
+    assert plain["settle"] == {"seconds": 0.0, "steps": [0, 0, 0]}     # a CPU: none by default
+    settled = decode.run(dict(cell, warmup_s=0.05), lambda **_: None)
+    assert settled["samples"]["accept_len_mean"] == plain["samples"]["accept_len_mean"]
+    assert kept_output() == plain_out
+    steps = settled["settle"]["steps"]
+    assert settled["settle"]["seconds"] == 0.05 and len(steps) == 3
+    assert all(n > 0 and n % (cell["warmup_steps"] + cell["steps"]) == 0 for n in steps)
+    assert settled["timing"]["warmup_s"] >= 3 * 0.05
+
+
+def test_settling_steps_in_runs_and_rewinds_after_each_until_its_time_has_passed():
+    log, now = [], [0.0]
+
+    class Decoder:
+        def step(self):
+            log.append("step")
+            now[0] += 0.1
+
+        def rewind(self):
+            log.append("rewind")
+
+    assert decode.settle(Decoder(), 0.0, 3, clock=lambda: now[0]) == 0 and log == []
+    assert decode.settle(Decoder(), 0.5, 3, clock=lambda: now[0]) == 6
+    assert log == ["step"] * 3 + ["rewind"] + ["step"] * 3 + ["rewind"]
+
+
+def test_a_gpu_settles_by_default_and_a_scenario_can_say_otherwise():
+    from harness.protocol.workloads.decode import GPU_SETTLE_S, settle_seconds
+    cell = cell_of()
+    assert cell["warmup_s"] is None
+    assert settle_seconds(cell, cuda=True) == GPU_SETTLE_S > 0
+    assert settle_seconds(cell, cuda=False) == 0.0
+    assert settle_seconds(dict(cell, warmup_s=0), cuda=True) == 0.0
+    assert settle_seconds(dict(cell, warmup_s=2.5), cuda=False) == 2.5
+
+
 def test_samples_and_timing(clean_process):
     cell = cell_of(repeats=3, steps=5)
     first = decode.run(cell, lambda **_: None)

@@ -178,7 +178,25 @@ def kernel_knobs(cell: dict) -> tuple[str, ...]:
 # many tokens per sequence under greedy acceptance with the cell's loop and compare every one
 # with plain greedy decoding of the target (harness/worker/lossless.py); 0 = no check. How a
 # cell is checked, not what it measures: not part of its id.
-PARAMS = (non_negative_int("check_tokens", 0, measurement=True),)
+PARAMS = (non_negative_int("check_tokens", 0, measurement=True),
+          # seconds a repeat decodes at the cell's context before its warm-up steps (stepping,
+          # rewinding to the prefill's state, stepping on), so the window times a GPU that has
+          # settled into sustained decoding rather than the start of a burst; null: the
+          # device's default (settle_seconds)
+          Param("warmup_s", None, float, "a number of seconds >= 0, or null (the device's "
+                "default)", ge=0, le=600, nullable=True, measurement=True))
+
+# A GPU's step times rise for a fraction of a second after it starts decoding and its power
+# management catches up (kernels/NOTES.md, session 42): a repeat settles this long there. A
+# CPU's loop is timed as it starts, as before.
+GPU_SETTLE_S = 1.0
+
+
+def settle_seconds(cell: dict, cuda: bool) -> float:
+    """How long a repeat of `cell` decodes before its warm-up steps (warmup_s, resolved)."""
+    if cell["warmup_s"] is not None:
+        return float(cell["warmup_s"])
+    return GPU_SETTLE_S if cuda else 0.0
 
 
 def check_lossless(cell: dict):

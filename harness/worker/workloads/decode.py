@@ -1,7 +1,9 @@
 """The decode workload: build the target and drafter, run the decode loop, measure it.
 
-Per repeat: the decoder is reset to its new state with the repeat's seed and prefilled,
-`warmup_steps` steps run untimed, then `steps` steps form the steady window (tokens/s =
+Per repeat: the decoder is reset to its new state with the repeat's seed and prefilled, it
+decodes for `warmup_s` seconds at the cell's context (steps, a rewind to the prefill's state,
+steps again: on a GPU by default, whose step times rise until its power management has caught
+up), `warmup_steps` steps run untimed, then `steps` steps form the steady window (tokens/s =
 committed tokens / window wall time, with the device synchronised at both ends). On a GPU,
 `profile_steps` further steps run under the CUDA-activity profiler in the last repeat, outside
 the timed window so the profiler's overhead never touches tokens/s, and give the idle fraction
@@ -37,7 +39,7 @@ from harness.decode.kernel_choice import Kernels, blas_library
 from harness.decode.loop import SpecDecoder
 from harness.decode.model import Target, TargetConfig, init_random_
 from harness.protocol import params, presets
-from harness.protocol.workloads.decode import AUDIT_STEPS, profiling_steps
+from harness.protocol.workloads.decode import AUDIT_STEPS, profiling_steps, settle_seconds
 from harness.worker import graphstate, idle, measure, syncaudit
 
 PHASES = ("draft", "tree", "verify", "accept", "commit")
@@ -174,6 +176,7 @@ def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
     random_prefill = cell["acceptance"] == "synthetic"
 
     lengths = prefix_lengths(ctx, batch)
+    settle_s, settle_steps = settle_seconds(cell, device.type == "cuda"), []
     tps, accept_means, step_ms, step_p50, phase_ms = [], [], [], [], defaultdict(list)
     trace_stats, plain, event_ms, audit, decoder_kept = {}, [], [], None, False
     key = _decoder_key(cell, device, dtype, kernels)
@@ -201,6 +204,8 @@ def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
         timing["setup_s"] += time.perf_counter() - t0
 
         t0 = time.perf_counter()
+        # The cache holds a window's steps past the prompt: settle in runs of that many.
+        settle_steps.append(settle(dec, settle_s, cell["warmup_steps"] + cell["steps"]))
         for _ in range(cell["warmup_steps"]):
             dec.step()
         drain(dec)  # what the fast loops still owe from warm-up is read outside the window
@@ -294,6 +299,7 @@ def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
            "linear_impl": kernels.linear, "accept_impl": kernels.accept,
            "blas_impl": kernels.blas}
     return {"metrics": metrics, "samples": samples, **extra,
+            "settle": {"seconds": settle_s, "steps": settle_steps},
             "kernels": {k: ran[k] for k in params.cell_kernels(cell)},
             "reuse": {"model": model_kept, "decoder": decoder_kept}, "timing": timing}
 
@@ -310,6 +316,23 @@ def prefix_lengths(ctx: int, batch: int) -> list[int]:
     """Committed tokens per sequence: the first has `context_length`, the others are spaced
     evenly down towards half of it, so a batch exercises different prefix lengths."""
     return [ctx - i * (ctx // (2 * batch)) for i in range(batch)]
+
+
+def settle(dec, seconds: float, run: int, clock=time.perf_counter) -> int:
+    """Decode for at least `seconds` without growing the context: `run` steps, a rewind to
+    the state the prefill left, again, until the time has passed. Returns the steps taken.
+    A rewind waits only for the steps in flight, so the GPU never pauses for longer than the
+    host takes to queue the next step: the window that follows starts on a GPU that has
+    been decoding, not one that has just woken from the prefill."""
+    if seconds <= 0:
+        return 0
+    taken, start = 0, clock()
+    while clock() - start < seconds:
+        for _ in range(run):
+            dec.step()
+        taken += run
+        dec.rewind()
+    return taken
 
 
 def drain(dec) -> list[int]:
