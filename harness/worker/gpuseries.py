@@ -44,7 +44,6 @@ _MB = 1e6           # MLflow's GPU memory unit is the decimal megabyte (used byt
 _MIB = 2**20
 
 
-
 def _power_capped(gpu: dict) -> float | None:
     reasons = gpu.get("throttle_reasons")
     return None if reasons is None else 100.0 * ("sw_power_cap" in reasons)

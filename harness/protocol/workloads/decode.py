@@ -186,9 +186,11 @@ PARAMS = (non_negative_int("check_tokens", 0, measurement=True),
           Param("warmup_s", None, float, "a number of seconds >= 0, or null (the device's "
                 "default)", ge=0, le=600, nullable=True, measurement=True))
 
-# A GPU's step times rise for a fraction of a second after it starts decoding and its power
-# management catches up (kernels/NOTES.md, session 42): a repeat settles this long there. A
-# CPU's loop is timed as it starts, as before.
+# A repeat settles this long on a GPU. Its reset and prefill are a pause, after which the first
+# step runs 2-4 % slow and, where the GPU decodes at its power cap, steps slow ~1.5 % over 2-3 s
+# (an H100 at 64k; an H200's 8-step windows read 1-5 % faster than 96-step ones): without
+# settling, a window's time depends on what ran before it (kernels/NOTES.md, sessions 41-42).
+# A CPU's loop is timed as it starts, as before.
 GPU_SETTLE_S = 1.0
 
 
