@@ -187,11 +187,11 @@ PARAMS = (non_negative_int("check_tokens", 0, measurement=True),
                 "default)", ge=0, le=600, nullable=True, measurement=True))
 
 # A repeat settles this long on a GPU. Its reset and prefill are a pause, after which the first
-# step runs 2-4 % slow and, where the GPU decodes at its power cap, steps slow ~1.5 % over 2-3 s
-# (an H100 at 64k; an H200's 8-step windows read 1-5 % faster than 96-step ones): without
-# settling, a window's time depends on what ran before it (kernels/NOTES.md, sessions 41-42).
-# A CPU's loop is timed as it starts, as before.
-GPU_SETTLE_S = 1.0
+# step runs 2-4 % slow and, where the GPU decodes at its power cap, steps slow ~2 % over the
+# first 2 s and then hold (an H100 at 64k, steady from 2 s to 18 s; an H200's 8-step windows
+# read 1-5 % faster than 96-step ones): without settling, a window's time depends on what ran
+# before it (kernels/NOTES.md, sessions 41-42). A CPU's loop is timed as it starts, as before.
+GPU_SETTLE_S = 2.0
 
 
 def settle_seconds(cell: dict, cuda: bool) -> float:
