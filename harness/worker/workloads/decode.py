@@ -3,8 +3,8 @@
 Per repeat: the decoder is reset to its new state with the repeat's seed and prefilled, it
 decodes for `warmup_s` seconds at the cell's context (steps, a rewind to the prefill's state,
 steps again: by default on a GPU, whose steps run slow just after a pause and slow down at its
-power cap), `warmup_steps` steps run untimed, then `steps` steps form the steady window (tokens/s =
-committed tokens / window wall time, with the device synchronised at both ends). On a GPU,
+power cap), `warmup_steps` steps run untimed, then `steps` steps form the steady window
+(tokens/s = committed tokens / window wall time, with the device synchronised at both ends). On a GPU,
 `profile_steps` further steps run under the CUDA-activity profiler in the last repeat, outside
 the timed window so the profiler's overhead never touches tokens/s, and give the idle fraction
 and per-phase GPU time; as many steps unprofiled just before and just after them give what the
@@ -204,9 +204,9 @@ def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
         timing["setup_s"] += time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        # The cache holds a window's steps past the prompt: settle in runs of that many.
         if settle_s > 0:
             progress(stage="settle", seconds=settle_s, repeat=r + 1, repeats=cell["repeats"])
+        # The cache holds a window's steps past the prompt: settle in runs of that many.
         settle_steps.append(settle(dec, settle_s, cell["warmup_steps"] + cell["steps"]))
         for _ in range(cell["warmup_steps"]):
             dec.step()
