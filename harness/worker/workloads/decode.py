@@ -4,11 +4,11 @@ Per repeat: the decoder is reset to its new state with the repeat's seed and pre
 decodes for `warmup_s` seconds at the cell's context (steps, a rewind to the prefill's state,
 steps again: by default on a GPU, whose steps run slow just after a pause and slow down at its
 power cap), `warmup_steps` steps run untimed, then `steps` steps form the steady window
-(tokens/s = committed tokens / window wall time, with the device synchronised at both ends). On a GPU,
-`profile_steps` further steps run under the CUDA-activity profiler in the last repeat, outside
-the timed window so the profiler's overhead never touches tokens/s, and give the idle fraction
-and per-phase GPU time; as many steps unprofiled just before and just after them give what the
-profiler costs (`profiler_overhead_pct`).
+(tokens/s = committed tokens / window wall time, with the device synchronised at both ends).
+On a GPU, `profile_steps` further steps run under the CUDA-activity profiler in the last
+repeat, outside the timed window so the profiler's overhead never touches tokens/s, and give
+the idle fraction and per-phase GPU time; as many steps unprofiled just before and just after
+them give what the profiler costs (`profiler_overhead_pct`).
 
 A process keeps the last cell's models and decoder (a persistent worker measures the same cell
 round after round): a round after the first allocates no KV cache and captures no CUDA graph.
