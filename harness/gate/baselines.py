@@ -36,7 +36,7 @@ from harness.protocol.errors import InputError
 from harness.protocol.numbers import is_finite_number
 from harness.protocol.params import kernels_ran
 from harness.protocol.redact import redact_uri
-from harness.protocol.workloads import yaml_word
+from harness.protocol.workloads import decode, yaml_word
 from harness.sweep.journal import (
     JournalError,
     RunJournal,
@@ -86,6 +86,7 @@ class Side:
     n_runs: int = 0              # worker runs pooled into these samples
     kernels: dict | None = None  # what the measurements ran, by knob (params.kernels_ran)
     engine: dict | None = None   # a service cell's engine, by parameter (deployment.engine)
+    settle: float | None = None  # seconds a decode repeat settled before its window
 
 
 REPEAT, RUN = "repeat", "run"    # the unit of a sample: one repeat, or one worker run
@@ -134,11 +135,16 @@ def side_from_results(cell_id: str, label: str, results: list[dict], source: str
         if e not in engines:
             engines.append(e)
     side.engine = engines[0] if len(engines) == 1 else None
+    settles = sorted({s for s in (decode.settled(r) for r in ok) if s is not None})
+    side.settle = settles[0] if len(settles) == 1 else None
     if len(classes) > 1:  # pooled over two GPU classes: a measurement of neither
         side.error = f"measured on more than one GPU class ({', '.join(classes)})"
     elif len(ran) > 1:    # likewise over two sets of kernels
         side.error = "measured with different kernels: " + "; ".join(
             sorted(kernels_text(k) for k in ran))
+    elif len(settles) > 1:    # and over two ways of timing a window
+        side.error = ("measured with different settling: "
+                      + "; ".join(f"{s:g} s a repeat" for s in settles))
     elif len(engines) > 1:    # and over two deployments of a serving engine
         side.error = "measured on different deployments: " + "; ".join(
             sorted(engine_text(e, deployment.ENGINE) for e in engines))
@@ -174,6 +180,20 @@ def other_kernels(head: Side, base: Side) -> str | None:
 
     return (f"baseline ran other kernels ({ran(base.kernels)}; this run: {ran(head.kernels)}): "
             f"a different configuration, not compared; mark a baseline made with these kernels")
+
+
+def other_settling(head: Side, base: Side) -> str | None:
+    """Why a decode baseline is not this cell's measurement although its id is the same: its
+    repeats settled for another time before their windows (`warmup_s`, a measurement knob, or
+    the default a worker of its day had), so its tokens/s time another state of the GPU. None
+    when they settled alike, or when either side cannot tell."""
+    if head.settle is None or base.settle is None or head.settle == base.settle:
+        return None
+    then = ("timed its windows unsettled" if base.settle == 0
+            else f"settled {base.settle:g} s a repeat before its windows")
+    now = "unsettled" if head.settle == 0 else f"settled {head.settle:g} s a repeat"
+    return (f"baseline {then} (this run: {now}; warmup_s): another measurement, not compared; "
+            f"mark a baseline measured the same way")
 
 
 def engine_text(engine: dict | None, names) -> str:
@@ -280,6 +300,7 @@ def write_file(root: str | Path, journal: RunJournal, replace: bool = False) -> 
             "git_sha": journal.meta.get("git_sha"), "started_at": r.get("started_at"),
             "gpu": (r.get("env") or {}).get("gpu"), "host": r.get("host"),
             "kernels": kernels_ran(r), "metrics": metrics, "samples": samples,
+            **({"settle": r["settle"]} if r.get("settle") else {}),
             **({"deployment": r["deployment"]} if r.get("deployment") else {})}
     written = []
     for cls, cells in sorted(by_class.items()):

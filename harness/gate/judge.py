@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.gate.baselines import Side, check_same_class, other_deployment, other_kernels
+from harness.gate.baselines import (Side, check_same_class, other_deployment, other_kernels,
+                                    other_settling)
 from harness.gate.noise import Noise
 from harness.gate.policy import Policy
 from harness.gate.sequential import Design, look
@@ -151,7 +152,8 @@ def judge_cell(head: Side | None, base: Side | None, policies: dict[str, Policy]
         cv.status, cv.message = MISSING, f"baseline: {base.error}"
         return cv
     check_same_class(head, base)
-    if (why := other_kernels(head, base) or other_deployment(head, base)) is not None:
+    if (why := other_kernels(head, base) or other_settling(head, base)
+            or other_deployment(head, base)) is not None:
         cv.status, cv.message = MISSING, why
         return cv
     decided = decided or {}

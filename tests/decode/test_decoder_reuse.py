@@ -310,6 +310,17 @@ def test_a_gpu_settles_by_default_and_a_scenario_can_say_otherwise():
     assert settle_seconds(dict(cell, warmup_s=2.5), cuda=False) == 2.5
 
 
+def test_what_a_result_says_it_settled():
+    from harness.protocol.workloads.decode import settled
+    decode_cell = {"workload": "decode"}
+    assert settled({"cell": decode_cell, "settle": {"seconds": 2.0, "steps": [150]}}) == 2.0
+    assert settled({"cell": decode_cell}) == 0.0       # a worker from before settling
+    assert settled({"cell": {"context_length": 64}}) == 0.0    # a cell from before workloads
+    assert settled({"cell": {"workload": "kernel"}, "settle": {"seconds": 2.0}}) is None
+    assert settled({"cell": decode_cell, "settle": {"seconds": True}}) is None
+    assert settled({"metrics": {}}) is None            # no cell: cannot tell
+
+
 def test_samples_and_timing(clean_process):
     cell = cell_of(repeats=3, steps=5)
     first = decode.run(cell, lambda **_: None)

@@ -31,9 +31,11 @@ TEXT = textwrap.dedent(f"""\
 
 def journal(root: Path, run_id: str, tps: float, gpu: str | None = "NVIDIA H200",
             failed: set[int] = frozenset(), sha: str = "abc1234", kernels: dict | None = None,
-            ran_before_auto: dict | None = None) -> RunJournal:
+            ran_before_auto: dict | None = None, settle: float | None = None) -> RunJournal:
     """A run of TEXT's two cells. `kernels`: what each result records it ran; `ran_before_auto`:
-    a result from before knobs had `auto`, whose cell holds the kernels it ran (its id did not)."""
+    a result from before knobs had `auto`, whose cell holds the kernels it ran (its id did not);
+    `settle`: the seconds each repeat settled, as a worker records them (None: a result from
+    before settling, which records nothing)."""
     sc = parse_scenario(TEXT, "s.yaml")
     j = RunJournal.create(root / "runs", run_id, NAME, "s.yaml", TEXT, sc.cells(),
                           {"git_sha": sha, "trigger": "nightly"})
@@ -45,6 +47,8 @@ def journal(root: Path, run_id: str, tps: float, gpu: str | None = "NVIDIA H200"
         j.write_cell({"cell": cell_then if ran_before_auto is not None else cell,
                       "cell_id": cell_id(cell),
                       "label": cell_label(cell), **({"kernels": kernels} if kernels else {}),
+                      **({"settle": {"seconds": settle, "steps": [150] * 5}}
+                         if settle is not None else {}),
                       "status": "ok" if ok else "failed", "error": None if ok else "boom",
                       "metrics": {"tokens_per_s": tps, "accept_len_mean": 6.5, "idle_fraction": None}
                       if ok else {},
@@ -175,6 +179,47 @@ def test_a_baseline_that_ran_other_kernels_is_not_compared(tmp_path):
     code, out = harness("gate", scenario, "--baseline", "file", "--run", same.run_id,
                         "--results", results)
     assert code == 2 and "baseline ran other kernels" in " ".join(out.split()), out
+
+
+def test_a_baseline_that_settled_otherwise_is_not_compared(tmp_path):
+    """A decode repeat settles before its window on a GPU (warmup_s, a measurement knob, so the
+    id stays): a baseline whose windows were timed unsettled, or settled for another time,
+    measured another state of the GPU, and the gate refuses it (exit 2) as it refuses other
+    kernels; one that settled as long is compared."""
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(TEXT)
+    results = tmp_path / "results"
+    before = journal(results, "20260104-000000-000001", 100.0)              # no settle recorded
+    settled = journal(results, "20260104-000000-000002", 97.0, settle=2.0)
+    code, out = harness("gate", scenario, "--baseline", f"run:{before.run_id}", "--run",
+                        settled.run_id, "--results", results)
+    assert code == 2 and "nothing was compared" in out, out
+    gate = json.loads(max((results / "gates").glob("*/gate.json")).read_text())
+    assert {c["verdict"] for c in gate["cells"]} == {"missing"}
+    assert gate["cells"][0]["message"] == (
+        "baseline timed its windows unsettled (this run: settled 2 s a repeat; warmup_s): "
+        "another measurement, not compared; mark a baseline measured the same way")
+    longer = journal(results, "20260104-000000-000003", 97.0, settle=5.0)
+    code, out = harness("gate", scenario, "--baseline", f"run:{settled.run_id}", "--run",
+                        longer.run_id, "--results", results)
+    assert code == 2 and "baseline settled 2 s a repeat before its windows" in " ".join(out.split())
+    # Settled alike: compared (the same tokens/s: passed).
+    again = journal(results, "20260104-000000-000004", 97.0, settle=2.0)
+    code, out = harness("gate", scenario, "--baseline", f"run:{settled.run_id}", "--run",
+                        again.run_id, "--results", results)
+    assert code == 0, out
+    # A result that recorded settling 0 s is one from before settling, as a CPU's always is.
+    zero = journal(results, "20260104-000000-000005", 100.0, settle=0.0)
+    code, out = harness("gate", scenario, "--baseline", f"run:{before.run_id}", "--run",
+                        zero.run_id, "--results", results)
+    assert code == 0, out
+    # A baseline file keeps how its run settled.
+    code, out = harness("baseline", "mark", settled.run_id, "--no-mlflow", "--file", "--results",
+                        results)
+    assert code == 0, out
+    code, out = harness("gate", scenario, "--baseline", "file", "--run", zero.run_id,
+                        "--results", results)
+    assert code == 2 and "baseline settled 2 s a repeat" in " ".join(out.split()), out
 
 
 @pytest.mark.parametrize("args, message", [

@@ -201,6 +201,19 @@ def settle_seconds(cell: dict, cuda: bool) -> float:
     return GPU_SETTLE_S if cuda else 0.0
 
 
+def settled(result: dict) -> float | None:
+    """How long each repeat of a result settled before its window, as the worker recorded it
+    (`settle.seconds`): 0 for a decode result from before settling, whose windows were timed
+    unsettled; None for another workload's result, or one whose cell is not known. The gate
+    compares a decode cell only with a baseline that settled as long."""
+    cell = result.get("cell")
+    if not isinstance(cell, dict) or cell.get("workload", "decode") != "decode":
+        return None
+    seconds = (result.get("settle") or {}).get("seconds", 0.0)
+    return float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) \
+        else None
+
+
 def check_lossless(cell: dict):
     """Plain decoding is the reference the check compares with: nothing to check there."""
     if cell["check_tokens"] and cell["speculation"] == "none":
