@@ -57,6 +57,19 @@ def spread(values: list[float]) -> float:
     return statistics.median(abs(v - m) for v in values)
 
 
+def drift_pct(step_ms: list[float]) -> float | None:
+    """How much a window's steps slowed from its first half to its second: the median of the
+    second half over the first's, less one, in %. Near 0 for a steady window; positive where
+    the GPU slowed while it ran (a clock falling to a power cap). None under four steps."""
+    if len(step_ms) < 4:
+        return None
+    half = len(step_ms) // 2
+    first = statistics.median(step_ms[:half])
+    if first <= 0:
+        return None
+    return (statistics.median(step_ms[-half:]) / first - 1) * 100
+
+
 # -- interval arithmetic -----------------------------------------------------------------------
 def merge_intervals(intervals) -> list[tuple[float, float]]:
     """The union of [start, end) intervals as sorted, disjoint intervals (touching ones merge)."""

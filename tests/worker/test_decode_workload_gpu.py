@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from harness.protocol import params
+from harness.protocol.workloads.decode import GPU_SETTLE_S
 from harness.worker import main as worker
+from harness.worker import measure
 
 pytestmark = pytest.mark.gpu
 
@@ -58,6 +60,12 @@ def test_a_cell_of_every_mode_runs_on_the_gpu(cuda, mode, switches):
     else:
         assert 1 <= m["accept_len_mean"] <= 8
     assert m["syncs_per_step"] >= 0 and out["sync_sites"] is not None
+    # Settled by the GPU default before the window, and each timed step on the GPU's clock.
+    assert out["settle"]["seconds"] == GPU_SETTLE_S and out["settle"]["steps"][0] >= 8
+    gpu_steps = out["samples"]["gpu_step_ms"]
+    assert len(gpu_steps) == 6 and all(t > 0 for t in gpu_steps)
+    assert m["window_drift_pct"] == out["samples"]["window_drift_pct"][0]
+    assert m["window_drift_pct"] == pytest.approx(measure.drift_pct(gpu_steps))
 
 
 def test_a_cell_on_timed_cublaslt_algorithms_records_them(cuda):

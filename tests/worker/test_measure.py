@@ -74,6 +74,15 @@ def test_load_trace_reads_chrome_format(tmp_path):
     assert measure.load_trace(p)[0]["name"] == measure.STEP_RANGE
 
 
+def test_drift_is_the_second_half_against_the_first():
+    assert measure.drift_pct([10, 10, 10, 10, 10, 10, 10, 10]) == 0
+    assert measure.drift_pct([10, 10, 10, 10.2, 10.2, 10.2]) == pytest.approx(2.0)
+    # the median of each half: one slow step (the first after a pause) moves nothing
+    assert measure.drift_pct([10.4, 10, 10, 10, 10, 10, 10, 10]) == 0
+    assert measure.drift_pct([10, 10, 12, 9.5, 9.5]) == pytest.approx(-5.0)   # odd: the middle out
+    assert measure.drift_pct([10, 11, 12]) is None
+
+
 def test_percentile_and_spread():
     assert measure.percentile([3, 1, 2], 50) == 2
     assert measure.percentile([1, 2, 3, 4], 90) == pytest.approx(3.7)

@@ -178,6 +178,7 @@ def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
     lengths = prefix_lengths(ctx, batch)
     settle_s, settle_steps = settle_seconds(cell, device.type == "cuda"), []
     tps, accept_means, step_ms, step_p50, phase_ms = [], [], [], [], defaultdict(list)
+    gpu_step_ms, drifts = [], []     # each timed step on the GPU's clock; each window's drift
     trace_stats, plain, event_ms, audit, decoder_kept = {}, [], [], None, False
     key = _decoder_key(cell, device, dtype, kernels)
     for r in range(cell["repeats"]):
@@ -232,6 +233,9 @@ def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
         window = time.perf_counter() - t_start
         timing["window_s"] += window
         event_ms.append(events.window_ms())
+        if (gpu_steps := events.step_ms()) is not None:
+            gpu_step_ms.extend(gpu_steps)
+            drifts.append(measure.drift_pct(gpu_steps))
 
         tps.append(committed / window)
         accept_means.append(committed / (cell["steps"] * batch))
@@ -285,6 +289,13 @@ def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
     # per-repeat samples of metrics["step_ms_p50"] (which is the p50 over all steps).
     samples = {"tokens_per_s": tps, "accept_len_mean": accept_means, "step_ms": step_ms,
                "step_ms_p50": step_p50, **meter_samples}
+    # On a GPU: each step's time between CUDA events at its boundaries, and whether a window
+    # was steady (window_drift_pct: its second half's median step against its first's).
+    if gpu_step_ms:
+        samples["gpu_step_ms"] = gpu_step_ms
+    if drifts and None not in drifts:
+        samples["window_drift_pct"] = drifts
+        metrics["window_drift_pct"] = statistics.median(drifts)
     if device.type == "cuda":
         metrics.update(roofline(cell, target, drafter, lengths, metrics))
         extra["ceilings"] = copy_ways()
