@@ -85,15 +85,31 @@ class _StepsBehind:
         """Read the records still outstanding (call at the end of a window, before timing)."""
         return self._read_behind(drain=True)
 
-    def _rewind_behind(self) -> None:
-        """The host side of `rewind`: every record in flight read (the GPU has finished the
-        steps before the rewind), none kept, the prefill's lengths as the host's. The device
-        state is each decoder's own."""
+    def _set_state(self, lengths: list[int], bonus: torch.Tensor) -> None:
+        """What a prefill leaves: the sequences' lengths and first bonus tokens, kept for
+        `rewind` as well."""
+        self.lengths.copy_(torch.tensor(lengths))
+        self.bonus.copy_(bonus)
+        self.lengths_host = list(lengths)
+        self._prefilled = (list(lengths), self.lengths.clone(), bonus.clone())
+
+    @torch.no_grad()
+    def rewind(self) -> None:
+        """Back to the state the last prefill left, without running it again: the next step
+        is its first step again, and what the steps since committed is forgotten. Their KV
+        stays in the caches past the prompt, where no step reads a slot before writing it (as
+        after `reset`). Every record in flight is read first (the GPU has finished the steps
+        before the rewind) and none kept. A time-based warm-up (harness/worker/workloads/
+        decode.py, `settle`) steps, rewinds and steps on, so the GPU runs as long as it takes
+        to settle while the cache never grows past the cell's context."""
         self.finish()
         self.slot = 0
         self.output = [[] for _ in range(self.b)]
-        self.lengths_host = list(self._prefilled[0])
         self.steps_launched = 0
+        host_lengths, lengths, bonus = self._prefilled
+        self.lengths_host = list(host_lengths)
+        self.lengths.copy_(lengths)
+        self.bonus.copy_(bonus)
 
     def _publish(self) -> None:
         """Queue a copy of this step's record to pinned host memory, marked by an event."""
@@ -342,25 +358,14 @@ class FastSpecDecoder(_StepsBehind):
         self._set_state(list(lengths), bonus)
 
     def _set_state(self, lengths: list[int], bonus: torch.Tensor) -> None:
-        self.lengths.copy_(torch.tensor(lengths))
-        self.bonus.copy_(bonus)
-        self.lengths_host = list(lengths)
-        self._prefilled = (list(lengths), self.lengths.clone(), bonus.clone())
+        super()._set_state(lengths, bonus)
         if max(lengths) + 2 * self.B + self.T > self.max_len:
             raise ValueError(f"max_len {self.max_len} too small for prompts of {max(lengths)} tokens")
 
     @torch.no_grad()
     def rewind(self) -> None:
-        """Back to the state the last prefill left, without running it again: the next step
-        is its first step again, with the same synthetic draws, and what the steps since
-        committed is forgotten. Their KV stays in the caches past the prompt, where no step
-        reads a slot before writing it (as after `reset`). A time-based warm-up
-        (harness/worker/workloads/decode.py) steps, rewinds and steps on, so the GPU runs as
-        long as it takes to settle while the cache never grows past the cell's context."""
-        self._rewind_behind()
-        _, lengths, bonus = self._prefilled
-        self.lengths.copy_(lengths)
-        self.bonus.copy_(bonus)
+        """`_StepsBehind.rewind`, with the synthetic draws back at their first too."""
+        super().rewind()
         self.step_index.zero_()
 
     # -- the step ------------------------------------------------------------------------
@@ -567,20 +572,6 @@ class FastARDecoder(_StepsBehind):
         self.cache.v.normal_(generator=gen)
         self._set_state(list(lengths), torch.randint(0, self.target.cfg.vocab_size, (self.b,),
                                                      generator=gen, device=self.device))
-
-    def _set_state(self, lengths: list[int], bonus: torch.Tensor) -> None:
-        self.lengths.copy_(torch.tensor(lengths))
-        self.bonus.copy_(bonus)
-        self.lengths_host = list(lengths)
-        self._prefilled = (list(lengths), self.lengths.clone(), bonus.clone())
-
-    @torch.no_grad()
-    def rewind(self) -> None:
-        """Back to the state the last prefill left, as `FastSpecDecoder.rewind`."""
-        self._rewind_behind()
-        _, lengths, bonus = self._prefilled
-        self.lengths.copy_(lengths)
-        self.bonus.copy_(bonus)
 
     def _device_step(self) -> None:
         pos = self.lengths[:, None]

@@ -143,7 +143,7 @@ class SpecDecoder:
         """Back to the state the last prefill left, without running it again: the next step
         is its first step again, with the same synthetic draws, and what the steps since
         committed is forgotten (their KV stays past the prompt, where no step reads a slot
-        before writing it). See FastSpecDecoder.rewind for what it is for."""
+        before writing it). See fast._StepsBehind.rewind for what it is for."""
         lengths, bonus, rng = self._prefilled
         self.lengths, self.bonus = list(lengths), bonus.clone()
         if rng is not None:

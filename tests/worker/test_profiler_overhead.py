@@ -58,4 +58,4 @@ def test_the_profiling_windows_fit_the_steps_the_bounds_count():
 
     assert IN_FLIGHT + 1 <= decode.PROFILE_WARMUP
     # One count: the worker sizes its cache and draws with the function the check uses.
-    assert worker.profiling_steps is decode.profiling_steps and worker.AUDIT_STEPS == decode.AUDIT_STEPS
+    assert worker.repeat_steps is decode.repeat_steps and worker.AUDIT_STEPS == decode.AUDIT_STEPS

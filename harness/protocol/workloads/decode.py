@@ -8,6 +8,7 @@ verify_mode, context_length and batch_size from them), and moving them would cha
 from __future__ import annotations
 
 from harness.protocol import presets
+from harness.protocol.numbers import is_finite_number
 from harness.protocol.workloads import (Param, WorkloadSpec, choice, non_negative_int,
                                        positive_int, yaml_word)
 
@@ -210,8 +211,7 @@ def settled(result: dict) -> float | None:
     if not isinstance(cell, dict) or cell.get("workload", "decode") != "decode":
         return None
     seconds = (result.get("settle") or {}).get("seconds", 0.0)
-    return float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) \
-        else None
+    return float(seconds) if is_finite_number(seconds) else None
 
 
 def check_lossless(cell: dict):
@@ -235,6 +235,13 @@ def profiling_steps(cell: dict) -> int:
     return 3 * (cell["profile_steps"] + PROFILE_WARMUP) + AUDIT_STEPS
 
 
+def repeat_steps(cell: dict) -> int:
+    """The most steps a decoder takes between two prefills of a repeat (a settle's runs are
+    rewound, so never more): its warm-up steps, its window, the profiling. What its KV cache
+    and synthetic draws are sized for."""
+    return cell["warmup_steps"] + cell["steps"] + profiling_steps(cell)
+
+
 def decoded_tokens_bound(cell: dict) -> int:
     """The most positions a cell's decoding can add to the KV cache after the prompt.
 
@@ -242,7 +249,7 @@ def decoded_tokens_bound(cell: dict) -> int:
     no repeat is assumed to restart from the prompt, and the last verify adds a tree of
     1 + tree_budget tokens on top.
     """
-    step_count = cell["warmup_steps"] + cell["repeats"] * cell["steps"] + profiling_steps(cell)
+    step_count = repeat_steps(cell) + (cell["repeats"] - 1) * cell["steps"]
     if cell["speculation"] == "none":
         return step_count
     # The lossless check decodes from a fresh prompt of the same length: its steps, not added.

@@ -39,7 +39,7 @@ from harness.decode.kernel_choice import Kernels, blas_library
 from harness.decode.loop import SpecDecoder
 from harness.decode.model import Target, TargetConfig, init_random_
 from harness.protocol import params, presets
-from harness.protocol.workloads.decode import AUDIT_STEPS, profiling_steps, settle_seconds
+from harness.protocol.workloads.decode import AUDIT_STEPS, repeat_steps, settle_seconds
 from harness.worker import graphstate, idle, measure, syncaudit
 
 PHASES = ("draft", "tree", "verify", "accept", "commit")
@@ -171,8 +171,7 @@ def _measure(cell: dict, progress, device: torch.device, dtype: torch.dtype,
 
     batch, ctx, B = cell["batch_size"], cell["context_length"], cell["block_size"]
     per_step = B if cell["speculation"] == "ddtree" else 1
-    total_steps = cell["warmup_steps"] + cell["steps"] + profiling_steps(cell)
-    max_len = ctx + (total_steps + 2) * per_step + cell["tree_budget"] + B + 8
+    max_len = ctx + (repeat_steps(cell) + 2) * per_step + cell["tree_budget"] + B + 8
     random_prefill = cell["acceptance"] == "synthetic"
 
     lengths = prefix_lengths(ctx, batch)
@@ -389,9 +388,9 @@ def _decoder(cell, kernels, target, drafter, batch, max_len, clock, seed):
     if (cell["tree_build"], cell["accept"], cell["graph_capture"]) == ("cpu", "cpu", "none"):
         # The baseline: the plain host-orchestrated loop the fast modes are measured against.
         return SpecDecoder(target, drafter, **common)
-    steps = cell["warmup_steps"] + cell["steps"] + profiling_steps(cell) + 8
     return FastSpecDecoder(target, drafter, tree_build=cell["tree_build"], accept=cell["accept"],
-                           graph_capture=cell["graph_capture"], max_steps=steps, **common)
+                           graph_capture=cell["graph_capture"], max_steps=repeat_steps(cell) + 8,
+                           **common)
 
 
 def roofline(cell, target, drafter, lengths, metrics) -> dict:
