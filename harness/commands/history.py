@@ -1,6 +1,6 @@
-"""`harness history SCENARIO`: steps in each cell's history of a metric in MLflow, named by
-commit range. Exit 0 no recent regressing step, 1 a regressing step in the last --recent runs,
-2 error.
+"""`harness history SCENARIO`: steps in each cell's history of one or more metrics in MLflow,
+named by commit range. Exit 0 no recent regressing step, 1 a regressing step in the last --recent
+runs, 2 error (a metric without history among them).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from harness.protocol.errors import InputError
 
 def history(
     scenario: str = typer.Argument(..., help="scenario YAML file, or an experiment name"),
-    metric: str = typer.Option("tokens_per_s", "--metric"),
+    metrics: list[str] = typer.Option(["tokens_per_s"], "--metric",
+                                      help="the metric (repeatable: one MLflow search for all of them)"),
     gpu: Optional[str] = typer.Option(None, "--gpu", metavar="CLASS", help="only this GPU class (e.g. h200)"),
     branch: Optional[str] = typer.Option(None, "--branch", help="only runs of this git branch"),
     include_pr: bool = typer.Option(False, "--include-pr", help="also runs with trigger=pr"),
@@ -30,13 +31,17 @@ def history(
     threshold_rel: Optional[float] = typer.Option(None, "--threshold-rel", help="smallest relative step that matters"),
     threshold_abs: Optional[float] = typer.Option(None, "--threshold-abs", help="smallest absolute step that matters"),
     tracking_uri: Optional[str] = tracking_uri_option(),
-    json_out: Optional[Path] = typer.Option(None, "--json", metavar="FILE", help="write the series and steps as JSON"),
+    json_out: Optional[str] = typer.Option(None, "--json", metavar="FILE",
+                                           help="write the series and steps as JSON (several --metric: "
+                                                "FILE names {metric}, e.g. history-{metric}.json)"),
     plot: Optional[Path] = typer.Option(None, "--plot", metavar="DIR", help="one PNG per series with steps"),
 ):
-    """Find steps in each cell's history of a metric, named by commit range."""
+    """Find steps in each cell's history of a metric, named by commit range.
+
+    Several --metric are read in one search and each reported in turn; a metric with no history
+    is one error line and exit 2, after the others are reported (their files written)."""
     from harness.gate import history as hist
     from harness.gate.policy import DEFAULT_POLICIES, Policy, resolve_policies
-    from harness.sweep.journal import atomic_write_text
 
     try:
         name, policies = scenario, {}
@@ -44,30 +49,55 @@ def history(
             from harness.sweep.scenario import load_scenario
             sc = load_scenario(scenario)
             name, policies = sc.name, resolve_policies(sc.metrics, where=sc.path)
-        policy = policies.get(metric) or DEFAULT_POLICIES.get(metric)
+        metrics = list(dict.fromkeys(metrics))
+        given = threshold_rel is not None or threshold_abs is not None
+        if len(metrics) > 1 and (direction is not None or given):
+            raise InputError(None, None, None, "--direction and --threshold-* describe one metric: give "
+                                               "one --metric with them")
+        if len(metrics) > 1 and json_out is not None and "{metric}" not in json_out:
+            raise InputError(None, None, None, f"--json {json_out} would hold {len(metrics)} metrics: name "
+                                               "each file with {metric}, e.g. history-{metric}.json")
         if direction is not None and direction not in ("higher", "lower"):
             raise InputError(None, None, None, f"--direction must be higher or lower, not '{direction}'")
-        if policy is None and direction is None:
-            raise InputError(None, None, None, f"no policy for metric '{metric}': give --direction "
-                                               f"higher|lower (and --threshold-rel or --threshold-abs)")
         if min_size < 2 or recent < 1 or not 0 < alpha < 1:
             raise InputError(None, None, None, "--min-size must be >= 2, --recent >= 1, --alpha in (0, 1)")
-        given = threshold_rel is not None or threshold_abs is not None
-        policy = Policy(metric, direction or policy.direction,
-                        threshold_rel if given else policy.threshold_rel if policy else None,
-                        threshold_abs if given else policy.threshold_abs if policy else None)
-        series = hist.fetch_series(tracking_uri, name, metric, gpu=gpu, branch=branch,
+        chosen = {}
+        for metric in metrics:
+            policy = policies.get(metric) or DEFAULT_POLICIES.get(metric)
+            if policy is None and direction is None:
+                raise InputError(None, None, None, f"no policy for metric '{metric}': give --direction "
+                                                   f"higher|lower (and --threshold-rel or --threshold-abs)")
+            chosen[metric] = Policy(metric, direction or policy.direction,
+                                    threshold_rel if given else policy.threshold_rel if policy else None,
+                                    threshold_abs if given else policy.threshold_abs if policy else None)
+        found = hist.fetch_metrics(tracking_uri, name, metrics, gpu=gpu, branch=branch,
                                    include_pr=include_pr, cell_ids=cell)
-        if not series:
-            raise InputError(None, None, None, f"no ok runs with metric '{metric}' in experiment "
-                                               f"'{name}'" + (f" on GPU class {gpu}" if gpu else ""))
     except InputError as e:
         raise fail_input(e)
 
-    hist.analyse(series, policy, min_size=min_size, alpha=alpha)
-    from rich.table import Table
-    from harness.gate.changepoint import is_regression
+    missing = flagged = 0
+    for metric in metrics:
+        if not found[metric]:
+            fail_input(InputError(None, None, None, f"no ok runs with metric '{metric}' in experiment "
+                                                    f"'{name}'" + (f" on GPU class {gpu}" if gpu else "")))
+            missing += 1
+            continue
+        out = Path(json_out.replace("{metric}", metric)) if json_out else None
+        flagged += report_metric(name, metric, found[metric], chosen[metric], recent=recent,
+                                 min_size=min_size, alpha=alpha, json_out=out, plot=plot)
+    raise typer.Exit(2 if missing else 1 if flagged else 0)
 
+
+def report_metric(name: str, metric: str, series: list, policy, *, recent: int, min_size: int,
+                  alpha: float, json_out: Optional[Path], plot: Optional[Path]) -> int:
+    """One metric's steps: its table, JSON and plots, and a bisect line per recent regressing
+    step. Returns how many such steps it printed."""
+    from rich.table import Table
+    from harness.gate import history as hist
+    from harness.gate.changepoint import is_regression
+    from harness.sweep.journal import atomic_write_text
+
+    hist.analyse(series, policy, min_size=min_size, alpha=alpha)
     table = Table(title=f"{name}: {metric} history ({policy.describe()})", title_justify="left",
                   header_style="bold")
     for col in ("cell", "gpu", "runs", "step at", "before", "after", "change", "p", "commits"):
@@ -92,8 +122,8 @@ def history(
     flagged = hist.recent_regressions(series, policy, recent)
     for s, st in flagged:
         good, bad = s.points[st.index - 1].sha, s.points[st.index].sha
-        console.print(f"[red]regression[/] {s.label} ({s.gpu_class}): {st.before:.4g} -> "
+        console.print(f"[red]regression[/] {s.label} ({s.gpu_class}) {metric}: {st.before:.4g} -> "
                       f"{st.after:.4g} between {good[:10]} and {bad[:10]}; find the commit with:\n"
                       f"  harness bisect --good {good} --bad {bad} --cell {s.cell_id}",
                       highlight=False)
-    raise typer.Exit(1 if flagged else 0)
+    return len(flagged)

@@ -64,19 +64,27 @@ def fetch_series(uri: str | None, scenario: str, metric: str, *, gpu: str | None
                  branch: str | None = None, include_pr: bool = False,
                  cell_ids: list[str] | None = None) -> list[Series]:
     """Every (cell, GPU class) series of `metric` in experiment `scenario`, oldest point first."""
+    return fetch_metrics(uri, scenario, [metric], gpu=gpu, branch=branch, include_pr=include_pr,
+                         cell_ids=cell_ids)[metric]
+
+
+def fetch_metrics(uri: str | None, scenario: str, metrics: list[str], *, gpu: str | None = None,
+                  branch: str | None = None, include_pr: bool = False,
+                  cell_ids: list[str] | None = None) -> dict[str, list[Series]]:
+    """fetch_series for several metrics from one search of the experiment's runs (a nightly
+    checks three; each search of a long history is most of a call's time): metric -> series."""
     with mlflow_client(uri) as client:
         exp = client.get_experiment_by_name(scenario)
         if exp is None:
             raise InputError(None, None, None,
                              f"no MLflow experiment '{scenario}' in {client.tracking_uri}")
         flt = "tags.status = 'ok'" + (f" and tags.`git.branch` = '{branch}'" if branch else "")
-        series: dict[tuple[str, str], Series] = {}
+        series: dict[str, dict[tuple[str, str], Series]] = {m: {} for m in metrics}
         for run in search_all(client, [exp.experiment_id], flt,
                               order_by=["attributes.start_time ASC"]):
             tags = run.data.tags
             cid = tags.get(TAG_CELL_ID)
-            value = run.data.metrics.get(metric)
-            if not cid or value is None or TAG_SUPERSEDED in tags:
+            if not cid or TAG_SUPERSEDED in tags:
                 continue
             if cell_ids and cid not in cell_ids:
                 continue
@@ -85,14 +93,21 @@ def fetch_series(uri: str | None, scenario: str, metric: str, *, gpu: str | None
             cls = gpu_class(tags.get("gpu"), tags.get("cpu_model"))
             if gpu and cls != gpu:
                 continue
-            s = series.setdefault((cid, cls), Series(cid, run.info.run_name or cid, cls))
-            s.points.append(Point(float(value), tags.get("git.sha", "unknown"),
-                                  int(run.info.start_time or 0), tags.get(TAG_RUN_ID, "?"),
-                                  run.info.run_id, tags.get("git.branch", ""),
-                                  tags.get("trigger", "")))
-    for s in series.values():
-        s.points.sort(key=lambda p: p.started)
-    return sorted(series.values(), key=lambda s: (s.gpu_class, s.label))
+            for metric in metrics:
+                value = run.data.metrics.get(metric)
+                if value is None:
+                    continue
+                s = series[metric].setdefault((cid, cls), Series(cid, run.info.run_name or cid, cls))
+                s.points.append(Point(float(value), tags.get("git.sha", "unknown"),
+                                      int(run.info.start_time or 0), tags.get(TAG_RUN_ID, "?"),
+                                      run.info.run_id, tags.get("git.branch", ""),
+                                      tags.get("trigger", "")))
+    out = {}
+    for metric, by_key in series.items():
+        for s in by_key.values():
+            s.points.sort(key=lambda p: p.started)
+        out[metric] = sorted(by_key.values(), key=lambda s: (s.gpu_class, s.label))
+    return out
 
 
 def analyse(series: list[Series], policy: Policy, *, min_size: int = DEFAULT_MIN_SIZE,

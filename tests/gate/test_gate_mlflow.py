@@ -186,3 +186,46 @@ def test_history_names_the_commit_range_of_a_step(tmp_path, store):
     assert code == 0, out
     code, out = harness("history", name, "--tracking-uri", store, "--gpu", "b200")
     assert code == 2 and "no ok runs" in out
+
+
+def test_history_of_several_metrics_reads_once_and_reports_each(tmp_path, store):
+    """--metric twice: each metric's table, JSON (FILE names {metric}) and exit; a metric with
+    no history is an error line and exit 2 after the others are written."""
+    from mlflow import MlflowClient
+
+    name = "gate-mlflow-history-metrics"
+    client = MlflowClient(store)
+    exp = client.create_experiment(name)
+    cid = "0123456789ab"
+    for i in range(12):
+        run = client.create_run(exp, run_name="tiny ctx=64", start_time=1_700_000_000_000 + i * 86_400_000,
+                                tags={"harness.cell_id": cid, "status": "ok", "gpu": "NVIDIA H200",
+                                      "git.sha": f"{i:02d}" * 20, "git.branch": "main",
+                                      "trigger": "nightly", "harness.run_id": f"night-{i}",
+                                      "mlflow.parentRunId": "p"})
+        client.log_metric(run.info.run_id, "tokens_per_s", 100.0 + (i % 3) * 0.5)   # flat
+        client.log_metric(run.info.run_id, "accept_len_mean", 6.0 if i < 6 else 5.0)  # a drop
+        client.set_terminated(run.info.run_id)
+
+    code, out = harness("history", name, "--metric", "tokens_per_s", "--metric", "accept_len_mean",
+                        "--tracking-uri", store, "--json", tmp_path / "h-{metric}.json")
+    assert code == 1, out                       # the accepted length's step is recent
+    flat = json.loads((tmp_path / "h-tokens_per_s.json").read_text())
+    drop = json.loads((tmp_path / "h-accept_len_mean.json").read_text())
+    assert flat["metric"] == "tokens_per_s" and flat["series"][0]["steps"] == []
+    (step,) = drop["series"][0]["steps"]
+    assert step["regression"] and step["index"] == 6
+    assert "accept_len_mean: 6 -> 5" in " ".join(out.split())
+
+    code, out = harness("history", name, "--metric", "tokens_per_s", "--metric", "idle_fraction",
+                        "--tracking-uri", store, "--json", tmp_path / "g-{metric}.json")
+    assert code == 2 and "no ok runs with metric 'idle_fraction'" in " ".join(out.split())
+    assert json.loads((tmp_path / "g-tokens_per_s.json").read_text())["series"]
+    assert not (tmp_path / "g-idle_fraction.json").exists()
+
+    code, out = harness("history", name, "--metric", "tokens_per_s", "--metric", "accept_len_mean",
+                        "--tracking-uri", store, "--json", tmp_path / "one.json")
+    assert code == 2 and "{metric}" in out and not (tmp_path / "one.json").exists()
+    code, out = harness("history", name, "--metric", "tokens_per_s", "--metric", "accept_len_mean",
+                        "--tracking-uri", store, "--direction", "lower")
+    assert code == 2 and "one --metric" in " ".join(out.split())
