@@ -34,9 +34,9 @@ NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
 # graph-capturable; for ci/gpu/selfcheck.sh's compute-sanitizer pass and bug hunts only).
 DEBUG_FLAGS = ("-DTVA_DEBUG",)
 # HARNESS_KERNEL_TMA=1: a build (its own cache entry) whose pipelined GQA verify on a contiguous
-# cache (custom_impl wgmma_pv, wgmma_ahead, wgmma_sumcheck and wgmma_polyexp) feeds its K and V
-# tiles by tensor copies (TMA) instead of cp.async, to A/B against the default build in one
-# process or device call (kernels/NOTES.md, "Tensor copies" and "S a tile further ahead").
+# cache (custom_impl wgmma_pv and wgmma_sumcheck) feeds its K and V tiles by tensor copies (TMA)
+# instead of cp.async, to A/B against the default build in one process or device call
+# (kernels/NOTES.md, "Tensor copies").
 TMA_FLAGS = ("-DTVA_TMA",)
 # HARNESS_KERNEL_WS=1: a build (its own cache entry) whose pipelined GQA verify on a contiguous
 # cache is warp-specialised (a producer warpgroup on tensor copies, two consumer warpgroups, a

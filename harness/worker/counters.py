@@ -72,7 +72,7 @@ _BYTES = {"byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "kibyte": 1024.
 
 @dataclass
 class Kernel:
-    """One profiled launch: its short name (`gqa_ahead_kernel`) and its counters by key."""
+    """One profiled launch: its short name (`gqa_tail_kernel`) and its counters by key."""
 
     name: str
     values: dict[str, float] = field(default_factory=dict)
@@ -87,7 +87,7 @@ class Pages:
 
 
 def short_name(name: str) -> str:
-    """`void gqa_ahead_kernel<128, 4, false>(AttnParams)` -> `gqa_ahead_kernel`; a Triton name
+    """`void gqa_tail_kernel<128, 4>(AttnParams)` -> `gqa_tail_kernel`; a Triton name
     (`_fwd_kernel`) stays as it is; a namespace is dropped (`at::native::f` -> `f`)."""
     depth, out = 0, []
     for ch in name:

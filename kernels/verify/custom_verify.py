@@ -21,23 +21,13 @@ Five implementations (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_
 GQA at head_dim 128, software-pipelined, gqa_pipelined_kernel; MLA, mla_pv_kernel),
 "wgmma_tail" (wgmma_pv, with the rows past the last full 64-row block carried one a CTA as tail
 rows on the full blocks' tiles where the shape allows: 65 tree tokens x G heads run G row blocks,
-not G + 1; gqa_tail_kernel, a contiguous cache; elsewhere it is wgmma_pv) and "wgmma_merge"
-(wgmma_tail with a row block's 2-16 splits merged in a thread-block cluster through distributed
-shared memory instead of partials in the workspace and a combine kernel; 4 warps; elsewhere it
-is wgmma_tail), "wgmma_ahead" (wgmma_pv with each tile's S issued an iteration before its
-softmax, so its MMAs run under the previous softmax instead of on the warpgroup's chain;
-gqa_ahead_kernel, a contiguous cache, 4 warps; elsewhere it is wgmma_pv) and "wgmma_sumcheck"
+not G + 1; gqa_tail_kernel, a contiguous cache; elsewhere it is wgmma_pv) and "wgmma_sumcheck"
 (wgmma_pv whose softmax takes a tile's max only where the tile's exponentials, computed against
 the running max as it stands, sum past 2^7 in some row: bit-equal to wgmma_pv, ~40 fewer
-instructions a warp a tile; the GQA shapes wgmma_pv runs) and "wgmma_polyexp" (wgmma_sumcheck
-with a quarter of the fast path's exponentials by a polynomial on the FMA pipe instead of the
-special-function unit: within 7.5e-5 of it, not bit-equal; a contiguous cache, 4 warps; elsewhere
-it is wgmma_sumcheck). The caller picks one; nothing in the environment does. On the H200
-(kernels/NOTES.md, sessions 27-31) wgmma_tail is level with wgmma_pv at 16k-128k keys (1.04x
-slower at 64k), wgmma_merge 1.4-2x slower, wgmma_ahead level to 1.05x slower (1.2x at 16 tree
-tokens), wgmma_sumcheck 1.02-1.07x faster at 65 tree tokens (the harness's `auto` on Hopper) and
-wgmma_polyexp 1.04-1.10x slower than it (an H100 and an H200, session 32: 20 % more instructions
-a warp).
+instructions a warp a tile; the GQA shapes wgmma_pv runs). The caller picks one; nothing in the
+environment does. On the H200 (kernels/NOTES.md, sessions 27-31) wgmma_tail is level with
+wgmma_pv at 16k-128k keys (1.04x slower at 64k) and wgmma_sumcheck 1.02-1.07x faster at 65 tree
+tokens (the harness's `auto` on Hopper).
 """
 
 from __future__ import annotations
@@ -123,27 +113,23 @@ def _gqa_occupancy(index: int, head_dim: int, num_warps: int, paged: bool, wgmma
         return max(1, _lib().tva_gqa_occupancy(head_dim, num_warps, int(paged), int(wgmma)))
 
 
-IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead",
-         "wgmma_sumcheck", "wgmma_polyexp")    # wgmma_pv: S and P V on wgmma
-_IMPL_CODE = {"mma": 0, "wgmma": 1, "wgmma_pv": 2, "wgmma_tail": 3, "wgmma_merge": 4,
-              "wgmma_ahead": 5, "wgmma_sumcheck": 6, "wgmma_polyexp": 7}   # tva_gqa_forward's `wgmma`
-# the pipelined kernel (head_dim 128): plain, with tail rows, with tail rows and the cluster
-# merge, with S a tile further ahead, with the sum-checked softmax, with some of its
-# exponentials by polynomial
-PIPELINED = ("wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck", "wgmma_polyexp")
-TAILED = ("wgmma_tail", "wgmma_merge")     # run the tail kernel where the shape has tail rows
+IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_sumcheck")    # wgmma_pv: S and P V on wgmma
+# tva_gqa_forward's `wgmma` (the gaps: codes of variants since removed, which it refuses)
+_IMPL_CODE = {"mma": 0, "wgmma": 1, "wgmma_pv": 2, "wgmma_tail": 3, "wgmma_sumcheck": 6}
+# the pipelined kernel (head_dim 128): plain, with tail rows, with the sum-checked softmax
+PIPELINED = ("wgmma_pv", "wgmma_tail", "wgmma_sumcheck")
+TAILED = ("wgmma_tail",)                   # run the tail kernel where the shape has tail rows
 # variants of the pipelined GQA kernel alone: the MLA latent runs its own P V kernel for them
-GQA_VARIANTS = TAILED + ("wgmma_ahead", "wgmma_sumcheck", "wgmma_polyexp")
-MAX_MERGE_SPLITS = 16                      # a cluster's CTAs at most (sm_90's non-portable size)
+GQA_VARIANTS = TAILED + ("wgmma_sumcheck",)
 # A library caller gets mma.sync (any GPU from sm_80). The harness's cells pick with their
 # custom_impl knob, whose `auto` is wgmma on Hopper: measured faster there (kernels/NOTES.md).
 DEFAULT_IMPL = "mma"
 
 
 def _resolve_impl(impl: str, index: int, warps: int) -> int:
-    """The variant to launch (tva_gqa_forward's `wgmma`: 0-7): impl "mma" (any GPU), "wgmma",
-    "wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck" or "wgmma_polyexp" (compute
-    capability 9.0, 4 or 8 warps; an error where it cannot run)."""
+    """The variant to launch (tva_gqa_forward's `wgmma`: _IMPL_CODE): impl "mma" (any GPU),
+    "wgmma", "wgmma_pv", "wgmma_tail" or "wgmma_sumcheck" (compute capability 9.0, 4 or 8 warps;
+    an error where it cannot run)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "mma":
@@ -194,12 +180,6 @@ def runs_tail(rows: int, warps: int, impl: str, paged: bool) -> bool:
     """Whether impl wgmma_tail runs the tail kernel for M = rows (a contiguous cache, 4 warps,
     the shape above); elsewhere it runs the plain pipelined kernel (tva_gqa_forward's dispatch)."""
     return impl in TAILED and not paged and warps == 4 and tail_row_blocks(rows) > 0
-
-
-def merges_in_cluster(impl: str, warps: int, splits: int) -> bool:
-    """Whether impl wgmma_merge merges these splits in clusters (4 warps, 2-16 splits; else it
-    writes partials for the combine kernel, as wgmma_tail): tva_gqa_forward's merges_in_cluster."""
-    return impl == "wgmma_merge" and warps == 4 and 1 < splits <= MAX_MERGE_SPLITS
 
 
 def row_blocks(rows: int, warps: int, impl: str, paged: bool) -> int:
@@ -283,14 +263,9 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
     occupancy = _gqa_occupancy(index, d, warps, paged, wgmma)
     per_row_pages = paged and impl not in PIPELINED   # only the pipelined copy shares them
     slots = gqa_slots(m_blocks, occupancy, _sm_count(index), per_row_pages=per_row_pages)
-    if impl == "wgmma_merge" and warps == 4 and num_splits is None:
-        # Merged in clusters: no partials through the workspace, at most a cluster of splits.
-        splits = best_splits(b * heads_kv * m_blocks, slots, max_keys, TILE_KEYS, MAX_MERGE_SPLITS)
-    else:
-        splits = _splits(num_splits, b * heads_kv * m_blocks, slots, max_keys,
-                         _overhead_keys(16 * warps, d, 4 * d))
-    return dict(num_warps=warps, m_blocks=m_blocks, num_splits=splits, dv=d, wgmma=wgmma,
-                merged=merges_in_cluster(impl, warps, splits))
+    splits = _splits(num_splits, b * heads_kv * m_blocks, slots, max_keys,
+                     _overhead_keys(16 * warps, d, 4 * d))
+    return dict(num_warps=warps, m_blocks=m_blocks, num_splits=splits, dv=d, wgmma=wgmma)
 
 
 def alloc_workspace(q: torch.Tensor, num_splits: int, dv: int):
@@ -358,10 +333,9 @@ def _prepare_out_ws(q, dv, pl, out, workspace):
     elif (out.shape != (b, hq, T, dv) or out.dtype != torch.bfloat16 or out.stride(-1) != 1
           or out.data_ptr() % 4 or any(s % 2 for s in out.stride()[:-1])):
         raise ValueError(f"out must be bfloat16 [{b}, {hq}, {T}, {dv}] with a contiguous last dim")
-    partial_splits = 1 if pl.get("merged") else pl["num_splits"]    # merged: no partials
     if workspace is None:
-        workspace = alloc_workspace(q, partial_splits, dv)
-    elif partial_splits > 1:
+        workspace = alloc_workspace(q, pl["num_splits"], dv)
+    elif pl["num_splits"] > 1:
         need = pl["num_splits"] * b * hq * T
         if workspace[0].numel() < need * dv or workspace[1].numel() < need:
             raise ValueError("workspace too small (alloc_workspace with the same num_splits)")
@@ -425,8 +399,8 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
     strides: a view of a larger cache is fine), Hq / Hkv a power of two; lengths [b] int32/int64
     on the device with lengths[b] + T <= S (not checked: that would sync); tree_bits
     [b, T, ceil(T/32)] int32. Returns [b, Hq, T, d] bfloat16. `num_splits` and `num_warps`
-    override the plan; `impl` "mma" (the default), "wgmma", "wgmma_pv", "wgmma_tail",
-    "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck" or "wgmma_polyexp" (Hopper only, see _resolve_impl).
+    override the plan; `impl` "mma" (the default), "wgmma", "wgmma_pv", "wgmma_tail" or
+    "wgmma_sumcheck" (Hopper only, see _resolve_impl).
     """
     if k.dim() != 4 or k.shape[0] != q.shape[0]:
         raise ValueError(f"k must be [b, Hkv, S, d] with b = {q.shape[0]}, got {tuple(k.shape)}")

@@ -38,15 +38,12 @@
 #include "cuda_emulation.h"
 #define TVA_DYNAMIC_SMEM(name) uint8_t* name = emu::shared_memory()
 #define TVA_LAUNCH(kernel, grid, block, smem, stream, p) emu::launch(kernel, grid, block, smem, p)
-#define TVA_LAUNCH_CLUSTER(kernel, grid, block, smem, stream, p, cluster) emu::launch(kernel, grid, block, smem, p, cluster)
 #else
 #include <cuda.h>               // CUtensorMap (the tensor copies of gqa_tma_kernel)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #define TVA_DYNAMIC_SMEM(name) extern __shared__ __align__(128) uint8_t name[]
 #define TVA_LAUNCH(kernel, grid, block, smem, stream, p) pdl_launch(kernel, grid, block, smem, stream, p)
-#define TVA_LAUNCH_CLUSTER(kernel, grid, block, smem, stream, p, cluster) \
-    pdl_launch(kernel, grid, block, smem, stream, p, true, cluster)
 #endif
 #include <stdint.h>
 #include <string.h>
@@ -138,15 +135,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// x clamped to [lo, hi], a NaN kept (max.NaN / min.NaN return NaN for a NaN operand; fmaxf and
-// fminf would return the bound).
-__device__ __forceinline__ float clamp_keep_nan(float x, float lo, float hi) {
-    float y;
-    asm("max.NaN.f32 %0, %1, %2;\n" : "=f"(y) : "f"(x), "f"(lo));
-    asm("min.NaN.f32 %0, %1, %2;\n" : "=f"(y) : "f"(y), "f"(hi));
     return y;
 }
 
@@ -481,24 +469,6 @@ __device__ __forceinline__ void write_rows(const AttnParams& p, const float (&o)
     }
 }
 
-// MERGE: this thread's two rows (local rows lr and lr + 8 of the CTA's, the mma C layout)
-// normalised into `rows` (D floats a row) and their log2-sum-exp into `lse`: what write_rows
-// writes to the workspace, kept in shared memory for the cluster's merge.
-template <int D>
-__device__ __forceinline__ void write_rows_to(float* rows, float* lse, const float (&o)[D / 8][4],
-                                              const float (&m_run)[2], const float (&l_run)[2], int lr, int tig) {
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-        const float l = quad_sum(l_run[hf]);
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        float* row = rows + (lr + 8 * hf) * D;
-#pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt)
-            *reinterpret_cast<float2*>(row + dt * 8 + 2 * tig) = make_float2(o[dt][2 * hf] * inv, o[dt][2 * hf + 1] * inv);
-        if (tig == 0) lse[lr + 8 * hf] = row_lse(m_run[hf], l);
-    }
-}
-
 // Rows of the tree-verify mask for this thread's two rows r0 and r0 + 8 (the mma C layout); row
 // r of a KV head's M = G T rows is tree token r % T (rows past M: token 0, never written).
 __device__ __forceinline__ void tree_mask_rows(const AttnParams& p, int b, int r0, int M, const int32_t* (&rows)[2]) {
@@ -647,50 +617,26 @@ __device__ __forceinline__ bool online_softmax(const float (&s)[NK / 8][4], int 
 // first tile has set m (kernels/NOTES.md), so the exact path runs on few tiles.
 constexpr float SUMCHECK_BOUND = static_cast<float>(1 << (static_cast<int>(RESCALE_LOG2) - 1));
 
-// 2^x on the FMA and integer pipes, to take some exponentials off the special-function pipe
-// (MUFU.EX2, one warp instruction every 8 cycles a scheduler) as FlashAttention-4's software exp2
-// does (`custom_impl: wgmma_polyexp`; measured 1.04-1.10x slower here: its 9 instructions cost a
-// warp more than the MUFU's pipe time, kernels/NOTES.md session 32). x = n + f with n = round(x)
-// (the 1.5 2^23 trick: adding it leaves n in the sum's low mantissa bits) and f in [-1/2, 1/2];
-// 2^f by a degree-3 polynomial (a relative-error minimax fit: at most 7.5e-5 off, against bf16
-// P's 2^-9 rounding), and 2^n added to its exponent bits. x is first clamped to [-125, 126], where that
-// addition stays a normal float (below, 2^x is < 2^-124 and counts for nothing beside a row sum
-// that is at least 1 once a tile has set m; above, the value passes the sum check's bound as
-// 2^x would); a NaN stays NaN, so the sum check still sees it. 9 instructions, none on MUFU.
-__device__ __forceinline__ float poly_exp2(float x) {
-    constexpr float ROUND = 12582912.f;    // 1.5 * 2^23
-    x = clamp_keep_nan(x, -125.f, 126.f);
-    const float t = x + ROUND;
-    const float f = x - (t - ROUND);
-    const float p = fmaf(fmaf(fmaf(0.05517134f, f, 0.24261034f), f, 0.69326097f), f, 0.99992812f);
-    return __uint_as_float(__float_as_uint(p) + (__float_as_uint(t) << 23));
-}
-
-// POLY (`custom_impl: wgmma_polyexp`): on a tile with nothing masked, the last POLY of the NK / 8
-// score pairs a thread holds of each row take poly_exp2 instead of MUFU.EX2 (not bit-equal to
-// wgmma_sumcheck then: P within 7.5e-5 of it). A masked tile keeps MUFU.EX2, whose 2^-inf is 0.
-template <int NK, int POLY = 0>
+template <int NK>
 __device__ __forceinline__ bool sumchecked_softmax(const float (&s)[NK / 8][4], int kb, int L, int k_end,
                                                    const int32_t* const (&bits_row)[2], int tig, float scale,
                                                    float (&m_run)[2], float (&l_run)[2], float (&x)[NK / 8][4],
                                                    float (&alpha)[2]) {
     // P from S itself where the tile has no masked key (most tiles): a masked copy of S, live
     // beside S (which the exact path reads again), would cost a move a score.
-    const auto exps = [&](const float (&from)[NK / 8][4], auto poly) {
-        constexpr int FIRST_POLY = NK / 8 - decltype(poly)::value;
+    const auto exps = [&](const float (&from)[NK / 8][4]) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
             const float m_use = max_ref(m_run[hf]);
 #pragma unroll
             for (int nt = 0; nt < NK / 8; ++nt) {
-                const float a = fmaf(from[nt][2 * hf], scale, -m_use), c = fmaf(from[nt][2 * hf + 1], scale, -m_use);
-                x[nt][2 * hf] = nt >= FIRST_POLY ? poly_exp2(a) : fast_exp2(a);
-                x[nt][2 * hf + 1] = nt >= FIRST_POLY ? poly_exp2(c) : fast_exp2(c);
+                x[nt][2 * hf] = fast_exp2(fmaf(from[nt][2 * hf], scale, -m_use));
+                x[nt][2 * hf + 1] = fast_exp2(fmaf(from[nt][2 * hf + 1], scale, -m_use));
             }
         }
     };
     if (kb + NK <= L) {
-        exps(s, std::integral_constant<int, POLY>{});
+        exps(s);
     } else {
         float masked[NK / 8][4];
 #pragma unroll
@@ -698,7 +644,7 @@ __device__ __forceinline__ bool sumchecked_softmax(const float (&s)[NK / 8][4], 
 #pragma unroll
             for (int e = 0; e < 4; ++e) masked[nt][e] = s[nt][e];
         mask_tile<NK>(masked, kb, L, k_end, bits_row, tig);
-        exps(masked, std::integral_constant<int, 0>{});
+        exps(masked);
     }
     const float sum[2] = {row_sum(x, 0), row_sum(x, 1)};
     // `<=` is false for NaN: a NaN term sends the tile to the exact path too.
@@ -1119,61 +1065,6 @@ __device__ __forceinline__ void write_tail_row(const AttnParams& p, float o, flo
     }
 }
 
-// MERGE: the splits of a row block merged in their thread-block cluster, instead of partials in
-// the workspace and a combine kernel. The cluster is the row block's S = num_splits CTAs (along
-// x: rank = split). Each CTA leaves its rows normalised by their own sum, and their log2-sum-exp,
-// in its shared memory (`buf`: rows x D floats, then the rows' lse); after the cluster barrier,
-// warp w of rank s merges rows s NW + w, + S NW, ... (lane j: dims 4j..4j+3) from every CTA's
-// copy through distributed shared memory, weighted as the combine weighs them, and writes the
-// output; a second cluster barrier keeps each CTA's shared memory until every CTA has read it.
-// `rows` local rows (BM, and the tail row after them); row lr is valid where valid_row(lr) and
-// is the KV head's row global_row(lr).
-template <int D, int NW, typename ValidRow, typename GlobalRow>
-__device__ __forceinline__ void merge_splits_in_cluster(const AttnParams& p, float* buf, int rows, int b, int h,
-                                                        ValidRow valid_row, GlobalRow global_row) {
-    static_assert(D == 128, "a float4 a lane");
-    cluster_sync();           // every CTA's partial rows in its shared memory
-    const int S = static_cast<int>(p.num_splits), rank = static_cast<int>(cluster_ctarank());
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int T = static_cast<int>(p.tokens), G = static_cast<int>(p.heads_q / p.heads_kv);
-    const float* lse_of = buf + rows * D;
-    for (int lr = rank * NW + warp; lr < rows; lr += S * NW) {
-        if (!valid_row(lr)) continue;                       // the same for the whole warp
-        const float lse = lane < S ? map_shared_rank(lse_of, static_cast<uint32_t>(lane))[lr] : -INFINITY;
-        float mx = lse;
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        const float w = fast_exp2(lse - max_ref(mx));       // 0 for a split that showed the row nothing
-        float sum = w;
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-        // Four CTAs' rows read before they are summed: four remote round trips in flight, not one
-        // after another (reads past S repeat CTA S - 1's, with weight 0: lanes past S hold w = 0;
-        // loads under `if (i < S)` were serialised by ptxas).
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int i0 = 0; i0 < S; i0 += 4) {
-            float4 v[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const uint32_t from = static_cast<uint32_t>(min(i0 + j, S - 1));
-                v[j] = *reinterpret_cast<const float4*>(map_shared_rank(buf, from) + lr * D + 4 * lane);
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const float wi = __shfl_sync(0xffffffffu, w, i0 + j);
-                acc.x += wi * v[j].x, acc.y += wi * v[j].y, acc.z += wi * v[j].z, acc.w += wi * v[j].w;
-            }
-        }
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        const int r = global_row(lr), hq = h * G + r / T, t = r % T;
-        uint32_t* out = reinterpret_cast<uint32_t*>(static_cast<__nv_bfloat16*>(p.out) + b * p.o_sb + hq * p.o_sh +
-                                                    t * p.o_st + 4 * lane);
-        out[0] = pack_bf16(acc.x * inv, acc.y * inv);
-        out[1] = pack_bf16(acc.z * inv, acc.w * inv);
-    }
-    cluster_sync();           // no CTA leaves (its shared memory with it) while another reads it
-}
-
 // A contiguous cache's K or V tile of keys kb .. kb + BN - 1 by cp.async into its swizzled stage
 // (dst: the stage plus this thread's offset): 16-byte column `lc` of rows lrow0, lrow0 + RS, ...
 // Rows past the split's end are zero-filled (their scores are masked, so P is 0 there).
@@ -1196,12 +1087,10 @@ __device__ __forceinline__ void copy_tile_rows(uint32_t dst, const char* base, i
     }
 }
 
-template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false, bool MERGE = false, bool SUMCHECK = false,
-          int POLY = 0>
+template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false, bool SUMCHECK = false>
 __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap,
                                               int trace_row = -1) {
     static_assert(!(TMA && PAGED), "tensor copies for a contiguous cache only");
-    static_assert(!MERGE || (!TMA && NW == 4), "the cluster merge: cp.async, 4 warps");
     static_assert(!TAIL || (!TMA && !PAGED && NW == 4 && D == 128), "the tail row: cp.async, contiguous, 4 warps, d 128");
     constexpr int CH = D / 8, NT = NW * 32, STAGES = GqaConfig<D>::STAGES;
     constexpr int TILE = GqaConfig<D>::TILE_BYTES;
@@ -1228,8 +1117,7 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     auto v_bar = [&](int tile) { return sBar + 8u * static_cast<uint32_t>(STAGES + tile % V_STAGES); };
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    // MERGE: a row block's splits are a cluster along x (rank = split)
-    const int mblock = MERGE ? blockIdx.y : blockIdx.x, split = MERGE ? blockIdx.x : blockIdx.y;
+    const int mblock = blockIdx.x, split = blockIdx.y;
     const int b = blockIdx.z / p.heads_kv, h = blockIdx.z % p.heads_kv;
     const int T = p.tokens, G = p.heads_q / p.heads_kv, M = G * T;
     const int L = read_length(p, b);
@@ -1462,10 +1350,10 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
         }
     };
     // SUMCHECK: the loop's tiles through sumchecked_softmax (the first tile, before the loop,
-    // always takes the exact path: m is -inf there), POLY of a row's score pairs by poly_exp2.
+    // always takes the exact path: m is -inf there).
     auto softmax = [&](const float (&s)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&alpha)[2]) {
         if constexpr (SUMCHECK)
-            return sumchecked_softmax<BN, POLY>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
+            return sumchecked_softmax<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
         else
             return online_softmax<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
     };
@@ -1569,276 +1457,26 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
         keep_live(ot[1]);
         t_o = merge_tail_columns<D>(tail_mem, ot, t_m, t_l, tid, t_lse);
     }
-    if constexpr (MERGE) {
-        // The rows into K's stages (free once every warp is past its last MMA and copy).
-        float* const buf = reinterpret_cast<float*>(smem + (sK - smem_addr(smem)));
-        constexpr int ROWS = BM + (TAIL ? 1 : 0);
-        static_assert((ROWS * D + ROWS) * 4 <= STAGES * TILE, "the merge's rows fit K's stages");
-        __syncthreads();
-        write_rows_to<D>(buf, buf + ROWS * D, o, m_run, l_run, warp * 16 + (lane >> 2), tig);
-        if constexpr (TAIL) {
-            buf[BM * D + tid] = t_o;
-            if (tid == 0) buf[ROWS * D + BM] = t_lse;
-        }
-        merge_splits_in_cluster<D, NW>(
-            p, buf, ROWS, b, h,
-            [&](int lr) { return lr < BM ? mblock * BM + lr < M : t_valid; },
-            [&](int lr) { return lr < BM ? mblock * BM + lr : t_row; });
-    } else {
-        write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
-        if (TAIL && t_valid) write_tail_row<D>(p, t_o, t_lse, t_row, b, h, split, tid);
-    }
+    write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
+    if (TAIL && t_valid) write_tail_row<D>(p, t_o, t_lse, t_row, b, h, split, tid);
 }
 
-template <int D, int NW, bool PAGED, bool MERGE = false, bool SUMCHECK = false, int POLY = 0>
+template <int D, int NW, bool PAGED, bool SUMCHECK = false>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_pipelined_kernel(const AttnParams p) {
     const int trace_row = trace::begin(TRACE_PIPELINED);
     wait_for_previous_kernel();
     trace::stamp(trace_row, STAMP_WAITED);
-    gqa_pipelined<D, NW, PAGED, false, false, MERGE, SUMCHECK, POLY>(p, nullptr, nullptr, trace_row);
+    gqa_pipelined<D, NW, PAGED, false, false, SUMCHECK>(p, nullptr, nullptr, trace_row);
     trace::end(trace_row, STAMP_END);
 }
 
 // The pipelined kernel with the tail rows (TAIL above): launched as tail_row_blocks row blocks.
-template <int D, int NW, bool MERGE = false>
+template <int D, int NW>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_tail_kernel(const AttnParams p) {
     wait_for_previous_kernel();
-    gqa_pipelined<D, NW, false, false, true, MERGE>(p, nullptr, nullptr);
-}
-
-
-// ------------------------------------------------------------------------------------------
-// The pipelined kernel with S a tile further ahead (`custom_impl: wgmma_ahead`; 4 warps, head
-// dim 128, a contiguous cache). gqa_pipelined issues S_{j+1} at the top of iteration j and waits
-// for it before the softmax, so S's MMAs (8 m64n64k16: 256 tensor cycles alone, up to twice that
-// beside the other CTA's) sit on each warpgroup's chain once a tile. Here iteration j issues
-// S_{j+2} and P_j V_j, runs the softmax of S_{j+1} (issued and retired an iteration earlier)
-// while they run, and retires S_{j+2} at its end: the chain is the softmax and the copies, and
-// the tensor cores have this warpgroup's next products queued all through it. The cost: a second
-// S accumulator (32 registers a thread: 251 against 228, still two CTAs a multiprocessor) and
-// a wait at the end of each iteration, which the softmax before it has usually outlasted.
-// Shared memory as gqa_pipelined's: K in three stages, V in four (the fourth the Q tile's).
-// TMA (the -DTVA_TMA build, as gqa_pipelined's): the tiles by tensor copies that thread 0 issues,
-// waited for on a barrier a stage, so the other warps' chains carry no copy instructions.
-// ------------------------------------------------------------------------------------------
-template <bool TMA>
-__device__ __forceinline__ void gqa_ahead(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap) {
-    constexpr int D = 128, NW = 4, CH = D / 8, NT = NW * 32, BM = 16 * NW;
-    constexpr int TILE = GqaConfig<D>::TILE_BYTES;
-    constexpr int K_STAGES = 3, V_STAGES = 4;
-    TVA_DYNAMIC_SMEM(smem);
-    const uint32_t sK = (smem_addr(smem) + 1023u) & ~1023u;    // 1024-byte aligned for the swizzle
-    const uint32_t sV = sK + K_STAGES * TILE;
-    const uint32_t sQ = sV + (V_STAGES - 1) * TILE;            // V's fourth stage once Q is in registers
-    // TMA: the stages' mbarriers, K's three then V's four, in the alignment slack past the Q tile
-    // (at least 128 bytes: the window starts 128-byte aligned).
-    const uint32_t sBar = sQ + BM * D * 2;
-    auto k_bar = [&](int tile) { return sBar + 8u * static_cast<uint32_t>(tile % K_STAGES); };
-    auto v_bar = [&](int tile) { return sBar + 8u * static_cast<uint32_t>(K_STAGES + tile % V_STAGES); };
-
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int mblock = blockIdx.x, split = blockIdx.y;
-    const int b = blockIdx.z / p.heads_kv, h = blockIdx.z % p.heads_kv;
-    const int T = p.tokens, G = p.heads_q / p.heads_kv, M = G * T;
-    const int L = read_length(p, b);
-    const SplitRange sr = split_range(L + T, p.num_splits, split);
-    const int n = sr.tiles;
-
-    const char* kbase = static_cast<const char*>(p.k) + h * p.k_sh * 2 + b * p.k_sb * 2;
-    const char* vbase = static_cast<const char*>(p.v) + h * p.v_sh * 2 + b * p.v_sb * 2;
-    const char* qbase = static_cast<const char*>(p.q) + (b * p.q_sb + static_cast<int64_t>(h) * G * p.q_sh) * 2;
-    copy_q_tile<BM, CH, NT>(p, sQ, qbase, tid, mblock, M);
-
-    // Each thread copies 16-byte column `lc` of rows lrow0, lrow0 + RS, ... of a tile, as
-    // gqa_pipelined's contiguous copies do; tiles past the split's last copy nothing.
-    constexpr int RS = NT / CH;
-    static_assert(NT % CH == 0 && BN % RS == 0 && RS % 8 == 0, "tile copy layout");
-    const int lc = tid % CH, lrow0 = tid / CH;
-    const uint32_t dst0 = (lc >> 3) * (BN * 128) + lrow0 * 128 + (((lc & 7) ^ (lrow0 & 7)) << 4);
-    auto k_stage = [&](int tile) { return sK + (tile % K_STAGES) * TILE; };
-    auto v_stage = [&](int tile) { return sV + (tile % V_STAGES) * TILE; };
-    // TMA: thread 0, the tile's two 64-column blocks as boxes; rows past the cache's are zeros,
-    // rows past the sequence whatever the cache holds there (see wait_v).
-    auto copy_tile = [&](uint32_t stage, const char* base, int64_t st, const CUtensorMap* map, uint32_t bar, int tile) {
-        if (tile >= n) return;
-        if constexpr (TMA) {
-            if (tid == 0) {
-                mbar_arrive_expect_tx(bar, TILE);
-#pragma unroll
-                for (int c = 0; c < D / 64; ++c) {
-                    const int32_t at[4] = {64 * c, sr.begin + tile * BN, h, b};
-                    tma_load(stage + c * (BN * 128), map, at, bar);
-                }
-            }
-        } else {
-            copy_tile_rows<RS>(stage + dst0, base, st, sr.begin + tile * BN, sr, lrow0, lc);
-        }
-    };
-    auto copy_k = [&](int tile) { copy_tile(k_stage(tile), kbase, p.k_st, kmap, k_bar(tile), tile); };
-    auto copy_v = [&](int tile) { copy_tile(v_stage(tile), vbase, p.v_st, vmap, v_bar(tile), tile); };
-    // TMA: K_j is the (j / 3)-th copy into its stage and V_j the (j / 4)-th: that use's parity.
-    // A box reads the cache's rows past the sequence (cp.async zero-fills them): their scores are
-    // masked, but P = 0 times a NaN or infinite V row is NaN, so those V rows become zeros first
-    // (only the sequence's last tile has any). cp.async: the groups' waits say the same.
-    auto wait_k = [&](int tile) {
-        if constexpr (TMA) {
-            if (tile < n) mbar_wait(k_bar(tile), static_cast<uint32_t>(tile / K_STAGES) & 1u);
-        }
-    };
-    auto wait_v = [&](int tile) {
-        if constexpr (TMA) {
-            mbar_wait(v_bar(tile), static_cast<uint32_t>(tile / V_STAGES) & 1u);
-            const int valid = L + T - (sr.begin + tile * BN);
-            if (valid < BN) zero_rows<BN, D / 8, NT>(v_stage(tile), valid > 0 ? valid : 0, tid);
-        }
-    };
-    if constexpr (TMA) {          // thread 0 issues every copy, so its program order suffices
-        if (tid == 0) {
-#pragma unroll
-            for (int i = 0; i < K_STAGES + V_STAGES; ++i) mbar_init(sBar + 8u * i, 1);
-            fence_mbarrier_init();
-        }
-    }
-
-    // Iteration j copies K_{j+4} into K_{j+1}'s stage (S_{j+1} retired at the end of iteration
-    // j - 1) and V_{j+2} into V_{j-2}'s (P_{j-2} V_{j-2} retired there too), one commit group, so
-    // each lands two iterations before it is read, as in gqa_pipelined. The prologue: {Q, K_0},
-    // {K_1, K_2, V_0, V_1}, then {K_3} into K_0's stage once S_0 and S_1 have retired.
-    copy_k(0);
-    cp_async_commit();
-    copy_k(1);
-    copy_k(2);
-    copy_v(0);
-    copy_v(1);
-    cp_async_commit();
-    cp_async_wait<1>();
-    fence_proxy_async();
-    __syncthreads();              // TMA: the barriers are initialised before anyone waits on one
-    wait_k(0);
-
-    uint32_t qa[D / 16][4];
-    load_q_fragments<D>(qa, sQ, warp, lane);
-
-    const float scale = static_cast<float>(p.sm_scale) * LOG2E;
-    const int gid = lane >> 2, tig = lane & 3;
-    const int r0 = mblock * BM + warp * 16 + gid;          // this thread's rows: r0, r0 + 8
-    const int32_t* bits_row[2];
-    tree_mask_rows(p, b, r0, M, bits_row);
-
-    float o[D / 8][4];
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-    uint32_t pa[2][BN / 16][4];
-    float s[2][BN / 8][4];     // S_j in s[j % 2]: wgmma accumulators, never written otherwise
-
-    // S = Q K^T of `tile` into s[SI]. Only the prologue's S_1 may lie past the split (a split of
-    // one tile): it is issued on K_0 again and dropped, since a branch between the fence and the
-    // MMAs would make ptxas serialise every wgmma of the kernel (C7513).
-    auto issue_s = [&](auto si, int tile) {
-        constexpr int SI = decltype(si)::value;
-        const uint64_t k_desc = desc_kmajor_sw128(k_stage(tile < n ? tile : n - 1));
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-            wgmma_m64n64k16(s[SI], qa[kk], desc_advance(k_desc, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
-        wgmma_commit();
-    };
-    auto softmax = [&](const float (&st)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&alpha)[2]) {
-        return online_softmax<BN>(st, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
-    };
-
-    if (n > 0) {
-        // S_0, then S_1 once every warp's part of K_1 has landed; S_1 runs under S_0's softmax.
-        wgmma_fence();
-        issue_s(std::integral_constant<int, 0>{}, 0);
-        cp_async_wait<0>();
-        wait_k(1);
-        fence_proxy_async();
-        __syncthreads();
-        wgmma_fence();
-        issue_s(std::integral_constant<int, 1>{}, 1);
-        wgmma_wait<1>();
-        keep_live(s[0]);
-        float x[BN / 8][4], alpha[2];
-        softmax(s[0], 0, x, alpha);     // O is still zero: alpha is not needed
-        pack_p<BN>(x, pa[0]);
-        wgmma_wait<0>();
-        keep_live(s[1]);
-        __syncthreads();                // every warp has retired S_0: K_0's stage takes K_3
-        copy_k(3);
-        cp_async_commit();
-    }
-    // Tile j: P_j is in pa[j % 2] and S_{j+1}, retired, in s[(j + 1) % 2] (tiles run in pairs, so
-    // both indices are constants).
-    auto step = [&](int tile, auto parity, auto with_s) {
-        constexpr int PA = decltype(parity)::value;
-        constexpr bool WITH_S = decltype(with_s)::value;   // false: tile + 2 is past the split
-        // K_{tile+2} and V_tile landed (every group but the last iteration's), and every warp is
-        // past the last iteration's waits: S_{tile+1} and P_{tile-2} V_{tile-2} retired, their
-        // stages free for this iteration's copies.
-        cp_async_wait<1>();
-        wait_k(tile + 2);
-        wait_v(tile);
-        fence_proxy_async();
-        __syncthreads();
-        wgmma_fence();            // o and pa were last written by ordinary instructions
-        if constexpr (WITH_S) issue_s(parity, tile + 2);
-        else wgmma_commit();      // an empty group: the waits below count the same
-        const uint64_t v_desc = desc_mnmajor_sw128(v_stage(tile));
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
-        wgmma_commit();
-        copy_k(tile + 4);
-        copy_v(tile + 2);
-        cp_async_commit();
-        if (tile + 1 < n) {
-            // P_{tile-1} V_{tile-1} (an iteration old): P_{tile+1} goes into its A registers.
-            wgmma_wait<2>();
-            softmax_rescale_pack<D, BN>(s[1 - PA], tile + 1, softmax, o, pa[1 - PA]);
-        }
-        // S_{tile+2}, run under that softmax, retired here and not at the next iteration's top:
-        // ptxas does not carry a wait_group's count across the loop's back edge, and reading an
-        // accumulator there makes it serialise every wgmma of the kernel (C7514). Only P_tile
-        // V_tile may still run.
-        wgmma_wait<1>();
-        keep_live(s[PA]);
-    };
-    // Tiles in pairs while S_{tile+2} exists, then the last one to three tiles, each with or
-    // without it as a compile-time choice (a branch between the fence and the MMAs would make
-    // ptxas serialise every wgmma of the kernel).
-    using P0 = std::integral_constant<int, 0>;
-    using P1 = std::integral_constant<int, 1>;
-    using WithS = std::true_type;
-    using NoS = std::false_type;
-    int tile = 0;
-    for (; tile + 3 < n; tile += 2) {
-        step(tile, P0{}, WithS{});
-        step(tile + 1, P1{}, WithS{});
-    }
-    if (n - tile == 3) {
-        step(tile, P0{}, WithS{});
-        step(tile + 1, P1{}, NoS{});
-        step(tile + 2, P0{}, NoS{});
-    } else if (n - tile == 2) {
-        step(tile, P0{}, NoS{});
-        step(tile + 1, P1{}, NoS{});
-    } else if (n - tile == 1) {
-        step(tile, P0{}, NoS{});
-    }
-    // The last step waited for every product but one; ptxas cannot tell across the loops, and
-    // would inject this wait itself (advisory C7517).
-    wgmma_wait<0>();
-    keep_live(o);
-    cp_async_wait<0>();
-    write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
-}
-
-__global__ void __launch_bounds__(128, 1)
-gqa_ahead_kernel(const AttnParams p) {
-    wait_for_previous_kernel();
-    gqa_ahead<false>(p, nullptr, nullptr);
+    gqa_pipelined<D, NW, false, false, true>(p, nullptr, nullptr);
 }
 
 // The tensor maps first: a CUtensorMap is 128-byte aligned.
@@ -1847,23 +1485,15 @@ struct GqaTmaParams {
     AttnParams p;
 };
 
-template <int D, int NW, bool SUMCHECK = false, int POLY = 0>
+template <int D, int NW, bool SUMCHECK = false>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_tma_kernel(const __grid_constant__ GqaTmaParams a) {
     const int trace_row = trace::begin(TRACE_PIPELINED);
     wait_for_previous_kernel();
     trace::stamp(trace_row, STAMP_WAITED);
-    gqa_pipelined<D, NW, false, true, false, false, SUMCHECK, POLY>(a.p, &a.k, &a.v, trace_row);
+    gqa_pipelined<D, NW, false, true, false, SUMCHECK>(a.p, &a.k, &a.v, trace_row);
     trace::end(trace_row, STAMP_END);
 }
-
-#ifdef TVA_TMA
-__global__ void __launch_bounds__(128, 1)
-gqa_ahead_tma_kernel(const __grid_constant__ GqaTmaParams a) {
-    wait_for_previous_kernel();
-    gqa_ahead<true>(a.p, &a.k, &a.v);
-}
-#endif
 
 #ifdef TVA_WS
 // ------------------------------------------------------------------------------------------
@@ -2593,9 +2223,8 @@ combine_kernel(const AttnParams p) {
 // (a `static bool done[device]` in a template over the kernel's type, as this once was) marks the
 // first kernel prepared as done for all of them, and every other kernel needing more than the
 // default 48 KB then fails to launch with cudaErrorInvalidValue ("invalid argument").
-// `big_clusters`: also allow clusters past the portable 8 (the cluster merge's, up to 16).
 template <typename Kernel>
-static cudaError_t prepare(Kernel kernel, int smem, bool big_clusters = false) {
+static cudaError_t prepare(Kernel kernel, int smem) {
     struct Done {
         const void* kernel;
         int device, smem;
@@ -2611,22 +2240,15 @@ static cudaError_t prepare(Kernel kernel, int smem, bool big_clusters = false) {
     for (int i = 0; i < n_done; ++i)
         if (done[i].kernel == key && done[i].device == device && done[i].smem >= smem) return cudaSuccess;
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err == cudaSuccess && big_clusters) err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (err == cudaSuccess && n_done < 256) done[n_done++] = {key, device, smem};
     return err;
 }
 
 // The kernel of a variant: wgmma 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (pipelined), 3
-// the pipelined kernel with tail rows, 5 the pipelined kernel with S a tile further ahead, 6 the
-// pipelined kernel with the sum-checked softmax, 7 that with some exponentials by poly_exp2.
-// POLYEXP_PAIRS: of a row's 8 score pairs a tile, a thread's last 2 (a quarter of its 32
-// exponentials) by poly_exp2; kernels/NOTES.md says why a quarter.
-constexpr int POLYEXP_PAIRS = 2;
+// the pipelined kernel with tail rows, 6 the pipelined kernel with the sum-checked softmax.
 template <int D, int NW, bool PAGED, int WGMMA>
 constexpr auto gqa_variant() {
-    if constexpr (WGMMA == 7) return gqa_pipelined_kernel<D, NW, PAGED, false, true, POLYEXP_PAIRS>;
-    else if constexpr (WGMMA == 6) return gqa_pipelined_kernel<D, NW, PAGED, false, true>;
-    else if constexpr (WGMMA == 5) return gqa_ahead_kernel;
+    if constexpr (WGMMA == 6) return gqa_pipelined_kernel<D, NW, PAGED, true>;
     else if constexpr (WGMMA == 3) return gqa_tail_kernel<D, NW>;
     else if constexpr (WGMMA == 2) return gqa_pipelined_kernel<D, NW, PAGED>;
     else return gqa_kernel<D, NW, PAGED, WGMMA == 1>;
@@ -2646,20 +2268,6 @@ static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_bl
     if (err != cudaSuccess) return err;
     dim3 grid(m_blocks, static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.batch * p.heads_kv));
     TVA_LAUNCH(kernel, grid, NW * 32, smem, stream, p);
-    return launch_status(stream);
-}
-
-// MERGE: the splits of each row block as one cluster along x (grid: splits, row blocks, b x KV
-// heads), merged in it: no combine launch follows. Up to 16 splits (past the portable 8, the
-// non-portable sizes sm_90 allows).
-constexpr int MAX_MERGE_SPLITS = 16;
-template <typename Kernel>
-static cudaError_t launch_gqa_merge(Kernel kernel, int smem, const AttnParams& p, cudaStream_t stream, int m_blocks,
-                                    int threads) {
-    const cudaError_t err = prepare(kernel, smem, true);
-    if (err != cudaSuccess) return err;
-    dim3 grid(static_cast<unsigned>(p.num_splits), m_blocks, static_cast<unsigned>(p.batch * p.heads_kv));
-    TVA_LAUNCH_CLUSTER(kernel, grid, threads, smem, stream, p, static_cast<unsigned>(p.num_splits));
     return launch_status(stream);
 }
 
@@ -2726,47 +2334,21 @@ static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
     return launch_status(stream);
 }
 
-// Whether a launch of variant `wgmma` merges its splits in clusters (and so needs no combine).
-static bool merges_in_cluster(const AttnParams& p, int num_warps, int wgmma) {
-    return wgmma == 4 && num_warps == 4 && p.num_splits > 1 && p.num_splits <= MAX_MERGE_SPLITS;
-}
-
 template <int D, bool PAGED>
 static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma, cudaStream_t stream) {
     const int M = static_cast<int>(p.heads_q / p.heads_kv * p.tokens);
     const int bm = 16 * num_warps;
     const int m_blocks = (M + bm - 1) / bm;
     // wgmma: 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (head_dim 128 only), 3 as 2 with the
-    // rows past the last full row block as tail rows where M has that shape (else as 2), 4 as 3
-    // with the splits merged in clusters (merges_in_cluster; else as 3), 5 as 2 with S a tile
-    // further ahead (a contiguous cache, 4 warps; else as 2), 6 as 2 with the sum-checked softmax,
-    // 7 as 6 with a quarter of its exponentials by poly_exp2 (a contiguous cache, 4 warps; else as 6)
+    // rows past the last full row block as tail rows where M has that shape (else as 2), 6 as 2
+    // with the sum-checked softmax (as tva_gqa_forward documents). Any other code is refused here:
+    // in the switch below, a code's sum with the warps could name another variant's case.
+    if (wgmma < 0 || (wgmma > 3 && wgmma != 6)) return cudaErrorInvalidValue;
     if (wgmma >= 2 && D != 128) return cudaErrorInvalidValue;
-    if constexpr (D == 128) {
-        if (merges_in_cluster(p, num_warps, wgmma)) {
-            constexpr int smem = gqa_smem_bytes<D, 4, true>();
-            if (!PAGED && tail_row_blocks(M, bm) > 0)
-                return launch_gqa_merge(gqa_tail_kernel<D, 4, true>, smem, p, stream, tail_row_blocks(M, bm), 128);
-            return launch_gqa_merge(gqa_pipelined_kernel<D, 4, PAGED, true>, smem, p, stream, m_blocks, 128);
-        }
-    }
-    if (wgmma == 4) wgmma = 3;
     if (wgmma == 3 && !PAGED && num_warps == 4 && tail_row_blocks(M, bm) > 0) {
         if constexpr (!PAGED && D == 128) return launch_gqa<D, 4, false, 3>(p, stream, tail_row_blocks(M, bm));
     }
     if (wgmma == 3) wgmma = 2;
-    if (wgmma == 7) {                    // poly exponentials: contiguous, 4 warps (else as 6)
-        if constexpr (!PAGED && D == 128) {
-            if (num_warps == 4) {
-#ifdef TVA_TMA
-                return launch_gqa_tma<D, 4>(gqa_tma_kernel<D, 4, true, POLYEXP_PAIRS>, p, stream, m_blocks);
-#else
-                return launch_gqa<D, 4, false, 7>(p, stream, m_blocks);
-#endif
-            }
-        }
-        wgmma = 6;
-    }
     if (wgmma == 6) {                    // the sum-checked softmax: the pipelined kernel's shapes
         if constexpr (D == 128) {
 #ifdef TVA_TMA
@@ -2776,18 +2358,6 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
             if (num_warps == 8) return launch_gqa<D, 8, PAGED, 6>(p, stream, m_blocks);
         }
         return cudaErrorInvalidValue;
-    }
-    if (wgmma == 5) {                    // S a tile further ahead: contiguous, 4 warps (else as 2)
-        if constexpr (!PAGED && D == 128) {
-            if (num_warps == 4) {
-#ifdef TVA_TMA
-                return launch_gqa_tma<D, 4>(gqa_ahead_tma_kernel, p, stream, m_blocks);
-#else
-                return launch_gqa<D, 4, false, 5>(p, stream, m_blocks);
-#endif
-            }
-        }
-        wgmma = 2;
     }
     switch (num_warps * 4 + wgmma) {
         case 8: return launch_gqa<D, 2, PAGED, 0>(p, stream, m_blocks);
@@ -2822,13 +2392,10 @@ int tva_gqa_smem_bytes(int head_dim, int num_warps, int wgmma) {
 
 int tva_mla_smem_bytes() { return tva::mla::SMEM; }
 
-// CTAs of the GQA kernel that fit on one multiprocessor (0 on error). wgmma 3 and 4: the tail
-// kernel's where it may run, else the plain pipelined kernel's (the merge's kernels are those
-// with the same shared memory); wgmma 5 likewise gqa_ahead_kernel's; wgmma 7 as 6 where it runs as 6.
+// CTAs of the GQA kernel that fit on one multiprocessor (0 on error, an unknown wgmma code
+// included). wgmma 3: the tail kernel's where it may run, else the plain pipelined kernel's.
 int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
-    if (wgmma == 4) wgmma = 3;
-    if ((wgmma == 3 || wgmma == 5) && (paged || num_warps != 4 || head_dim != 128)) wgmma = 2;
-    if (wgmma == 7 && (paged || num_warps != 4)) wgmma = 6;
+    if (wgmma == 3 && (paged || num_warps != 4 || head_dim != 128)) wgmma = 2;
     int blocks = 0;
     const int smem = tva_gqa_smem_bytes(head_dim, num_warps, wgmma);
 #define TVA_OCC(D, NW, P, W)                                                                     \
@@ -2842,7 +2409,7 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     TVA_OCC(D, 8, P, 1)
     TVA_OCC_D(64, 0) TVA_OCC_D(64, 1) TVA_OCC_D(128, 0) TVA_OCC_D(128, 1)
     TVA_OCC(128, 4, 0, 2) TVA_OCC(128, 8, 0, 2) TVA_OCC(128, 4, 1, 2) TVA_OCC(128, 8, 1, 2)
-    TVA_OCC(128, 4, 0, 3) TVA_OCC(128, 4, 0, 5) TVA_OCC(128, 4, 0, 7)
+    TVA_OCC(128, 4, 0, 3)
     TVA_OCC(128, 4, 0, 6) TVA_OCC(128, 8, 0, 6) TVA_OCC(128, 4, 1, 6) TVA_OCC(128, 8, 1, 6)
 #undef TVA_OCC_D
 #undef TVA_OCC
@@ -2850,17 +2417,15 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
 }
 
 // Returns a cudaError_t (0 = success). The launch is asynchronous on `stream`.
-// wgmma = 1: S = Q K^T on Hopper's warpgroup MMA (4 or 8 warps; a 9.0a build on an sm_90 GPU);
-// 2: P V on it too; 3: as 2, with tail rows where the shape has them (a contiguous cache, 4 warps);
-// 4: as 3, with 2-16 splits merged in thread-block clusters (4 warps) instead of a combine kernel;
-// 5: as 2, with S a tile further ahead (gqa_ahead: a contiguous cache, 4 warps; else as 2);
-// 6: as 2, with the sum-checked softmax (the tile max only where P's sums say m may move);
-// 7: as 6, with a quarter of its exponentials on the FMA pipe (a contiguous cache, 4 warps; else as 6).
+// wgmma = 0: mma.sync (any GPU from sm_80); 1: S = Q K^T on Hopper's warpgroup MMA (4 or 8 warps;
+// a 9.0a build on an sm_90 GPU); 2: P V on it too; 3: as 2, with tail rows where the shape has
+// them (a contiguous cache, 4 warps); 6: as 2, with the sum-checked softmax (the tile max only
+// where P's sums say m may move). 4, 5 and 7 were variants since removed (measured slower,
+// kernels/NOTES.md sessions 26-32): they, as any other code, return cudaErrorInvalidValue.
 int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int paged, int wgmma, void* stream) {
     const AttnParams& p = *params;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     cudaError_t err;
-    const bool merged = tva::merges_in_cluster(p, num_warps, wgmma);
     if (head_dim == 64) {
         err = paged ? tva::dispatch_warps<64, true>(p, num_warps, wgmma, s)
                     : tva::dispatch_warps<64, false>(p, num_warps, wgmma, s);
@@ -2868,7 +2433,7 @@ int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int p
     } else if (head_dim == 128) {
         err = paged ? tva::dispatch_warps<128, true>(p, num_warps, wgmma, s)
                     : tva::dispatch_warps<128, false>(p, num_warps, wgmma, s);
-        if (err == cudaSuccess && !merged) err = tva::launch_combine<128>(p, s);
+        if (err == cudaSuccess) err = tva::launch_combine<128>(p, s);
     } else {
         err = cudaErrorInvalidValue;
     }

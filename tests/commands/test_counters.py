@@ -40,7 +40,7 @@ def journal(tmp_path: Path) -> Path:
     own = counters.flatten(pages)
     triton = {"triton." + k.replace("gqa_tail_kernel", "_verify_kernel"): v
               for k, v in own.items() if "gqa_tail_kernel" in k}
-    cells = [kernel_cell("wgmma_pv"), kernel_cell("wgmma_ahead")]
+    cells = [kernel_cell("wgmma_pv"), kernel_cell("wgmma_sumcheck")]
     j = RunJournal.create(tmp_path / "runs", "20261205-000000-cccccc", "counters", None,
                           "name: counters\n", cells, {"git_sha": "abc"})
     for cell, metrics, errors in ((cells[0], {"kernel_us": 184.0, **own, **triton}, {}),
@@ -68,14 +68,14 @@ def test_each_kernel_of_each_mode_is_a_row(tmp_path):
     assert "244" in tail and "–" in tail                        # no stall columns for launch 2
     triton = next(r for r in rows if "_verify_kernel" in r)
     assert "│ triton " in triton
-    assert "no counters kernel custom ctx=65536 T=65" in out and "custom_impl=wgmma_ahead: custom: " \
+    assert "no counters kernel custom ctx=65536 T=65" in out and "custom_impl=wgmma_sumcheck: custom: " \
         "ERR_NVGPUCTRPERM" in out
 
 
 def test_a_filter_and_a_run_without_counters(tmp_path):
     root = journal(tmp_path)
     code, out = harness_cli("counters", "20261205-000000-cccccc", "--results", str(root),
-                            "-k", "wgmma_ahead")
+                            "-k", "wgmma_sumcheck")
     assert code == 0 and "No cell of 20261205-000000-cccccc has hardware counters: set `ncu: true`" in out
     assert "gqa_pipelined_kernel" not in out and "ERR_NVGPUCTRPERM" in out
 

@@ -195,77 +195,6 @@ def test_gqa_wgmma_pv_kernel_matches_reference(emu, case, schedule):
     assert _run(emu, pt, lengths, splits, warps=warps, wgmma=2) < 5e-3
 
 
-# S a tile further ahead (wgmma 5, gqa_ahead: S_{j+2} and P_j V_j under the softmax of S_{j+1},
-# K_{j+4} and V_{j+2} copied in iteration j): the pipelined kernel's contiguous 4-warp cases, and
-# splits of 1 to 9 tiles (the prologue's edges, both parities of the tile pairs, an odd last
-# tile), long splits (every stage reused many times), and shapes it hands to the plain pipelined
-# kernel (paged, 8 warps).
-AHEAD_CASES = {c: v for c, v in PV_CASES.items() if v[3] == 4 and v[0].layout == "contiguous"} | {
-    "ahead-1-to-9-tiles": (_point(b=9, heads=4, kv_heads=1, T=16, d=128),
-                           [40, 100, 170, 230, 300, 360, 420, 490, 555], 1, 4),
-    "ahead-T65-long-splits": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [900, 500], 2, 4),
-    "ahead-T65-long-split-g4": (_point(heads=4, kv_heads=1, T=65, d=128), [1100], 1, 4),
-    "ahead-empty-prefix": (_point(heads=4, kv_heads=1, T=65, d=128), [0], 1, 4),
-    "ahead-paged-as-pv": (_point(b=2, heads=8, kv_heads=2, T=17, d=128, layout="paged"), [150, 77], 3, 4),
-    "ahead-8warps-as-pv": (_point(heads=16, kv_heads=4, T=64, d=128), [130], 2, 8),
-}
-
-
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
-@pytest.mark.parametrize("case", list(AHEAD_CASES))
-def test_gqa_ahead_kernel_matches_reference(emu, case, schedule):
-    """The cache holds NaN past each sequence: a K or V stage refilled before every warp has
-    retired the MMAs reading it (copies landing at issue in the third schedule), a V row past the
-    split unmasked, or a dropped S that leaked into P would carry it."""
-    emu.emu_configure(*SCHEDULES[schedule])
-    pt, lengths, splits, warps = AHEAD_CASES[case]
-    nan_tail = 0 if pt.layout == "paged" else 37
-    assert _run(emu, pt, lengths, splits, warps=warps, wgmma=5, nan_tail=nan_tail) < 5e-3
-
-
-@pytest.mark.parametrize("case", ["ahead-T65-long-splits", "ahead-1-to-9-tiles"])
-def test_ahead_kernel_with_a_lagging_warp(emu, case):
-    """Warp 0 of every CTA races ahead (warps 1-3 run one round in 64), copies landing at issue:
-    a warp that refills K_{j+1}'s or V_{j-2}'s stage, or packs P_{j+1} into P_{j-1}'s registers,
-    before the others (or its own earlier products) are done with them changes an operand under
-    an MMA still in flight."""
-    emu.emu_configure(1, 4242)
-    emu.emu_slow_rank(0, 64, 0)
-    try:
-        pt, lengths, splits, warps = AHEAD_CASES[case]
-        assert _run(emu, pt, lengths, splits, warps=warps, wgmma=5, nan_tail=37) < 5e-3
-    finally:
-        emu.emu_slow_rank(0, 0, 1)
-        emu.emu_configure(0, 0)
-
-
-def test_ahead_kernel_equals_the_pipelined_kernel(emu):
-    """The same products and softmax in the same order as wgmma_pv, only issued earlier: the
-    outputs are bit-equal (the split partials and their merge included)."""
-    emu.emu_configure(*SCHEDULES["skewed"])
-    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
-    outs = {}
-    for wgmma in (2, 5):
-        _run(emu, pt, [700, 333], 3, warps=4, wgmma=wgmma, outputs=outs.setdefault(wgmma, []))
-    assert torch.equal(outs[2][0], outs[5][0])
-
-
-@pytest.mark.parametrize("schedule", ["lockstep", "skewed"])
-def test_ahead_kernel_rescales_when_the_max_grows(emu, schedule):
-    """As test_wgmma_pv_rescales_when_the_max_grows: O's rescale mid-split, here with S_{j+2}
-    and P_j V_j both in flight when it waits."""
-    emu.emu_configure(*SCHEDULES[schedule])
-    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
-    ramp = lambda j: 1.0 + 0.04 * j
-    assert _run(emu, pt, [300, 250], 2, warps=4, wgmma=5, key_ramp=ramp) < 5e-3
-
-
-def test_ahead_kernel_reads_v_by_its_own_strides(emu):
-    emu.emu_configure(*SCHEDULES["skewed"])
-    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
-    assert _run(emu, pt, [500, 333], 2, warps=4, wgmma=5, v_row_pad=8) < 5e-3
-
-
 # The tail kernel (wgmma 3): M = nb 64 + rem rows with 0 < rem <= nb run as nb row blocks, CTA i
 # carrying row 64 nb + i on its tiles (S^T and O^T on m64n8 wgmmas, a softmax a warp). 65 tree
 # tokens over 1, 2, 4 and 8 query heads a KV head (nb tail rows, one a CTA); 129 (8 blocks, 4
@@ -298,19 +227,17 @@ def test_gqa_tail_kernel_matches_reference(emu, case, schedule):
     assert _run(emu, pt, lengths, splits, warps=4, wgmma=3, nan_tail=37) < 5e-3
 
 
-@pytest.mark.parametrize("wgmma", [3, 4], ids=["tail", "merge"])
 @pytest.mark.parametrize("case", ["tail-g4-T65-long-splits", "tail-g2-T65-one-split", "tail-g4-T129-empty-tail-ctas"])
-def test_tail_kernel_with_lagging_warps(emu, case, wgmma):
+def test_tail_kernel_with_lagging_warps(emu, case):
     """Warp 0 of every CTA races ahead (warps 1-3 run one round in 64) with copies landing at
     issue: a warp that refills V_{j-1}'s stage or P^T_{j-1}'s buffer while another still has
     P_{j-1} V_{j-1} in flight changes an operand under it (random skew rarely lags a warp that
-    far; the second barrier a tile is what this case checks), with the splits written for the
-    combine or merged in the cluster."""
+    far; the second barrier a tile is what this case checks)."""
     emu.emu_configure(1, 4242)
     emu.emu_slow_rank(0, 64, 0)
     try:
         pt, lengths, splits = TAIL_CASES[case]
-        assert _run(emu, pt, lengths, splits, warps=4, wgmma=wgmma, nan_tail=37) < 5e-3
+        assert _run(emu, pt, lengths, splits, warps=4, wgmma=3, nan_tail=37) < 5e-3
     finally:
         emu.emu_slow_rank(0, 0, 1)
         emu.emu_configure(0, 0)
@@ -325,71 +252,6 @@ def test_tail_rescales_when_the_max_grows(emu, schedule):
     pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
     ramp = lambda j: 1.0 + 0.04 * j
     assert _run(emu, pt, [300, 250], 2, warps=4, wgmma=3, key_ramp=ramp) < 5e-3
-
-
-# The cluster merge (wgmma 4: the tail kernel, or the plain pipelined one where the shape has no
-# tail rows, with a row block's 2-16 splits merged in a cluster through distributed shared
-# memory and no combine): clusters of 2, 3, 8, 13 and 16 (past the portable 8), the tail row
-# merged with the others, splits without keys (their rows weigh 0), a paged cache, a partial
-# last row block (rows past M skipped), and 1 and 20 splits (no merge: the tail kernel writing
-# the output, and the combine).
-MERGE_CASES = {
-    "merge-g4-T65-b2": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [300, 97], 2),
-    "merge-g4-T65-8": (_point(heads=4, kv_heads=1, T=65, d=128), [900], 8),
-    "merge-g4-T16-16": (_point(heads=8, kv_heads=2, T=16, d=128), [1100], 16),
-    "merge-g4-T16-13": (_point(heads=4, kv_heads=1, T=16, d=128), [900], 13),
-    "merge-g1-T65-3": (_point(heads=2, kv_heads=2, T=65, d=128), [200], 3),
-    "merge-g4-T129-2": (_point(heads=4, kv_heads=1, T=129, d=128), [180], 2),
-    "merge-empty-splits": (_point(heads=4, kv_heads=1, T=65, d=128), [60], 9),
-    "merge-partial-block": (_point(heads=4, kv_heads=1, T=20, d=128), [400], 4),
-    "merge-paged-ps16": (_point(b=2, heads=8, kv_heads=2, T=65, d=128, layout="paged"), [500, 333], 3),
-    "merge-one-split": (_point(heads=4, kv_heads=1, T=65, d=128), [300], 1),
-    "merge-20-splits-combine": (_point(heads=4, kv_heads=1, T=16, d=128), [1500], 20),
-}
-
-
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
-@pytest.mark.parametrize("case", list(MERGE_CASES))
-def test_gqa_cluster_merge_matches_reference(emu, case, schedule):
-    """The merge against float64; the workspace stays NaN where the merge runs (a merge that
-    read a partial from it instead of its cluster would carry NaN)."""
-    emu.emu_configure(*SCHEDULES[schedule])
-    pt, lengths, splits = MERGE_CASES[case]
-    nan_tail = 37 if pt.layout == "contiguous" else 0
-    assert _run(emu, pt, lengths, splits, warps=4, wgmma=4, nan_tail=nan_tail) < 5e-3
-
-
-@pytest.mark.parametrize("case", ["merge-g4-T65-8", "merge-g4-T16-16"])
-@pytest.mark.parametrize("slow", [0, 5])
-def test_cluster_merge_with_a_lagging_cta(emu, case, slow):
-    """One CTA of every cluster (rank 0 or 5) runs a round in 64 while the others race ahead:
-    a CTA that reads another's rows before they are written, or leaves (its shared memory with
-    it) while another still reads its rows, fails here (random skew never lags a CTA that far)."""
-    emu.emu_configure(0, 99)
-    emu.emu_slow_rank(slow, 64, 1)
-    try:
-        pt, lengths, splits = MERGE_CASES[case]
-        assert _run(emu, pt, lengths, splits, warps=4, wgmma=4) < 5e-3
-    finally:
-        emu.emu_slow_rank(0, 0, 1)
-        emu.emu_configure(0, 0)
-
-
-def test_cluster_merge_launch_shape(emu):
-    """No combine launch where the splits merge in clusters; clusters past 16 are not launched
-    (the combine runs instead)."""
-    emu.emu_dry_run(1)
-    try:
-        for splits, launches in ((1, 1), (2, 1), (8, 1), (16, 1), (17, 2), (40, 2)):
-            p = _launch_params(1, 32, 8, 65, splits)
-            emu.emu_clear_fault()
-            before = emu.emu_launch_count()
-            assert emu.tva_gqa_forward(ctypes.byref(p), 128, 4, 0, 4, None) == 0, emu.emu_last_fault().decode()
-            assert emu.emu_launch_count() - before == launches, splits
-            assert cv.merges_in_cluster("wgmma_merge", 4, splits) == (launches == 1 and splits > 1)
-    finally:
-        emu.emu_dry_run(0)
-        emu.emu_clear_fault()
 
 
 def test_tail_row_blocks_and_the_plans_row_blocks():
@@ -425,17 +287,6 @@ def test_gqa_tma_kernel_matches_reference(emu_tma, case, schedule):
     emu_tma.emu_configure(*SCHEDULES[schedule])
     pt, lengths, splits, warps = TMA_CASES[case]
     assert _run(emu_tma, pt, lengths, splits, warps=warps, wgmma=2, nan_tail=37) < 5e-3
-
-
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
-@pytest.mark.parametrize("case", [c for c, v in AHEAD_CASES.items() if v[0].layout == "contiguous" and v[3] == 4])
-def test_gqa_ahead_tma_kernel_matches_reference(emu_tma, case, schedule):
-    """S a tile further ahead with the tensor-copy build's tiles: each stage's barrier through
-    its phases at K's and V's distances (K_{j+4}, V_{j+2}), the prologue's edges, NaN past each
-    sequence read by the boxes."""
-    emu_tma.emu_configure(*SCHEDULES[schedule])
-    pt, lengths, splits, warps = AHEAD_CASES[case]
-    assert _run(emu_tma, pt, lengths, splits, warps=warps, wgmma=5, nan_tail=37) < 5e-3
 
 
 @pytest.mark.parametrize("case", ["T65-random", "T65-growing-keys"])
@@ -528,62 +379,6 @@ def test_sumcheck_takes_the_exact_path_for_a_row_that_has_seen_nothing(emu):
     pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
     big = lambda j: torch.full_like(j, 500.0)
     assert _run(emu, pt, [0, 0], 1, warps=4, wgmma=6, self_only=True, key_ramp=big) < 5e-3
-
-
-# Some of the sum-checked softmax's exponentials by polynomial (wgmma 7: a contiguous cache, 4
-# warps; elsewhere it runs as 6). Its copies, barriers and exact path are wgmma_sumcheck's.
-POLYEXP_CASES = {c: v for c, v in PV_CASES.items() if v[0].layout == "contiguous" and v[3] == 4}
-
-
-@pytest.mark.parametrize("case", list(POLYEXP_CASES))
-def test_gqa_polyexp_kernel_matches_reference(emu, case):
-    emu.emu_configure(*SCHEDULES["skewed-early-copies"])
-    pt, lengths, splits, warps = POLYEXP_CASES[case]
-    assert _run(emu, pt, lengths, splits, warps=warps, wgmma=7) < 5e-3
-
-
-def test_polyexp_differs_from_sumcheck_by_its_polynomial_alone(emu):
-    """Random keys keep every tile after a split's first on the fast path, where a quarter of
-    the exponentials come from the polynomial (at most 7.5e-5 off 2^x): the output is not
-    wgmma_sumcheck's bit for bit (the polynomial ran) and within a few bf16 roundings of it."""
-    emu.emu_configure(*SCHEDULES["skewed"])
-    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
-    outs = {}
-    for wgmma in (6, 7):
-        _run(emu, pt, [700, 333], 3, warps=4, wgmma=wgmma, outputs=outs.setdefault(wgmma, []))
-    a, b = outs[6][0].float(), outs[7][0].float()
-    assert not torch.equal(a, b)
-    assert ref.relative_error(b, a) < 2e-3
-
-
-@pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_polyexp_far_scores_on_the_polynomial(emu, sign):
-    """Key 240 (the first of tile 3's last 16 keys: a polynomial lane's) made to score ~196 log2
-    units, ~190 above every row's max or ~200 below it, in a tile with nothing masked after the
-    first tile has set m (every query's first column 4, the key +-384 there and 0 elsewhere: the
-    same score for every row, so no row of a warp takes the exact path for another). Above: 2^x
-    must pass the sum check's bound (the exact path then rescales); below: it must stay a tiny
-    positive number. Unclamped, the exponent addition wraps into the sign bit at both distances
-    (a P of ~-2^50 below; ~-2^-66 above, where it should dominate) and the sums let the tile
-    through wrong."""
-    def spike(inp):
-        inp["q"][..., 0] = 4.0
-        inp["k"][:, :, 240] = 0.0
-        inp["k"][:, :, 240, 0] = sign * 384.0
-    emu.emu_configure(*SCHEDULES["lockstep"])
-    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
-    assert _run(emu, pt, [300, 290], 1, warps=4, wgmma=7, edit=spike) < 5e-3
-
-
-def test_polyexp_runs_as_sumcheck_where_it_has_no_kernel(emu):
-    """A paged cache and 8 warps have no polynomial kernel: wgmma 7 runs wgmma_sumcheck's, bit
-    for bit."""
-    emu.emu_configure(*SCHEDULES["skewed"])
-    pt, lengths, splits, warps, extra = SUMCHECK_EQUAL_CASES["paged-ps16-8warps"]
-    outs = {}
-    for wgmma in (6, 7):
-        _run(emu, pt, lengths, splits, warps=warps, wgmma=wgmma, outputs=outs.setdefault(wgmma, []), **extra)
-    assert torch.equal(outs[6][0], outs[7][0])
 
 
 @pytest.mark.parametrize("schedule", ["lockstep", "skewed"])
@@ -739,7 +534,7 @@ def _h200_splits(lib, b, hq, hkv, T, d, max_keys, mla=False, wgmma=False, paged=
     if mla:
         m_blocks = math.ceil(hq * T / 64)
         return 8, cv.best_splits(b * m_blocks, H200_SMS, max_keys, cv._overhead_keys(64, cv.MLA_DV, cv.MLA_DK * 2))
-    impl = cv.IMPLS[int(wgmma)]
+    impl = {code: name for name, code in cv._IMPL_CODE.items()}[int(wgmma)]
     warps = cv.plan_warps(hq // hkv * T, impl)   # as custom_verify.plan picks
     m_blocks = cv.row_blocks(hq // hkv * T, warps, impl, paged)
     occupancy = max(1, (228 * 1024) // (lib.tva_gqa_smem_bytes(d, warps, int(wgmma)) + 1024))
@@ -769,9 +564,9 @@ H200_POINTS = [  # (name, b, hq, hkv, T, d, context, layout, page size, wgmma)
     ("tail-gqa-T65-65536", 1, 32, 8, 65, 128, 65536, "contiguous", 1, 3),
     ("tail-gqa-T65-4096-b4", 4, 32, 8, 65, 128, 4096, "contiguous", 1, 3),
     ("tail-paged-ps16-T65", 1, 32, 8, 65, 128, 65536, "paged", 16, 3),
-    ("ahead-gqa-T65-65536", 1, 32, 8, 65, 128, 65536, "contiguous", 1, 5),
-    ("ahead-gqa-T65-4096-b4", 4, 32, 8, 65, 128, 4096, "contiguous", 1, 5),
-    ("ahead-paged-ps16-T65", 1, 32, 8, 65, 128, 65536, "paged", 16, 5),
+    ("sumcheck-gqa-T65-65536", 1, 32, 8, 65, 128, 65536, "contiguous", 1, 6),
+    ("sumcheck-gqa-T65-4096-b4", 4, 32, 8, 65, 128, 4096, "contiguous", 1, 6),
+    ("sumcheck-paged-ps16-T65", 1, 32, 8, 65, 128, 65536, "paged", 16, 6),
 ]
 
 
@@ -804,6 +599,28 @@ def test_every_kernel_fits_the_h200_shared_memory(emu):
     assert sizes[(128, 8, 0)] == 131072 and sizes[(128, 4, 0)] == 114688
     assert max(sizes.values()) <= H200_SMEM_OPTIN
     assert 200 * 1024 < emu.tva_mla_smem_bytes() <= H200_SMEM_OPTIN
+
+
+@pytest.mark.parametrize("wgmma", [4, 5, 7, 8, -1])
+def test_a_code_without_a_variant_is_refused(emu, wgmma):
+    """tva_gqa_forward refuses a code that names no variant (4, 5 and 7 once did, variants since
+    removed) with cudaErrorInvalidValue and launches nothing, at every warp count, head dim and
+    layout: not a kernel of another code whose sum with the warps it matches (8 at 2 warps is 16,
+    the mma kernel at 4 warps). tva_gqa_occupancy answers 0 for it, its error value."""
+    emu.emu_dry_run(1)
+    try:
+        for d in (64, 128):
+            for warps in (2, 4, 8):
+                for paged in (0, 1):
+                    p = _launch_params(1, 32, 8, 65, 4, 16 if paged else 1)
+                    emu.emu_clear_fault()
+                    before = emu.emu_launch_count()
+                    assert emu.tva_gqa_forward(ctypes.byref(p), d, warps, paged, wgmma, None) == 1, (d, warps, paged)
+                    assert emu.emu_launch_count() == before, (d, warps, paged)
+                    assert emu.tva_gqa_occupancy(d, warps, paged, wgmma) == 0
+    finally:
+        emu.emu_dry_run(0)
+        emu.emu_clear_fault()
 
 
 def test_launch_limits_are_enforced(emu):

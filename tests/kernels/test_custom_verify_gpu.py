@@ -122,78 +122,40 @@ TAIL_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(TAIL_CASES))
-def test_wgmma_merge_variant_matches_float64_reference(case, hopper):
-    """The cluster merge at the plan's split counts (clusters of up to 16)."""
-    pt, lengths = TAIL_CASES[case]
-    nan_tail = 37 if pt.layout == "contiguous" else 0
-    assert check(pt, lengths, impl="wgmma_merge", nan_tail=nan_tail) <= TOL
-
-
-@pytest.mark.parametrize("splits", [2, 3, 8, 13, 16, 17, 64])
-@pytest.mark.parametrize("T", [16, 65])
-def test_wgmma_merge_any_split_count(splits, T, hopper):
-    """Clusters of 2-16 CTAs (13: not a power of two; 16: past the portable 8), 17 and 64 falling
-    back to the combine."""
-    assert check(point(b=2, T=T), [5000, 700], num_splits=splits, impl="wgmma_merge") <= TOL
-
-
-def test_wgmma_tail_and_merge_equal_wgmma_pv_closely_and_replay_in_a_graph(hopper):
+def test_wgmma_tail_equals_wgmma_pv_closely_and_replays_in_a_graph(hopper):
     """The tail rows sum their keys in another order (four warps' partial softmaxes) than the
-    plain kernel's fifth row block, and the merge its splits in another: close, not equal. A
-    captured call replays equal to an eager one, without a host sync (the merge's cluster launch
-    in a graph too)."""
+    plain kernel's fifth row block: close, not equal. A captured call replays equal to an eager
+    one, without a host sync."""
     from harness.kernels.verify import custom_verify as cv
 
     pt = point(b=2, T=65)
     inp = kw.make_inputs(pt, [9000, 3000], 5, DEV, torch.bfloat16)
     args = (inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"])
     a = cv.tree_verify_attention(*args, impl="wgmma_pv")
-    for impl in ("wgmma_tail", "wgmma_merge"):
-        b = cv.tree_verify_attention(*args, impl=impl)
-        assert ref.relative_error(b, a.double()) < 5e-3
-        pl = cv.plan(inp["q"], pt.kv_heads, inp["k"].shape[2], False, impl=impl)
-        assert pl["m_blocks"] == 4 and pl["merged"] == (impl == "wgmma_merge")
-        _replays_equal(lambda out: cv.tree_verify_attention(*args, impl=impl, out=out), b)
+    b = cv.tree_verify_attention(*args, impl="wgmma_tail")
+    assert ref.relative_error(b, a.double()) < 5e-3
+    pl = cv.plan(inp["q"], pt.kv_heads, inp["k"].shape[2], False, impl="wgmma_tail")
+    assert pl["m_blocks"] == 4
+    _replays_equal(lambda out: cv.tree_verify_attention(*args, impl="wgmma_tail", out=out), b)
 
 
-# S a tile further ahead (impl wgmma_ahead, gqa_ahead_kernel): the pipelined kernel's shapes on
-# a contiguous cache at 4 warps; paged caches run wgmma_pv.
-AHEAD_CASES = {
+@pytest.mark.parametrize("impl", ["wgmma_tail", "wgmma_sumcheck"])
+def test_a_gqa_variant_runs_the_mla_latent_as_wgmma_pv(impl, hopper):
+    """The MLA latent has no kernel of the GQA kernel's variants: they run its wgmma_pv kernel,
+    not a launch error."""
+    pt = point("mla", heads=8, kv_heads=1, T=16, d=576)
+    assert check(pt, [3000], impl=impl) <= TOL
+
+
+# The sum-checked softmax (impl wgmma_sumcheck): every shape the pipelined kernel runs (paged and
+# 8 warps too), bit-equal to it whichever path each tile takes.
+SUMCHECK_CASES = {
     "g4-T65": (point(T=65), [3000]),
     "g4-T65-b2-long": (point(b=2, T=65), [65536, 20000]),
     "g4-T64": (point(T=64), [4097]),
     "g4-T16-b2": (point(b=2, T=16), [16384, 70]),
     "g1-T65": (point(heads=8, kv_heads=8, T=65), [5000]),
     "g8-T65": (point(heads=64, kv_heads=8, T=65), [4096]),
-    "paged16-g4-T65-as-pv": (point(b=2, T=65, layout="paged", ps=16), [3000, 1100]),
-}
-
-
-def test_wgmma_ahead_runs_the_mla_latent_as_wgmma_pv(hopper):
-    """The MLA latent has no ahead kernel: impl wgmma_ahead runs its wgmma_pv kernel (as the tail
-    and merge variants do), not a launch error."""
-    pt = point("mla", heads=8, kv_heads=1, T=16, d=576)
-    assert check(pt, [3000], impl="wgmma_ahead") <= TOL
-
-
-def test_wgmma_ahead_equals_wgmma_pv_and_replays_in_a_graph(hopper):
-    """The same products and softmax in the same order as the plain pipelined kernel, only
-    issued earlier: bit-equal to it, and a captured call replays equal to an eager one."""
-    from harness.kernels.verify import custom_verify as cv
-
-    pt = point(b=2, T=65)
-    inp = kw.make_inputs(pt, [9000, 3000], 5, DEV, torch.bfloat16)
-    args = (inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"])
-    a = cv.tree_verify_attention(*args, impl="wgmma_pv")
-    b = cv.tree_verify_attention(*args, impl="wgmma_ahead")
-    assert torch.equal(a, b)
-    _replays_equal(lambda out: cv.tree_verify_attention(*args, impl="wgmma_ahead", out=out), b)
-
-
-# The sum-checked softmax (impl wgmma_sumcheck): every shape the pipelined kernel runs (paged and
-# 8 warps too), bit-equal to it whichever path each tile takes.
-SUMCHECK_CASES = {c: v for c, v in AHEAD_CASES.items() if not c.endswith("-as-pv")} | {
     "paged16-g4-T65": (point(b=2, T=65, layout="paged", ps=16), [3000, 1100]),
     "paged1-g4-T16": (point(b=2, T=16, layout="paged", ps=1), [5000, 700]),
     "g8-T64-8warps": (point(heads=64, kv_heads=8, T=64), [4096]),
@@ -224,18 +186,10 @@ def test_wgmma_sumcheck_equals_wgmma_pv_and_replays_in_a_graph(keys, hopper):
     _replays_equal(lambda out: call(impl="wgmma_sumcheck", out=out), b)
 
 
-# A quarter of the sum-checked softmax's exponentials by polynomial (impl wgmma_polyexp): the
-# pipelined kernel's shapes on a contiguous cache at 4 warps; paged caches run wgmma_sumcheck.
-POLYEXP_CASES = {c: v for c, v in AHEAD_CASES.items() if not c.endswith("-as-pv")} | {
-    "paged16-g4-T65-as-sumcheck": (point(b=2, T=65, layout="paged", ps=16), [3000, 1100]),
-}
-
-
 # The pipelined kernel's variants, each over its shapes: NaN past each sequence on a contiguous
 # cache (a row reading past its keys, a tail row's included, would carry it), 8 warps where the
 # case says so, and any split count.
-VARIANT_CASES = {"wgmma_tail": TAIL_CASES, "wgmma_ahead": AHEAD_CASES, "wgmma_sumcheck": SUMCHECK_CASES,
-                 "wgmma_polyexp": POLYEXP_CASES}
+VARIANT_CASES = {"wgmma_tail": TAIL_CASES, "wgmma_sumcheck": SUMCHECK_CASES}
 
 
 @pytest.mark.parametrize("impl,case", [(impl, c) for impl, cases in VARIANT_CASES.items() for c in cases])
@@ -250,37 +204,6 @@ def test_pipelined_variant_matches_float64_reference(impl, case, hopper):
 @pytest.mark.parametrize("splits", [1, 2, 7, 64])
 def test_pipelined_variant_any_split_count(impl, splits, hopper):
     assert check(point(b=2, T=65), [3000, 150], num_splits=splits, impl=impl) <= TOL
-
-
-@pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_wgmma_polyexp_far_scores(sign, hopper):
-    """A key ~190 log2 units above every row's max, or ~200 below it, on a polynomial lane of a
-    tile with nothing masked (the emulated test's inputs at the GPU's sizes): the clamps here are
-    max.NaN / min.NaN, which the emulator stands in for."""
-    from harness.kernels.verify import custom_verify as cv
-
-    pt = point(b=2, T=65)
-    inp = kw.make_inputs(pt, [9000, 3000], 5, DEV, torch.bfloat16)
-    inp["q"][..., 0] = 4.0
-    inp["k"][:, :, 240] = 0.0
-    inp["k"][:, :, 240, 0] = sign * 384.0
-    out = cv.tree_verify_attention(inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"],
-                                   impl="wgmma_polyexp")
-    assert ref.relative_error(out, kw.reference(pt, inp)) <= TOL
-
-
-def test_wgmma_polyexp_is_close_to_sumcheck_and_replays_in_a_graph(hopper):
-    """Within a few bf16 roundings of wgmma_sumcheck, not equal to it (the polynomial ran), and a
-    captured call replays equal to an eager one."""
-    from harness.kernels.verify import custom_verify as cv
-
-    pt = point(b=2, T=65)
-    inp = kw.make_inputs(pt, [9000, 3000], 5, DEV, torch.bfloat16)
-    call = functools.partial(cv.tree_verify_attention, inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"])
-    a, b = call(impl="wgmma_sumcheck"), call(impl="wgmma_polyexp")
-    assert not torch.equal(a, b)
-    assert ref.relative_error(b, a.double()) < 2e-3
-    _replays_equal(lambda out: call(impl="wgmma_polyexp", out=out), b)
 
 
 def _replays_equal(call, eager: torch.Tensor) -> None:

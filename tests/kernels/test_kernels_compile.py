@@ -73,10 +73,9 @@ def spills(stderr: str, archs: tuple[str, ...]) -> list[str]:
 
 
 VERIFY_ARCHS = ("90a", "120")
-# gqa_pipelined_kernel<128, 4, contiguous, no merge>: wgmma_pv's, and with the sum-checked softmax
-PIPELINED = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0ELb0ELi0EEEvNS_10AttnParamsE"
-SUMCHECK = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0ELb1ELi0EEEvNS_10AttnParamsE"
-POLYEXP = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0ELb1ELi2EEEvNS_10AttnParamsE"
+# gqa_pipelined_kernel<128, 4, contiguous>: wgmma_pv's, and with the sum-checked softmax
+PIPELINED = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0EEEvNS_10AttnParamsE"
+SUMCHECK = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb1EEEvNS_10AttnParamsE"
 TREE_BUILD_ARCHS = ("90a", "120")
 
 
@@ -107,22 +106,18 @@ def test_tree_build_compiles_for_sm90a_and_sm120_without_spills(tmp_path):
 
 
 def test_the_opt_in_builds_compile_without_spills_or_serialised_wgmma(tmp_path):
-    """HARNESS_KERNEL_TMA's build (gqa_tma_kernel, with and without the sum-checked softmax and its
-    polynomial exponentials, and gqa_ahead_tma_kernel) and HARNESS_KERNEL_WS's (gqa_ws_kernel: setmaxnreg, named barriers,
-    mbarrier releases), kernels/build.py, on Hopper. The WS build's flags include TMA's and its
+    """HARNESS_KERNEL_TMA's build (gqa_tma_kernel, with and without the sum-checked softmax) and
+    HARNESS_KERNEL_WS's (gqa_ws_kernel: setmaxnreg, named barriers, mbarrier releases),
+    kernels/build.py, on Hopper. The WS build's flags include TMA's and its
     object holds every tensor-copy kernel, so one compile checks both (the two took ~40 s each)."""
     assert set(build.TMA_FLAGS) <= set(build.WS_FLAGS)
     proc, out = nvcc_compile(tmp_path, SOURCE, ("90a",), threads=2, flags=build.WS_FLAGS)
     assert_compiled_cleanly(proc, out, ("90a",))
-    for kernel in ("gqa_ws_kernel", "gqa_tma_kernelILi128ELi4ELb0ELi0E", "gqa_tma_kernelILi128ELi4ELb1ELi0E",
-                   "gqa_tma_kernelILi128ELi4ELb1ELi2E", "gqa_ahead_tma_kernel"):
+    for kernel in ("gqa_ws_kernel", "gqa_tma_kernelILi128ELi4ELb0E", "gqa_tma_kernelILi128ELi4ELb1E"):
         assert kernel in proc.stderr, kernel
     assert not [ln for ln in proc.stderr.splitlines() if "(C75" in ln]
     found = spills(proc.stderr, ("90a",))
     assert not found, "register spills on Hopper:\n" + "\n".join(found)
-    # wgmma_ahead's tensor-copy kernel keeps its schedule too
-    ahead = waits_before_softmax(loop_events(out, "_ZN3tva20gqa_ahead_tma_kernelENS_12GqaTmaParamsE"))
-    assert len(ahead) == 2 and all(w == ["wait 2"] for w in ahead), ahead
 
 
 def test_stream_linear_compiles_for_hopper_without_spills_or_serialised_wgmma(tmp_path):
@@ -269,15 +264,12 @@ def waits_before_softmax(events: list[str]) -> list[list[str]]:
     return tiles
 
 
-def test_s_a_tile_ahead_leaves_the_softmax_without_waiting_for_s(compiled):
-    """gqa_ahead_kernel (custom_impl wgmma_ahead): in each tile of its loop the only wait between
-    the S and P V issues and the softmax is the one for P_{j-1} V_{j-1} (two groups left in
-    flight: S_{j+2} and P_j V_j); S_{j+2} is retired after the softmax. The pipelined kernel it
-    is measured against waits for the S it just issued there (one group left: P_j V_j; its last
-    tile's branch, laid out in between, waits for all), which this check tells apart."""
+def test_the_pipelined_kernel_keeps_p_v_in_flight_under_the_softmax(compiled):
+    """gqa_pipelined_kernel (custom_impl wgmma_pv): in each of its loop's two tiles (they run in
+    pairs) the waits between the S and P V issues and the softmax include one that retires S_{j+1}
+    and leaves one group in flight, P_j V_j, to run under that softmax (the last tile's branch,
+    laid out in between, waits for all)."""
     _, obj = compiled
-    ahead = waits_before_softmax(loop_events(obj, "_ZN3tva16gqa_ahead_kernelENS_10AttnParamsE"))
-    assert len(ahead) == 2 and all(w == ["wait 2"] for w in ahead), ahead
     pipelined = waits_before_softmax(loop_events(obj, PIPELINED))
     assert len(pipelined) == 2 and all("wait 1" in w for w in pipelined), pipelined
 
@@ -296,15 +288,3 @@ def test_the_sum_checked_softmax_has_no_max_on_its_fast_path(compiled):
         assert path.count("IMAD") <= 2 and len(path) <= 115, (len(path), path)
     for path in shortest_paths_to_vote(obj, PIPELINED):
         assert path.count("SHFL") == 4 and path.count("FMNMX") >= 30, path
-
-
-def test_the_polynomial_exponentials_leave_the_special_function_unit(compiled):
-    """gqa_pipelined_kernel<..., SUMCHECK, POLY 2> (custom_impl wgmma_polyexp): on the fast path
-    8 of a thread's 32 exponentials a tile are poly_exp2's (no MUFU: two clamps, three adds,
-    three FMAs and the exponent's integer add each), the rest MUFU.EX2 as in wgmma_sumcheck,
-    whose path (32 MUFU, no FMNMX) this check tells apart."""
-    _, obj = compiled
-    for path in shortest_paths_to_vote(obj, POLYEXP):
-        assert path.count("MUFU") == 24 and path.count("FMNMX") == 16, path
-        assert path.count("FFMA") == 32 + 24 and path.count("FADD") == 30 + 24, path
-        assert not {"SHFL", "F2I", "FRND"} & set(path), path

@@ -97,7 +97,7 @@ def test_flat_names_number_a_kernel_launched_again():
 
 
 @pytest.mark.parametrize("name, short", [
-    ("void gqa_ahead_kernel<128, 4, false>(AttnParams)", "gqa_ahead_kernel"),
+    ("void gqa_tma_kernel<128, 4, true>(GqaTmaParams)", "gqa_tma_kernel"),
     ("void gqa_pipelined_kernel<128, 4, 0, 0>(AttnParams)", "gqa_pipelined_kernel"),
     ("_verify_fwd_kernel", "_verify_fwd_kernel"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "

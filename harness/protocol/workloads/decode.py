@@ -22,15 +22,11 @@ TOPK_IMPLS = ("torch", "triton")            # the drafter's top-k log-probs
 TREE_BUILD_IMPLS = ("triton", "cuda", "torch")   # the kernel of tree_build: gpu
 # the custom verify kernel: QK^T (and P V) on wgmma; wgmma_tail: wgmma_pv with the rows past the
 # last full row block (65 tree tokens: one a KV head's query head) as tail rows of the full blocks;
-# wgmma_merge: wgmma_tail with a row block's splits merged in a thread-block cluster;
-# wgmma_ahead: wgmma_pv with S issued a tile further ahead (a contiguous cache); wgmma_sumcheck:
-# wgmma_pv whose softmax takes a tile's max only where its exponentials' sums say the max may move;
-# wgmma_polyexp: wgmma_sumcheck with a quarter of those exponentials by polynomial (the FMA pipe;
-# 1.04-1.10x slower, kernels/NOTES.md session 32)
-CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck",
-                "wgmma_polyexp")
+# wgmma_sumcheck: wgmma_pv whose softmax takes a tile's max only where its exponentials' sums say
+# the max may move
+CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_sumcheck")
 # P V on wgmma: head_dim 128 only
-PIPELINED_IMPLS = ("wgmma_pv", "wgmma_tail", "wgmma_merge", "wgmma_ahead", "wgmma_sumcheck", "wgmma_polyexp")
+PIPELINED_IMPLS = ("wgmma_pv", "wgmma_tail", "wgmma_sumcheck")
 LINEAR_IMPLS = ("torch", "triton", "wgmma", "wgmma_cluster")  # the forward's weight GEMMs at decode's few rows
 ACCEPT_IMPLS = ("torch", "triton")          # the accept's argmax, path and bookkeeping (accept: gpu)
 # the library under the GEMMs that go to torch; cublaslt_tuned: cuBLASLt with each shape's
