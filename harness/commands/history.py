@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from harness.commands.options import console, fail_input, tracking_uri_option
 from harness.protocol.errors import InputError
+
+if TYPE_CHECKING:
+    from harness.gate.history import Series
+    from harness.gate.policy import Policy
 
 
 def history(
@@ -88,7 +92,7 @@ def history(
     raise typer.Exit(2 if missing else 1 if flagged else 0)
 
 
-def report_metric(name: str, metric: str, series: list, policy, *, recent: int, min_size: int,
+def report_metric(name: str, metric: str, series: list[Series], policy: Policy, *, recent: int, min_size: int,
                   alpha: float, json_out: Optional[Path], plot: Optional[Path]) -> int:
     """One metric's steps: its table, JSON and plots, and a bisect line per recent regressing
     step. Returns how many such steps it printed."""
