@@ -73,10 +73,8 @@ def test_a_knob_that_picks_nothing_is_refused(defaults, matrix, message):
     assert str(err.value).startswith("c.yaml:")
 
 
-# The variants measured slower and removed (kernels/NOTES.md, sessions 26-32), named from their
-# suffixes: this test is the one place that still means them, and a search for their full names
-# then finds none left in the code.
-REMOVED_IMPLS = tuple(f"wgmma_{suffix}" for suffix in ("merge", "ahead", "polyexp"))
+# The variants measured slower and removed (kernels/NOTES.md, sessions 26-32).
+REMOVED_IMPLS = ("wgmma_merge", "wgmma_ahead", "wgmma_polyexp")
 
 
 @pytest.mark.parametrize("impl", REMOVED_IMPLS)
