@@ -81,7 +81,7 @@ def history(
 
     missing = flagged = 0
     for metric in metrics:
-        if not found[metric]:
+        if not found[metric]:      # its one error line now; the exit waits for the others
             fail_input(InputError(None, None, None, f"no ok runs with metric '{metric}' in experiment "
                                                     f"'{name}'" + (f" on GPU class {gpu}" if gpu else "")))
             missing += 1

@@ -60,19 +60,12 @@ class Series:
                            "date": self.points[s.index].date} for s in self.steps]}
 
 
-def fetch_series(uri: str | None, scenario: str, metric: str, *, gpu: str | None = None,
-                 branch: str | None = None, include_pr: bool = False,
-                 cell_ids: list[str] | None = None) -> list[Series]:
-    """Every (cell, GPU class) series of `metric` in experiment `scenario`, oldest point first."""
-    return fetch_metrics(uri, scenario, [metric], gpu=gpu, branch=branch, include_pr=include_pr,
-                         cell_ids=cell_ids)[metric]
-
-
 def fetch_metrics(uri: str | None, scenario: str, metrics: list[str], *, gpu: str | None = None,
                   branch: str | None = None, include_pr: bool = False,
                   cell_ids: list[str] | None = None) -> dict[str, list[Series]]:
-    """fetch_series for several metrics from one search of the experiment's runs (a nightly
-    checks three; each search of a long history is most of a call's time): metric -> series."""
+    """Every (cell, GPU class) series of each metric in experiment `scenario`, oldest point
+    first, from one search of its runs (a nightly checks three metrics; the search of a long
+    history is most of a call's time): metric -> series."""
     with mlflow_client(uri) as client:
         exp = client.get_experiment_by_name(scenario)
         if exp is None:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:D
 
 from harness.cli import app  # noqa: E402
 from harness.gate import baselines  # noqa: E402
-from harness.gate.history import analyse, fetch_series  # noqa: E402
+from harness.gate.history import analyse, fetch_metrics  # noqa: E402
 from harness.gate.policy import DEFAULT_POLICIES  # noqa: E402
 from harness.protocol.errors import InputError  # noqa: E402
 from harness.protocol.params import cell_id, cell_label  # noqa: E402
@@ -169,7 +169,8 @@ def test_history_names_the_commit_range_of_a_step(tmp_path, store):
             client.log_metric(run.info.run_id, "tokens_per_s", value)
             client.set_terminated(run.info.run_id)
 
-    series = analyse(fetch_series(store, name, "tokens_per_s"), DEFAULT_POLICIES["tokens_per_s"])
+    series = analyse(fetch_metrics(store, name, ["tokens_per_s"])["tokens_per_s"],
+                     DEFAULT_POLICIES["tokens_per_s"])
     assert len(series) == 1 and len(series[0].points) == 12
     (step,) = series[0].steps
     assert step.index == 6 and series[0].commit_range(step) == f"{'05' * 5}..{'06' * 5}"
