@@ -19,32 +19,22 @@
 // one before it on the stream finishes; each kernel waits for it (griddepcontrol.wait) before it
 // touches what that kernel wrote. Elsewhere, or with `pdl` false, a plain launch. The launch's
 // error is the runtime's last error.
-// `cluster` > 1: thread block clusters of that many blocks along x (sm_90+).
 template <typename Kernel, typename Params>
 static void pdl_launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const Params& p,
-                       bool pdl = true, unsigned cluster = 1) {
+                       bool pdl = true) {
     int device = 0, major = 0;
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaLaunchAttribute attrs[2];
-    unsigned n = 0;
-    if (pdl && major >= 9) {
-        attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attrs[n++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (cluster > 1) {
-        attrs[n].id = cudaLaunchAttributeClusterDimension;
-        attrs[n].val.clusterDim.x = cluster;
-        attrs[n].val.clusterDim.y = 1;
-        attrs[n++].val.clusterDim.z = 1;
-    }
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cfg.attrs = attrs;
-    cfg.numAttrs = n;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl && major >= 9 ? 1 : 0;
     cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
@@ -185,37 +175,6 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
 #endif
-}
-
-// Thread block clusters (sm_90): this block's rank in its cluster; the cluster barrier (every
-// thread of the cluster that has not exited arrives, release, then waits, acquire); the same
-// place of shared memory in block `rank` (a generic pointer: plain loads and stores reach it);
-// an arrival on the mbarrier at `bar` of block `rank`, and a wait on one's own whose arrivals
-// come from other blocks (cluster-scope acquire).
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-template <typename T>
-__device__ __forceinline__ T* map_shared_rank(T* p, uint32_t rank) {
-    uint64_t out;
-    asm("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(p), "r"(rank));   // pure: may be scheduled freely
-    return reinterpret_cast<T*>(out);
-}
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
-    asm volatile(
-        "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar), "r"(rank) : "memory");
-}
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nTVA_WAIT_CLUSTER:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra TVA_WAIT_CLUSTER;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
 
 // A barrier of `threads` threads under id 1-15 (0 is __syncthreads); an arrival that does not

@@ -25,25 +25,18 @@ def linear(layer: nn.Linear, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
     return linear_weight(layer.weight, x, kernels)
 
 
-# linear_impl values that give the verify's 17-72 rows to kernels/linear/stream_linear.cu: the
-# stream-K kernel, or its cluster kernel (whole tiles a cluster of 8, summed through
-# distributed shared memory; built and emulated, not yet timed: kernels/NOTES.md).
-STREAM_IMPLS = ("wgmma", "wgmma_cluster")
-
-
 def linear_weight(weight: torch.Tensor, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
     """F.linear(x, weight) on cuBLAS, or on the skinny Triton kernel, which takes forwards of
     up to skinny_linear.MAX_ROWS rows (plain decoding's 1, the draft block's 16) and hands
-    larger ones (the verify's 65, prefill) to cuBLAS itself; `wgmma` (`wgmma_cluster`) also
-    gives the verify's 17-72 rows to the stream-K (cluster) CUDA kernel (stream_linear.py).
+    larger ones (the verify's 65, prefill) to cuBLAS itself; `wgmma` also gives the verify's
+    17-72 rows to the stream-K CUDA kernel (stream_linear.py).
     What goes to cuBLAS goes to cuBLASLt on each shape's timed algorithm instead where
     `kernels.blas` is cublaslt_tuned (lt_linear.py)."""
-    if kernels.linear in STREAM_IMPLS and _stream_linear_takes(x, weight):
+    if kernels.linear == "wgmma" and _stream_linear_takes(x, weight):
         from harness.kernels.linear import stream_linear
-        shape = stream_linear.CLUSTER_SHAPE if kernels.linear == "wgmma_cluster" else stream_linear.DEFAULT_SHAPE
-        return stream_linear.linear(x, weight, shape)
+        return stream_linear.linear(x, weight)
     tuned = kernels.blas == "cublaslt_tuned"
-    if kernels.linear in ("triton",) + STREAM_IMPLS:
+    if kernels.linear in ("triton", "wgmma"):
         from harness.kernels.linear import skinny_linear
         # it hands what it does not take to F.linear: with `tuned`, lt_linear takes that instead
         if not tuned or skinny_linear.takes(x.numel() // x.shape[-1], x.shape[-1]):
@@ -70,11 +63,11 @@ def overlaps_gemm(x: torch.Tensor, kernels: Kernels) -> bool:
 def gemm_overlaps(rows: int, K: int, kernels: Kernels) -> bool:
     """`overlaps_gemm` for a GEMM of `rows` rows of depth K (bf16 where the stream-K kernel
     takes it: the only dtype it runs)."""
-    if kernels.linear not in ("triton",) + STREAM_IMPLS:
+    if kernels.linear not in ("triton", "wgmma"):
         return False
     from harness.kernels.linear import skinny_linear, stream_linear
     return skinny_linear.takes(rows, K) or (
-        kernels.linear in STREAM_IMPLS and stream_linear.takes(rows, K, torch.bfloat16))
+        kernels.linear == "wgmma" and stream_linear.takes(rows, K, torch.bfloat16))
 
 
 @dataclass(frozen=True)

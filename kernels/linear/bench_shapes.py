@@ -4,12 +4,12 @@
 
 The op workload times the kernel at its default shape (`linear_impl: wgmma`, scenarios/
 linear-ab.yaml); this sweeps the `Shape` knobs the workload does not expose (CTAs, ring stages,
-consumer groups, the cluster kernel's size) over Qwen3-8B's four weight GEMMs, to find a shape
-worth making the default before the product measures it. Each point is checked against float64
-first and timed by the op workload's own timer (harness.worker.kerneltime): a CUDA graph of calls
-cycling through weight copies that together exceed L2, the median of its replays and their median
-absolute deviation. (Session 28's sweep, results/h200/runs/bench-shapes-s28.jsonl, timed 7 replays
-of 4 calls a copy by a copy of that timer and gave max - min as its spread: 2-4 µs a call.)
+consumer groups) over Qwen3-8B's four weight GEMMs, to find a shape worth making the default
+before the product measures it. Each point is checked against float64 first and timed by the op
+workload's own timer (harness.worker.kerneltime): a CUDA graph of calls cycling through weight
+copies that together exceed L2, the median of its replays and their median absolute deviation.
+(Session 28's sweep, results/h200/runs/bench-shapes-s28.jsonl, timed 7 replays of 4 calls a copy
+by a copy of that timer and gave max - min as its spread: 2-4 µs a call.)
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ GEMMS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down
 SHAPES = {"default": sl.DEFAULT_SHAPE, "ctas64": sl.Shape(ctas=64), "ctas66": sl.Shape(ctas=66),
           "ctas96": sl.Shape(ctas=96), "ctas100": sl.Shape(ctas=100), "ctas48": sl.Shape(ctas=48),
           "stages4": sl.Shape(stages=4), "stages6": sl.Shape(stages=6),
-          "groups2": sl.Shape(groups=2, stages=5), "cluster2": sl.Shape(stages=7, cluster=2),
-          "cluster4": sl.Shape(stages=7, cluster=4), "cluster8": sl.CLUSTER_SHAPE}
+          "groups2": sl.Shape(groups=2, stages=5)}
 REPEATS, WARMUP = 15, 3                     # graph replays timed, and replayed before
 
 

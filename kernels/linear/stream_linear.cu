@@ -24,13 +24,6 @@
 // ring: the owner's parts arrive there by bulk copies, all in one round trip, and the last
 // tile's y leaves from there by one tensor store.
 //
-// A second kernel, cluster_linear_kernel (Args.cluster = S: 2, 4 or 8), takes the same ring and
-// MMAs with another split: whole tiles dealt to clusters of S CTAs in turn, each CTA taking every
-// S-th k step of its cluster's tiles, the S accumulators of a tile summed through distributed
-// shared memory. Nothing crosses a cluster, so there are no parts, counters or waits on other
-// CTAs' ends, the handoff that stream-K cannot schedule away where a tile outlasts a CTA's range
-// (kernels/NOTES.md).
-//
 // Weights are never written by a kernel, so the producer issues the first stages' weight copies
 // before waiting for the kernel ahead of it on the stream (griddepcontrol.wait): the GEMM's
 // ramp (the first weight bytes arriving ~1 µs after issue) overlaps that kernel's tail. The
@@ -42,8 +35,9 @@
 // and a tensor store (session 27) one layer's four GEMMs take 1.05-1.07x (q/k/v and o 1.17-1.19x,
 // gate/up and down 1.03-1.05x, the lm_head 1.02x faster) and the loop makes 0.96-0.97x the
 // tokens/s at 0.2-0.4 % idle, so the decode loop runs it only where a cell asks (linear_impl:
-// wgmma). The cluster kernel below took 1.6-2.6x cuBLAS's time (session 27): kept opt-in
-// (linear_impl: wgmma_cluster) as the record of that direction.
+// wgmma). A second kernel beside it (whole tiles dealt to thread-block clusters, summed through
+// distributed shared memory) took 1.6-2.6x cuBLAS's time in session 27 and was removed
+// (kernels/NOTES.md).
 //
 // No torch headers: plain CUDA C++ with an extern "C" launcher (kernels/linear/stream_linear.py
 // calls it through ctypes; kernels/build.py compiles it on the GPU host for sm_90a). The launcher
@@ -53,14 +47,13 @@
 #ifdef TVA_EMULATE
 #include "cuda_emulation.h"
 #define TSL_DYNAMIC_SMEM(name) uint8_t* name = emu::shared_memory()
-#define TSL_LAUNCH(kernel, grid, block, smem, stream, p, cluster) emu::launch(kernel, grid, block, smem, p, cluster)
+#define TSL_LAUNCH(kernel, grid, block, smem, stream, p) emu::launch(kernel, grid, block, smem, p)
 #else
 #include <cuda.h>               // CUtensorMap
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #define TSL_DYNAMIC_SMEM(name) extern __shared__ __align__(128) uint8_t name[]
-#define TSL_LAUNCH(kernel, grid, block, smem, stream, p, cluster) \
-    pdl_launch(kernel, grid, block, smem, stream, p, p.a.pdl != 0, cluster)
+#define TSL_LAUNCH(kernel, grid, block, smem, stream, p) pdl_launch(kernel, grid, block, smem, stream, p, p.a.pdl != 0)
 #endif
 #include <stdint.h>
 
@@ -93,9 +86,6 @@ struct Shape {
     __host__ __device__ uint32_t w_bytes() const { return GROUP_W_BYTES * groups; }
     __host__ __device__ uint32_t stage_bytes() const { return w_bytes() + X_BYTES; }
     __host__ __device__ int smem() const { return 1024 + stages * static_cast<int>(stage_bytes()) + 1024; }
-    // The cluster kernel's: a buffer of one group's accumulators more, and no signal warp.
-    __host__ __device__ int cluster_smem() const { return smem() + ACC * 128 * 4; }
-    __host__ __device__ int cluster_threads() const { return consumers() + 32; }
 };
 
 // Mirrored by a ctypes structure in stream_linear.py (every field 8 bytes wide).
@@ -109,7 +99,6 @@ struct Args {
     int64_t ctas;             // the persistent grid: one CTA a multiprocessor
     int64_t groups, stages;   // the Shape
     int64_t pdl;              // 1: launched with programmatic dependent launch (sm_90+; 0 for A/B timings)
-    int64_t cluster;          // 2, 4 or 8: the cluster kernel, clusters of that many CTAs; 0: stream-K
 };
 
 // The tensor maps first: a CUtensorMap is 64-byte aligned (the emulator's 128).
@@ -345,14 +334,6 @@ struct Iter {
         if (++k == k_steps) k = 0, ++tile;
     }
 };
-// The cluster kernel's: CTA j of S takes k steps j, j + S, ... of each of its tiles, which are
-// every Q-th tile from its cluster's.
-struct ClusterIter {
-    int tile, k, k_steps, k_first, k_stride, tile_stride;
-    __device__ __forceinline__ void next() {
-        if ((k += k_stride) >= k_steps) k = k_first, tile += tile_stride;
-    }
-};
 
 // The ring in shared memory: `stages` stages (a tile's weights, then the token tile) and their
 // full and empty barriers.
@@ -363,13 +344,12 @@ struct RingMem {
 
 // The producer thread: the weight and token tiles of n iterations from `first` on, into the ring.
 // Weights first, before the wait for the kernel ahead: no kernel writes them.
-template <typename It>
-__device__ __forceinline__ void produce(const Params& p, const RingMem& m, It first, int n, int tile_rows) {
-    const auto copy_w_tile = [&](const It& at, uint32_t stage, uint32_t bar) {
+__device__ __forceinline__ void produce(const Params& p, const RingMem& m, Iter first, int n, int tile_rows) {
+    const auto copy_w_tile = [&](const Iter& at, uint32_t stage, uint32_t bar) {
         const int32_t xy[2] = {at.k * BK, at.tile * tile_rows};
         tma_load(stage, &p.map_w, xy, bar);
     };
-    It at = first;
+    Iter at = first;
     const int ahead = n < m.stages ? n : m.stages;
     for (int i = 0; i < ahead; ++i, at.next()) {
         mbar_arrive_expect_tx(m.full + 8 * i, m.stage_bytes);
@@ -498,105 +478,6 @@ __global__ void __launch_bounds__(MAX_THREADS, 1) stream_linear_kernel(const __g
     }
 }
 
-// ------------------------------------------------------------------------------------------
-// The cluster kernel (Args.cluster = S > 1; one consumer group): whole tiles dealt to clusters
-// of S CTAs in turn, CTA j of a cluster taking k steps j, j + S, ... of each; no stream-K, so no
-// part crosses a cluster and nothing waits on another cluster (kernels/NOTES.md). At each tile's
-// end the cluster sums its S accumulators through distributed shared memory: every CTA puts
-// its accumulators in its own buffer and tells the others (a remote arrival on each one's
-// "written" mbarrier), then CTA j sums, in rank order, the 8 / S blocks of 16 rows it owns
-// (block b: warp b / 2, half b % 2 of the MMA's layout), writes them to y, and tells the others
-// it has read their buffers ("read"), which they wait for before writing the next tile's.
-// ------------------------------------------------------------------------------------------
-__device__ __forceinline__ void sum_blocks(const Params& p, int64_t tile, int S, unsigned rank, const float4* mine,
-                                           int tid) {
-    const Args& a = p.a;
-    uint16_t* y = static_cast<uint16_t*>(a.y);
-    constexpr int CONSUMERS = 128, ENTRIES = 9 * 32;        // float4s of a 16-row block
-    const int blocks = 8 / S;
-    for (int e = tid; e < blocks * ENTRIES; e += CONSUMERS) {
-        const int b = static_cast<int>(rank) * blocks + e / ENTRIES, jj = e % ENTRIES / 32, lane = e % 32;
-        const int w = b / 2, half = b % 2, at = (9 * half + jj) * CONSUMERS + 32 * w + lane;
-        float4 v = map_shared_rank(mine, 0)[at];
-        for (int r = 1; r < S; ++r) {
-            const float4 x = map_shared_rank(mine, static_cast<uint32_t>(r))[at];
-            v.x += x.x, v.y += x.y, v.z += x.z, v.w += x.w;
-        }
-        const int64_t row = tile * GROUP_ROWS + half * 64 + 16 * w + lane / 4;
-        const int token = 8 * jj + 2 * (lane % 4);
-        const float vals[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int64_t rr = row + 8 * (q / 2);
-            const int tt = token + q % 2;
-            if (rr < a.N && tt < a.M) y[tt * a.y_stride + rr] = bf16_bits(vals[q]);
-        }
-    }
-}
-
-__global__ void __launch_bounds__(MAX_THREADS, 1) cluster_linear_kernel(const __grid_constant__ Params p) {
-    const Args& a = p.a;
-    const Shape sh{1, static_cast<int>(a.stages)};
-    const int stages = sh.stages, S = static_cast<int>(a.cluster);
-    TSL_DYNAMIC_SMEM(smem);
-    const uint32_t ring = (smem_addr(smem) + 1023u) & ~1023u;
-    const uint32_t buffer = ring + static_cast<uint32_t>(stages) * sh.stage_bytes();   // ACC x 128 floats
-    const uint32_t bars = buffer + ACC * 128 * 4;
-    const RingMem m{ring, bars, bars + 8 * stages, sh.stage_bytes(), sh.w_bytes(), stages};
-    const uint32_t written = m.empty + 8 * stages, read = written + 8;
-    float4* mine = reinterpret_cast<float4*>(smem + (buffer - smem_addr(smem)));
-    const int tid = static_cast<int>(threadIdx.x);
-    const unsigned rank = cluster_ctarank();
-    const int Q = static_cast<int>(a.ctas) / S, q = static_cast<int>(blockIdx.x) / S;   // ctas: the grid
-    const int k_steps = static_cast<int>((a.K + BK - 1) / BK), tiles = static_cast<int>((a.N + GROUP_ROWS - 1) / GROUP_ROWS);
-    const int my_tiles = (tiles - q + Q - 1) / Q;                 // q < tiles: the launcher's grid
-    const int per_tile = static_cast<int>(rank) < k_steps ? (k_steps - static_cast<int>(rank) + S - 1) / S : 0;
-
-    if (tid == 128) {
-        for (int s = 0; s < stages; ++s) {
-            mbar_init(m.full + 8 * s, 1);
-            mbar_init(m.empty + 8 * s, 4);                  // a warp's lane 0 releases for it
-        }
-        mbar_init(written, static_cast<uint32_t>(S));       // every CTA's buffer holds this tile
-        mbar_init(read, static_cast<uint32_t>(S));          // every CTA has read this one's buffer
-        fence_mbarrier_init();
-    }
-    cluster_sync();            // every CTA's barriers initialised before another arrives on them
-
-    if (tid >= 128) {                                        // the producer warp
-        if (tid == 128)
-            produce(p, m, ClusterIter{q, static_cast<int>(rank), k_steps, static_cast<int>(rank), S, Q},
-                    my_tiles * per_tile, GROUP_ROWS);
-        return;
-    }
-    griddep_wait();            // before y's stores
-    griddep_launch_dependents();
-    float acc[2][9][4];
-    Mma mma(m, tid);
-    for (int t = 0; t < my_tiles; ++t) {
-        const int64_t tile = q + static_cast<int64_t>(t) * Q;
-        for (int k = 0; k < per_tile; ++k) mma.step(acc, k == 0);
-        mma.drain();
-        if (per_tile == 0)                                   // no k step here: this CTA adds nothing
-            for (int i = 0; i < 2; ++i)
-                for (int jj = 0; jj < 9; ++jj)
-                    for (int e = 0; e < 4; ++e) acc[i][jj][e] = 0.0f;
-        if (t > 0) mbar_wait_cluster(read, static_cast<uint32_t>(t - 1) & 1);   // the last tile's buffer read by all
-        const float* v = &acc[0][0][0];
-#pragma unroll
-        for (int i = 0; i < ACC / 4; ++i) mine[i * 128 + tid] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
-        named_barrier_sync(1, 128);                          // every thread's part of the buffer, before the release
-        if (tid == 0)
-            for (int r = 0; r < S; ++r) mbar_arrive_cluster(written, static_cast<uint32_t>(r));
-        mbar_wait_cluster(written, static_cast<uint32_t>(t) & 1);
-        sum_blocks(p, tile, S, rank, mine, tid);
-        named_barrier_sync(1, 128);                          // every thread's reads, before the release
-        if (tid == 0)
-            for (int r = 0; r < S; ++r) mbar_arrive_cluster(read, static_cast<uint32_t>(r));
-    }
-    if (my_tiles > 0) mbar_wait_cluster(read, static_cast<uint32_t>(my_tiles - 1) & 1);   // no CTA leaves while others read it
-}
-
 // A bf16 matrix [rows, cols] (rows `stride` elements apart) as boxes of box_cols x box_rows: the
 // MMAs' operands 128-byte swizzled (rows and columns past the matrix read as zeros), y plain.
 static CUresult encode(CUtensorMap* map, const void* base, int64_t cols, int64_t rows, int64_t stride,
@@ -615,10 +496,7 @@ static CUresult encode(CUtensorMap* map, const void* base, int64_t cols, int64_t
 static bool valid(const Args& a) {
     const auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
     const Shape sh{static_cast<int>(a.groups), static_cast<int>(a.stages)};
-    const bool stream_k = a.cluster == 0 && sh.smem() <= MAX_SMEM;
-    const bool clusters = (a.cluster == 2 || a.cluster == 4 || a.cluster == 8) && a.groups == 1 &&
-                          sh.cluster_smem() <= MAX_SMEM;
-    return a.groups >= 1 && a.groups <= MAX_GROUPS && a.stages >= 3 && a.stages <= 16 && (stream_k || clusters) &&
+    return a.groups >= 1 && a.groups <= MAX_GROUPS && a.stages >= 3 && a.stages <= 16 && sh.smem() <= MAX_SMEM &&
            a.M >= 1 && a.M <= MAX_ROWS && a.N >= 1 && a.K >= 1 && a.ctas >= 1 && a.ctas <= 65535 &&
            a.x_stride >= a.K && a.w_stride >= a.K && a.y_stride >= a.N && a.x_stride % 8 == 0 &&
            a.w_stride % 8 == 0 && aligned16(a.x) && aligned16(a.w) && aligned16(a.partials) &&
@@ -629,10 +507,9 @@ static bool valid(const Args& a) {
 // the CTAs of each shape that can be resident at once (a tile's owner waits for the CTAs of its
 // other parts, so the grid may not exceed it), asked of the runtime once, not at every call.
 // `resident` stays 0 where the runtime cannot say (the emulator runs blocks one at a time).
-// The cluster kernel: the clusters of `cluster` CTAs that fit at once (its grid: one wave).
-static cudaError_t prepare(const Shape& sh, int cluster, int64_t& resident) {
+static cudaError_t prepare(const Shape& sh, int64_t& resident) {
     static bool done[64] = {false};
-    static int64_t fits[64][9][MAX_GROUPS + 1][17] = {};
+    static int64_t fits[64][MAX_GROUPS + 1][17] = {};
     static std::mutex lock;               // ctypes drops the GIL
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);
@@ -641,36 +518,17 @@ static cudaError_t prepare(const Shape& sh, int cluster, int64_t& resident) {
     const bool cached = device >= 0 && device < 64;
     if (!cached || !done[device]) {
         err = cudaFuncSetAttribute(stream_linear_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_SMEM);
-        if (err == cudaSuccess)
-            err = cudaFuncSetAttribute(cluster_linear_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, MAX_SMEM);
         if (err != cudaSuccess) return err;
         if (cached) done[device] = true;
     }
-    resident = cached ? fits[device][cluster][sh.groups][sh.stages] : 0;
+    resident = cached ? fits[device][sh.groups][sh.stages] : 0;
 #ifndef TVA_EMULATE
     if (resident == 0) {
-        if (cluster == 0) {
-            int sms = 0, per_sm = 0;
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, stream_linear_kernel, sh.threads(), sh.smem());
-            resident = static_cast<int64_t>(sms) * per_sm;
-        } else {
-            cudaLaunchAttribute attr;
-            attr.id = cudaLaunchAttributeClusterDimension;
-            attr.val.clusterDim.x = static_cast<unsigned>(cluster);
-            attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3(static_cast<unsigned>(cluster));
-            cfg.blockDim = dim3(static_cast<unsigned>(sh.cluster_threads()));
-            cfg.dynamicSmemBytes = static_cast<size_t>(sh.cluster_smem());
-            cfg.attrs = &attr;
-            cfg.numAttrs = 1;
-            int clusters = 0;
-            err = cudaOccupancyMaxActiveClusters(&clusters, cluster_linear_kernel, &cfg);
-            if (err != cudaSuccess) return err;
-            resident = clusters;
-        }
-        if (cached) fits[device][cluster][sh.groups][sh.stages] = resident;
+        int sms = 0, per_sm = 0;
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, stream_linear_kernel, sh.threads(), sh.smem());
+        resident = static_cast<int64_t>(sms) * per_sm;
+        if (cached) fits[device][sh.groups][sh.stages] = resident;
     }
 #endif
     return cudaSuccess;
@@ -690,41 +548,26 @@ int tsl_linear(const tsl::Args* args, void* stream) {
     const tsl::Args& a = *args;
     if (!tsl::valid(a)) return static_cast<int>(cudaErrorInvalidValue);
     const tsl::Shape sh{static_cast<int>(a.groups), static_cast<int>(a.stages)};
-    const int cluster = static_cast<int>(a.cluster);
     int64_t resident = 0;
-    cudaError_t err = tsl::prepare(sh, cluster, resident);
+    cudaError_t err = tsl::prepare(sh, resident);
     if (err != cudaSuccess) return static_cast<int>(err);
     tsl::Params p;
     p.a = a;
-    const int64_t tiles = (a.N + sh.tile_rows() - 1) / sh.tile_rows();
-    if (cluster == 0) {
-        // Every CTA gets at least one iteration, so every CTA a tile's owner counts on computes a
-        // part; and all are resident at once, so the owner's wait for them ends.
-        const int64_t iters = tiles * ((a.K + tsl::BK - 1) / tsl::BK);
-        if (p.a.ctas > iters) p.a.ctas = iters;
-        if (resident > 0 && p.a.ctas > resident) p.a.ctas = resident;
-    } else {
-        // Clusters of `cluster` CTAs, at most one a tile and one wave of them (ctas: the CTAs
-        // to spread over, at least one cluster).
-        int64_t clusters = p.a.ctas / cluster > 0 ? p.a.ctas / cluster : 1;
-        if (clusters > tiles) clusters = tiles;
-        if (resident > 0 && clusters > resident) clusters = resident;
-        p.a.ctas = clusters * cluster;
-    }
+    // Every CTA gets at least one iteration, so every CTA a tile's owner counts on computes a
+    // part; and all are resident at once, so the owner's wait for them ends.
+    const int64_t iters = ((a.N + sh.tile_rows() - 1) / sh.tile_rows()) * ((a.K + tsl::BK - 1) / tsl::BK);
+    if (p.a.ctas > iters) p.a.ctas = iters;
+    if (resident > 0 && p.a.ctas > resident) p.a.ctas = resident;
     const uint32_t tile_rows = static_cast<uint32_t>(sh.tile_rows());
     CUresult rc = tsl::encode(&p.map_x, a.x, a.K, a.M, a.x_stride, tsl::BK, tsl::NT, true);
     if (rc == CUDA_SUCCESS) rc = tsl::encode(&p.map_w, a.w, a.K, a.N, a.w_stride, tsl::BK, tile_rows, true);
-    // The stream-K kernel's tensor store needs y 16-byte aligned with rows a multiple of 16 bytes
-    // apart; otherwise its threads store y themselves. The cluster kernel always does (no map).
-    p.y_by_copy = cluster == 0 && reinterpret_cast<uintptr_t>(a.y) % 16 == 0 && a.y_stride % 8 == 0;
+    // The tensor store needs y 16-byte aligned with rows a multiple of 16 bytes apart; otherwise
+    // the threads store y themselves.
+    p.y_by_copy = reinterpret_cast<uintptr_t>(a.y) % 16 == 0 && a.y_stride % 8 == 0;
     if (rc == CUDA_SUCCESS && p.y_by_copy) rc = tsl::encode(&p.map_y, a.y, a.N, a.M, a.y_stride, tile_rows, tsl::NT, false);
     if (rc != CUDA_SUCCESS) return -static_cast<int>(rc);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
-    if (cluster == 0)
-        TSL_LAUNCH(tsl::stream_linear_kernel, dim3(static_cast<unsigned>(p.a.ctas)), dim3(sh.threads()), sh.smem(), s, p, 1);
-    else
-        TSL_LAUNCH(tsl::cluster_linear_kernel, dim3(static_cast<unsigned>(p.a.ctas)), dim3(sh.cluster_threads()),
-                   sh.cluster_smem(), s, p, static_cast<unsigned>(cluster));
+    TSL_LAUNCH(tsl::stream_linear_kernel, dim3(static_cast<unsigned>(p.a.ctas)), dim3(sh.threads()), sh.smem(), s, p);
     return static_cast<int>(launch_status(s));
 }
 

@@ -11,13 +11,9 @@ tree-verify forward's 65 rows (a 64-node tree and its root) take it where a cell
 everything else. On the H200 (kernels/NOTES.md, session 27) one layer's four GEMMs take 1.05-1.07x
 cuBLAS's time (q/k/v and o 1.17-1.19x: the stream-K fix-up; the lm_head 1.02x faster), and the
 loop makes 0.96-0.97x cuBLAS's tokens/s while its idle falls from 1.4-2.8 to 0.2-0.4 %: opt-in
-until it wins (scenarios/linear-ab.yaml is the A/B).
-
-Shape(cluster=S) (linear_impl wgmma_cluster: CLUSTER_SHAPE) runs the file's other kernel: whole
-128-row tiles dealt to clusters of S CTAs in turn, each CTA taking every S-th k step, the
-cluster's S accumulators summed through distributed shared memory at each tile's end; no
-stream-K, so nothing crosses a cluster (kernels/NOTES.md). Timed in session 27 at 1.6-2.6x
-cuBLAS's time (the loop 0.55-0.70x): a stopped direction, kept opt-in as its record.
+until it wins (scenarios/linear-ab.yaml is the A/B). A second kernel beside it (whole tiles dealt
+to thread-block clusters, summed through distributed shared memory) took 1.6-2.6x cuBLAS's time
+in session 27 and was removed (kernels/NOTES.md).
 
 The call never synchronises with the host and allocates only its output, so it can be captured
 in a CUDA graph; make the first call outside the capture (it compiles and loads the library:
@@ -54,18 +50,11 @@ class Shape:
     stages: int = 8
     ctas: int | None = None
     pdl: bool = True          # launched with programmatic dependent launch (False: for A/B timings)
-    # 2, 4 or 8: the cluster kernel instead (whole tiles a cluster of that many CTAs, summed
-    # through distributed shared memory; one group, and a buffer beside the ring: at most 7
-    # stages). Slower than cuBLAS on the H200 (kernels/NOTES.md, session 27).
-    cluster: int = 0
 
     def __post_init__(self):
         if self.groups not in STAGE_BYTES or not 3 <= self.stages <= 16:
             raise ValueError(f"groups must be 1 or 2 and stages 3..16 (got {self.groups}, {self.stages})")
-        if self.cluster not in (0, 2, 4, 8) or (self.cluster and self.groups != 1):
-            raise ValueError(f"cluster must be 0, 2, 4 or 8, with one group (got {self.cluster}, {self.groups})")
-        buffer = ACC * 128 * 4 if self.cluster else 0
-        if 2048 + self.stages * STAGE_BYTES[self.groups] + buffer > MAX_SMEM:
+        if 2048 + self.stages * STAGE_BYTES[self.groups] > MAX_SMEM:
             raise ValueError(f"{self.stages} stages of {self.groups} groups exceed {MAX_SMEM} bytes")
 
 
@@ -75,13 +64,11 @@ class Args(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in ("x", "w", "y", "partials", "counters")] + \
                [(name, ctypes.c_int64) for name in
                 ("M", "N", "K", "x_stride", "w_stride", "y_stride", "ctas", "groups", "stages",
-                 "pdl", "cluster")]
+                 "pdl")]
 
 
-# linear_impl wgmma's launch, and wgmma_cluster's: clusters of 8 (16 on an H200's 132
-# multiprocessors, two a GPC), 7 stages beside the accumulator buffer.
+# linear_impl wgmma's launch.
 DEFAULT_SHAPE = Shape()
-CLUSTER_SHAPE = Shape(stages=7, cluster=8)
 
 
 def takes(rows: int, K: int, dtype: torch.dtype) -> bool:
@@ -158,7 +145,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, shape: Shape = DEFAULT_SHAPE) 
     a = Args(x=x2.data_ptr(), w=weight.data_ptr(), y=y.data_ptr(), partials=partials.data_ptr(),
              counters=counters.data_ptr(), M=M, N=N, K=K, x_stride=x2.stride(0),
              w_stride=weight.stride(0), y_stride=N, ctas=grid, groups=shape.groups,
-             stages=shape.stages, pdl=int(shape.pdl), cluster=shape.cluster)
+             stages=shape.stages, pdl=int(shape.pdl))
     with torch.cuda.device(x.device):
         lib = _lib()
         stream = torch.cuda.current_stream(x.device).cuda_stream

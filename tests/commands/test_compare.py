@@ -109,6 +109,20 @@ def test_across_the_op_cells_torch_against_wgmma():
     assert "kernel_us" in op and "111.3" in op and "135.7" in op and "slower" in op and "regressed" in op
 
 
+def test_across_a_variant_since_removed_still_compares():
+    """Session 27's linear-ab op cells (each order a run) with the stream-K GEMM's cluster kernel,
+    a linear_impl value since removed (a scenario naming it is refused): the journal's cells
+    still pair and compare against cuBLAS's, as they were recorded."""
+    code, out = harness("compare", "20261205-024302-304877", "20261205-024306-f5c0b3",
+                        "--across", "linear_impl=torch:wgmma_cluster", "--results", str(RESULTS))
+    assert code == 0, out
+    assert "linear_impl: torch (base) against wgmma_cluster (head)" in out
+    op = {k: v for k, v in rows(out).items() if k.startswith("op linear wgmma_cluster")}
+    assert len(op) == 6 and all("kernel_us" in v and "regressed" in v for v in op.values())
+    layer = next(v for k, v in op.items() if k.endswith("qwen3-8b rows=65"))
+    assert "113.7" in layer and "261.2" in layer
+
+
 @pytest.mark.parametrize("spec, message", [
     ("linear_impl", "expected KNOB=A:B"), ("linear_impl=triton", "expected KNOB=A:B"),
     ("linear_kernel=a:b", "unknown parameter 'linear_kernel'"),

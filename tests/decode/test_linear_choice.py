@@ -11,7 +11,7 @@ from harness.decode.kernel_choice import Kernels
 from harness.decode.model import gemm_overlaps, linear_weight
 
 
-@pytest.mark.parametrize("impl", ["torch", "triton", "wgmma", "wgmma_cluster"])
+@pytest.mark.parametrize("impl", ["torch", "triton", "wgmma"])
 @pytest.mark.parametrize("rows", [1, 16, 65, 80])
 def test_every_choice_computes_f_linear_on_a_cpu(impl, rows):
     """Off a GPU every choice falls back to torch's F.linear (the kernels need CUDA)."""
@@ -24,8 +24,7 @@ def test_every_choice_computes_f_linear_on_a_cpu(impl, rows):
     ("torch", 1, False), ("torch", 65, False),
     ("triton", 1, True), ("triton", 16, True), ("triton", 65, False),
     ("wgmma", 1, True), ("wgmma", 16, True), ("wgmma", 17, True), ("wgmma", 65, True),
-    ("wgmma", 72, True), ("wgmma", 73, False), ("wgmma_cluster", 16, True), ("wgmma_cluster", 65, True),
-    ("wgmma_cluster", 73, False),
+    ("wgmma", 72, True), ("wgmma", 73, False),
 ])
 def test_the_kernel_after_a_gemm_launches_early_only_after_ours(impl, rows, overlaps):
     """cuBLAS's GEMMs do not trigger their dependents (a PDL launch after them gains nothing);
@@ -35,19 +34,18 @@ def test_the_kernel_after_a_gemm_launches_early_only_after_ours(impl, rows, over
 
 def test_wgmma_is_a_knob_value_cells_accept():
     from harness.protocol.workloads.decode import LINEAR_IMPLS
-    assert {"wgmma", "wgmma_cluster"} <= set(LINEAR_IMPLS)
-    with pytest.raises(ValueError, match="Kernels.linear must be one of torch, triton, wgmma, wgmma_cluster"):
+    assert "wgmma" in LINEAR_IMPLS
+    with pytest.raises(ValueError, match=r"Kernels.linear must be one of torch, triton, wgmma \(got 'cutlass'\)"):
         Kernels(linear="cutlass")
 
 
-def test_wgmma_cluster_launches_the_cluster_kernel(monkeypatch):
-    """linear_impl wgmma_cluster hands the stream-K module its cluster shape; wgmma its default."""
+def test_wgmma_launches_the_stream_k_kernel_at_its_default_shape(monkeypatch):
+    """linear_impl wgmma hands the verify's rows to the stream-K module, at its default shape."""
     from harness.decode import model
     from harness.kernels.linear import stream_linear
     seen = []
     monkeypatch.setattr(model, "_stream_linear_takes", lambda x, w: True)
-    monkeypatch.setattr(stream_linear, "linear", lambda x, w, shape: seen.append(shape) or x)
+    monkeypatch.setattr(stream_linear, "linear", lambda x, w, *shape: seen.append(shape) or x)
     x, w = torch.zeros(65, 64), torch.zeros(96, 64)
-    linear_weight(w, x, Kernels(linear="wgmma_cluster"))
     linear_weight(w, x, Kernels(linear="wgmma"))
-    assert seen == [stream_linear.Shape(stages=7, cluster=8), stream_linear.Shape()]
+    assert seen == [()]

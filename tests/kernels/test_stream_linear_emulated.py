@@ -41,8 +41,7 @@ def _inputs(M, N, K, seed=0, x_stride=None):
     return x_full[:, :K], w
 
 
-def _run(lib, x, w, ctas, reverse=True, early=False, groups=2, stages=5, y=None, cluster=0, skew=0, skew_bits=1,
-         slow=(0, 0, 1)):
+def _run(lib, x, w, ctas, reverse=True, early=False, groups=2, stages=5, y=None):
     """(rc, y, counters after the call) of one launch on the emulator (y: a view to write into,
     else a new [M, N])."""
     M, K = x.shape
@@ -54,18 +53,13 @@ def _run(lib, x, w, ctas, reverse=True, early=False, groups=2, stages=5, y=None,
         y = torch.full((M, N), float("nan"), dtype=torch.bfloat16)
     a = sl.Args(x=x.data_ptr(), w=w.data_ptr(), y=y.data_ptr(), partials=partials.data_ptr(),
                 counters=counters.data_ptr(), M=M, N=N, K=K, x_stride=x.stride(0),
-                w_stride=w.stride(0), y_stride=y.stride(0), ctas=ctas, groups=groups, stages=stages, pdl=1,
-                cluster=cluster)
-    lib.emu_configure(int(early), skew)
-    lib.emu_skew_bits(skew_bits)
-    lib.emu_slow_rank(*slow)
+                w_stride=w.stride(0), y_stride=y.stride(0), ctas=ctas, groups=groups, stages=stages, pdl=1)
+    lib.emu_configure(int(early), 0)
     lib.emu_reverse_blocks(int(reverse))
     try:
         rc = lib.tsl_linear(ctypes.byref(a), None)
     finally:
         lib.emu_reverse_blocks(0)
-        lib.emu_slow_rank(0, 0, 1)
-        lib.emu_skew_bits(1)
         lib.emu_configure(0, 0)
     return rc, y, counters
 
@@ -199,83 +193,3 @@ def test_shapes_past_the_limits_are_refused(lib, groups, stages):
                 counters=counters.data_ptr(), M=65, N=128, K=128, x_stride=128, w_stride=128,
                 y_stride=128, ctas=1, groups=groups, stages=stages)
     assert lib.tsl_linear(ctypes.byref(a), None) == INVALID_VALUE
-
-
-
-
-# --- the cluster kernel (Args.cluster: whole tiles a cluster, summed through distributed shared memory)
-
-@pytest.mark.parametrize("cluster", [2, 4, 8])
-@pytest.mark.parametrize("ctas, stages", [(8, 7), (16, 3), (64, 5)])
-def test_the_cluster_kernel_against_float64(lib, cluster, ctas, stages):
-    """65 rows, N 320 (2.5 tiles: the last one partial) and K 640 (10 k steps: CTAs of a cluster of
-    8 take 1 or 2 of each tile): clusters of 2, 4 or 8 over 1-3 tiles each (ctas 8: one cluster
-    of 8, or four of 2)."""
-    x, w = _inputs(65, 320, 640, seed=11)
-    rc, y, counters = _run(lib, x, w, ctas, groups=1, stages=stages, cluster=cluster)
-    assert rc == 0
-    _check(y, x, w)
-    assert (counters == 0).all(), "the cluster kernel counts nothing"
-
-
-@pytest.mark.parametrize("cluster", [4, 8])
-def test_cluster_ctas_without_a_k_step_add_nothing(lib, cluster):
-    """K 192 (3 k steps) over clusters of 4 or 8: ranks 3.. have no k step in any tile, and their
-    zeros join the sum."""
-    x, w = _inputs(40, 256, 192, seed=12)
-    rc, y, _ = _run(lib, x, w, 2 * cluster, groups=1, stages=4, cluster=cluster)
-    assert rc == 0
-    _check(y, x, w)
-
-
-@pytest.mark.parametrize("M", [17, 72])
-def test_the_cluster_kernel_at_the_row_counts_edges(lib, M):
-    x, w = _inputs(M, 136, 256, seed=M + 1)
-    rc, y, _ = _run(lib, x, w, 8, groups=1, stages=6, cluster=4)
-    assert rc == 0
-    _check(y, x, w)
-
-
-@pytest.mark.parametrize("skew", [1, 2, 3, 4, 5, 6])
-def test_the_cluster_handshakes_hold_when_warps_drift_apart(lib, skew):
-    """Warps held back at random (the emulator's skew, a warp running one round in eight) run
-    CTAs and their warps at different paces: a CTA that wrote its buffer before the others had
-    read the last tile's, or a release before every warp had written or read its share, would
-    put wrong numbers in y. One cluster of 4 over 8 tiles of one k step a CTA."""
-    x, w = _inputs(65, 1024, 256, seed=20 + skew)
-    rc, y, _ = _run(lib, x, w, 4, groups=1, stages=3, cluster=4, skew=skew, skew_bits=3)
-    assert rc == 0
-    _check(y, x, w)
-
-
-@pytest.mark.parametrize("slow_rank", [0, 1, 3])
-@pytest.mark.parametrize("every, first_warp_too", [(16, True), (32, False)])
-def test_a_slow_cta_is_waited_for(lib, slow_rank, every, first_warp_too):
-    """One CTA of the cluster of 4 runs its warps a round in 16 (or every warp but the first,
-    whose thread 0 signals for the CTA, a round in 32) while the others race ahead: they must
-    wait for all its warps to have read their buffers before writing the next tile's, and for
-    its buffer before reading; it must not signal before all its own warps have read. 8 tiles of
-    one k step a CTA."""
-    x, w = _inputs(65, 1024, 256, seed=30 + slow_rank)
-    rc, y, _ = _run(lib, x, w, 4, groups=1, stages=3, cluster=4, slow=(slow_rank, every, int(first_warp_too)))
-    assert rc == 0
-    _check(y, x, w)
-
-
-def test_the_cluster_kernel_gives_the_same_bits_when_copies_land_at_issue(lib):
-    """The sum runs in rank order whatever each CTA's pace: copies landing at issue (the ring
-    overwritten the moment a stage is released) give the late schedule's bits."""
-    x, w = _inputs(65, 384, 512, seed=13)
-    _, late, _ = _run(lib, x, w, 8, groups=1, stages=3, cluster=4)
-    rc, early, _ = _run(lib, x, w, 8, groups=1, stages=3, cluster=4, early=True)
-    assert rc == 0
-    assert torch.equal(late.view(torch.int16), early.view(torch.int16))
-
-
-@pytest.mark.parametrize("cluster, groups, stages", [(3, 1, 5), (4, 2, 3), (8, 1, 8)])
-def test_cluster_shapes_it_does_not_take_are_refused(lib, cluster, groups, stages):
-    """Clusters of 2, 4 or 8 only (a CTA owns 8 / S blocks of 16 rows), one group, and the ring
-    with the accumulator buffer within a CTA's shared memory (8 stages and the buffer: 243 KB)."""
-    x, w = _inputs(65, 128, 128)
-    rc, _, _ = _run(lib, x, w, 8, groups=groups, stages=stages, cluster=cluster)
-    assert rc == INVALID_VALUE

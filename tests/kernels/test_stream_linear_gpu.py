@@ -94,38 +94,3 @@ def test_rows_it_does_not_take_go_to_cublas():
     assert torch.equal(sl.linear(x, w), torch.nn.functional.linear(x, w))
     x16, _ = _xw(16, 4096, 4096, 7)
     assert torch.equal(sl.linear(x16, w), torch.nn.functional.linear(x16, w))
-
-
-# --- the cluster kernel (Shape.cluster: whole tiles a cluster, summed through distributed shared memory)
-
-@pytest.mark.parametrize("N, K", SHAPES)
-@pytest.mark.parametrize("cluster, stages", [(8, 7), (4, 5), (2, 3)])
-def test_the_cluster_kernel_matches_float64_as_cublas_does(N, K, cluster, stages):
-    x, w = _xw(65, N, K, N + cluster)
-    y = sl.linear(x, w, sl.Shape(stages=stages, cluster=cluster))
-    assert rel(y, x, w) <= 2 * rel(x @ w.T, x, w) + 1e-3
-
-
-@pytest.mark.parametrize("ctas", [8, 40, 132, 264])
-def test_the_cluster_kernel_over_any_grid(ctas):
-    """One cluster of 8 to more clusters than fit at once (the launcher keeps one wave)."""
-    x, w = _xw(65, 6144, 4096, ctas)
-    y = sl.linear(x, w, sl.Shape(stages=7, cluster=8, ctas=ctas))
-    assert rel(y, x, w) <= 2 * rel(x @ w.T, x, w) + 1e-3
-
-
-def test_the_cluster_kernel_in_graph_replays_and_the_same_bits():
-    """The cluster sums in rank order: repeated calls and graph replays on new x equal eager
-    calls bit for bit, and no call syncs."""
-    shape = sl.Shape(stages=7, cluster=8)
-    x, w = _xw(65, 4096, 12288, 9)
-    first = sl.linear(x, w, shape)
-    assert all(torch.equal(sl.linear(x, w, shape), first) for _ in range(3))
-    out = {}
-    with no_host_sync():
-        sl.linear(x, w, shape)
-    g = capture(lambda: out.__setitem__("y", sl.linear(x, w, shape)))
-    for _ in range(3):
-        x.copy_(torch.randn_like(x))
-        g.replay()
-        assert torch.equal(out["y"], sl.linear(x, w, shape))

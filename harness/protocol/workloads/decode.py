@@ -27,7 +27,7 @@ TREE_BUILD_IMPLS = ("triton", "cuda", "torch")   # the kernel of tree_build: gpu
 CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_sumcheck")
 # P V on wgmma: head_dim 128 only
 PIPELINED_IMPLS = ("wgmma_pv", "wgmma_tail", "wgmma_sumcheck")
-LINEAR_IMPLS = ("torch", "triton", "wgmma", "wgmma_cluster")  # the forward's weight GEMMs at decode's few rows
+LINEAR_IMPLS = ("torch", "triton", "wgmma")  # the forward's weight GEMMs at decode's few rows
 ACCEPT_IMPLS = ("torch", "triton")          # the accept's argmax, path and bookkeeping (accept: gpu)
 # the library under the GEMMs that go to torch; cublaslt_tuned: cuBLASLt with each shape's
 # algorithm timed at its first call in the process (kernels/linear/lt_linear.py)
@@ -72,8 +72,8 @@ IMPL_PARAMS = (
     # the target's and drafter's weight GEMMs (q/k/v, o, gate/up, down, lm_head, the drafter's
     # fc) where a forward has few rows: cuBLAS; the skinny Triton kernel up to 16 rows
     # (kernels/linear/skinny_linear.py); wgmma: that kernel, and the verify's 17-72 rows on the
-    # stream-K CUDA kernel (kernels/linear/stream_linear.py, Hopper, bf16); wgmma_cluster: on its
-    # cluster kernel instead. More rows than a kernel takes always go to cuBLAS
+    # stream-K CUDA kernel (kernels/linear/stream_linear.py, Hopper, bf16). More rows than a kernel
+    # takes always go to cuBLAS
     choice("linear_impl", AUTO, (AUTO,) + LINEAR_IMPLS),
     # accept: gpu's argmax over the tree's logits, accepted path and step bookkeeping: tensor
     # ops, or two Triton launches (kernels/accept/triton_accept.py)

@@ -104,10 +104,10 @@ def check_shape(cell: dict):
         return ("linear_impl", "tree_budget", "batch_size"), (
             f"linear_impl triton takes up to {SKINNY_MAX_ROWS} rows and leaves more to cuBLAS; "
             f"this cell's forward has {linear_rows(cell)} (linear_impl: torch times them)")
-    if (cell["op"] == "linear" and cell["linear_impl"] in ("wgmma", "wgmma_cluster")
+    if (cell["op"] == "linear" and cell["linear_impl"] == "wgmma"
             and linear_rows(cell) > STREAM_MAX_ROWS):
         return ("linear_impl", "tree_budget", "batch_size"), (
-            f"linear_impl {cell['linear_impl']} takes up to {STREAM_MAX_ROWS} rows and leaves more to cuBLAS; "
+            f"linear_impl wgmma takes up to {STREAM_MAX_ROWS} rows and leaves more to cuBLAS; "
             f"this cell's forward has {linear_rows(cell)} (linear_impl: torch times them)")
     if cell["op"] == "fused_forward":
         limit = presets.max_context(cell["model"])
