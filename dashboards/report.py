@@ -276,6 +276,35 @@ def _cells_table(planned: list[dict], results: dict[str, dict], verdicts: dict |
     return {"caption": "Kernel cells" if kernel else "Decode cells", "head": head, "rows": rows}
 
 
+VERDICT_CLASS = {"met": "ok", "not met": "failed", "absent": "inconclusive"}
+TARGETS_CAPTION = "Targets (the scenario's bounds; absent: a number a target needs was not measured)"
+
+
+def _targets_table(journal: RunJournal, results: list[dict], wanted: list[dict] | None) -> dict | None:
+    """The scenario's targets (or `wanted`) judged on the shown results (harness.sweep.targets),
+    one row each; None where there are none. Targets whose stored text does not read are one
+    row saying so, never a failed report."""
+    from harness.protocol.errors import InputError
+    from harness.sweep import targets
+    from harness.sweep.summary import measured_text
+
+    head = [_td("target"), _td("measured", num=True), _td("bound"), _td("verdict")]
+    try:
+        wanted = targets.of_run(journal) if wanted is None else wanted
+    except InputError as e:
+        return {"caption": TARGETS_CAPTION, "head": head,
+                "rows": [[_td("not judged", cls="failed", detail=str(e)), _td(""), _td(""), _td("")]]}
+    if not wanted:
+        return None
+    rows = []
+    for o in targets.judge_all(wanted, results, [c["cell_id"] for c in journal.cells]):
+        title = "; ".join(f"{label}: {'?' if v is None else f'{v:.6g}'}" for label, v in o.measured)
+        rows.append([_td(o.name), _td(measured_text(o), num=True, title=title or None),
+                     _td(o.bound),
+                     _td(o.verdict, cls=VERDICT_CLASS[o.verdict], detail=o.why or None)])
+    return {"caption": TARGETS_CAPTION, "head": head, "rows": rows}
+
+
 def _counters_table(planned: list[dict], results: dict[str, dict]) -> dict | None:
     """The Nsight Compute counters of the cells run with `ncu: true`, one row a kernel
     (dashboards/counters.py, as `harness counters`); a cell without them says why. None when no
@@ -353,14 +382,16 @@ def _clear_old_figures(out_dir: Path, keep: set[str]) -> None:
 def build_report(journal: RunJournal, out_dir=None, *, base: RunJournal | None = None,
                  verdicts: dict | None = None, verdict_note: str = "",
                  reference: str | None = None, history: list[dict] | None = None,
-                 only: set[str] | None = None, only_expr: str = "") -> Report:
+                 only: set[str] | None = None, only_expr: str = "",
+                 targets: list[dict] | None = None) -> Report:
     """Write the report of `journal` into `out_dir` (default `<run>/report/`): index.html
     plus one PNG per figure. `base`: the run it was compared with (drawn faded in every
     figure), and `verdicts` the gate's per-cell verdicts against it (harness.gate.runs.compare:
     the report draws them, it does not judge), explained by `verdict_note`; `reference`: the
     verify mode the speedup heatmap divides by; `history`: series for the history figure (dicts
     with the arguments of harness.dashboards.history.history); `only`: the cell ids to show
-    (the run's and the base's), chosen by the cell filter `only_expr` (the page says so)."""
+    (the run's and the base's), chosen by the cell filter `only_expr` (the page says so);
+    `targets`: judged instead of the run's scenario's own (harness.sweep.targets)."""
     out_dir = Path(out_dir) if out_dir is not None else journal.path / REPORT_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -406,7 +437,8 @@ def build_report(journal: RunJournal, out_dir=None, *, base: RunJournal | None =
                    if only is not None else None),
         summary=_summary_rows(journal, result_list), compare=compare,
         figures=[_figure_context(f) for f in figs],
-        tables=[t for t in (_cells_table(planned, results, verdicts, kernel=False),
+        tables=[t for t in (_targets_table(journal, result_list, targets),
+                            _cells_table(planned, results, verdicts, kernel=False),
                             _cells_table(planned, results, verdicts, kernel=True),
                             _step_table(planned, results, base_by_id) if base_by_id is not None else None,
                             _counters_table(planned, results)) if t],

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from harness.commands.options import (cell_filter_option, console, err, fail_input,
                                       results_option, tracking_uri_option)
@@ -21,6 +22,9 @@ def report(run_id: str = typer.Argument(..., metavar="RUN", help="run id (a fold
                "MLflow store to attach the report to (default: where the run was logged)"),
            no_mlflow: bool = typer.Option(False, "--no-mlflow", help="do not upload the report to MLflow"),
            cell_filter: Optional[str] = cell_filter_option(),
+           targets_from: Optional[Path] = typer.Option(None, "--targets", metavar="SCENARIO",
+                                                       help="judge the run against this scenario file's targets "
+                                                            "instead of its own (e.g. a run made before they were written)"),
            results_dir: Path = results_option()):
     """Write a run's HTML report (results/runs/RUN/report/index.html), print its path and
     attach it to the run in MLflow (a report narrowed with -k is not attached: the run's
@@ -32,11 +36,13 @@ def report(run_id: str = typer.Argument(..., metavar="RUN", help="run id (a fold
         journal = jr.RunJournal.open(results_dir / "runs", run_id)
         base = jr.RunJournal.open(results_dir / "runs", compare) if compare else None
         only = selected(journal, cell_filter) if cell_filter is not None else None
+        wanted = read_targets(targets_from) if targets_from is not None else None
     except (jr.JournalError, InputError) as e:
         raise fail_input(e)
     stored = journal.results()
     results = [r for cid, r in stored.items() if only is None or cid in only]
     console.print(summary_table(results, f"{journal.scenario_name} — run {run_id}"))
+    show_targets(journal, results, wanted)
     planned = [c for c in journal.cells if only is None or c["cell_id"] in only]
     missing = [c for c in planned if (stored.get(c["cell_id"]) or {}).get("status") != "ok"]
     if missing:
@@ -45,9 +51,38 @@ def report(run_id: str = typer.Argument(..., metavar="RUN", help="run id (a fold
         console.print(f"[dim]Report not attached to MLflow: narrowed with -k {cell_filter!r}[/]",
                       highlight=False)
     uri = None if no_mlflow or only is not None else (tracking_uri or "auto")
-    path = write_report(journal, uri, base, reference, only=only, only_expr=cell_filter or "")
+    path = write_report(journal, uri, base, reference, only=only, only_expr=cell_filter or "", targets=wanted)
     if path is None:
         raise typer.Exit(1)
+
+
+def read_targets(path: Path) -> list[dict]:
+    """The targets of the scenario file at `path` (an InputError where it has none or they do
+    not read): a run judged against targets other than its own."""
+    from harness.protocol.errors import InputError
+    from harness.sweep.scenario import parse_targets
+    from harness.sweep.yamldoc import read_text
+    wanted = parse_targets(read_text(path, "scenario"), path)
+    if not wanted:
+        raise InputError(str(path), None, None, "--targets: this scenario has no targets")
+    return wanted
+
+
+def show_targets(journal, results: list[dict], wanted: Optional[list[dict]] = None) -> None:
+    """The run's targets (or `wanted`) judged on `results` (harness.sweep.targets), as a table
+    after the summary; nothing where the scenario has none. Targets that do not read are one
+    line."""
+    from harness.protocol.errors import InputError
+    from harness.sweep import targets
+    from harness.sweep.summary import targets_table
+    if wanted is None:
+        try:
+            wanted = targets.of_run(journal)
+        except InputError as e:
+            err.print(f"[yellow]targets not judged:[/] {escape(str(e))}", highlight=False)
+            return
+    if wanted:
+        console.print(targets_table(targets.judge_all(wanted, results, [c["cell_id"] for c in journal.cells])))
 
 
 def selected(journal, expr: str) -> set[str]:
@@ -64,18 +99,18 @@ def selected(journal, expr: str) -> set[str]:
 
 
 def write_report(journal, tracking_uri: Optional[str], base=None, reference: Optional[str] = None,
-                 *, only: Optional[set[str]] = None, only_expr: str = ""):
+                 *, only: Optional[set[str]] = None, only_expr: str = "", targets: Optional[list[dict]] = None):
     """Write the run's HTML report and print its path; attach it to the run's parent in MLflow
     unless `tracking_uri` is None ("auto": the store the run was logged to). A report that
     cannot be written or uploaded is a warning, never a lost run: returns the path or None.
-    `only`: the cell ids to report on (`-k only_expr`)."""
+    `only`: the cell ids to report on (`-k only_expr`); `targets`: judged instead of the run's own."""
     from harness.sweep import tracking
     from harness.dashboards.report import build_report
     from harness.gate import runs
     verdicts = runs.compare(journal.results(), base.results()) if base is not None else None
     try:
         built = build_report(journal, base=base, verdicts=verdicts, verdict_note=runs.VERDICT_NOTE,
-                             reference=reference, only=only, only_expr=only_expr)
+                             reference=reference, only=only, only_expr=only_expr, targets=targets)
     except Exception as e:  # noqa: BLE001 - the journal and MLflow run are intact either way
         err.print(f"[yellow]report failed:[/] {type(e).__name__}: {e}", highlight=False)
         return None

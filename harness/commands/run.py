@@ -19,7 +19,7 @@ from rich.markup import escape
 from harness.commands.options import (cell_filter_option, console, err, fail_input,
                                       hosts_file_option, max_cells_option, results_option,
                                       tracking_uri_option)
-from harness.commands.report import write_report
+from harness.commands.report import show_targets, write_report
 from harness.protocol.errors import InputError
 
 
@@ -161,6 +161,7 @@ def finish(journal, uri: str, outcome, resume: str, json_out: Path | None = None
         raise typer.Exit(1)
     results = list(journal.results().values())
     console.print(summary_table(results, f"{journal.scenario_name} — run {journal.run_id}"))
+    show_targets(journal, results)
 
     # MLflow after the journal: a dead server costs a re-upload, never a measurement.
     logged = False

@@ -30,3 +30,9 @@ def validate(scenario: Path = typer.Argument(..., help="scenario YAML file"),
     from harness.protocol import params
     for c in cells:
         console.print(f"  {params.cell_id(c)}  {escape(params.cell_label(c))}", highlight=False)
+    if sc.targets:
+        from harness.sweep.targets import bound_text
+        console.print(f"{len(sc.targets)} target(s), judged after a run:")
+        for t in sc.targets:
+            console.print(f"  {escape(t['name'] or t['cells'])}: {escape(bound_text(t))}",
+                          highlight=False)

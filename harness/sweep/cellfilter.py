@@ -31,9 +31,10 @@ class _Parser:
     expr: str
     tokens: list[tuple[str, int]]
     at: int = 0
+    name: str = "-k"           # how errors name the expression (a scenario's target: its key)
 
     def fail(self, why: str) -> InputError:
-        return InputError(None, None, None, f"-k {self.expr!r}: {why}")
+        return InputError(None, None, None, f"{self.name} {self.expr!r}: {why}")
 
     def peek(self) -> str | None:
         return self.tokens[self.at][0] if self.at < len(self.tokens) else None
@@ -99,9 +100,10 @@ def _equals(have, text: str) -> bool:
     return yaml_word(have) == text
 
 
-def compile_filter(expr: str) -> Matcher:
+def compile_filter(expr: str, name: str = "-k") -> Matcher:
+    """A matcher of (canonical cell, label); `name` says what the expression is in errors."""
     tokens = [(m.group(1), m.start(1)) for m in _TOKEN.finditer(expr)]
-    parser = _Parser(expr, tokens)
+    parser = _Parser(expr, tokens, name=name)
     if not tokens:
         raise parser.fail("is empty")
     matcher = parser.parse_or()

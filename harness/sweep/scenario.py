@@ -39,6 +39,7 @@ from pydantic_core import PydanticCustomError
 
 from harness.protocol import params, workloads
 from harness.protocol.errors import InputError
+from harness.sweep.cellfilter import compile_filter
 from harness.sweep.yamldoc import DataPath, EmptyDocument, Source, read_text, read_yaml, show
 
 # The most cells a scenario may expand to unless the caller raises it (`--max-cells`): a
@@ -48,6 +49,7 @@ DEFAULT_MAX_CELLS = 10_000
 TRIGGERS = ("manual", "nightly", "pr")
 METRIC_DIRECTIONS = ("higher", "lower")
 GPU_BUSY_POLICIES = ("wait", "noisy")
+TARGET_OF = ("each", "sum")      # a target bounds each selected cell's value, or their sum
 
 
 # --------------------------------------------------------------------------------------------
@@ -133,6 +135,20 @@ class MetricPolicy(BaseModel):
     gate: bool | None = None        # false: reported beside the gate, never decides it
 
 
+class TargetSpec(BaseModel):
+    """An absolute bound on what some cells measure (harness.sweep.targets judges it)."""
+
+    model_config = _STRICT
+    name: Annotated[str, Field(min_length=1, max_length=NAME_MAX_CHARS,
+                               pattern=r"^[^\x00-\x1f\x7f]*$")] | None = None
+    cells: Annotated[str, Field(min_length=1)]          # a -k expression over the scenario's cells
+    metric: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")]
+    min: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    max: Annotated[float, Field(allow_inf_nan=False)] | None = None
+    of: Literal[TARGET_OF] = "each"
+    per: Annotated[str, Field(min_length=1)] | None = None   # one cell: the values are ratios to its
+
+
 class ScenarioSpec(BaseModel):
     """The top level of a scenario file."""
 
@@ -152,6 +168,7 @@ class ScenarioSpec(BaseModel):
         Field(default_factory=list)
     gpu_busy: Literal[GPU_BUSY_POLICIES] | None = None   # overrides each host's policy
     metrics: dict[str, MetricPolicy] = Field(default_factory=dict)
+    targets: list[TargetSpec] = Field(default_factory=list)
 
 
 _TOP_WHAT = {
@@ -164,7 +181,12 @@ _TOP_WHAT = {
     "hosts": "a list of host names or label filters like {gpu: h200}",
     "gpu_busy": "wait or noisy (what a cell does when its GPU has a foreign process)",
     "metrics": "a mapping of metric name -> policy",
+    "targets": "a list of targets (cells, metric, min and/or max)",
 }
+_TARGET_WHAT = {"name": "a one-line string", "cells": "a cell filter expression like "
+                "'verify_mode=custom and context_length=65536'",
+                "metric": "a metric name like tokens_per_s", "min": "a number", "max": "a number",
+                "per": "a cell filter expression that selects one cell"}
 _METRIC_WHAT = {"threshold_rel": "a number >= 0", "threshold_abs": "a number >= 0",
                 "gate": "true or false (false: reported, never decides the gate)"}
 _CELL_SECTIONS = ("defaults", "matrix", "exclude", "include")
@@ -199,6 +221,12 @@ def _describe(loc: DataPath) -> _Field:
         key = rest[1]
         return _Field(key, _METRIC_WHAT.get(key, ""),
                       METRIC_DIRECTIONS if key == "direction" else ())
+    if section == "targets":
+        if len(rest) == 1:
+            return _Field(f"targets[{rest[0]}]", "a mapping of cells, metric, min, max, of, per, name")
+        key = rest[1]
+        return _Field(f"targets[{rest[0]}].{key}", _TARGET_WHAT.get(key, ""),
+                      TARGET_OF if key == "of" else ())
     if section in ("exclude", "include"):
         if len(rest) == 1:
             return _Field(f"{section}[{rest[0]}]", "a mapping of cell parameters")
@@ -215,6 +243,8 @@ def _allowed_keys(parent: DataPath) -> list[str]:
         return list(ScenarioSpec.model_fields)
     if parent[0] == "metrics":
         return list(MetricPolicy.model_fields)
+    if parent[0] == "targets":
+        return list(TargetSpec.model_fields)
     return list(params.ALL_PARAMS)
 
 
@@ -397,6 +427,36 @@ def _finish_cells(drafts: list[_Draft], source: Source,
     return list(cells.values()), given
 
 
+def _check_targets(spec: ScenarioSpec, source: Source, cells: list[dict]) -> None:
+    """What a target's keys cannot say alone: a bound, one of `of: sum` and `per`, and
+    expressions that parse and select some of this scenario's cells (`per`: one), so a typo
+    never makes a target that no run can meet."""
+    labelled = [(params.canonical(c), params.cell_label(c)) for c in cells]
+    for i, target in enumerate(spec.targets):
+        where = ("targets", i)
+        if target.min is None and target.max is None:
+            raise source.error(where, f"targets[{i}] needs a bound: min, max or both")
+        if target.min is not None and target.max is not None and target.min > target.max:
+            raise source.error(where + ("min",), f"targets[{i}].min {target.min:g} is above its "
+                                                 f"max {target.max:g}")
+        if target.per is not None and target.of == "sum":
+            raise source.error(where + ("per",), f"targets[{i}]: per (a ratio a cell) and of: sum "
+                                                 "do not go together")
+        for key, wanted in (("cells", None), ("per", 1)):
+            expr = getattr(target, key)
+            if expr is None:
+                continue
+            try:
+                matcher = compile_filter(expr, f"targets[{i}].{key}")
+            except InputError as e:
+                raise source.error(where + (key,), e.message) from None
+            count = sum(matcher(c, label) for c, label in labelled)
+            if count == 0 or (wanted is not None and count != wanted):
+                need = "one" if wanted else "at least one"
+                raise source.error(where + (key,), f"targets[{i}].{key} {expr!r} selects {count} of "
+                                                   f"the scenario's {len(cells)} cells, not {need}")
+
+
 # --------------------------------------------------------------------------------------------
 # Public API
 # --------------------------------------------------------------------------------------------
@@ -406,7 +466,8 @@ class Scenario:
 
     def __init__(self, *, name: str, description: str | None, trigger: str, path: str | None,
                  text: str, hosts: list, metrics: dict[str, dict], cells: list[dict],
-                 gpu_busy: str | None = None, given: dict[str, frozenset] | None = None):
+                 gpu_busy: str | None = None, given: dict[str, frozenset] | None = None,
+                 targets: list[dict] | None = None):
         self.name = name
         self.description = description
         self.trigger = trigger
@@ -415,6 +476,7 @@ class Scenario:
         self.hosts = hosts        # names and label filters (dicts); empty: not chosen here
         self.gpu_busy = gpu_busy  # None: each host's own policy (hosts.yaml)
         self.metrics = metrics    # metric name -> {direction, threshold_rel, threshold_abs}
+        self.targets = targets or []   # {name, cells, metric, min, max, of, per}: harness.sweep.targets
         self._cells = cells
         self._given = given or {}
 
@@ -459,12 +521,37 @@ def parse_scenario(text: str, path: str | os.PathLike | None = None, *,
         raise source.error(("exclude",), "exclude drops every cell of the matrix: nothing to run")
     base_dir = Path(shown_path).parent if shown_path else Path.cwd()
     cells, given = _finish_cells(drafts, source, base_dir)
+    _check_targets(spec, source, cells)
 
     return Scenario(
         name=spec.name, description=spec.description, trigger=spec.trigger, path=shown_path,
         text=text, hosts=list(spec.hosts), gpu_busy=spec.gpu_busy,
         metrics={name: policy.model_dump() for name, policy in spec.metrics.items()},
-        cells=cells, given=given)
+        cells=cells, given=given, targets=[t.model_dump() for t in spec.targets])
+
+
+class _TargetsOnly(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    targets: list[TargetSpec] = Field(default_factory=list)
+
+
+def parse_targets(text: str, path: str | os.PathLike | None = None) -> list[dict]:
+    """The `targets` of scenario YAML `text`, their keys checked and nothing else: a stored run's
+    scenario, which this code may no longer expand (a kernel since removed), still has its
+    targets read. The expressions are judged against the run's results instead
+    (harness.sweep.targets)."""
+    shown_path = None if path is None else str(path)
+    try:
+        source = read_yaml(text, shown_path)
+    except EmptyDocument:
+        return []
+    if not isinstance(source.data, dict):
+        return []
+    try:
+        spec = _TargetsOnly.model_validate(source.data)
+    except ValidationError as exc:
+        raise _first_schema_error(exc, source) from None
+    return [t.model_dump() for t in spec.targets]
 
 
 def load_scenario(path: str | os.PathLike, *, max_cells: int | None = None) -> Scenario:

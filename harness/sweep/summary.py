@@ -88,3 +88,30 @@ def summary_table(results: list[dict], title: str) -> Table:
             row.append(idle_text(r))
         table.add_row(*row, status)
     return table
+
+
+VERDICT_STYLE = {"met": "green", "not met": "red", "absent": "yellow"}
+
+
+def measured_text(outcome) -> str:
+    """The numbers a target used: each selected cell's value (a ratio with `per`), or their sum."""
+    values = [_fmt(v, ".4g", "?") for _, v in outcome.measured]
+    if outcome.value is not None:
+        return " + ".join(values) + f" = {outcome.value:.4g}" if len(values) > 1 else values[0]
+    return " / ".join(values) or "–"
+
+
+def targets_table(outcomes) -> Table:
+    """The scenario's targets (harness.sweep.targets), one row each: what was measured against
+    the bound, and the verdict with why where it is not met or absent."""
+    table = Table(title="Targets", title_justify="left", header_style="bold")
+    table.add_column("target", overflow="fold")
+    table.add_column("measured", justify="right", overflow="fold")
+    table.add_column("bound", no_wrap=True)
+    table.add_column("verdict", overflow="fold")
+    for o in outcomes:
+        verdict = f"[{VERDICT_STYLE[o.verdict]}]{o.verdict}[/]"
+        if o.why:
+            verdict += f" [dim]({escape(o.why)})[/]"
+        table.add_row(escape(o.name), escape(measured_text(o)), escape(o.bound), verdict)
+    return table

@@ -136,6 +136,38 @@ def test_failed_cell_does_not_stop_the_sweep_and_resume_finishes_it(fresh_store,
     assert sorted(c.data.tags["status"] for c in children).count("ok") == 3
 
 
+def test_a_run_judges_its_targets_and_report_judges_others(fresh_store, tmp_path):
+    """The targets table after the summary: met, not met, and absent where the host cannot
+    measure the metric (idle on a CPU); `harness report --targets` judges the run against
+    another scenario's."""
+    import re
+    sc = write(tmp_path / "t.yaml", SMALL + textwrap.dedent("""\
+        targets:
+          - {name: accepts a token a step, cells: context_length=64 or context_length=128, metric: accept_len_mean, min: 1}
+          - {name: a billion tokens a second, cells: context_length=128, metric: tokens_per_s, min: 1000000000}
+          - {name: idle under 1 %, cells: context_length=64, metric: idle_fraction, max: 0.01}
+        """))
+    uri = fresh_store(tmp_path)
+    out = harness("run", str(sc), "--tracking-uri", uri, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr + out.stdout       # a target never fails a run
+    table = out.stdout.split("Targets", 1)[1]
+    assert re.search(r"accepts a token a step .*accept_len_mean >= 1 .* met", table)
+    assert re.search(r"a billion tokens a second .*tokens_per_s >= 1e\+09 .* not met \(1 of 1 outside\)", table)
+    assert re.search(r"idle under 1 % .*\? .*idle_fraction <= 0\.01 .* absent \(not measured: 1 of 1\)", table)
+    assert "Targets" in (tmp_path / "results" / "runs" / run_id_from(out.stdout) / "report" / "index.html").read_text()
+
+    other = write(tmp_path / "other.yaml", SMALL + textwrap.dedent("""\
+        targets:
+          - {name: 64 beats 128, cells: context_length=64, per: context_length=128, metric: step_ms_p50, max: 10}
+        """))
+    again = harness("report", run_id_from(out.stdout), "--targets", str(other), "--no-mlflow", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr + again.stdout
+    assert "64 beats 128" in again.stdout and "accepts a token" not in again.stdout
+    none = harness("report", run_id_from(out.stdout), "--targets", str(write(tmp_path / "n.yaml", SMALL)),
+                   cwd=tmp_path)
+    assert none.returncode == 2 and none.stderr.strip() == f"error: {tmp_path}/n.yaml: --targets: this scenario has no targets"
+
+
 def test_unreachable_tracking_server_then_resume_logs_everything(fresh_store, tmp_path):
     sc = write(tmp_path / "small.yaml", SMALL)
     dead = f"http://127.0.0.1:{free_port()}"
@@ -166,6 +198,8 @@ BAD_INPUTS = {
     "preset": ("name: x\nmatrix:\n  model: [llama]\n", r"bad\.yaml:3:11: "),
     "checkpoint": ("name: x\ndefaults:\n  checkpoint: /nonexistent/ckpt\nmatrix:\n  seed: [0]\n",
                    r"bad\.yaml:3:15: "),
+    "target": ("name: x\nmatrix:\n  seed: [0]\ntargets:\n  - {cells: ctx=999, metric: tokens_per_s, min: 1}\n",
+               r"bad\.yaml:5:13: targets\[0\]\.cells 'ctx=999' selects 0 of the scenario's 1 cells"),
 }
 
 
