@@ -442,3 +442,59 @@ def test_the_step_table_reads_right_in_headless_chromium(tmp_path):
     assert check.console_errors == [] and check.broken_images == []
     assert "Inside the step, base against head" in check.text
     assert "idle gap _qk_norm_rope_store_kernel -> tva::gqa_pipelined_kernel<128, 4" in check.text
+
+
+# -- the scenario's targets ------------------------------------------------------------------
+
+LOOP_LIMIT_H100 = REPO / "results" / "h100" / "runs" / "20261206-152428-8ea380"
+
+
+def target_rows(page: str) -> list[list[str]]:
+    table = page.split("Targets (the scenario", 1)[1].split("</table>", 1)[0]
+    return [[re.sub(r"<[^>]+>", "", markupsafe.Markup(c).unescape()).strip()
+             for c in re.findall(r"<td[^>]*>(.*?)</td>", r, re.S)]
+            for r in re.findall(r"<tr>(.*?)</tr>", table, re.S) if "<td" in r]
+
+
+def test_loop_limits_targets_are_judged_on_a_real_h100_run(tmp_path):
+    """Session 44's loop-limit on an H100, judged against the scenario's issue targets (the run
+    was made before they were written: `harness report --targets`): each verdict as the numbers
+    say, the numbers it used beside it."""
+    from harness.sweep.scenario import parse_targets
+    (head,) = copied_runs(tmp_path, LOOP_LIMIT_H100)
+    wanted = parse_targets((REPO / "scenarios" / "loop-limit.yaml").read_text(), "loop-limit.yaml")
+    rows = target_rows(build_report(head, targets=wanted).path.read_text())
+    verdicts = {r[0]: r[3] for r in rows}
+    assert len(rows) == 7
+    assert verdicts["gpu/full idle <= 1 % (custom verify, 4k / 16k / 64k)"] == "not met (2 of 3 outside)"
+    assert verdicts["gpu/full >= 90 % of the step roofline (custom verify)"] == "met"
+    assert verdicts["graph-captured AR >= 88 % of the step roofline"] == "met"
+    topk = next(r for r in rows if r[0].startswith("top-k + tree build"))
+    assert topk[1:] == ["15.63 + 16.98 = 32.61", "sum of kernel_us <= 20", "not met"]
+    ratio = next(r for r in rows if r[0].startswith("gpu/full at 64k"))
+    assert ratio[1:] == ["1.134", "tokens_per_s / per >= 1.2", "not met (1 of 1 outside)"]
+    assert verdicts["lossless for >= 128 tokens in every speculative cell"] == "met"
+
+
+def test_the_stored_scenarios_targets_are_the_default_and_a_bad_one_is_a_row(tmp_path):
+    (head,) = copied_runs(tmp_path, LOOP_LIMIT_H100)
+    stored = head.scenario_file
+    stored.write_text(stored.read_text() + "targets:\n  - {cells: workload=peer, metric: idle_fraction, max: 0.5}\n")
+    [row] = target_rows(build_report(head).path.read_text())
+    assert row[1:] == ["? / ? / ?", "idle_fraction <= 0.5", "absent (not measured: 3 of 3)"]
+    stored.write_text(stored.read_text().replace("max: 0.5", "maks: 0.5"))
+    [row] = target_rows(build_report(head).path.read_text())
+    assert row[0].startswith("not judged") and "unknown key 'maks'" in row[0]
+    assert "scenario.yaml:" in row[0]
+
+
+@needs_chromium
+def test_the_targets_table_reads_right_in_headless_chromium(tmp_path):
+    from harness.sweep.scenario import parse_targets
+    (head,) = copied_runs(tmp_path, LOOP_LIMIT_H100)
+    wanted = parse_targets((REPO / "scenarios" / "loop-limit.yaml").read_text())
+    check = headless.check_page(build_report(head, targets=wanted).path, screenshot=False)
+    assert check.console_errors == [] and check.broken_images == []
+    text = check.text
+    assert text.index("Targets") < text.index("Decode cells")
+    assert "top-k + tree build <= 20 µs a step (N 64, B 16, b 1)" in text and "15.63 + 16.98 = 32.61" in text
