@@ -68,10 +68,10 @@ def read_targets(path: Path) -> list[dict]:
     return wanted
 
 
-def show_targets(journal, results: list[dict], wanted: Optional[list[dict]] = None) -> None:
+def show_targets(journal, results: list[dict], wanted: Optional[list[dict]] = None) -> list:
     """The run's targets (or `wanted`) judged on `results` (harness.sweep.targets), as a table
-    after the summary; nothing where the scenario has none. Targets that do not read are one
-    line."""
+    after the summary, and returned; nothing where the scenario has none. Targets that do not
+    read are one line."""
     from harness.protocol.errors import InputError
     from harness.sweep import targets
     from harness.sweep.summary import targets_table
@@ -80,9 +80,11 @@ def show_targets(journal, results: list[dict], wanted: Optional[list[dict]] = No
             wanted = targets.of_run(journal)
         except InputError as e:
             err.print(f"[yellow]targets not judged:[/] {escape(str(e))}", highlight=False)
-            return
-    if wanted:
-        console.print(targets_table(targets.judge_all(wanted, results, [c["cell_id"] for c in journal.cells])))
+            return []
+    outcomes = targets.judge_all(wanted, results, [c["cell_id"] for c in journal.cells]) if wanted else []
+    if outcomes:
+        console.print(targets_table(outcomes))
+    return outcomes
 
 
 def selected(journal, expr: str) -> set[str]:

@@ -161,7 +161,7 @@ def finish(journal, uri: str, outcome, resume: str, json_out: Path | None = None
         raise typer.Exit(1)
     results = list(journal.results().values())
     console.print(summary_table(results, f"{journal.scenario_name} — run {journal.run_id}"))
-    show_targets(journal, results)
+    judged = show_targets(journal, results)
 
     # MLflow after the journal: a dead server costs a re-upload, never a measurement.
     logged = False
@@ -177,7 +177,7 @@ def finish(journal, uri: str, outcome, resume: str, json_out: Path | None = None
 
     console.print(f"Journal: {escape(str(journal.path))}", highlight=False)
     if json_out is not None:
-        write_outcome(json_out, journal, results, logged, outcome.interrupted, resume)
+        write_outcome(json_out, journal, results, logged, outcome.interrupted, resume, judged)
     if outcome.interrupted:
         err.print(f"Interrupted. Finish with: {escape(resume)}")
         raise typer.Exit(130)
@@ -190,8 +190,9 @@ def finish(journal, uri: str, outcome, resume: str, json_out: Path | None = None
 
 
 def write_outcome(path: Path, journal, results: list[dict], logged: bool, interrupted: bool,
-                  resume: str) -> None:
-    """--json FILE: what a script needs after a run, without parsing the console."""
+                  resume: str, judged: list = ()) -> None:
+    """--json FILE: what a script needs after a run, without parsing the console; `judged`:
+    the scenario's targets (harness.sweep.targets.Outcome)."""
     from harness.sweep.journal import atomic_write_json
 
     ran = {r.get("cell_id") for r in results}
@@ -203,7 +204,10 @@ def write_outcome(path: Path, journal, results: list[dict], logged: bool, interr
                    {"cell_id": r.get("cell_id"), "label": r.get("label"), "status": r["status"],
                     "error": ((r.get("error") or "").strip().splitlines() or [None])[0],
                     "host": r.get("host"), "metrics": r.get("metrics") or {}}
-                   for r in results]}
+                   for r in results],
+               "targets": [{"name": o.name, "bound": o.bound, "verdict": o.verdict, "why": o.why,
+                            "value": o.value, "measured": [{"label": label, "value": v} for label, v in o.measured]}
+                           for o in judged]}
     try:
         atomic_write_json(path, outcome)
     except OSError as e:

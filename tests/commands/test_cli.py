@@ -148,8 +148,12 @@ def test_a_run_judges_its_targets_and_report_judges_others(fresh_store, tmp_path
           - {name: idle under 1 %, cells: context_length=64, metric: idle_fraction, max: 0.01}
         """))
     uri = fresh_store(tmp_path)
-    out = harness("run", str(sc), "--tracking-uri", uri, cwd=tmp_path)
+    out = harness("run", str(sc), "--tracking-uri", uri, "--json", "out.json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr + out.stdout       # a target never fails a run
+    judged = json.loads((tmp_path / "out.json").read_text())["targets"]
+    assert [(t["name"], t["verdict"]) for t in judged] == [
+        ("accepts a token a step", "met"), ("a billion tokens a second", "not met"), ("idle under 1 %", "absent")]
+    assert [m["value"] for m in judged[2]["measured"]] == [None] and judged[2]["why"] == "not measured: 1 of 1"
     table = out.stdout.split("Targets", 1)[1]
     assert re.search(r"accepts a token a step .*accept_len_mean >= 1 .* met", table)
     assert re.search(r"a billion tokens a second .*tokens_per_s >= 1e\+09 .* not met \(1 of 1 outside\)", table)
