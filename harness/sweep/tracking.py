@@ -481,7 +481,12 @@ class _Uploader:
         # Identical values may be re-logged; only a changed value is refused (immutable params).
         params = {"scenario": self.journal.scenario_name, "trigger": self.common_tags["trigger"],
                   "n_cells": str(len(self.journal.cells))}
-        metrics = [Metric(k, float(v), now, 0) for k, v in (("n_ok", n_ok), ("n_failed", n_failed))
+        counts = [("n_ok", n_ok), ("n_failed", n_failed)]
+        judged = judged_targets(self.journal, results)
+        if judged:     # how many of the scenario's targets each verdict: a run's history of them
+            counts += [(f"targets_{verdict.replace(' ', '_')}", sum(o.verdict == verdict for o in judged))
+                       for verdict in ("met", "not met", "absent")]
+        metrics = [Metric(k, float(v), now, 0) for k, v in counts
                    if parent.data.metrics.get(k) != v]  # no duplicate history on a no-op call
         self.client.log_batch(pid, metrics=metrics,
                               params=[Param(k, v) for k, v in params.items()],
@@ -616,12 +621,25 @@ def _terminated(run) -> bool:
     return run.info.status != "RUNNING"
 
 
+def judged_targets(journal: RunJournal, results: list[dict]) -> list:
+    """The run's scenario's targets judged on `results` (harness.sweep.targets); none where it
+    has none or they do not read (the report says why; the upload never fails on them)."""
+    from harness.sweep import targets
+    try:
+        wanted = targets.of_run(journal)
+    except (OSError, InputError):
+        return []
+    return targets.judge_all(wanted, results, [c["cell_id"] for c in journal.cells])
+
+
 def run_description(journal: RunJournal, results: list[dict],
                     experiment_id: str | None = None) -> str:
-    """The parent run's description in MLflow (markdown): what ran where and each cell's
-    headline number, the summary table of the end of `harness run`; with the experiment's id, a
-    link to its saved benchmark view (a route of the UI's own page, so it works on any host)."""
+    """The parent run's description in MLflow (markdown): what ran where, the scenario's targets
+    with their verdicts, and each cell's headline number, the summary table of the end of
+    `harness run`; with the experiment's id, a link to its saved benchmark view (a route of the
+    UI's own page, so it works on any host)."""
     from harness.protocol.params import times_a_kernel
+    from harness.sweep.summary import measured_text
 
     ok = sum(r.get("status") == "ok" for r in results)
     failed = len(results) - ok
@@ -636,6 +654,13 @@ def run_description(journal: RunJournal, results: list[dict],
                          for c in (False, True))
         lines += [f"Every run of the scenario in the {mlflow_view.VIEW_NAME} view, grouped by "
                   f"verify mode: [table]({table}) · [charts against context length]({charts})", ""]
+    judged = judged_targets(journal, results)
+    if judged:
+        lines += ["| target | measured | bound | verdict |", "| --- | ---: | --- | --- |"]
+        lines += ["| " + " | ".join(text.replace("|", "\\|") for text in (
+            o.name, measured_text(o), o.bound, o.verdict + (f" ({o.why})" if o.why else ""))) + " |"
+            for o in judged]
+        lines.append("")
     lines += ["| cell | status | tokens/s | idle | kernel µs |",
               "| --- | --- | ---: | ---: | ---: |"]
     rows = []

@@ -72,6 +72,28 @@ def make_journal(tmp_path: Path, scenario: str, statuses=("ok", "ok", "failed"))
     return j
 
 
+def test_the_targets_verdicts_are_in_the_description_and_counted(tmp_path, store, client):
+    """A scenario's targets (harness.sweep.targets): their table opens the parent's description
+    and their verdicts are counted as the parent's metrics, for a history of them."""
+    text = ("name: aimed\ntargets:\n"
+            "  - {name: fast, cells: verify_mode=sdpa, metric: tokens_per_s, min: 50}\n"
+            "  - {name: flex fast, cells: verify_mode=flex, metric: tokens_per_s, min: 50}\n"
+            "  - {name: idle, cells: verify_mode=sdpa, metric: idle_fraction, max: 0.01}\n"
+            "  - {name: very fast, cells: context_length=256 and verify_mode=sdpa, metric: tokens_per_s, min: 1000}\n")
+    j = RunJournal.create(tmp_path / "runs", new_run_id(), "aimed", "scenarios/aimed.yaml", text, CELLS,
+                          {"git_sha": "abc123", "trigger": "nightly", "hosts": ["local"]})
+    for cell, status in zip(CELLS, ("ok", "ok", "failed")):
+        j.write_cell(make_result(cell, status))
+    parent = client.get_run(log_run(j, store).parent_run_id)
+    assert parent.data.metrics == {"n_ok": 2.0, "n_failed": 1.0, "targets_met": 1.0, "targets_not_met": 1.0,
+                                   "targets_absent": 2.0}
+    note = parent.data.tags["mlflow.note.content"]
+    assert "| fast | 100 / 100 | tokens_per_s >= 50 | met |" in note
+    assert "| flex fast | ? | tokens_per_s >= 50 | absent (failed: 1 of 1) |" in note
+    assert "| very fast | 100 | tokens_per_s >= 1000 | not met (1 of 1 outside) |" in note
+    assert note.index("| target |") < note.index("| cell |")
+
+
 def children_of(client, report):
     return client.search_runs([report.experiment_id],
                               f"tags.mlflow.parentRunId = '{report.parent_run_id}'")
