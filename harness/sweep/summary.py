@@ -93,11 +93,20 @@ def summary_table(results: list[dict], title: str) -> Table:
 VERDICT_STYLE = {"met": "green", "not met": "red", "absent": "yellow"}
 
 
+MEASURED_LISTED = 4     # a target's values listed one by one up to this many; more: their range
+
+
 def measured_text(outcome) -> str:
-    """The numbers a target used: each selected cell's value (a ratio with `per`), or their sum."""
+    """The numbers a target used: each selected cell's value (a ratio with `per`), or their sum;
+    past MEASURED_LISTED values, their range and count (the report's tooltip lists them all)."""
     values = [_fmt(v, ".4g", "?") for _, v in outcome.measured]
     if outcome.value is not None:
         return " + ".join(values) + f" = {outcome.value:.4g}" if len(values) > 1 else values[0]
+    present = [v for _, v in outcome.measured if v is not None]
+    if len(values) > MEASURED_LISTED and present:
+        unmeasured = len(values) - len(present)
+        return (f"{min(present):.4g} .. {max(present):.4g} ({len(values)} cells"
+                + (f", {unmeasured} unmeasured)" if unmeasured else ")"))
     return " / ".join(values) or "–"
 
 
