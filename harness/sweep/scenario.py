@@ -440,8 +440,8 @@ def _check_targets(spec: ScenarioSpec, source: Source, cells: list[dict]) -> Non
             raise source.error(where + ("min",), f"targets[{i}].min {target.min:g} is above its "
                                                  f"max {target.max:g}")
         if target.per is not None and target.of == "sum":
-            raise source.error(where + ("per",), f"targets[{i}]: per (a ratio a cell) and of: sum "
-                                                 "do not go together")
+            raise source.error(where + ("per",), f"targets[{i}]: per (each value over one cell's) "
+                                                 "and of: sum do not go together")
         for key, wanted in (("cells", None), ("per", 1)):
             expr = getattr(target, key)
             if expr is None:

@@ -44,7 +44,7 @@ def test_targets_are_read_with_their_defaults():
     ("  - {cells: sdpa, metric: tokens_per_s, min: 1, of: mean}\n", "7:53", "unknown targets[0].of 'mean' "
      "(allowed: each, sum"),
     ("  - {cells: sdpa, metric: kernel_us, max: 1, of: sum, per: context_length=256 and sdpa}\n", "7:60",
-     "per (a ratio a cell) and of: sum do not go together"),
+     "per (each value over one cell's) and of: sum do not go together"),
     ("  - {cells: '(sdpa', metric: tokens_per_s, min: 1}\n", "7:13",
      "targets[0].cells '(sdpa': the '(' at column 1 is never closed"),
     ("  - {cells: ctx=999, metric: tokens_per_s, min: 1}\n", "7:13",
