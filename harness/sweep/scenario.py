@@ -427,12 +427,9 @@ def _finish_cells(drafts: list[_Draft], source: Source,
     return list(cells.values()), given
 
 
-def _check_targets(spec: ScenarioSpec, source: Source, cells: list[dict]) -> None:
-    """What a target's keys cannot say alone: a bound, one of `of: sum` and `per`, and
-    expressions that parse and select some of this scenario's cells (`per`: one), so a typo
-    never makes a target that no run can meet."""
-    labelled = [(params.canonical(c), params.cell_label(c)) for c in cells]
-    for i, target in enumerate(spec.targets):
+def _check_target_bounds(targets: list[TargetSpec], source: Source) -> None:
+    """What a target's keys cannot say alone: a bound, min <= max, not both `of: sum` and `per`."""
+    for i, target in enumerate(targets):
         where = ("targets", i)
         if target.min is None and target.max is None:
             raise source.error(where, f"targets[{i}] needs a bound: min, max or both")
@@ -442,6 +439,15 @@ def _check_targets(spec: ScenarioSpec, source: Source, cells: list[dict]) -> Non
         if target.per is not None and target.of == "sum":
             raise source.error(where + ("per",), f"targets[{i}]: per (each value over one cell's) "
                                                  "and of: sum do not go together")
+
+
+def _check_targets(spec: ScenarioSpec, source: Source, cells: list[dict]) -> None:
+    """The targets' bounds, and expressions that parse and select some of this scenario's cells
+    (`per`: one), so a typo never makes a target that no run can meet."""
+    _check_target_bounds(spec.targets, source)
+    labelled = [(params.canonical(c), params.cell_label(c)) for c in cells]
+    for i, target in enumerate(spec.targets):
+        where = ("targets", i)
         for key, wanted in (("cells", None), ("per", 1)):
             expr = getattr(target, key)
             if expr is None:
@@ -536,9 +542,9 @@ class _TargetsOnly(BaseModel):
 
 
 def parse_targets(text: str, path: str | os.PathLike | None = None) -> list[dict]:
-    """The `targets` of scenario YAML `text`, their keys checked and nothing else: a stored run's
-    scenario, which this code may no longer expand (a kernel since removed), still has its
-    targets read. The expressions are judged against the run's results instead
+    """The `targets` of scenario YAML `text`, their keys and bounds checked and nothing else: a
+    stored run's scenario, which this code may no longer expand (a kernel since removed), still
+    has its targets read. The expressions are judged against the run's results instead
     (harness.sweep.targets)."""
     shown_path = None if path is None else str(path)
     try:
@@ -551,6 +557,7 @@ def parse_targets(text: str, path: str | os.PathLike | None = None) -> list[dict
         spec = _TargetsOnly.model_validate(source.data)
     except ValidationError as exc:
         raise _first_schema_error(exc, source) from None
+    _check_target_bounds(spec.targets, source)
     return [t.model_dump() for t in spec.targets]
 
 

@@ -35,6 +35,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from harness.protocol import params
+from harness.protocol.errors import InputError
 from harness.sweep.cellfilter import compile_filter
 
 MET, NOT_MET, ABSENT = "met", "not met", "absent"
@@ -95,16 +96,19 @@ def judge(target: dict, results: list[dict]) -> Outcome:
     (a run's results, any order; cells the run did not get to are simply not among them)."""
     metric = target["metric"]
     name = target.get("name") or default_name(target)
-    chosen = _selected(target["cells"], "cells", results)
 
     def outcome(measured, value, verdict, why=""):
         return Outcome(name, metric, bound_text(target), measured, value, verdict, why)
 
+    try:    # a stored scenario's expressions were checked when it ran; one edited since may not parse
+        chosen = _selected(target["cells"], "cells", results)
+        per = _selected(target["per"], "per", results) if target.get("per") else None
+    except InputError as e:
+        return outcome([], None, ABSENT, e.message)
     if not chosen:
         return outcome([], None, ABSENT, f"no result of this run matches cells: {target['cells']}")
     values = [(params.cell_label(r["cell"]), *_value(r, metric)) for r in chosen]
-    if target.get("per"):
-        per = _selected(target["per"], "per", results)
+    if per is not None:
         if len(per) != 1:
             return outcome([(label, None) for label, *_ in values], None, ABSENT,
                            f"per selects {len(per)} results of this run, not one: {target['per']}")

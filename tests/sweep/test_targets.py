@@ -67,8 +67,10 @@ def test_a_stored_scenario_that_no_longer_expands_still_gives_its_targets():
         parse_scenario(text, "t.yaml")
     assert parse_targets(text, "t.yaml")[0]["cells"] == "sdpa"
     assert parse_targets("name: t\n") == [] and parse_targets("") == []
-    with pytest.raises(InputError, match=r"^run/scenario.yaml:2:\d+: .*needs a bound|unknown key"):
-        parse_targets("name: t\ntargets: [{cells: a, metric: m, bogus: 1}]\n", "run/scenario.yaml")
+    with pytest.raises(InputError, match=r"^run/scenario.yaml:2:\d+: unknown key 'bogus'"):
+        parse_targets("name: t\ntargets: [{cells: a, metric: m, min: 1, bogus: 1}]\n", "run/scenario.yaml")
+    with pytest.raises(InputError, match=r"^run/scenario.yaml:2:\d+: targets\[0\] needs a bound"):
+        parse_targets("name: t\ntargets: [{cells: a, metric: m}]\n", "run/scenario.yaml")
 
 
 # -- judging -----------------------------------------------------------------------------------
@@ -123,6 +125,13 @@ def test_ratios_and_order_follow_the_run():
     assert o.bound == "tokens_per_s / per >= 1" and o.name == "tokens_per_s / per >= 1 (verify_mode=sdpa)"
     assert targets.bound_text(target("a", "kernel_us", of="sum", max=20)) == "sum of kernel_us <= 20"
     assert targets.bound_text(target("a", "x", min=-2, max=2)) == "x in [-2, 2]"
+
+
+def test_an_expression_that_does_not_parse_is_absent_not_a_crash():
+    """A stored scenario edited by hand after its run: its target is absent, saying why."""
+    o = targets.judge(target("(sdpa", min=0), RUN)
+    assert (o.verdict, o.why) == ("absent", "cells '(sdpa': the '(' at column 1 is never closed")
+    assert targets.judge(target("sdpa", per="and", min=0), RUN).why.startswith("per 'and': ")
 
 
 def test_no_results_is_never_met():
