@@ -1,5 +1,5 @@
-"""`harness runs`: the journaled runs, newest first: scenario, cells ok / failed / not run, hosts,
-GPU, commit, trigger, date. Read only: a damaged file is counted and named, never moved (that is
+"""`harness runs`: the journaled runs, newest first: scenario, cells ok / failed / not run, the
+scenario's targets met (harness.sweep.targets), hosts, GPU, commit, trigger, date. Read only: a damaged file is counted and named, never moved (that is
 for the commands that resume or report a run).
 
 Exit codes: 0 (also when there is no run yet: it says so), 2 bad input.
@@ -38,11 +38,11 @@ def runs(
         return
     table = Table(title=f"Runs in {escape(str(root))} (newest first)", title_justify="left",
                   header_style="bold")
-    for name in ("run", "scenario", "cells", "hosts", "GPU", "commit", "trigger", "created"):
-        table.add_column(name, justify="right" if name == "cells" else "left")
+    for name in ("run", "scenario", "cells", "targets", "hosts", "GPU", "commit", "trigger", "created"):
+        table.add_column(name, justify="right" if name in ("cells", "targets") else "left")
     for r in rows[:last]:
-        table.add_row(*(escape(str(r[k])) if k != "cells" else r[k] for k in
-                        ("run", "scenario", "cells", "hosts", "gpu", "commit", "trigger", "created")))
+        table.add_row(*(escape(str(r[k])) if k not in ("cells", "targets") else r[k] for k in
+                        ("run", "scenario", "cells", "targets", "hosts", "gpu", "commit", "trigger", "created")))
     console.print(table)
     if len(rows) > last:
         console.print(f"{len(rows) - last} older run(s) not shown (--last N)", style="dim")
@@ -50,8 +50,8 @@ def runs(
 
 def summarize(path: Path) -> dict:
     """One run folder as a row; what cannot be read says so."""
-    row = {"run": path.name, "scenario": "?", "cells": "?", "hosts": "", "gpu": "", "commit": "",
-           "trigger": "", "created": ""}
+    row = {"run": path.name, "scenario": "?", "cells": "?", "targets": "", "hosts": "", "gpu": "",
+           "commit": "", "trigger": "", "created": ""}
     try:
         run = json.loads((path / "run.json").read_text(encoding="utf-8"))
         meta = run.get("meta") or {}
@@ -61,6 +61,7 @@ def summarize(path: Path) -> dict:
         return row
     ok = failed = damaged = 0
     hosts, gpus = set(), set()
+    results = []
     for cell_file in sorted((path / "cells").glob("*.json")):
         try:
             result = json.loads(cell_file.read_text(encoding="utf-8"))
@@ -68,6 +69,7 @@ def summarize(path: Path) -> dict:
         except (OSError, ValueError, KeyError, TypeError):
             damaged += 1
             continue
+        results.append(result)
         ok += status == "ok"
         failed += status != "ok"
         hosts.add(str(result.get("host") or "?"))
@@ -78,8 +80,25 @@ def summarize(path: Path) -> dict:
         (f", [yellow]{missing} not run[/]" if missing else "") + \
         (f", [red]{damaged} damaged[/]" if damaged else "")
     sha = str(meta.get("git_sha") or "")
-    row.update(scenario=str(run.get("scenario", "?")), cells=cells,
+    row.update(scenario=str(run.get("scenario", "?")), cells=cells, targets=targets_met(path, results),
                hosts=", ".join(sorted(hosts)) or ", ".join(meta.get("hosts") or []),
                gpu=", ".join(sorted(gpus)), commit=sha[:10] + (" (dirty)" if meta.get("git_dirty") else ""),
                trigger=str(meta.get("trigger") or ""), created=str(run.get("created_at") or ""))
     return row
+
+
+def targets_met(path: Path, results: list[dict]) -> str:
+    """How many of the run's scenario's targets its results meet ("3 / 7 met"; "" where it has
+    none, "?" where they do not read)."""
+    from harness.sweep import targets
+    from harness.sweep.scenario import parse_targets
+    stored = path / "scenario.yaml"
+    try:
+        wanted = parse_targets(stored.read_text(encoding="utf-8"), stored) if stored.is_file() else []
+        judged = targets.judge_all(wanted, [r for r in results if isinstance(r.get("cell"), dict)])
+    except (OSError, ValueError, InputError):
+        return "[red]?[/]"
+    if not judged:
+        return ""
+    met = sum(o.verdict == targets.MET for o in judged)
+    return f"[{'green' if met == len(judged) else 'yellow'}]{met} / {len(judged)} met[/]"

@@ -68,6 +68,25 @@ def test_failed_missing_and_damaged_cells_are_counted_and_left_alone(tmp_path):
     assert damaged.read_text() == "{not json"                 # listed, never set aside
 
 
+def test_the_targets_met_are_counted(tmp_path):
+    """A run whose scenario states targets: how many its results meet; one without, nothing;
+    targets that do not read, a '?'."""
+    cells = [{"workload": "noop", "seed": i} for i in range(2)]
+    text = ("name: aimed\ntargets:\n  - {cells: workload=noop, metric: work_ms, max: 5}\n"
+            "  - {cells: seed=1, metric: work_ms, min: 4}\n")
+    j = RunJournal.create(tmp_path / "runs", "20260101-000000-aaaaaa", "aimed", None, text, cells, {})
+    for i, cell in enumerate(cells):
+        j.write_cell({**result(cell, "ok"), "metrics": {"work_ms": 2.0 + i}})
+    bad = RunJournal.create(tmp_path / "runs", "20260102-000000-bbbbbb", "aimed", None,
+                            text.replace("max: 5", "maks: 5"), cells, {})
+    RunJournal.create(tmp_path / "runs", "20260103-000000-cccccc", "plain", None, "name: plain\n", cells, {})
+    code, out = harness_cli("runs", "--results", str(tmp_path))
+    assert code == 0, out
+    lines = {ln.split("│")[1].strip(): ln for ln in out.splitlines() if ln.startswith("│")}
+    assert "1 / 2 met" in lines[j.run_id]            # 2 and 3 ms <= 5 met; seed 1's 3 ms >= 4 not
+    assert "?" in lines[bad.run_id].split("│")[4] and "met" not in lines["20260103-000000-cccccc"]
+
+
 def test_no_runs_yet_says_how_to_make_one(tmp_path):
     code, out = harness_cli("runs", "--results", str(tmp_path))
     assert code == 0 and "No runs" in out and "harness run SCENARIO" in out
