@@ -1,6 +1,7 @@
 """`harness runs`: the journaled runs, newest first: scenario, cells ok / failed / not run, the
-scenario's targets met (harness.sweep.targets), hosts, GPU, commit, trigger, date. Read only: a damaged file is counted and named, never moved (that is
-for the commands that resume or report a run).
+scenario's targets met (harness.sweep.targets), hosts, GPU, commit, trigger, date. Read only: a
+damaged file is counted and named, never moved (that is for the commands that resume or report
+a run).
 
 Exit codes: 0 (also when there is no run yet: it says so), 2 bad input.
 """
