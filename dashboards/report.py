@@ -290,14 +290,14 @@ def _targets_table(journal: RunJournal, results: list[dict], wanted: list[dict] 
 
     head = [_td("target"), _td("measured", num=True), _td("bound"), _td("verdict")]
     try:
-        wanted = targets.of_run(journal) if wanted is None else wanted
+        outcomes = targets.judge_run(journal, results, wanted)
     except InputError as e:
         return {"caption": TARGETS_CAPTION, "head": head,
                 "rows": [[_td("not judged", cls="failed", detail=str(e)), _td(""), _td(""), _td("")]]}
-    if not wanted:
+    if not outcomes:
         return None
     rows = []
-    for o in targets.judge_all(wanted, results, [c["cell_id"] for c in journal.cells]):
+    for o in outcomes:
         title = "; ".join(f"{label}: {'?' if v is None else f'{v:.6g}'}" for label, v in o.measured)
         rows.append([_td(o.name), _td(measured_text(o), num=True, title=title or None),
                      _td(o.bound),

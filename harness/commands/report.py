@@ -75,13 +75,11 @@ def show_targets(journal, results: list[dict], wanted: Optional[list[dict]] = No
     from harness.protocol.errors import InputError
     from harness.sweep import targets
     from harness.sweep.summary import targets_table
-    if wanted is None:
-        try:
-            wanted = targets.of_run(journal)
-        except InputError as e:
-            err.print(f"[yellow]targets not judged:[/] {escape(str(e))}", highlight=False)
-            return []
-    outcomes = targets.judge_all(wanted, results, [c["cell_id"] for c in journal.cells]) if wanted else []
+    try:
+        outcomes = targets.judge_run(journal, results, wanted)
+    except InputError as e:
+        err.print(f"[yellow]targets not judged:[/] {escape(str(e))}", highlight=False)
+        return []
     if outcomes:
         console.print(targets_table(outcomes))
     return outcomes

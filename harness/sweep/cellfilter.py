@@ -113,12 +113,18 @@ def compile_filter(expr: str, name: str = "-k") -> Matcher:
     return matcher
 
 
+def cell_matcher(expr: str, name: str = "-k") -> Callable[[dict], bool]:
+    """Whether a cell (any spelling: canonicalised here) is one `expr` selects."""
+    matcher = compile_filter(expr, name)
+    return lambda cell: matcher(params.canonical(cell), params.cell_label(cell))
+
+
 def select(cells: list[dict], expr: str | None) -> list[dict]:
     """The cells `expr` selects (all of them without one), in their order."""
     if expr is None:
         return cells
-    matcher = compile_filter(expr)
-    chosen = [c for c in cells if matcher(params.canonical(c), params.cell_label(c))]
+    selects = cell_matcher(expr)
+    chosen = [c for c in cells if selects(c)]
     if not chosen:
         keys = [m.group(1).partition("=")[0] for m in _TOKEN.finditer(expr) if "=" in m.group(1)]
         unknown = [k for k in keys if k not in params.PARAMS]

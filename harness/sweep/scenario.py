@@ -39,7 +39,7 @@ from pydantic_core import PydanticCustomError
 
 from harness.protocol import params, workloads
 from harness.protocol.errors import InputError
-from harness.sweep.cellfilter import compile_filter
+from harness.sweep.cellfilter import cell_matcher
 from harness.sweep.yamldoc import DataPath, EmptyDocument, Source, read_text, read_yaml, show
 
 # The most cells a scenario may expand to unless the caller raises it (`--max-cells`): a
@@ -445,7 +445,6 @@ def _check_targets(spec: ScenarioSpec, source: Source, cells: list[dict]) -> Non
     """The targets' bounds, and expressions that parse and select some of this scenario's cells
     (`per`: one), so a typo never makes a target that no run can meet."""
     _check_target_bounds(spec.targets, source)
-    labelled = [(params.canonical(c), params.cell_label(c)) for c in cells]
     for i, target in enumerate(spec.targets):
         where = ("targets", i)
         for key, wanted in (("cells", None), ("per", 1)):
@@ -453,10 +452,10 @@ def _check_targets(spec: ScenarioSpec, source: Source, cells: list[dict]) -> Non
             if expr is None:
                 continue
             try:
-                matcher = compile_filter(expr, f"targets[{i}].{key}")
+                selects = cell_matcher(expr, f"targets[{i}].{key}")
             except InputError as e:
                 raise source.error(where + (key,), e.message) from None
-            count = sum(matcher(c, label) for c, label in labelled)
+            count = sum(selects(c) for c in cells)
             if count == 0 or (wanted is not None and count != wanted):
                 need = "one" if wanted else "at least one"
                 raise source.error(where + (key,), f"targets[{i}].{key} {expr!r} selects {count} of "

@@ -30,13 +30,13 @@ nothing.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
 
 from harness.protocol import params
 from harness.protocol.errors import InputError
-from harness.sweep.cellfilter import compile_filter
+from harness.protocol.numbers import is_finite_number
+from harness.sweep.cellfilter import cell_matcher
 
 MET, NOT_MET, ABSENT = "met", "not met", "absent"
 
@@ -46,7 +46,6 @@ class Outcome:
     """One target judged on a run: the measured numbers it used and the verdict."""
 
     name: str
-    metric: str
     bound: str                                   # bound_text: "idle_fraction <= 0.01", ...
     measured: list[tuple[str, float | None]]     # (cell label, value; a ratio with `per`)
     value: float | None                          # of: sum: the sum, else None
@@ -81,14 +80,14 @@ def _value(result: dict, metric: str) -> tuple[float | None, str]:
     if result.get("status") != "ok":
         return None, "failed"
     value = (result.get("metrics") or {}).get(metric)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_finite_number(value):
         return None, "not measured"
     return float(value), ""
 
 
 def _selected(expr: str, name: str, results: list[dict]) -> list[dict]:
-    matcher = compile_filter(expr, name)
-    return [r for r in results if matcher(params.canonical(r["cell"]), params.cell_label(r["cell"]))]
+    selects = cell_matcher(expr, name)
+    return [r for r in results if selects(r["cell"])]
 
 
 def judge(target: dict, results: list[dict]) -> Outcome:
@@ -98,7 +97,7 @@ def judge(target: dict, results: list[dict]) -> Outcome:
     name = target.get("name") or default_name(target)
 
     def outcome(measured, value, verdict, why=""):
-        return Outcome(name, metric, bound_text(target), measured, value, verdict, why)
+        return Outcome(name, bound_text(target), measured, value, verdict, why)
 
     try:    # a stored scenario's expressions were checked when it ran; one edited since may not parse
         chosen = _selected(target["cells"], "cells", results)
@@ -151,3 +150,10 @@ def of_run(journal) -> list[dict]:
 
     path = journal.scenario_file
     return parse_targets(path.read_text(encoding="utf-8"), path) if path.is_file() else []
+
+
+def judge_run(journal, results: list[dict], wanted: list[dict] | None = None) -> list[Outcome]:
+    """A journaled run's targets (or `wanted`) judged on `results`, each target's numbers in the
+    run's cell order; an InputError where its stored targets do not read."""
+    wanted = of_run(journal) if wanted is None else wanted
+    return judge_all(wanted, results, [c["cell_id"] for c in journal.cells])

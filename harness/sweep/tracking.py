@@ -476,13 +476,13 @@ class _Uploader:
         from mlflow.entities import Metric, Param, RunTag
 
         now = int(time.time() * 1000)
+        judged = judged_targets(self.journal, results)
         tags = {**self.common_tags, "host": ",".join(hosts) or "unknown", "gpu": ",".join(gpus),
-                TAG_NOTE: run_description(self.journal, results, parent.info.experiment_id)}
+                TAG_NOTE: run_description(self.journal, results, parent.info.experiment_id, judged)}
         # Identical values may be re-logged; only a changed value is refused (immutable params).
         params = {"scenario": self.journal.scenario_name, "trigger": self.common_tags["trigger"],
                   "n_cells": str(len(self.journal.cells))}
         counts = [("n_ok", n_ok), ("n_failed", n_failed)]
-        judged = judged_targets(self.journal, results)
         if judged:     # how many of the scenario's targets each verdict: a run's history of them
             counts += [(f"targets_{verdict.replace(' ', '_')}", sum(o.verdict == verdict for o in judged))
                        for verdict in ("met", "not met", "absent")]
@@ -626,18 +626,18 @@ def judged_targets(journal: RunJournal, results: list[dict]) -> list:
     has none or they do not read (the report says why; the upload never fails on them)."""
     from harness.sweep import targets
     try:
-        wanted = targets.of_run(journal)
+        return targets.judge_run(journal, results)
     except (OSError, InputError):
         return []
-    return targets.judge_all(wanted, results, [c["cell_id"] for c in journal.cells])
 
 
 def run_description(journal: RunJournal, results: list[dict],
-                    experiment_id: str | None = None) -> str:
+                    experiment_id: str | None = None, judged: list | None = None) -> str:
     """The parent run's description in MLflow (markdown): what ran where, the scenario's targets
     with their verdicts, and each cell's headline number, the summary table of the end of
     `harness run`; with the experiment's id, a link to its saved benchmark view (a route of the
-    UI's own page, so it works on any host)."""
+    UI's own page, so it works on any host). `judged`: the targets' outcomes, where the caller
+    has them (else judged here)."""
     from harness.protocol.params import times_a_kernel
     from harness.sweep.summary import measured_text
 
@@ -654,7 +654,7 @@ def run_description(journal: RunJournal, results: list[dict],
                          for c in (False, True))
         lines += [f"Every run of the scenario in the {mlflow_view.VIEW_NAME} view, grouped by "
                   f"verify mode: [table]({table}) · [charts against context length]({charts})", ""]
-    judged = judged_targets(journal, results)
+    judged = judged_targets(journal, results) if judged is None else judged
     if judged:
         lines += ["| target | measured | bound | verdict |", "| --- | ---: | --- | --- |"]
         lines += ["| " + " | ".join(text.replace("|", "\\|") for text in (

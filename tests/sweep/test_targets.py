@@ -142,7 +142,7 @@ def test_measured_text_lists_a_few_values_and_ranges_many():
     from harness.sweep.summary import measured_text
 
     def outcome(values, value=None):
-        return targets.Outcome("n", "m", "m >= 0", [(f"c{i}", v) for i, v in enumerate(values)], value, "met")
+        return targets.Outcome("n", "m >= 0", [(f"c{i}", v) for i, v in enumerate(values)], value, "met")
     assert measured_text(outcome([1.0, None, 3.0])) == "1 / ? / 3"
     assert measured_text(outcome([1.0, 2.0], value=3.0)) == "1 + 2 = 3"
     assert measured_text(outcome([0.5, None, 2.0, 1.0, 1.5])) == "0.5 .. 2 (5 cells, 1 unmeasured)"
