@@ -126,6 +126,10 @@ def gate(
     wide.print(report.console_table(result))
     if report.noise_rows(result):
         wide.print(report.console_noise(result))
+    if result.targets:
+        from harness.sweep.summary import targets_table
+        wide.print(targets_table(result.targets, "Targets: the head's numbers against the "
+                                                  "scenario's goals (they do not decide the gate)"))
     for line in report.undecided_lines(result):
         console.print("undecided: " + line, highlight=False, markup=False)
     for line in report.warning_lines(result):

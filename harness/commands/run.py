@@ -205,9 +205,7 @@ def write_outcome(path: Path, journal, results: list[dict], logged: bool, interr
                     "error": ((r.get("error") or "").strip().splitlines() or [None])[0],
                     "host": r.get("host"), "metrics": r.get("metrics") or {}}
                    for r in results],
-               "targets": [{"name": o.name, "bound": o.bound, "verdict": o.verdict, "why": o.why,
-                            "value": o.value, "measured": [{"label": label, "value": v} for label, v in o.measured]}
-                           for o in judged]}
+               "targets": [o.to_dict() for o in judged]}
     try:
         atomic_write_json(path, outcome)
     except OSError as e:

@@ -91,6 +91,9 @@ class GateResult:
     allow_undecided: bool = False
     notes: list[str] = field(default_factory=list)
     extra: dict = field(default_factory=dict)   # mode-specific facts for the JSON report
+    # The scenario's absolute goals judged on the head's numbers (harness.sweep.targets.Outcome):
+    # reported beside the verdict, never part of it (a gate is relative to its baseline).
+    targets: list = field(default_factory=list)
 
     @property
     def compared(self) -> int:
@@ -132,6 +135,7 @@ class GateResult:
                 "allow_undecided": self.allow_undecided,
                 "policies": {k: p.to_dict() for k, p in self.policies.items()},
                 "notes": self.notes, **self.extra,
+                "targets": [o.to_dict() for o in self.targets],
                 "cells": [c.to_dict() for c in self.cells]}
 
 

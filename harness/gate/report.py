@@ -27,6 +27,9 @@ from harness.gate.judge import (ERROR, EXIT_ERROR, EXIT_OK, EXIT_REGRESSION, EXI
 from harness.gate.noise import fmt_spread
 from harness.gate.stats import IMPROVED, INCONCLUSIVE, REGRESSED, UNCHANGED, Comparison
 from harness.sweep.journal import atomic_write_text
+from harness.sweep.summary import measured_text
+from harness.sweep.targets import ABSENT, MET, NOT_MET
+from harness.sweep.targets import counts as target_counts
 
 ICON = {REGRESSED: "❌", IMPROVED: "🚀", INCONCLUSIVE: "❔", UNCHANGED: "✅",
         ERROR: "⚠️", MISSING: "⚠️"}
@@ -193,6 +196,23 @@ def _how(result: GateResult) -> str:
             "run": f"against a journaled run, {plan}{cost}"}.get(result.mode, result.mode)
 
 
+TARGET_ICON = {MET: "✅", NOT_MET: "❌", ABSENT: "➖"}
+
+
+def targets_headline(outcomes) -> str:
+    return ", ".join(f"{n} {verdict}" for verdict, n in target_counts(outcomes).items() if n)
+
+
+def _md_targets(outcomes) -> list[str]:
+    """The scenario's targets on the head's numbers: absolute goals, shown beside the verdict."""
+    table = [[o.name, measured_text(o), o.bound,
+              f"{TARGET_ICON[o.verdict]} {o.verdict}" + (f" ({o.why})" if o.why else "")]
+             for o in outcomes]
+    return ([f"**Targets** — the head's numbers against the scenario's goals ({targets_headline(outcomes)}); "
+             f"they do not decide the gate:", ""]
+            + _md_table(("target", "measured", "bound", "verdict"), table, "|---|---:|---|---|") + [""])
+
+
 def to_markdown(result: GateResult, *, details_url: str | None = None) -> str:
     code = result.exit_code()
     lines = [f"### {TITLE[code]} — {result.headline()}", ""]
@@ -215,6 +235,8 @@ def to_markdown(result: GateResult, *, details_url: str | None = None) -> str:
         lines.append("")
     lines.append(f"<sub>{legend(result)}</sub>")
     lines.append("")
+    if result.targets:
+        lines += _md_targets(result.targets)
     undecided = undecided_lines(result)
     if undecided:
         lines += ["**Undecided** — still inconclusive when the rounds or the budget ran out:", ""]
@@ -257,6 +279,9 @@ def to_junit(result: GateResult) -> str:
     for k, v in (("base", result.base), ("head", result.head), ("mode", result.mode),
                  ("exit_code", str(result.exit_code()))):
         ET.SubElement(props, "property", name=k, value=v)
+    if result.targets:    # reported, never a test: a target does not decide the gate
+        for verdict, n in target_counts(result.targets).items():
+            ET.SubElement(props, "property", name=f"targets_{verdict.replace(' ', '_')}", value=str(n))
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     for cv in result.cells:
         classname = f"gate.{result.scenario}.{cv.cell_id}"

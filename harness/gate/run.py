@@ -225,10 +225,27 @@ def gate_ab(opts: GateOptions) -> GateResult:
                         design, opts.allow_missing, opts.allow_undecided,
                         extra=_extra(opts, measured, base_run=base_journal.run_id,
                                      head_run=head_journal.run_id))
+    _judge_targets(result, opts, head_journal)
     if base_sha == (head_git.get("sha") or head_sha) and not head_git.get("dirty"):
         result.notes.append("base and head are the same commit: this is an A/A run (noise check)")
     _budget_note(result, measured, opts)
     return result
+
+
+def _judge_targets(result: GateResult, opts: GateOptions, head: RunJournal) -> None:
+    """The scenario's targets judged on the head's numbers as journaled (each cell's median over
+    its rounds), for the reports beside the verdict. A target about none of the gated cells
+    (-k left them out) is not judged absent: a note counts it."""
+    from harness.sweep import targets
+
+    cells = opts.gated_cells()
+    wanted, left_out = targets.among(opts.scenario.targets, cells)
+    gated = {params.cell_id(c) for c in cells}
+    results = [r for cid, r in head.results().items() if cid in gated]
+    result.targets = targets.judge_run(head, results, wanted) if wanted else []
+    if left_out:
+        result.notes.append(f"{len(left_out)} of the scenario's {len(opts.scenario.targets)} "
+                            f"target(s) not judged: none of their cells is in this gate")
 
 
 def _extra(opts: GateOptions, measured: abtest.Measured | None, **more) -> dict:
@@ -470,6 +487,7 @@ def gate_against(opts: GateOptions) -> GateResult:
                         opts.allow_missing, opts.allow_undecided, notes,
                         extra=_extra(opts, measured, head_run=head_journal.run_id,
                                      gpu_classes=classes))
+    _judge_targets(result, opts, head_journal)
     if measured is not None:
         _budget_note(result, measured, opts)
     return result

@@ -110,10 +110,10 @@ def measured_text(outcome) -> str:
     return " / ".join(values) or "–"
 
 
-def targets_table(outcomes) -> Table:
+def targets_table(outcomes, title: str = "Targets") -> Table:
     """The scenario's targets (harness.sweep.targets), one row each: what was measured against
     the bound, and the verdict with why where it is not met or absent."""
-    table = Table(title="Targets", title_justify="left", header_style="bold")
+    table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("target", overflow="fold")
     table.add_column("measured", justify="right", overflow="fold")
     table.add_column("bound", no_wrap=True)

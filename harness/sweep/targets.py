@@ -52,6 +52,11 @@ class Outcome:
     verdict: str                                 # MET | NOT_MET | ABSENT
     why: str = ""                                # what is absent, or which number missed
 
+    def to_dict(self) -> dict:
+        return {"name": self.name, "bound": self.bound, "verdict": self.verdict, "why": self.why,
+                "value": self.value,
+                "measured": [{"label": label, "value": v} for label, v in self.measured]}
+
 
 def default_name(target: dict) -> str:
     """A target's name where the scenario gives none: what it bounds."""
@@ -141,6 +146,21 @@ def judge_all(targets: list[dict], results: list[dict], order: list[str] = ()) -
     rank = {cid: i for i, cid in enumerate(order)}
     ordered = sorted(results, key=lambda r: rank.get(r.get("cell_id"), len(rank)))
     return [judge(t, ordered) for t in targets]
+
+
+def counts(outcomes: list[Outcome]) -> dict[str, int]:
+    """How many targets reached each verdict, every verdict named (0 where none did)."""
+    return {v: sum(o.verdict == v for o in outcomes) for v in (MET, NOT_MET, ABSENT)}
+
+
+def among(targets: list[dict], cells: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The targets that select at least one of `cells` (a gate's, after -k), and the others:
+    a target about cells that were not measured is left out and counted, not judged absent."""
+    inside, outside = [], []
+    for t in targets:
+        selects = cell_matcher(t["cells"], "cells")
+        (inside if any(selects(c) for c in cells) else outside).append(t)
+    return inside, outside
 
 
 def of_run(journal) -> list[dict]:

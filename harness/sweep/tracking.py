@@ -484,8 +484,9 @@ class _Uploader:
                   "n_cells": str(len(self.journal.cells))}
         counts = [("n_ok", n_ok), ("n_failed", n_failed)]
         if judged:     # how many of the scenario's targets each verdict: a run's history of them
-            counts += [(f"targets_{verdict.replace(' ', '_')}", sum(o.verdict == verdict for o in judged))
-                       for verdict in ("met", "not met", "absent")]
+            from harness.sweep.targets import counts as verdict_counts
+            counts += [(f"targets_{verdict.replace(' ', '_')}", n)
+                       for verdict, n in verdict_counts(judged).items()]
         metrics = [Metric(k, float(v), now, 0) for k, v in counts
                    if parent.data.metrics.get(k) != v]  # no duplicate history on a no-op call
         self.client.log_batch(pid, metrics=metrics,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,49 @@ def test_decode_tokens_per_s_repeats_carry_no_acceptance_scatter():
     assert repeat_samples({"samples": {"tokens_per_s": tps}}, "tokens_per_s") == tps
     assert samples_of([result])["tokens_per_s"] == norm
     assert samples_of([result], RUN)["tokens_per_s"] == [788.0]
+
+
+TARGETS = TEXT + textwrap.dedent("""\
+    targets:
+      - {name: 95 tok/s at 64, cells: context_length=64, metric: tokens_per_s, min: 95}
+      - {name: 150 tok/s at 128, cells: context_length=128, metric: tokens_per_s, min: 150}
+      - {name: 128 as fast as 64, cells: context_length=128, per: context_length=64,
+         metric: tokens_per_s, min: 0.99}
+    """)
+
+
+def test_targets_are_reported_beside_the_verdict_and_never_decide_it(tmp_path):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(TARGETS)
+    results = tmp_path / "results"
+    base = journal(results, "20260101-000000-000004", 100.0)
+    same = journal(results, "20260102-000000-000006", 100.0)
+    md, js, xml = tmp_path / "pr.md", tmp_path / "g.json", tmp_path / "j.xml"
+    # The gate passes (no regression) while a target is not met: the exit code is the gate's.
+    code, out = harness("gate", scenario, "--baseline", f"run:{base.run_id}", "--run", same.run_id,
+                        "--results", results, "--markdown", md, "--json", js, "--junit", xml)
+    assert code == 0, out
+    text = md.read_text()
+    assert "**Targets**" in text and "(2 met, 1 not met)" in text
+    assert "| 150 tok/s at 128 | 100 | tokens_per_s >= 150 | ❌ not met (1 of 1 outside) |" in text
+    assert "| 128 as fast as 64 | 1 | tokens_per_s / per >= 0.99 | ✅ met |" in text
+    report = json.loads(js.read_text())
+    assert [t["verdict"] for t in report["targets"]] == ["met", "not met", "met"]
+    props = {p.get("name"): p.get("value") for p in ET.fromstring(xml.read_text()).iter("property")}
+    assert (props["targets_met"], props["targets_not_met"], props["targets_absent"]) == ("2", "1", "0")
+
+    # -k gates the 64-token cell alone: the targets about 128 are left out with a note, not
+    # judged absent; the one about 64 is judged.
+    code, out = harness("gate", scenario, "--baseline", f"run:{base.run_id}", "--run", same.run_id,
+                        "--results", results, "-k", "context_length=64", "--json", js)
+    assert code == 0, out
+    report = json.loads(js.read_text())
+    assert [t["name"] for t in report["targets"]] == ["95 tok/s at 64"]
+    assert "2 of the scenario's 3 target(s) not judged: none of their cells is in this gate" in report["notes"]
+
+    # A head cell that failed: its targets are absent, never met.
+    broken = journal(results, "20260102-000000-000009", 100.0, failed={1})
+    code, out = harness("gate", scenario, "--baseline", f"run:{base.run_id}", "--run", broken.run_id,
+                        "--results", results, "--json", js)
+    assert code == 2, out
+    assert [t["verdict"] for t in json.loads(js.read_text())["targets"]] == ["met", "absent", "absent"]
