@@ -235,7 +235,7 @@ def gate_ab(opts: GateOptions) -> GateResult:
 def _judge_targets(result: GateResult, opts: GateOptions, head: RunJournal) -> None:
     """The scenario's targets judged on the head's numbers as journaled (each cell's median over
     its rounds), for the reports beside the verdict. A target about none of the gated cells
-    (-k left them out) is not judged absent: a note counts it."""
+    (-k left them out, or its `per` cell) is not judged absent: a note counts it."""
     from harness.sweep import targets
 
     cells = opts.gated_cells()
@@ -245,7 +245,7 @@ def _judge_targets(result: GateResult, opts: GateOptions, head: RunJournal) -> N
     result.targets = targets.judge_run(head, results, wanted) if wanted else []
     if left_out:
         result.notes.append(f"{len(left_out)} of the scenario's {len(opts.scenario.targets)} "
-                            f"target(s) not judged: none of their cells is in this gate")
+                            f"target(s) not judged: the cells they bound are not in this gate")
 
 
 def _extra(opts: GateOptions, measured: abtest.Measured | None, **more) -> dict:

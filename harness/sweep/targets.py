@@ -154,12 +154,17 @@ def counts(outcomes: list[Outcome]) -> dict[str, int]:
 
 
 def among(targets: list[dict], cells: list[dict]) -> tuple[list[dict], list[dict]]:
-    """The targets that select at least one of `cells` (a gate's, after -k), and the others:
-    a target about cells that were not measured is left out and counted, not judged absent."""
+    """The targets that select at least one of `cells` (a gate's, after -k), and with `per` its
+    cell too, and the others: a target about cells that were not measured is left out and
+    counted, not judged absent."""
+    def any_of(expr: str, key: str) -> bool:
+        selects = cell_matcher(expr, key)
+        return any(selects(c) for c in cells)
+
     inside, outside = [], []
     for t in targets:
-        selects = cell_matcher(t["cells"], "cells")
-        (inside if any(selects(c) for c in cells) else outside).append(t)
+        judged = any_of(t["cells"], "cells") and (not t.get("per") or any_of(t["per"], "per"))
+        (inside if judged else outside).append(t)
     return inside, outside
 
 
