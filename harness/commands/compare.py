@@ -14,6 +14,10 @@ HEAD's run with KNOB=B, paired by every other parameter (BASE and HEAD may be th
 a scenario whose matrix sweeps the knob). Cells with different kernels are otherwise never
 paired (their ids differ: docs/gate.md); this is the explicit way to ask what a knob buys.
 
+Then the targets (harness.sweep.targets: the head run's scenario's, or `--targets SCENARIO`'s
+for runs made before they were written) judged on both runs, each verdict base → head: what a
+change moved toward or past a goal.
+
 `--kernels` adds, for each cell profiled on both sides (`profile: true`), what moved inside the
 step: its busy and idle time a step, each of the kernels with the most time a step and each
 idle gap between two kernels, base against head (harness.sweep.profile_diff). A tile or kernel
@@ -26,6 +30,7 @@ Exit codes: 0 (a comparison, whatever it found; `harness gate` is the command th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -46,6 +51,9 @@ def compare(
     kernels: bool = typer.Option(False, "--kernels",
                                  help="also each profiled cell's kernels and idle gaps a step, "
                                       "base against head"),
+    targets_file: Optional[Path] = typer.Option(None, "--targets", metavar="SCENARIO",
+                                                help="judge both runs against this scenario file's "
+                                                     "targets (default: the head run's own)"),
 ):
     """Compare two runs cell by cell: both medians, the ratio, the gate's verdict, noise."""
     from harness.gate import runs
@@ -56,6 +64,8 @@ def compare(
         head = jr.RunJournal.open(results_dir / "runs", head_id)
     except jr.JournalError as e:
         raise fail_input(e)
+    if across is not None and targets_file is not None:
+        raise fail_input("--targets judges two runs of one scenario, not a knob's two sides (--across)")
     head_results, base_results = head.results(), base.results()
     title = f"{head.run_id} ({head.scenario_name}) against {base.run_id} ({base.scenario_name})"
     if across is not None:
@@ -73,6 +83,8 @@ def compare(
         console.print(f"{len(gone)} cell(s) of {escape(base.run_id)} not in {escape(head.run_id)}: "
                       + "; ".join(escape(r.get("label", "?")) for r in gone), highlight=False)
     console.print(runs.VERDICT_NOTE, style="dim", highlight=False)
+    if across is None:
+        show_targets(base, base_results, head, head_results, targets_file)
     if kernels:
         tables = profile_tables(head_results, base_results)
         for table in tables:
@@ -82,6 +94,50 @@ def compare(
         else:
             console.print("--kernels: no cell has a profile on both sides (a decode cell records "
                           "one with profile: true)", highlight=False)
+
+
+def show_targets(base, base_results: dict, head, head_results: dict,
+                 targets_file: Optional[Path]) -> None:
+    """The targets judged on both runs as a table after the comparison; nothing where there are
+    none, one line where they do not read."""
+    from harness.commands.options import err
+    from harness.commands.report import read_targets
+    from harness.protocol.errors import InputError
+    from harness.sweep import targets
+
+    try:
+        wanted = read_targets(targets_file) if targets_file else targets.of_run(head)
+        before = targets.judge_run(base, list(base_results.values()), wanted)
+        after = targets.judge_run(head, list(head_results.values()), wanted)
+    except InputError as e:
+        if targets_file:
+            raise fail_input(e)
+        err.print(f"[yellow]targets not judged:[/] {escape(str(e))}", highlight=False)
+        return
+    if after:
+        console.print(targets_table(before, after))
+
+
+def targets_table(before: list, after: list) -> Table:
+    """One row a target: the numbers it used on each run, and its verdict, base → head where
+    the change moved it."""
+    from harness.sweep.summary import VERDICT_STYLE, measured_text
+
+    table = Table(title="Targets, base → head", title_justify="left", header_style="bold")
+    table.add_column("target", overflow="fold")
+    table.add_column("bound", no_wrap=True)
+    for name in ("base", "head"):
+        table.add_column(name, justify="right", overflow="fold")
+    table.add_column("verdict", overflow="fold")
+    for b, h in zip(before, after):
+        verdict = f"[{VERDICT_STYLE[h.verdict]}]{h.verdict}[/]"
+        if b.verdict != h.verdict:
+            verdict = f"[{VERDICT_STYLE[b.verdict]}]{b.verdict}[/] → {verdict}"
+        if h.why:
+            verdict += f" [dim]({escape(h.why)})[/]"
+        table.add_row(escape(h.name), escape(h.bound), escape(measured_text(b)),
+                      escape(measured_text(h)), verdict)
+    return table
 
 
 def parse_across(text: str) -> tuple[str, object, object]:

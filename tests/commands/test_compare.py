@@ -5,6 +5,7 @@ that did not change), and its input errors."""
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,48 @@ def test_kernels_of_cells_without_a_profile_say_so():
     code, out = harness("compare", "20261204-143613-878452", "20261204-143629-7ce87d",
                         "--results", str(RESULTS), "--kernels")
     assert code == 0 and "--kernels: no cell has a profile on both sides" in out
+
+
+H100 = RESULTS.parent / "h100"
+# verify-ab twice on one H100 (session 44), made before the scenario had targets
+VAB_1, VAB_2 = "20261206-152438-ce4299", "20261206-152443-5217e0"
+
+
+def test_targets_are_judged_on_both_runs_base_then_head(tmp_path):
+    scenario = Path(__file__).resolve().parents[2] / "scenarios" / "verify-ab.yaml"
+    code, out = harness("compare", VAB_1, VAB_2, "--results", str(H100), "--targets", str(scenario))
+    assert code == 0, out
+    assert "Targets, base → head" in out
+    paged = next(line for line in out.splitlines() if "paged page 16 within 10 % of contiguous (65" in line)
+    assert "1.145" in paged and "1.168" in paged and "not met" in paged and "→" not in paged
+    mla = next(line for line in out.splitlines() if line.startswith("│ MLA latent"))
+    assert "20.16 / 40.78 / 52.01" in mla and "20.04 / 40.73 / 51.95" in mla
+
+    # A bound between the two runs' numbers: the verdict moved, and says from what.
+    moved = tmp_path / "moved.yaml"
+    moved.write_text(scenario.read_text().split("\ntargets:")[0] + textwrap.dedent("""
+        targets:
+          - name: paged 65 within 15 %
+            cells: layout=paged and page_size=16 and tree_tokens=65
+            per: attention=gqa and layout=contiguous and tree_tokens=65 and context_length=65536
+            metric: kernel_us
+            max: 1.15
+        """))
+    code, out = harness("compare", VAB_1, VAB_2, "--results", str(H100), "--targets", str(moved))
+    assert code == 0, out
+    row = next(line for line in out.splitlines() if "paged 65 within 15 %" in line)
+    assert "met → not met" in row
+    code, out = harness("compare", VAB_2, VAB_1, "--results", str(H100), "--targets", str(moved))
+    assert "not met → met" in next(line for line in out.splitlines() if "paged 65 within 15 %" in line)
+
+
+def test_runs_without_targets_show_none_and_bad_targets_are_one_line(tmp_path):
+    code, out = harness("compare", VAB_1, VAB_2, "--results", str(H100))
+    assert code == 0 and "Targets" not in out
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("name: bare\ndefaults: {model: tiny, device: cpu}\n")
+    code, out = harness("compare", VAB_1, VAB_2, "--results", str(H100), "--targets", str(bare))
+    assert code == 2 and "this scenario has no targets" in out and "Traceback" not in out
+    code, out = harness("compare", VAB_1, VAB_2, "--results", str(H100), "--across",
+                        "tree_tokens=16:65", "--targets", str(bare))
+    assert code == 2 and "not a knob's two sides" in out and len(out.strip().splitlines()) == 1
