@@ -280,28 +280,39 @@ VERDICT_CLASS = {"met": "ok", "not met": "failed", "absent": "inconclusive"}
 TARGETS_CAPTION = "Targets (the scenario's bounds; absent: a number a target needs was not measured)"
 
 
-def _targets_table(journal: RunJournal, results: list[dict], wanted: list[dict] | None) -> dict | None:
+def _targets_table(journal: RunJournal, results: list[dict], wanted: list[dict] | None,
+                   base: RunJournal | None = None, base_results: list[dict] | None = None) -> dict | None:
     """The scenario's targets (or `wanted`) judged on the shown results (harness.sweep.targets),
-    one row each; None where there are none. Targets whose stored text does not read are one
-    row saying so, never a failed report."""
+    one row each; None where there are none. With a base run, the same targets on its results
+    too: its numbers beside the head's and each verdict base → head where it moved. Targets
+    whose stored text does not read are one row saying so, never a failed report."""
     from harness.protocol.errors import InputError
     from harness.sweep import targets
     from harness.sweep.summary import measured_text
 
-    head = [_td("target"), _td("measured", num=True), _td("bound"), _td("verdict")]
+    compared = base is not None
+    head = ([_td("target")] + ([_td("base", num=True)] if compared else [])
+            + [_td("measured", num=True), _td("bound"), _td("verdict")])
     try:
+        wanted = targets.of_run(journal) if wanted is None else wanted
         outcomes = targets.judge_run(journal, results, wanted)
+        before = targets.judge_run(base, base_results, wanted) if compared else [None] * len(outcomes)
     except InputError as e:
         return {"caption": TARGETS_CAPTION, "head": head,
-                "rows": [[_td("not judged", cls="failed", detail=str(e)), _td(""), _td(""), _td("")]]}
+                "rows": [[_td("not judged", cls="failed", detail=str(e))] + [_td("")] * (len(head) - 1)]}
     if not outcomes:
         return None
-    rows = []
-    for o in outcomes:
+
+    def numbers(o) -> dict:
         title = "; ".join(f"{label}: {'?' if v is None else f'{v:.6g}'}" for label, v in o.measured)
-        rows.append([_td(o.name), _td(measured_text(o), num=True, title=title or None),
-                     _td(o.bound),
-                     _td(o.verdict, cls=VERDICT_CLASS[o.verdict], detail=o.why or None)])
+        return _td(measured_text(o), num=True, title=title or None)
+
+    rows = []
+    for b, o in zip(before, outcomes):
+        verdict = o.verdict if b is None or b.verdict == o.verdict else f"{b.verdict} → {o.verdict}"
+        rows.append([_td(o.name)] + ([numbers(b)] if compared else [])
+                    + [numbers(o), _td(o.bound),
+                       _td(verdict, cls=VERDICT_CLASS[o.verdict], detail=o.why or None)])
     return {"caption": TARGETS_CAPTION, "head": head, "rows": rows}
 
 
@@ -437,7 +448,7 @@ def build_report(journal: RunJournal, out_dir=None, *, base: RunJournal | None =
                    if only is not None else None),
         summary=_summary_rows(journal, result_list), compare=compare,
         figures=[_figure_context(f) for f in figs],
-        tables=[t for t in (_targets_table(journal, result_list, targets),
+        tables=[t for t in (_targets_table(journal, result_list, targets, base, base_results),
                             _cells_table(planned, results, verdicts, kernel=False),
                             _cells_table(planned, results, verdicts, kernel=True),
                             _step_table(planned, results, base_by_id) if base_by_id is not None else None,

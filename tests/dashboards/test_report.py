@@ -488,6 +488,25 @@ def test_the_stored_scenarios_targets_are_the_default_and_a_bad_one_is_a_row(tmp
     assert "scenario.yaml:" in row[0]
 
 
+def test_with_a_base_run_each_target_reads_base_then_head(tmp_path):
+    """verify-ab twice on one H100 (session 44), the second against the first: each target's
+    numbers on both runs, and a verdict the second run moved says from what."""
+    from harness.sweep.scenario import parse_targets
+    h100 = REPO / "results" / "h100" / "runs"
+    base, head = copied_runs(tmp_path, h100 / "20261206-152438-ce4299", h100 / "20261206-152443-5217e0")
+    text = (REPO / "scenarios" / "verify-ab.yaml").read_text()
+    wanted = parse_targets(text, "verify-ab.yaml")
+    page = build_report(head, base=base, verdicts=compare_runs(head.results(), base.results()),
+                        targets=wanted).path.read_text()
+    rows = {r[0]: r[1:] for r in target_rows(page)}
+    assert rows["MLA latent >= 70 % of the roofline"] == [
+        "20.16 / 40.78 / 52.01", "20.04 / 40.73 / 51.95", "pct_roofline >= 70", "not met (3 of 3 outside)"]
+    # A bound between the two runs' paged ratios (1.145 and 1.168): met on the base, not on the head.
+    moved = [dict(t, max=1.15) for t in wanted if t["name"].startswith("paged page 16 within 10 % of contiguous (65")]
+    [row] = target_rows(build_report(head, base=base, targets=moved).path.read_text())
+    assert row[1:] == ["1.145", "1.168", "kernel_us / per <= 1.15", "met → not met (1 of 1 outside)"]
+
+
 @needs_chromium
 def test_the_targets_table_reads_right_in_headless_chromium(tmp_path):
     from harness.sweep.scenario import parse_targets
