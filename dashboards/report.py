@@ -291,8 +291,8 @@ def _targets_table(journal: RunJournal, results: list[dict], wanted: list[dict] 
     from harness.sweep.summary import measured_text
 
     compared = base is not None
-    head = ([_td("target")] + ([_td("base", num=True)] if compared else [])
-            + [_td("measured", num=True), _td("bound"), _td("verdict")])
+    head = ([_td("target")] + ([_td("base", num=True), _td("head", num=True)] if compared
+                               else [_td("measured", num=True)]) + [_td("bound"), _td("verdict")])
     try:
         wanted = targets.of_run(journal) if wanted is None else wanted
         outcomes = targets.judge_run(journal, results, wanted)

@@ -36,7 +36,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands.options import console, fail_input, results_option
+from harness.commands.options import console, err, fail_input, results_option
+from harness.commands.report import read_targets
+from harness.protocol.errors import InputError
 
 VERDICT_STYLE = {"regressed": "red", "improved": "green", "unchanged": "", "inconclusive": "yellow"}
 
@@ -66,6 +68,10 @@ def compare(
         raise fail_input(e)
     if across is not None and targets_file is not None:
         raise fail_input("--targets judges two runs of one scenario, not a knob's two sides (--across)")
+    try:
+        wanted = read_targets(targets_file) if targets_file is not None else None
+    except InputError as e:
+        raise fail_input(e)
     head_results, base_results = head.results(), base.results()
     title = f"{head.run_id} ({head.scenario_name}) against {base.run_id} ({base.scenario_name})"
     if across is not None:
@@ -84,7 +90,7 @@ def compare(
                       + "; ".join(escape(r.get("label", "?")) for r in gone), highlight=False)
     console.print(runs.VERDICT_NOTE, style="dim", highlight=False)
     if across is None:
-        show_targets(base, base_results, head, head_results, targets_file)
+        show_targets(base, list(base_results.values()), head, list(head_results.values()), wanted)
     if kernels:
         tables = profile_tables(head_results, base_results)
         for table in tables:
@@ -96,22 +102,17 @@ def compare(
                           "one with profile: true)", highlight=False)
 
 
-def show_targets(base, base_results: dict, head, head_results: dict,
-                 targets_file: Optional[Path]) -> None:
-    """The targets judged on both runs as a table after the comparison; nothing where there are
-    none, one line where they do not read."""
-    from harness.commands.options import err
-    from harness.commands.report import read_targets
-    from harness.protocol.errors import InputError
+def show_targets(base, base_results: list[dict], head, head_results: list[dict],
+                 wanted: Optional[list[dict]] = None) -> None:
+    """The targets (the head run's scenario's, or `wanted`) judged on both runs as a table;
+    nothing where there are none, one line where the stored ones do not read."""
     from harness.sweep import targets
 
     try:
-        wanted = read_targets(targets_file) if targets_file else targets.of_run(head)
-        before = targets.judge_run(base, list(base_results.values()), wanted)
-        after = targets.judge_run(head, list(head_results.values()), wanted)
+        wanted = targets.of_run(head) if wanted is None else wanted
+        before = targets.judge_run(base, base_results, wanted)
+        after = targets.judge_run(head, head_results, wanted)
     except InputError as e:
-        if targets_file:
-            raise fail_input(e)
         err.print(f"[yellow]targets not judged:[/] {escape(str(e))}", highlight=False)
         return
     if after:
@@ -125,9 +126,9 @@ def targets_table(before: list, after: list) -> Table:
 
     table = Table(title="Targets, base → head", title_justify="left", header_style="bold")
     table.add_column("target", overflow="fold")
-    table.add_column("bound", no_wrap=True)
     for name in ("base", "head"):
         table.add_column(name, justify="right", overflow="fold")
+    table.add_column("bound", no_wrap=True)
     table.add_column("verdict", overflow="fold")
     for b, h in zip(before, after):
         verdict = f"[{VERDICT_STYLE[h.verdict]}]{h.verdict}[/]"
@@ -135,8 +136,8 @@ def targets_table(before: list, after: list) -> Table:
             verdict = f"[{VERDICT_STYLE[b.verdict]}]{b.verdict}[/] → {verdict}"
         if h.why:
             verdict += f" [dim]({escape(h.why)})[/]"
-        table.add_row(escape(h.name), escape(h.bound), escape(measured_text(b)),
-                      escape(measured_text(h)), verdict)
+        table.add_row(escape(h.name), escape(measured_text(b)), escape(measured_text(h)),
+                      escape(h.bound), verdict)
     return table
 
 

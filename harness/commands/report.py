@@ -42,7 +42,12 @@ def report(run_id: str = typer.Argument(..., metavar="RUN", help="run id (a fold
     stored = journal.results()
     results = [r for cid, r in stored.items() if only is None or cid in only]
     console.print(summary_table(results, f"{journal.scenario_name} — run {run_id}"))
-    show_targets(journal, results, wanted)
+    if base is None:
+        show_targets(journal, results, wanted)
+    else:                     # the targets on both runs, base → head, as `harness compare` has them
+        from harness.commands.compare import show_targets as show_both
+        show_both(base, [r for cid, r in base.results().items() if only is None or cid in only],
+                  journal, results, wanted)
     planned = [c for c in journal.cells if only is None or c["cell_id"] in only]
     missing = [c for c in planned if (stored.get(c["cell_id"]) or {}).get("status") != "ok"]
     if missing:
