@@ -235,3 +235,16 @@ def test_runs_without_targets_show_none_and_bad_targets_are_one_line(tmp_path):
     code, out = harness("compare", VAB_1, VAB_2, "--results", str(H100), "--across",
                         "tree_tokens=16:65", "--targets", str(bare))
     assert code == 2 and "not a knob's two sides" in out and len(out.strip().splitlines()) == 1
+
+
+def test_report_compare_prints_the_targets_base_then_head(tmp_path):
+    import shutil
+    for run in (VAB_1, VAB_2):
+        shutil.copytree(H100 / "runs" / run, tmp_path / "runs" / run, ignore=shutil.ignore_patterns("report"))
+    scenario = Path(__file__).resolve().parents[2] / "scenarios" / "verify-ab.yaml"
+    code, out = harness("report", VAB_2, "--compare", VAB_1, "--targets", str(scenario), "--no-mlflow",
+                        "--results", str(tmp_path))
+    assert code == 0, out
+    assert "Targets, base → head" in out
+    mla = next(line for line in out.splitlines() if line.startswith("│ MLA latent"))
+    assert mla.index("20.16 / 40.78 / 52.01") < mla.index("20.04 / 40.73 / 51.95") < mla.index("pct_roofline")
