@@ -59,6 +59,9 @@ matrix:
   acceptance: [greedy, synthetic]
 metrics:                      # the gated metrics: CPU timings are noise here, this is not
   accept_len_mean: {direction: higher, threshold_rel: 0.03}
+targets:                      # judged every night, in the run's summary and the gate's comment
+  - {name: the synthetic cell accepts the whole block, cells: acceptance=synthetic,
+     metric: accept_len_mean, min: 7.5}
 """
 METRICS = ("tokens_per_s", "accept_len_mean")
 # The job's steps, in order.
@@ -181,6 +184,7 @@ def test_three_nights_of_the_nightly_workflow(tmp_path):
     # no gate.* (the gate could not compare): those the upload ignores (if-no-files-found)
     assert found == [str(results / "runs" / first), "history-*.json", "history-plots"]
     assert "tagged baseline=true" in steps["mark"].log
+    assert "accept_len_mean >= 7.5 │ met" in steps["run"].log     # the run judged its target
 
     # Night 2: main unchanged. Compared with night 1: unchanged, the job passes.
     job, steps, workspace, uploads = night(tmp_path, 2, origin, harness_home, stubs)
@@ -194,6 +198,8 @@ def test_three_nights_of_the_nightly_workflow(tmp_path):
     assert found[1:] == ["gate.md", "gate.json", "gate-junit.xml", "history-*.json",
                          "history-plots"]
     assert (workspace / "gate.md").read_text() in job.step_summary
+    assert "| the synthetic cell accepts the whole block | 8 | accept_len_mean >= 7.5 | ✅ met |" \
+        in job.step_summary
     assert "HTML report: artifact nightly-report" in job.step_summary
 
     # Night 3: a worse drafter on main. The gate names the regression (exit 1) and fails the
@@ -209,6 +215,7 @@ def test_three_nights_of_the_nightly_workflow(tmp_path):
                                                          "synthetic": "regressed"}
     assert second in json.dumps(gate)
     assert "regressed" in (workspace / "gate.md").read_text()
+    assert "accept_len_mean >= 7.5 | ❌ not met (1 of 1 outside) |" in (workspace / "gate.md").read_text()
     third, _ = check_night(steps, workspace, results, uploads, shas[-1])
 
     # The history holds the three nights, oldest first, with their commits; three points are
