@@ -119,12 +119,12 @@ def show_targets(base, base_results: list[dict], head, head_results: list[dict],
         console.print(targets_table(before, after))
 
 
-def targets_table(before: list, after: list) -> Table:
+def targets_table(before: list, after: list, title: str = "Targets, base → head") -> Table:
     """One row a target: the numbers it used on each run, and its verdict, base → head where
     the change moved it."""
     from harness.sweep.summary import VERDICT_STYLE, measured_text
 
-    table = Table(title="Targets, base → head", title_justify="left", header_style="bold")
+    table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("target", overflow="fold")
     for name in ("base", "head"):
         table.add_column(name, justify="right", overflow="fold")

@@ -126,7 +126,11 @@ def gate(
     wide.print(report.console_table(result))
     if report.noise_rows(result):
         wide.print(report.console_noise(result))
-    if result.targets:
+    if result.targets and result.targets_base:
+        from harness.commands.compare import targets_table as base_and_head
+        wide.print(base_and_head(result.targets_base, result.targets,
+                                 "Targets, base → head (they do not decide the gate)"))
+    elif result.targets:
         from harness.sweep.summary import targets_table
         wide.print(targets_table(result.targets, "Targets: the head's numbers against the "
                                                   "scenario's goals (they do not decide the gate)"))

@@ -94,6 +94,7 @@ class GateResult:
     # The scenario's absolute goals judged on the head's numbers (harness.sweep.targets.Outcome):
     # reported beside the verdict, never part of it (a gate is relative to its baseline).
     targets: list = field(default_factory=list)
+    targets_base: list | None = None   # the same on the base, where it is a journaled run
 
     @property
     def compared(self) -> int:
@@ -136,6 +137,8 @@ class GateResult:
                 "policies": {k: p.to_dict() for k, p in self.policies.items()},
                 "notes": self.notes, **self.extra,
                 "targets": [o.to_dict() for o in self.targets],
+                "targets_base": (None if self.targets_base is None
+                                 else [o.to_dict() for o in self.targets_base]),
                 "cells": [c.to_dict() for c in self.cells]}
 
 

@@ -203,14 +203,20 @@ def targets_headline(outcomes) -> str:
     return ", ".join(f"{n} {verdict}" for verdict, n in target_counts(outcomes).items() if n)
 
 
-def _md_targets(outcomes) -> list[str]:
-    """The scenario's targets on the head's numbers: absolute goals, shown beside the verdict."""
-    table = [[o.name, measured_text(o), o.bound,
-              f"{TARGET_ICON[o.verdict]} {o.verdict}" + (f" ({o.why})" if o.why else "")]
-             for o in outcomes]
+def _md_targets(outcomes, before=None) -> list[str]:
+    """The scenario's targets on the head's numbers (and the base's, where it is a journaled
+    run: a verdict the change moved reads base → head): absolute goals, beside the verdict."""
+    rows = []
+    for b, o in zip(before or [None] * len(outcomes), outcomes):
+        verdict = f"{TARGET_ICON[o.verdict]} {o.verdict}"
+        if b is not None and b.verdict != o.verdict:
+            verdict = f"{b.verdict} → {verdict}"
+        rows.append([o.name] + ([measured_text(b)] if before else []) + [measured_text(o), o.bound,
+                    verdict + (f" ({o.why})" if o.why else "")])
+    columns = ("target", "base", "head", "bound", "verdict") if before else ("target", "measured", "bound", "verdict")
+    align = "|---|---:|---:|---|---|" if before else "|---|---:|---|---|"
     return ([f"**Targets** — the head's numbers against the scenario's goals ({targets_headline(outcomes)}); "
-             f"they do not decide the gate:", ""]
-            + _md_table(("target", "measured", "bound", "verdict"), table, "|---|---:|---|---|") + [""])
+             f"they do not decide the gate:", ""] + _md_table(columns, rows, align) + [""])
 
 
 def to_markdown(result: GateResult, *, details_url: str | None = None) -> str:
@@ -236,7 +242,7 @@ def to_markdown(result: GateResult, *, details_url: str | None = None) -> str:
     lines.append(f"<sub>{legend(result)}</sub>")
     lines.append("")
     if result.targets:
-        lines += _md_targets(result.targets)
+        lines += _md_targets(result.targets, result.targets_base)
     undecided = undecided_lines(result)
     if undecided:
         lines += ["**Undecided** — still inconclusive when the rounds or the budget ran out:", ""]

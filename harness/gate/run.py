@@ -225,24 +225,33 @@ def gate_ab(opts: GateOptions) -> GateResult:
                         design, opts.allow_missing, opts.allow_undecided,
                         extra=_extra(opts, measured, base_run=base_journal.run_id,
                                      head_run=head_journal.run_id))
-    _judge_targets(result, opts, head_journal)
+    _judge_targets(result, opts, head_journal, base_journal)
     if base_sha == (head_git.get("sha") or head_sha) and not head_git.get("dirty"):
         result.notes.append("base and head are the same commit: this is an A/A run (noise check)")
     _budget_note(result, measured, opts)
     return result
 
 
-def _judge_targets(result: GateResult, opts: GateOptions, head: RunJournal) -> None:
+def _judge_targets(result: GateResult, opts: GateOptions, head: RunJournal,
+                   base: RunJournal | None = None) -> None:
     """The scenario's targets judged on the head's numbers as journaled (each cell's median over
-    its rounds), for the reports beside the verdict. A target about none of the gated cells
-    (-k left them out, or its `per` cell) is not judged absent: a note counts it."""
+    its rounds), for the reports beside the verdict, and on the base's where it is a journaled
+    run (A/B, --baseline run:ID), so the reports say what the change moved. A target about none
+    of the gated cells (-k left them out, or its `per` cell) is not judged absent: a note
+    counts it."""
     from harness.sweep import targets
 
     cells = opts.gated_cells()
     wanted, left_out = targets.among(opts.scenario.targets, cells)
     gated = {params.cell_id(c) for c in cells}
-    results = [r for cid, r in head.results().items() if cid in gated]
-    result.targets = targets.judge_run(head, results, wanted) if wanted else []
+
+    def judged(journal: RunJournal) -> list:
+        results = [r for cid, r in journal.results().items() if cid in gated]
+        return targets.judge_run(journal, results, wanted) if wanted else []
+
+    result.targets = judged(head)
+    if base is not None and wanted:
+        result.targets_base = judged(base)
     if left_out:
         result.notes.append(f"{len(left_out)} of the scenario's {len(opts.scenario.targets)} "
                             f"target(s) not judged: the cells they bound are not in this gate")
@@ -389,8 +398,10 @@ def gate_against(opts: GateOptions) -> GateResult:
         raise InputError(str(baselines_dir), None, None,
                          f"no baseline for scenario '{sc.name}' in any class; make one with: "
                          f"harness baseline mark RUN --file")
+    base_journal = None           # a journaled baseline run (the targets are judged on it too)
     if mode == "run":
         journal, base_sides = baselines.from_journal(opts.runs_root, base_run)
+        base_journal = journal
         if journal.scenario_name != sc.name:
             raise InputError(None, None, None, f"baseline run {base_run} is of scenario "
                                                f"'{journal.scenario_name}', not '{sc.name}'")
@@ -487,7 +498,7 @@ def gate_against(opts: GateOptions) -> GateResult:
                         opts.allow_missing, opts.allow_undecided, notes,
                         extra=_extra(opts, measured, head_run=head_journal.run_id,
                                      gpu_classes=classes))
-    _judge_targets(result, opts, head_journal)
+    _judge_targets(result, opts, head_journal, base_journal)
     if measured is not None:
         _budget_note(result, measured, opts)
     return result

@@ -217,8 +217,9 @@ def test_ab_gate_end_to_end_in_a_throwaway_repo(stub_repo, tmp_path):
     assert (tmp_path / "order.log").read_text().split() == interleaved
     assert "unchanged (round 7)" in out and "Bonferroni" in out
     # The scenario's target, judged on the head's median over its rounds: beside the verdict.
-    assert "Targets: the head's numbers" in out
-    assert re.search(r"95 tok/s or more\s*│\s*100\s*│\s*tokens_per_s >= 95\s*│\s*met\b", out), out
+    # Both sides are journaled runs: each target's numbers base then head.
+    assert "Targets, base → head" in out
+    assert re.search(r"95 tok/s or more\s*│\s*100\s*│\s*100\s*│\s*tokens_per_s >= 95\s*│\s*met\b", out), out
 
     # The working tree is 10 % slower: regression, decided at the first look.
     (tmp_path / "order.log").unlink()
@@ -228,13 +229,15 @@ def test_ab_gate_end_to_end_in_a_throwaway_repo(stub_repo, tmp_path):
     assert (tmp_path / "order.log").read_text().split() == interleaved
     md = (tmp_path / "pr.md").read_text()
     assert "❌ regressed (round 7)" in md and "| 7/7 | 100 | 90 | -10.0 % |" in md
-    assert "**Targets**" in md and "| 95 tok/s or more | 90 | tokens_per_s >= 95 | ❌ not met (1 of 1 outside) |" in md
+    assert "**Targets**" in md
+    assert "| 95 tok/s or more | 100 | 90 | tokens_per_s >= 95 | met → ❌ not met (1 of 1 outside) |" in md
     [gate_dir] = [d for d in (results / "gates").iterdir() if "-10.0 %" in (d / "report.md").read_text()]
     report = json.loads((gate_dir / "gate.json").read_text())
     assert report["mode"] == "ab" and report["base"].endswith(base[:10])
     assert report["design"]["first_look"] == 7 and report["design"]["looks"] == 9
-    [target] = report["targets"]
+    [target], [before] = report["targets"], report["targets_base"]
     assert target["verdict"] == "not met" and target["measured"][0]["value"] == pytest.approx(90, rel=0.01)
+    assert before["verdict"] == "met" and before["measured"][0]["value"] == pytest.approx(100, rel=0.01)
     assert sorted(p.name.split(".")[1] for p in (gate_dir / "raw").iterdir()) == ["base"] * 7 + ["head"] * 7
     head_run = json.loads((results / "runs" / report["head_run"] / "run.json").read_text())
     assert head_run["meta"]["git_dirty"] is True and head_run["meta"]["trigger"] == "pr"

@@ -290,12 +290,24 @@ def test_targets_are_reported_beside_the_verdict_and_never_decide_it(tmp_path):
     assert code == 0, out
     text = md.read_text()
     assert "**Targets**" in text and "(2 met, 1 not met)" in text
-    assert "| 150 tok/s at 128 | 100 | tokens_per_s >= 150 | ❌ not met (1 of 1 outside) |" in text
-    assert "| 128 as fast as 64 | 1 | tokens_per_s / per >= 0.99 | ✅ met |" in text
+    # The baseline is a journaled run: its numbers are beside the head's.
+    assert "| target | base | head | bound | verdict |" in text
+    assert "| 150 tok/s at 128 | 100 | 100 | tokens_per_s >= 150 | ❌ not met (1 of 1 outside) |" in text
+    assert "| 128 as fast as 64 | 1 | 1 | tokens_per_s / per >= 0.99 | ✅ met |" in text
     report = json.loads(js.read_text())
     assert [t["verdict"] for t in report["targets"]] == ["met", "not met", "met"]
+    assert [t["verdict"] for t in report["targets_base"]] == ["met", "not met", "met"]
     props = {p.get("name"): p.get("value") for p in ET.fromstring(xml.read_text()).iter("property")}
     assert (props["targets_met"], props["targets_not_met"], props["targets_absent"]) == ("2", "1", "0")
+
+    # A baseline file keeps no run to judge: the head's numbers alone.
+    code, out = harness("baseline", "mark", base.run_id, "--no-mlflow", "--file", "--results", results)
+    assert code == 0, out
+    code, out = harness("gate", scenario, "--baseline", "file", "--run", same.run_id,
+                        "--results", results, "--markdown", md, "--json", js)
+    assert code == 0, out
+    assert "| target | measured | bound | verdict |" in md.read_text()
+    assert json.loads(js.read_text())["targets_base"] is None
 
     # -k gates one cell: the targets about the other (as cells or as per) are left out with a
     # note, not judged absent; the one about this cell is judged.
