@@ -38,10 +38,6 @@ DEBUG_FLAGS = ("-DTVA_DEBUG",)
 # instead of cp.async, to A/B against the default build in one process or device call
 # (kernels/NOTES.md, "Tensor copies").
 TMA_FLAGS = ("-DTVA_TMA",)
-# HARNESS_KERNEL_WS=1: a build (its own cache entry) whose pipelined GQA verify on a contiguous
-# cache is warp-specialised (a producer warpgroup on tensor copies, two consumer warpgroups, a
-# task each), to A/B likewise (kernels/NOTES.md, "The warp-specialised kernel").
-WS_FLAGS = ("-DTVA_TMA", "-DTVA_WS")
 # HARNESS_KERNEL_TRACE=1: a build (its own cache entry) whose verify kernels stamp each CTA's
 # start, wait, phases and end (kernels/trace.cuh), for kernels/verify/anatomy.py. The stamps are
 # a few stores by thread 0 a CTA; the default build has none of them.
@@ -54,7 +50,7 @@ def _on(name: str) -> bool:
 
 def nvcc_flags() -> tuple[str, ...]:
     return (NVCC_FLAGS + (DEBUG_FLAGS if _on("HARNESS_KERNEL_DEBUG") else ())
-            + (WS_FLAGS if _on("HARNESS_KERNEL_WS") else TMA_FLAGS if _on("HARNESS_KERNEL_TMA") else ())
+            + (TMA_FLAGS if _on("HARNESS_KERNEL_TMA") else ())
             + (TRACE_FLAGS if _on("HARNESS_KERNEL_TRACE") else ()))
 
 # Architectures built as exactly that machine code; any other GPU gets its own SASS plus PTX.
@@ -112,6 +108,9 @@ def load_library(device=None, verbose: bool = False, source: Path = SOURCE) -> c
     current CUDA device), built if needed."""
     import torch
 
+    if _on("HARNESS_KERNEL_WS"):     # a build this tree no longer has: never the default in its place
+        raise RuntimeError("HARNESS_KERNEL_WS: the warp-specialised verify build was removed (level at "
+                           "65 tree tokens, slower at 16: kernels/NOTES.md, session 45); unset it")
     source = Path(source)
     if not torch.cuda.is_available():
         what = "the custom verify kernel" if source == SOURCE else source.name

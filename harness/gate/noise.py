@@ -147,7 +147,7 @@ def graph_state_notes(per_side: dict[str, list[dict]]) -> list[str]:
 
 def kernel_build_notes(per_side: dict[str, list[dict]]) -> list[str]:
     """A line when the sides ran different builds of the CUDA kernels (env.kernel_build_flags:
-    HARNESS_KERNEL_DEBUG, _TMA or _WS, kernels/build.py): an A/B of the builds is
+    HARNESS_KERNEL_DEBUG, _TMA or _TRACE, kernels/build.py; older runs: _WS): an A/B of the builds is
     meant, any other comparison is not of the code alone."""
     builds = _gpu_env_values(per_side, lambda env: " ".join(env.get("kernel_build_flags") or ()) or "default")
     if builds is None:

@@ -265,20 +265,6 @@ __device__ __forceinline__ void wgmma_m64n8k16_ss_ta(float (&d)[1][4], uint64_t 
 #endif
 }
 
-// Warp specialisation's register budgets (sm_90a; every thread of the warpgroup executes it);
-// its named barriers, mbarriers and tensor copies are sm90.cuh's.
-template <int REGS>
-__device__ __forceinline__ void setmaxnreg_inc() {
-#ifdef TVA_WGMMA
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
-#endif
-}
-template <int REGS>
-__device__ __forceinline__ void setmaxnreg_dec() {
-#ifdef TVA_WGMMA
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
-#endif
-}
 #endif  // TVA_EMULATE
 
 // The MN-major twin of sm90.cuh's desc_kmajor_sw128 for an operand (B of P V: V tiles stored
@@ -1495,199 +1481,6 @@ gqa_tma_kernel(const __grid_constant__ GqaTmaParams a) {
     trace::end(trace_row, STAMP_END);
 }
 
-#ifdef TVA_WS
-// ------------------------------------------------------------------------------------------
-// Warp-specialised GQA kernel (FlashAttention-3's split): a producer warpgroup issues every
-// K and V tile as tensor copies and two consumer warpgroups only wait on mbarriers, run the
-// MMAs and the softmax. Head dim 128, contiguous cache, 64 rows (one row block) a CTA.
-// ------------------------------------------------------------------------------------------
-
-// Each consumer takes a task of its own: the pipelined kernel's CTAs (row block, split, batch
-// and KV head; row blocks fastest) numbered in launch order, CTA i's consumers tasks 2i and
-// 2i + 1. So a CTA of three warpgroups does what two co-resident CTAs of the pipelined kernel
-// did, the split plan and its partials and the combine are the same, and two consumers of a CTA
-// mostly stream the same tiles (neighbouring row blocks of one split: the second read from L2).
-// The consumer's loop is the pipelined kernel's (S_{j+1} with P_j V_j, the softmax under P_j V_j,
-// the lazy rescale) with the barrier and the copies taken out: it waits for a tile's full
-// barrier, and releases a stage (every consumer thread arrives on its empty barrier) once its own
-// wait_group has retired the MMAs that read it. Measured level with the pipelined kernel at 65
-// tree tokens and slower at 16 on the H200 (kernels/NOTES.md, "The warp-specialised kernel"):
-// an opt-in build (HARNESS_KERNEL_WS), not the default.
-namespace ws {
-constexpr int D = 128, STAGES = 3, TILE = BN * D * 2;       // a K or V tile: 16 KB
-constexpr int Q_BYTES = 64 * D * 2;                        // a consumer's 64 rows of Q
-constexpr int REGION = Q_BYTES + 2 * STAGES * TILE;        // a consumer's Q, K ring and V ring
-constexpr int BARRIERS = 2 * 4 * STAGES;                   // per consumer: full / empty of K / V
-constexpr int SMEM = 1024 + 2 * REGION + BARRIERS * 8;     // 230592 (+1 KB: alignment)
-// 128 x 24 + 256 x 240 = 64512 of the multiprocessor's 64 K registers (one CTA a multiprocessor).
-constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
-enum Barrier { FULL_K, FULL_V, EMPTY_K, EMPTY_V };
-
-struct Task {
-    int mblock, split, b, h;
-    bool valid;
-};
-__device__ __forceinline__ Task task(const AttnParams& p, int index) {
-    const int M = p.heads_q / p.heads_kv * p.tokens, m_blocks = (M + 63) / 64;
-    Task t;
-    t.mblock = index % m_blocks;
-    const int rest = index / m_blocks, bh = rest / p.num_splits;
-    t.split = rest % p.num_splits;
-    t.b = bh / p.heads_kv, t.h = bh % p.heads_kv;
-    t.valid = t.b < p.batch;
-    return t;
-}
-}  // namespace ws
-
-__global__ void __launch_bounds__(384, 1) gqa_ws_kernel(const __grid_constant__ GqaTmaParams a) {
-    wait_for_previous_kernel();
-    constexpr int D = ws::D, STAGES = ws::STAGES, TILE = ws::TILE, NT = 128;
-    const AttnParams& p = a.p;
-    TVA_DYNAMIC_SMEM(smem);
-    const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u;    // 1024-byte aligned for the swizzle
-    const uint32_t bars = base + 2 * ws::REGION;
-    auto bar = [&](int c, ws::Barrier kind, int tile) {
-        return bars + 8u * static_cast<uint32_t>((c * 4 + kind) * STAGES + tile % STAGES);
-    };
-    auto q_tile = [&](int c) { return base + static_cast<uint32_t>(c * ws::REGION); };
-    auto k_stage = [&](int c, int tile) { return q_tile(c) + ws::Q_BYTES + (tile % STAGES) * TILE; };
-    auto v_stage = [&](int c, int tile) { return q_tile(c) + ws::Q_BYTES + (STAGES + tile % STAGES) * TILE; };
-
-    const int tid = threadIdx.x, group = tid / 128;
-    const int T = p.tokens, G = p.heads_q / p.heads_kv, M = G * T;
-    if (tid == 0) {
-        for (int i = 0; i < ws::BARRIERS; ++i) mbar_init(bars + 8u * i, (i / STAGES) % 4 >= ws::EMPTY_K ? NT : 1);
-        fence_mbarrier_init();
-    }
-    __syncthreads();              // the barriers are initialised before anyone waits on one
-
-    if (group == 0) {             // the producer: lane 0 of warp c feeds consumer c
-        setmaxnreg_dec<ws::PRODUCER_REGS>();
-        const int c = tid / 32;
-        if (c > 1 || (tid & 31)) return;
-        const ws::Task t = ws::task(p, 2 * static_cast<int>(blockIdx.x) + c);
-        if (!t.valid) return;
-        const int b = t.b, h = t.h;
-        const SplitRange sr = split_range(read_length(p, b) + T, p.num_splits, t.split);
-        auto load = [&](const CUtensorMap* map, uint32_t dst, uint32_t full, int tile) {
-            mbar_arrive_expect_tx(full, TILE);
-#pragma unroll
-            for (int cc = 0; cc < D / 64; ++cc) {
-                const int32_t at[4] = {64 * cc, sr.begin + tile * BN, h, b};
-                tma_load(dst + cc * (BN * 128), map, at, full);
-            }
-        };
-        // K_j, then V_{j-1}: the order the consumer releases them in (K_j's stage at S_j's
-        // retirement, V_j's a tile later). A stage's use u waits for the release of use u - 1;
-        // the first use waits for the phase before the barrier's first, complete from the start.
-        for (int j = 0; j <= sr.tiles; ++j) {
-            if (j < sr.tiles) {
-                mbar_wait(bar(c, ws::EMPTY_K, j), static_cast<uint32_t>(j / STAGES + 1) & 1u);
-                load(&a.k, k_stage(c, j), bar(c, ws::FULL_K, j), j);
-            }
-            if (j > 0) {
-                mbar_wait(bar(c, ws::EMPTY_V, j - 1), static_cast<uint32_t>((j - 1) / STAGES + 1) & 1u);
-                load(&a.v, v_stage(c, j - 1), bar(c, ws::FULL_V, j - 1), j - 1);
-            }
-        }
-        return;
-    }
-
-    setmaxnreg_inc<ws::CONSUMER_REGS>();
-    const int c = group - 1;
-    const ws::Task t = ws::task(p, 2 * static_cast<int>(blockIdx.x) + c);
-    if (!t.valid) return;
-    const int mblock = t.mblock, split = t.split, b = t.b, h = t.h;
-    const int ctid = tid - 128 * group, warp = ctid >> 5, lane = tid & 31;
-    const int L = read_length(p, b);
-    const SplitRange sr = split_range(L + T, p.num_splits, split);
-    const int n = sr.tiles;
-
-    const char* qbase = static_cast<const char*>(p.q) + (b * p.q_sb + static_cast<int64_t>(h) * G * p.q_sh) * 2;
-    copy_q_tile<64, D / 8, NT>(p, q_tile(c), qbase, ctid, mblock, M);
-    cp_async_commit();
-    cp_async_wait<0>();
-    named_barrier_sync(1 + c, NT);            // this warpgroup's Q tile, whole
-    uint32_t qa[D / 16][4];
-    load_q_fragments<D>(qa, q_tile(c), warp, lane);
-
-    const float scale = static_cast<float>(p.sm_scale) * LOG2E;
-    const int gid = lane >> 2, tig = lane & 3;
-    const int r0 = mblock * 64 + warp * 16 + gid;          // this thread's rows: r0, r0 + 8
-    const int32_t* bits_row[2];
-    tree_mask_rows(p, b, r0, M, bits_row);
-
-    float o[D / 8][4];
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-    uint32_t pa[2][BN / 16][4];
-
-    // As in gqa_pipelined (see its comments: a fresh S a tile, P packed after the wait).
-    auto issue_s = [&](float (&s)[BN / 8][4], int tile) {
-        const uint64_t k_desc = desc_kmajor_sw128(k_stage(c, tile));
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-            wgmma_m64n64k16(s, qa[kk], desc_advance(k_desc, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
-        wgmma_commit();
-    };
-    auto softmax = [&](const float (&s)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&alpha)[2]) {
-        return online_softmax<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
-    };
-
-    if (n > 0) {
-        float s[BN / 8][4], x[BN / 8][4], alpha[2];
-        mbar_wait(bar(c, ws::FULL_K, 0), 0);
-        wgmma_fence();
-        issue_s(s, 0);
-        wgmma_wait<0>();
-        keep_live(s);
-        mbar_arrive(bar(c, ws::EMPTY_K, 0));
-        softmax(s, 0, x, alpha);    // O is still zero: alpha is not needed
-        pack_p<BN>(x, pa[0]);
-    }
-    auto step = [&](int tile, auto pa_index) {
-        constexpr int PA = decltype(pa_index)::value;
-        const bool more = tile + 1 < n;
-        if (more) mbar_wait(bar(c, ws::FULL_K, tile + 1), static_cast<uint32_t>((tile + 1) / STAGES) & 1u);
-        mbar_wait(bar(c, ws::FULL_V, tile), static_cast<uint32_t>(tile / STAGES) & 1u);
-        // A box reads the cache's rows past the sequence: P is 0 there, but 0 times a NaN V row
-        // is NaN, so those rows become zeros first (only the sequence's last tile has any).
-        const int valid = L + T - (sr.begin + tile * BN);
-        if (valid < BN) {
-            zero_rows<BN, D / 8, NT>(v_stage(c, tile), valid > 0 ? valid : 0, ctid);
-            fence_proxy_async();
-            named_barrier_sync(1 + c, NT);
-        }
-        // S_{tile+1} then P_tile V_tile; on the last tile S again on K_tile, dropped (no branch
-        // between the fence and the MMAs: C7513). K_tile's stage was released, but no later
-        // tile is copied into it.
-        float s[BN / 8][4];
-        wgmma_fence();
-        issue_s(s, more ? tile + 1 : tile);
-        const uint64_t v_desc = desc_mnmajor_sw128(v_stage(c, tile));
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
-        wgmma_commit();
-        if (more) {
-            wgmma_wait<1>();          // S_{tile+1} and P_{tile-1} V_{tile-1} retired
-            keep_live(s);
-            mbar_arrive(bar(c, ws::EMPTY_K, tile + 1));
-            if (tile > 0) mbar_arrive(bar(c, ws::EMPTY_V, tile - 1));
-            softmax_rescale_pack<D, BN>(s, tile + 1, softmax, o, pa[1 - PA]);
-        } else {
-            wgmma_wait<0>();
-            keep_live(o);
-        }
-    };
-    run_tiles(n, step);
-    wgmma_wait<0>();
-    keep_live(o);
-
-    write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
-}
-#endif  // TVA_WS
-
 // ------------------------------------------------------------------------------------------
 // MLA latent kernel: keys 576 wide (512 latent + 64 rope), values = the first 512, one KV head.
 // ------------------------------------------------------------------------------------------
@@ -2304,22 +2097,6 @@ static cudaError_t launch_gqa_tma(Kernel kernel, const AttnParams& p, cudaStream
     return launch_status(stream);
 }
 
-#ifdef TVA_WS
-// Two of the pipelined kernel's CTAs a CTA (one a consumer warpgroup).
-static cudaError_t launch_gqa_ws(const AttnParams& p, cudaStream_t stream, int m_blocks) {
-    auto kernel = gqa_ws_kernel;
-    cudaError_t err = prepare(kernel, ws::SMEM);
-    if (err != cudaSuccess) return err;
-    GqaTmaParams a;
-    a.p = p;
-    if (!encode_cache_map(&a.k, p.k, p, p.k_sb, p.k_sh, p.k_st, ws::D) ||
-        !encode_cache_map(&a.v, p.v, p, p.v_sb, p.v_sh, p.v_st, ws::D))
-        return cudaErrorInvalidValue;
-    const int64_t tasks = static_cast<int64_t>(m_blocks) * p.num_splits * p.batch * p.heads_kv;
-    TVA_LAUNCH(kernel, dim3(static_cast<unsigned>((tasks + 1) / 2)), 384, ws::SMEM, stream, a);
-    return launch_status(stream);
-}
-#endif  // TVA_WS
 #endif  // TVA_TMA
 
 template <int D>
@@ -2364,9 +2141,6 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
         case 16: return launch_gqa<D, 4, PAGED, 0>(p, stream, m_blocks);
         case 17: return launch_gqa<D, 4, PAGED, 1>(p, stream, m_blocks);
         case 18:
-#ifdef TVA_WS
-            if constexpr (!PAGED && D == 128) return launch_gqa_ws(p, stream, m_blocks);
-#endif
 #ifdef TVA_TMA
             if constexpr (!PAGED && D == 128) return launch_gqa_tma<D, 4>(gqa_tma_kernel<D, 4>, p, stream, m_blocks);
 #endif

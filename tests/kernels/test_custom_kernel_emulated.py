@@ -303,37 +303,6 @@ def test_sumcheck_tma_kernel_equals_the_pipelined_tma_kernel(emu_tma, case):
     assert torch.equal(outs[2][0], outs[6][0])
 
 
-@pytest.fixture(scope="module")
-def emu_ws(tmp_path_factory):
-    """The warp-specialised build (-DTVA_TMA -DTVA_WS): a producer warpgroup's tensor copies,
-    two consumer warpgroups a CTA, a task each."""
-    lib = emulated_library("verify/verify_attention.cu", tmp_path_factory.mktemp("emu_ws"),
-                           defines=tuple(f[2:] for f in build.WS_FLAGS))
-    build._declare(lib)
-    return lib
-
-
-# The tensor-copy cases (an odd task count leaves the last CTA's second consumer idle: one row
-# block, one split, three sequences; five row blocks pair tasks of different splits, and so of
-# different lengths), and rings run through many phases: splits of 12-16 tiles.
-WS_CASES = TMA_CASES | {
-    "ws-long-splits-3": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [2200, 700], 3, 4),
-    "ws-long-splits-2": (_point(heads=4, kv_heads=1, T=16, d=128), [2000], 2, 4),
-}
-
-
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
-@pytest.mark.parametrize("case", list(WS_CASES))
-def test_gqa_warp_specialized_kernel_matches_reference(emu_ws, case, schedule):
-    """Every stage's full and empty barriers through their phases (a stage released before the
-    MMAs reading it retire is refilled under them: the emulator reads shared operands at the
-    wait and lets a waiting producer run at each release), NaN past each sequence, as the
-    tensor-copy build."""
-    emu_ws.emu_configure(*SCHEDULES[schedule])
-    pt, lengths, splits, warps = WS_CASES[case]
-    assert _run(emu_ws, pt, lengths, splits, warps=warps, wgmma=2, nan_tail=37) < 5e-3
-
-
 # The sum-checked softmax (wgmma 6: the tile max only where P's partial sums pass 2^7): every
 # shape the pipelined kernel runs, contiguous and paged, 4 and 8 warps; its copies and barriers
 # are wgmma_pv's (checked under every schedule above), so one schedule, the racy one.

@@ -324,16 +324,6 @@ def test_the_tensor_copy_build_matches_the_reference(case, monkeypatch):
     assert check(pt, lengths, impl="wgmma_pv", nan_tail=37) < TOL
 
 
-@pytest.mark.parametrize("case", ["d128-g4-T16", "d128-g4-T64-b2", "d128-g4-T65", "d128-g4-T128"])
-def test_the_warp_specialized_build_matches_the_reference(case, monkeypatch):
-    """HARNESS_KERNEL_WS=1 (kernels/build.py's WS_FLAGS): the pipelined kernel's shape as a
-    producer warpgroup on tensor copies and two consumer warpgroups, a task each; NaN past each
-    sequence as above."""
-    monkeypatch.setenv("HARNESS_KERNEL_WS", "1")
-    pt, lengths = CASES[case]
-    assert check(pt, lengths, impl="wgmma_pv", nan_tail=37) < TOL
-
-
 def test_the_trace_build_stamps_every_cta_of_a_call(monkeypatch, hopper):
     """HARNESS_KERNEL_TRACE=1 (kernels/trace.cuh): one call at 65 tree tokens over 4096 keys
     leaves a row for each CTA of the split kernel and of its combine, their stamps in order, and

@@ -105,15 +105,12 @@ def test_tree_build_compiles_for_sm90a_and_sm120_without_spills(tmp_path):
     assert not found, "register spills:\n" + "\n".join(found)
 
 
-def test_the_opt_in_builds_compile_without_spills_or_serialised_wgmma(tmp_path):
-    """HARNESS_KERNEL_TMA's build (gqa_tma_kernel, with and without the sum-checked softmax) and
-    HARNESS_KERNEL_WS's (gqa_ws_kernel: setmaxnreg, named barriers, mbarrier releases),
-    kernels/build.py, on Hopper. The WS build's flags include TMA's and its
-    object holds every tensor-copy kernel, so one compile checks both (the two took ~40 s each)."""
-    assert set(build.TMA_FLAGS) <= set(build.WS_FLAGS)
-    proc, out = nvcc_compile(tmp_path, SOURCE, ("90a",), threads=2, flags=build.WS_FLAGS)
+def test_the_tensor_copy_build_compiles_without_spills_or_serialised_wgmma(tmp_path):
+    """HARNESS_KERNEL_TMA's build (gqa_tma_kernel, with and without the sum-checked softmax),
+    kernels/build.py, on Hopper."""
+    proc, out = nvcc_compile(tmp_path, SOURCE, ("90a",), threads=2, flags=build.TMA_FLAGS)
     assert_compiled_cleanly(proc, out, ("90a",))
-    for kernel in ("gqa_ws_kernel", "gqa_tma_kernelILi128ELi4ELb0E", "gqa_tma_kernelILi128ELi4ELb1E"):
+    for kernel in ("gqa_tma_kernelILi128ELi4ELb0E", "gqa_tma_kernelILi128ELi4ELb1E"):
         assert kernel in proc.stderr, kernel
     assert not [ln for ln in proc.stderr.splitlines() if "(C75" in ln]
     found = spills(proc.stderr, ("90a",))

@@ -123,3 +123,12 @@ def test_the_worker_records_a_non_default_kernel_build(monkeypatch):
     assert "kernel_build_flags" not in main.environment()
     monkeypatch.setenv("HARNESS_KERNEL_TMA", "1")
     assert main.environment()["kernel_build_flags"] == ["-DTVA_TMA"]
+
+
+def test_the_removed_warp_specialised_build_is_refused_not_replaced(monkeypatch):
+    """HARNESS_KERNEL_WS named a build this tree no longer has: asking for it fails the kernel's
+    load with the reason, where the default build in its place would be timed as if it were it."""
+    from harness.kernels import build
+    monkeypatch.setenv("HARNESS_KERNEL_WS", "1")
+    with pytest.raises(RuntimeError, match="HARNESS_KERNEL_WS: the warp-specialised verify build was removed"):
+        build.load_library()
