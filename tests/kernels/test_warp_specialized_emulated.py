@@ -61,8 +61,8 @@ def test_a_consumer_that_reads_before_its_wait_misses_the_copy(probe):
 def test_a_consumer_that_releases_before_it_reads_reads_the_next_copy(probe, skew):
     """Releasing a stage (its empty barrier) before reading it lets the producer refill it
     first: the emulator switches threads at a release, and with copies landing at issue the
-    read sees the tile a ring later (what the warp-specialised verify kernel's releases after
-    its MMAs retire must avoid)."""
+    read sees the tile a ring later (what a warp-specialised kernel's releases after its MMAs
+    retire must avoid; session 21's verify kernel did, kernels/NOTES.md)."""
     rc, sums, _, want = _run(probe, consumer_waits=2, early=True, skew=skew)
     assert rc == 0
     assert not np.array_equal(sums, want)
