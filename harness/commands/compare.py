@@ -107,6 +107,7 @@ def show_targets(base, base_results: list[dict], head, head_results: list[dict],
     """The targets (the head run's scenario's, or `wanted`) judged on both runs as a table;
     nothing where there are none, one line where the stored ones do not read."""
     from harness.sweep import targets
+    from harness.sweep.summary import targets_moved_table
 
     try:
         wanted = targets.of_run(head) if wanted is None else wanted
@@ -116,29 +117,7 @@ def show_targets(base, base_results: list[dict], head, head_results: list[dict],
         err.print(f"[yellow]targets not judged:[/] {escape(str(e))}", highlight=False)
         return
     if after:
-        console.print(targets_table(before, after))
-
-
-def targets_table(before: list, after: list, title: str = "Targets, base → head") -> Table:
-    """One row a target: the numbers it used on each run, and its verdict, base → head where
-    the change moved it."""
-    from harness.sweep.summary import VERDICT_STYLE, measured_text
-
-    table = Table(title=title, title_justify="left", header_style="bold")
-    table.add_column("target", overflow="fold")
-    for name in ("base", "head"):
-        table.add_column(name, justify="right", overflow="fold")
-    table.add_column("bound", no_wrap=True)
-    table.add_column("verdict", overflow="fold")
-    for b, h in zip(before, after):
-        verdict = f"[{VERDICT_STYLE[h.verdict]}]{h.verdict}[/]"
-        if b.verdict != h.verdict:
-            verdict = f"[{VERDICT_STYLE[b.verdict]}]{b.verdict}[/] → {verdict}"
-        if h.why:
-            verdict += f" [dim]({escape(h.why)})[/]"
-        table.add_row(escape(h.name), escape(measured_text(b)), escape(measured_text(h)),
-                      escape(h.bound), verdict)
-    return table
+        console.print(targets_moved_table(before, after))
 
 
 def parse_across(text: str) -> tuple[str, object, object]:

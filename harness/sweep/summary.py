@@ -124,3 +124,23 @@ def targets_table(outcomes, title: str = "Targets") -> Table:
             verdict += f" [dim]({escape(o.why)})[/]"
         table.add_row(escape(o.name), escape(measured_text(o)), escape(o.bound), verdict)
     return table
+
+
+def targets_moved_table(before: list, after: list, title: str = "Targets, base → head") -> Table:
+    """One row a target: the numbers it used on each run, and its verdict, base → head where
+    the change moved it."""
+    table = Table(title=title, title_justify="left", header_style="bold")
+    table.add_column("target", overflow="fold")
+    for name in ("base", "head"):
+        table.add_column(name, justify="right", overflow="fold")
+    table.add_column("bound", no_wrap=True)
+    table.add_column("verdict", overflow="fold")
+    for b, h in zip(before, after):
+        verdict = f"[{VERDICT_STYLE[h.verdict]}]{h.verdict}[/]"
+        if b.verdict != h.verdict:
+            verdict = f"[{VERDICT_STYLE[b.verdict]}]{b.verdict}[/] → {verdict}"
+        if h.why:
+            verdict += f" [dim]({escape(h.why)})[/]"
+        table.add_row(escape(h.name), escape(measured_text(b)), escape(measured_text(h)),
+                      escape(h.bound), verdict)
+    return table
