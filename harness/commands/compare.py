@@ -36,8 +36,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from harness.commands.options import console, err, fail_input, results_option
-from harness.commands.report import read_targets
+from harness.commands.options import console, fail_input, results_option
+from harness.commands.report import read_targets, show_targets
 from harness.protocol.errors import InputError
 
 VERDICT_STYLE = {"regressed": "red", "improved": "green", "unchanged": "", "inconclusive": "yellow"}
@@ -90,7 +90,7 @@ def compare(
                       + "; ".join(escape(r.get("label", "?")) for r in gone), highlight=False)
     console.print(runs.VERDICT_NOTE, style="dim", highlight=False)
     if across is None:
-        show_targets(base, list(base_results.values()), head, list(head_results.values()), wanted)
+        show_targets(head, list(head_results.values()), wanted, base, base_results.values())
     if kernels:
         tables = profile_tables(head_results, base_results)
         for table in tables:
@@ -100,24 +100,6 @@ def compare(
         else:
             console.print("--kernels: no cell has a profile on both sides (a decode cell records "
                           "one with profile: true)", highlight=False)
-
-
-def show_targets(base, base_results: list[dict], head, head_results: list[dict],
-                 wanted: Optional[list[dict]] = None) -> None:
-    """The targets (the head run's scenario's, or `wanted`) judged on both runs as a table;
-    nothing where there are none, one line where the stored ones do not read."""
-    from harness.sweep import targets
-    from harness.sweep.summary import targets_moved_table
-
-    try:
-        wanted = targets.of_run(head) if wanted is None else wanted
-        before = targets.judge_run(base, base_results, wanted)
-        after = targets.judge_run(head, head_results, wanted)
-    except InputError as e:
-        err.print(f"[yellow]targets not judged:[/] {escape(str(e))}", highlight=False)
-        return
-    if after:
-        console.print(targets_moved_table(before, after))
 
 
 def parse_across(text: str) -> tuple[str, object, object]:

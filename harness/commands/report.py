@@ -42,12 +42,8 @@ def report(run_id: str = typer.Argument(..., metavar="RUN", help="run id (a fold
     stored = journal.results()
     results = [r for cid, r in stored.items() if only is None or cid in only]
     console.print(summary_table(results, f"{journal.scenario_name} — run {run_id}"))
-    if base is None:
-        show_targets(journal, results, wanted)
-    else:                     # the targets on both runs, base → head, as `harness compare` has them
-        from harness.commands.compare import show_targets as show_both
-        show_both(base, [r for cid, r in base.results().items() if only is None or cid in only],
-                  journal, results, wanted)
+    show_targets(journal, results, wanted, base,
+                 [r for cid, r in base.results().items() if only is None or cid in only] if base else ())
     planned = [c for c in journal.cells if only is None or c["cell_id"] in only]
     missing = [c for c in planned if (stored.get(c["cell_id"]) or {}).get("status") != "ok"]
     if missing:
@@ -73,20 +69,23 @@ def read_targets(path: Path) -> list[dict]:
     return wanted
 
 
-def show_targets(journal, results: list[dict], wanted: Optional[list[dict]] = None) -> list:
+def show_targets(journal, results: list[dict], wanted: Optional[list[dict]] = None,
+                 base=None, base_results: list[dict] = ()) -> list:
     """The run's targets (or `wanted`) judged on `results` (harness.sweep.targets), as a table
-    after the summary, and returned; nothing where the scenario has none. Targets that do not
-    read are one line."""
+    after the summary, and returned; with a `base` run, judged on its results too and shown
+    base → head. Nothing where there are none; targets that do not read are one line."""
     from harness.protocol.errors import InputError
     from harness.sweep import targets
-    from harness.sweep.summary import targets_table
+    from harness.sweep.summary import targets_moved_table, targets_table
     try:
+        wanted = targets.of_run(journal) if wanted is None else wanted
         outcomes = targets.judge_run(journal, results, wanted)
+        before = targets.judge_run(base, list(base_results), wanted) if base is not None else None
     except InputError as e:
         err.print(f"[yellow]targets not judged:[/] {escape(str(e))}", highlight=False)
         return []
     if outcomes:
-        console.print(targets_table(outcomes))
+        console.print(targets_table(outcomes) if before is None else targets_moved_table(before, outcomes))
     return outcomes
 
 

@@ -104,5 +104,5 @@ def targets_met(path: Path, results: list[dict]) -> str:
         return "[red]?[/]"
     if not judged:
         return ""
-    met = sum(o.verdict == targets.MET for o in judged)
+    met = targets.counts(judged)[targets.MET]
     return f"[{'green' if met == len(judged) else 'yellow'}]{met} / {len(judged)} met[/]"
