@@ -86,8 +86,7 @@ class Drafter(nn.Module):
         h, residual, _ = run_layers(self.layers, x, rope, cache, positions, mask)
         logits = linear(target.lm_head, final_norm(self.norm, h[:, 1:],
                                                    None if residual is None else residual[:, 1:],
-                                                   overlaps_gemm(h, self.layers[-1].mlp.down_proj.weight,
-                                                                 kernels)),
+                                                   overlaps_gemm(h, kernels)),
                         kernels)
         if not self.cfg.logit_scale:
             return logits
@@ -96,7 +95,7 @@ class Drafter(nn.Module):
         if kernels.fused_ops:
             from harness.kernels.fused import triton_fused
             return triton_fused.standardise(logits, self.cfg.logit_scale,
-                                            overlaps_gemm(h[:, 1:], target.lm_head.weight, kernels))
+                                            overlaps_gemm(h, kernels))
         logits = logits.float()
         std, mean = torch.std_mean(logits, dim=-1, keepdim=True)
         return (logits - mean) / std * self.cfg.logit_scale

@@ -463,7 +463,7 @@ class FastSpecDecoder(_StepsBehind):
             depth=self.depth, bits=self.bits, lengths=self.lengths, step_index=self.step_index,
             bonus=self.bonus, record=self.record, idx=self._idx, src=self._src, dst=self._dst,
             draws=self.draws if self.synthetic else None, workspace=self._accept_ws,
-            overlap=gemm_overlaps(self.b * self.T, *self.target.lm_head.weight.shape, self.kernels))
+            overlap=gemm_overlaps(self.b * self.T, self.target.cfg.hidden, self.kernels))
         return self._idx, self._src, self._dst
 
     def _accept_torch(self, logits: torch.Tensor):

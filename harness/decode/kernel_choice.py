@@ -26,12 +26,10 @@ class Kernels:
                   fused Triton kernels (triton_fused.py)
       custom_impl the custom verify kernel's S = QK^T (mma | wgmma, custom_verify.py), where
                   verify is custom
-      linear      the forward's weight GEMMs (torch | triton | wgmma | wgmma_large): cuBLAS, or
-                  the skinny Triton kernel for forwards of up to 16 rows
-                  (kernels/linear/skinny_linear.py; model.linear), and with wgmma the verify's
-                  17-72 rows on the stream-K CUDA kernel (kernels/linear/stream_linear.py;
-                  Hopper, bf16), with wgmma_large only its GEMMs over large weights
-                  (model.STREAM_MIN_WEIGHT_BYTES)
+      linear      the forward's weight GEMMs (torch | triton | wgmma): cuBLAS, or the skinny
+                  Triton kernel for forwards of up to 16 rows (kernels/linear/skinny_linear.py;
+                  model.linear), and with wgmma the verify's 17-72 rows on the stream-K CUDA
+                  kernel (kernels/linear/stream_linear.py; Hopper, bf16)
       accept      the GPU accept's argmax, path and bookkeeping (torch | triton): tensor ops, or
                   two Triton launches (kernels/accept/triton_accept.py)
       blas        the library under the GEMMs `linear` leaves to torch (torch | cublaslt |

@@ -29,20 +29,17 @@ def linear_weight(weight: torch.Tensor, x: torch.Tensor, kernels: Kernels) -> to
     """F.linear(x, weight) on cuBLAS, or on the skinny Triton kernel, which takes forwards of
     up to skinny_linear.MAX_ROWS rows (plain decoding's 1, the draft block's 16) and hands
     larger ones (the verify's 65, prefill) to cuBLAS itself; `wgmma` also gives the verify's
-    17-72 rows to the stream-K CUDA kernel (stream_linear.py), `wgmma_large` only those whose
-    weight is large (STREAM_MIN_WEIGHT_BYTES).
+    17-72 rows to the stream-K CUDA kernel (stream_linear.py).
     What goes to cuBLAS goes to cuBLASLt on each shape's timed algorithm instead where
     `kernels.blas` is cublaslt_tuned (lt_linear.py)."""
-    rows = x.numel() // x.shape[-1]
-    if (x.device.type == "cuda" and weight.dtype == x.dtype
-            and stream_linear_runs(rows, *weight.shape, kernels, weight.dtype)):
+    if kernels.linear == "wgmma" and _stream_linear_takes(x, weight):
         from harness.kernels.linear import stream_linear
         return stream_linear.linear(x, weight)
     tuned = kernels.blas == "cublaslt_tuned"
-    if kernels.linear in SKINNY_IMPLS:
+    if kernels.linear in ("triton", "wgmma"):
         from harness.kernels.linear import skinny_linear
         # it hands what it does not take to F.linear: with `tuned`, lt_linear takes that instead
-        if not tuned or skinny_linear.takes(rows, x.shape[-1]):
+        if not tuned or skinny_linear.takes(x.numel() // x.shape[-1], x.shape[-1]):
             return skinny_linear.linear(x, weight)
     if tuned:
         from harness.kernels.linear import lt_linear
@@ -50,43 +47,27 @@ def linear_weight(weight: torch.Tensor, x: torch.Tensor, kernels: Kernels) -> to
     return F.linear(x, weight)
 
 
-# The linear_impl values that run the skinny Triton kernel at up to 16 rows.
-SKINNY_IMPLS = ("triton", "wgmma", "wgmma_large")
-# wgmma_large: the stream-K kernel for weights of at least this many bytes only. At Qwen3-8B's
-# verify (65 rows, an H100) it was level with cuBLAS on gate/up (192 MiB: 76.8 against 76.0 µs)
-# and down (96 MiB: 42.6 / 42.4) and faster on the lm_head (1.16 GiB: 435.6 / 452.7), 10-16 %
-# slower on q/k/v (48 MiB: 23.8 / 21.6) and o (32 MiB: 18.0 / 15.5): a short GEMM does not
-# amortise the kernel's ramp and fix-up (kernels/NOTES.md, session 44).
-STREAM_MIN_WEIGHT_BYTES = 64 << 20
-
-
-def stream_linear_runs(rows: int, n: int, k: int, kernels: Kernels,
-                       dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Whether `linear_weight` runs the stream-K kernel for `rows` rows against an [n, k] weight
-    of `dtype` (on a CUDA device: the caller's check)."""
+def _stream_linear_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
     from harness.kernels.linear import stream_linear
-    if kernels.linear == "wgmma_large":
-        if n * k * torch.empty((), dtype=dtype).element_size() < STREAM_MIN_WEIGHT_BYTES:
-            return False
-    elif kernels.linear != "wgmma":
+    return (x.device.type == "cuda" and weight.dtype == x.dtype
+            and stream_linear.takes(x.numel() // x.shape[-1], x.shape[-1], x.dtype))
+
+
+def overlaps_gemm(x: torch.Tensor, kernels: Kernels) -> bool:
+    """Whether a kernel right after the weight GEMM of input x (or of as many rows) launches
+    with PDL: the skinny Triton kernel lets the kernel after it launch early; cuBLAS's GEMMs do
+    not, and after them a plain launch is faster (pdl.launch_options)."""
+    return gemm_overlaps(x.numel() // x.shape[-1], x.shape[-1], kernels)
+
+
+def gemm_overlaps(rows: int, K: int, kernels: Kernels) -> bool:
+    """`overlaps_gemm` for a GEMM of `rows` rows of depth K (bf16 where the stream-K kernel
+    takes it: the only dtype it runs)."""
+    if kernels.linear not in ("triton", "wgmma"):
         return False
-    return stream_linear.takes(rows, k, dtype)
-
-
-def overlaps_gemm(x: torch.Tensor, weight: torch.Tensor, kernels: Kernels) -> bool:
-    """Whether a kernel right after the weight GEMM of input x against `weight` [n, k] launches
-    with PDL: the skinny Triton kernel and the stream-K kernel let the kernel after them launch
-    early; cuBLAS's GEMMs do not, and after them a plain launch is faster (pdl.launch_options)."""
-    return gemm_overlaps(x.numel() // x.shape[-1], *weight.shape, kernels)
-
-
-def gemm_overlaps(rows: int, n: int, k: int, kernels: Kernels) -> bool:
-    """`overlaps_gemm` for a GEMM of `rows` rows against a bf16 [n, k] weight (bf16 where the
-    stream-K kernel takes it: the only dtype it runs)."""
-    if kernels.linear not in SKINNY_IMPLS:
-        return False
-    from harness.kernels.linear import skinny_linear
-    return skinny_linear.takes(rows, k) or stream_linear_runs(rows, n, k, kernels)
+    from harness.kernels.linear import skinny_linear, stream_linear
+    return skinny_linear.takes(rows, K) or (
+        kernels.linear == "wgmma" and stream_linear.takes(rows, K, torch.bfloat16))
 
 
 @dataclass(frozen=True)
@@ -206,14 +187,13 @@ class Attention(nn.Module):
         `kernels.fused_ops`, norm, RoPE and the cache write are one Triton launch."""
         b, T, _ = x.shape
         cfg = self.cfg
-        w_kv = self.qkv_proj.weight[cfg.heads * cfg.head_dim:]
-        kv = linear_weight(w_kv, x, kernels)
+        kv = linear_weight(self.qkv_proj.weight[cfg.heads * cfg.head_dim:], x, kernels)
         kv = kv.view(b, T, 2 * cfg.kv_heads, cfg.head_dim)
         if kernels.fused_ops:
             from harness.kernels.fused import triton_fused
             triton_fused.qk_norm_rope_store(kv, 0, None, self.k_norm.weight, cfg.rms_eps, *rope,
                                             cache.k[layer], cache.v[layer], slots,
-                                            overlap=overlaps_gemm(x, w_kv, kernels))
+                                            overlap=overlaps_gemm(x, kernels))
             return
         k, v = kv.split(cfg.kv_heads, dim=2)
         self._store(k, v, rope, cache, layer, slots)
@@ -241,7 +221,7 @@ class Attention(nn.Module):
                                                           cfg.head_dim)
         q = triton_fused.qk_norm_rope_store(qkv, cfg.heads, self.q_norm.weight, self.k_norm.weight,
                                             cfg.rms_eps, *rope, cache.k[layer], cache.v[layer], slots,
-                                            overlap=overlaps_gemm(x, self.qkv_proj.weight, mask.kernels))
+                                            overlap=overlaps_gemm(x, mask.kernels))
         S = mask.kv_len
         out = torch.empty_like(q)
         attention.attend(q.transpose(1, 2), cache.k[layer, :, :, :S], cache.v[layer, :, :, :S], mask,
@@ -262,8 +242,8 @@ class MLP(nn.Module):
     def forward_fused(self, x, kernels: Kernels = Kernels()):
         from harness.kernels.fused import triton_fused
         gate_up = linear(self.gate_up_proj, x, kernels)
-        overlap = overlaps_gemm(x, self.gate_up_proj.weight, kernels)
-        return linear(self.down_proj, triton_fused.silu_mul(gate_up, overlap), kernels)
+        return linear(self.down_proj, triton_fused.silu_mul(gate_up, overlaps_gemm(x, kernels)),
+                      kernels)
 
 
 class Layer(nn.Module):
@@ -283,13 +263,10 @@ class Layer(nn.Module):
         (residual None: x = h), so each sublayer's residual add happens inside the next norm."""
         from harness.kernels.fused import triton_fused
         n1, n2 = self.input_layernorm, self.post_attention_layernorm
-        # The first norm follows the layer before's down GEMM (the first layer's, the embedding:
-        # as it), the second this layer's o GEMM.
-        after_down = overlaps_gemm(h, self.mlp.down_proj.weight, mask.kernels)
-        x, residual = triton_fused.add_rmsnorm(h, n1.weight, n1.eps, residual, after_down)
+        overlap = overlaps_gemm(h, mask.kernels)   # each norm follows a GEMM of these rows
+        x, residual = triton_fused.add_rmsnorm(h, n1.weight, n1.eps, residual, overlap)
         h = self.self_attn.forward_fused(x, rope, cache, layer, slots, mask)
-        after_o = overlaps_gemm(h, self.self_attn.o_proj.weight, mask.kernels)
-        x, residual = triton_fused.add_rmsnorm(h, n2.weight, n2.eps, residual, after_o)
+        x, residual = triton_fused.add_rmsnorm(h, n2.weight, n2.eps, residual, overlap)
         return self.mlp.forward_fused(x, mask.kernels), residual
 
 
@@ -359,8 +336,7 @@ class Target(nn.Module):
             h = torch.gather(h, 1, rows)
             residual = None if residual is None else torch.gather(residual, 1, rows)
         # After the last down_proj, or after the gathers of `logits_for` (torch kernels).
-        overlap = logits_for is None and overlaps_gemm(h, self.layers[-1].mlp.down_proj.weight,
-                                                       mask.kernels)
+        overlap = logits_for is None and overlaps_gemm(h, mask.kernels)
         logits = linear(self.lm_head, final_norm(self.norm, h, residual, overlap), mask.kernels)
         hidden = torch.cat(captured, dim=-1) if captured else None
         return logits, hidden

@@ -115,10 +115,10 @@ def test_a_kernel_after_a_cublas_gemm_launches_plainly(monkeypatch):
     # launched plainly, it still releases the kernel after it (its own wait is then a no-op)
     assert pdl.launch_options(torch.device("cuda"), overlap=False) == {"PDL": True, "launch_pdl": False}
     skinny, cublas = Kernels(linear="triton"), Kernels(linear="torch")
-    assert gemm_overlaps(1, 4096, 4096, skinny) and gemm_overlaps(16, 4096, 12288, skinny)
-    assert not gemm_overlaps(65, 4096, 4096, skinny)    # more rows than the skinny kernel takes
-    assert not gemm_overlaps(16, 4096, 4100, skinny)    # a depth it hands to cuBLAS
-    assert not gemm_overlaps(1, 4096, 4096, cublas)
+    assert gemm_overlaps(1, 4096, skinny) and gemm_overlaps(16, 12288, skinny)
+    assert not gemm_overlaps(65, 4096, skinny)          # more rows than the skinny kernel takes
+    assert not gemm_overlaps(16, 4100, skinny)          # a depth it hands to cuBLAS
+    assert not gemm_overlaps(1, 4096, cublas)
 
 
 def test_the_cuda_tree_build_waits_first():

@@ -94,17 +94,3 @@ def test_rows_it_does_not_take_go_to_cublas():
     assert torch.equal(sl.linear(x, w), torch.nn.functional.linear(x, w))
     x16, _ = _xw(16, 4096, 4096, 7)
     assert torch.equal(sl.linear(x16, w), torch.nn.functional.linear(x16, w))
-
-
-@pytest.mark.parametrize("N, K", SHAPES[:5])
-def test_wgmma_large_streams_the_large_weights_and_leaves_the_rest_to_cublas(N, K):
-    """linear_impl wgmma_large through the forward's call (model.linear_weight) at the verify's
-    65 rows: the stream-K kernel's bits for a weight of 64 MiB or more (gate/up, down, the
-    lm_head), cuBLAS's for the smaller (q/k/v, o)."""
-    from harness.decode.kernel_choice import Kernels
-    from harness.decode.model import STREAM_MIN_WEIGHT_BYTES, linear_weight
-    x, w = _xw(65, N, K, 8)
-    got = linear_weight(w, x, Kernels(linear="wgmma_large"))
-    large = w.numel() * w.element_size() >= STREAM_MIN_WEIGHT_BYTES
-    assert torch.equal(got, sl.linear(x, w) if large else torch.nn.functional.linear(x, w))
-    assert rel(got, x, w) < 1e-2

@@ -54,7 +54,7 @@ def test_input_error_format():
     ("nightly", "nightly", 145),   # 5 contexts x 4 verify x 7 valid graph/tree/accept combos + 5 AR
     ("pr", "pr", 10),              # 8 + 2 AR references
     ("verify-ab", "manual", 14),   # 8 GQA contiguous + 3 MLA + 3 paged
-    ("linear-ab", "manual", 22),   # 3 contexts x 3 linear_impl + 2 x (layer, 4 GEMMs, lm_head) + 1
+    ("linear-ab", "manual", 18),   # 3 contexts x cuBLAS / wgmma + 2 x (the layer, 4 GEMMs, lm_head)
 ])
 def test_shipped_scenarios_validate(name, trigger, count):
     scenario = load_scenario(REPO / "scenarios" / f"{name}.yaml")

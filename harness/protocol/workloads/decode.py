@@ -27,8 +27,7 @@ TREE_BUILD_IMPLS = ("triton", "cuda", "torch")   # the kernel of tree_build: gpu
 CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_sumcheck")
 # P V on wgmma: head_dim 128 only
 PIPELINED_IMPLS = ("wgmma_pv", "wgmma_tail", "wgmma_sumcheck")
-# the forward's weight GEMMs at decode's few rows; wgmma_large: wgmma for large weights only
-LINEAR_IMPLS = ("torch", "triton", "wgmma", "wgmma_large")
+LINEAR_IMPLS = ("torch", "triton", "wgmma")  # the forward's weight GEMMs at decode's few rows
 ACCEPT_IMPLS = ("torch", "triton")          # the accept's argmax, path and bookkeeping (accept: gpu)
 # the library under the GEMMs that go to torch; cublaslt_tuned: cuBLASLt with each shape's
 # algorithm timed at its first call in the process (kernels/linear/lt_linear.py)

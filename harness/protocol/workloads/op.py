@@ -93,7 +93,7 @@ def check_shape(cell: dict):
     """What the kernels take: the CUDA tree build keeps its state in shared memory (N <= 256,
     D <= 16, kernels/tree/cuda_tree_build.py); a forward's tree must fit the model's context;
     the skinny linear kernel takes up to SKINNY_MAX_ROWS rows, with the stream-K kernel
-    (wgmma, wgmma_large) up to STREAM_MAX_ROWS (a cell of more would time cuBLAS under their name)."""
+    (wgmma) up to STREAM_MAX_ROWS (a cell of more would time cuBLAS under their name)."""
     if cell["op"] == "tree_build" and cell["tree_build_impl"] == "cuda" and (
             cell["tree_budget"] > 256 or cell["block_size"] - 1 > 16):
         return ("tree_budget", "block_size", "tree_build_impl"), (
@@ -104,10 +104,10 @@ def check_shape(cell: dict):
         return ("linear_impl", "tree_budget", "batch_size"), (
             f"linear_impl triton takes up to {SKINNY_MAX_ROWS} rows and leaves more to cuBLAS; "
             f"this cell's forward has {linear_rows(cell)} (linear_impl: torch times them)")
-    if (cell["op"] == "linear" and cell["linear_impl"] in ("wgmma", "wgmma_large")
+    if (cell["op"] == "linear" and cell["linear_impl"] == "wgmma"
             and linear_rows(cell) > STREAM_MAX_ROWS):
         return ("linear_impl", "tree_budget", "batch_size"), (
-            f"linear_impl {cell['linear_impl']} takes up to {STREAM_MAX_ROWS} rows and leaves more to cuBLAS; "
+            f"linear_impl wgmma takes up to {STREAM_MAX_ROWS} rows and leaves more to cuBLAS; "
             f"this cell's forward has {linear_rows(cell)} (linear_impl: torch times them)")
     if cell["op"] == "fused_forward":
         limit = presets.max_context(cell["model"])

@@ -362,7 +362,7 @@ class Accept:
         if self.impl == "triton":
             from harness.kernels.accept import triton_accept
             hidden = presets.PRESETS[self.cell["model"]]["target"]["hidden"]
-            overlap = gemm_overlaps(b * T, V, hidden, Kernels(linear=self.cell["linear_impl"]))
+            overlap = gemm_overlaps(b * T, hidden, Kernels(linear=self.cell["linear_impl"]))
             args = {k: inp[k] for k in ("tree_ids", "parents", "first_child", "depth", "bits",
                                         "lengths", "step_index", "bonus", "record", "idx",
                                         "src", "dst", "workspace")}
