@@ -127,9 +127,9 @@ def gate(
     if report.noise_rows(result):
         wide.print(report.console_noise(result))
     if result.targets and result.targets_base:
-        from harness.sweep.summary import targets_moved_table
-        wide.print(targets_moved_table(result.targets_base, result.targets,
-                                       "Targets, base → head (they do not decide the gate)"))
+        from harness.sweep.summary import targets_table
+        wide.print(targets_table(result.targets, "Targets, base → head (they do not decide the gate)",
+                                 result.targets_base))
     elif result.targets:
         from harness.sweep.summary import targets_table
         wide.print(targets_table(result.targets, "Targets: the head's numbers against the "

@@ -76,7 +76,7 @@ def show_targets(journal, results: list[dict], wanted: Optional[list[dict]] = No
     base → head. Nothing where there are none; targets that do not read are one line."""
     from harness.protocol.errors import InputError
     from harness.sweep import targets
-    from harness.sweep.summary import targets_moved_table, targets_table
+    from harness.sweep.summary import targets_table
     try:
         wanted = targets.of_run(journal) if wanted is None else wanted
         outcomes = targets.judge_run(journal, results, wanted)
@@ -85,7 +85,8 @@ def show_targets(journal, results: list[dict], wanted: Optional[list[dict]] = No
         err.print(f"[yellow]targets not judged:[/] {escape(str(e))}", highlight=False)
         return []
     if outcomes:
-        console.print(targets_table(outcomes) if before is None else targets_moved_table(before, outcomes))
+        console.print(targets_table(outcomes, "Targets" if before is None else "Targets, base → head",
+                                    before))
     return outcomes
 
 

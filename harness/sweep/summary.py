@@ -110,37 +110,24 @@ def measured_text(outcome) -> str:
     return " / ".join(values) or "–"
 
 
-def targets_table(outcomes, title: str = "Targets") -> Table:
+def targets_table(outcomes, title: str = "Targets", before: list | None = None) -> Table:
     """The scenario's targets (harness.sweep.targets), one row each: what was measured against
-    the bound, and the verdict with why where it is not met or absent."""
-    table = Table(title=title, title_justify="left", header_style="bold")
-    table.add_column("target", overflow="fold")
-    table.add_column("measured", justify="right", overflow="fold")
-    table.add_column("bound", no_wrap=True)
-    table.add_column("verdict", overflow="fold")
-    for o in outcomes:
-        verdict = f"[{VERDICT_STYLE[o.verdict]}]{o.verdict}[/]"
-        if o.why:
-            verdict += f" [dim]({escape(o.why)})[/]"
-        table.add_row(escape(o.name), escape(measured_text(o)), escape(o.bound), verdict)
-    return table
-
-
-def targets_moved_table(before: list, after: list, title: str = "Targets, base → head") -> Table:
-    """One row a target: the numbers it used on each run, and its verdict, base → head where
+    the bound, and the verdict with why where it is not met or absent. With `before` (the same
+    targets judged on a base run) the numbers of both runs, and the verdict base → head where
     the change moved it."""
+    sides = ("measured",) if before is None else ("base", "head")
     table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("target", overflow="fold")
-    for name in ("base", "head"):
+    for name in sides:
         table.add_column(name, justify="right", overflow="fold")
     table.add_column("bound", no_wrap=True)
     table.add_column("verdict", overflow="fold")
-    for b, h in zip(before, after):
-        verdict = f"[{VERDICT_STYLE[h.verdict]}]{h.verdict}[/]"
-        if b.verdict != h.verdict:
+    for b, o in zip(before or [None] * len(outcomes), outcomes):
+        verdict = f"[{VERDICT_STYLE[o.verdict]}]{o.verdict}[/]"
+        if b is not None and b.verdict != o.verdict:
             verdict = f"[{VERDICT_STYLE[b.verdict]}]{b.verdict}[/] → {verdict}"
-        if h.why:
-            verdict += f" [dim]({escape(h.why)})[/]"
-        table.add_row(escape(h.name), escape(measured_text(b)), escape(measured_text(h)),
-                      escape(h.bound), verdict)
+        if o.why:
+            verdict += f" [dim]({escape(o.why)})[/]"
+        measured = [measured_text(o)] if b is None else [measured_text(b), measured_text(o)]
+        table.add_row(escape(o.name), *map(escape, measured), escape(o.bound), verdict)
     return table
