@@ -72,8 +72,10 @@ def gate(
     max_cells: Optional[int] = max_cells_option("allow a scenario of up to N cells (default 10000)"),
     cell_filter: Optional[str] = cell_filter_option(),
 ):
-    """Judge a head against a baseline: exit 0 no regression (every gated metric decided),
-    1 regression, 2 error or a design that cannot decide, 3 undecided."""
+    """Judge a head against a baseline: exit 0 pass, 1 regression, 2 error, 3 undecided.
+
+    0: every gated metric decided, none regressed; 1: a regression; 2: an error, or a design that
+    cannot reach significance; 3: undecided."""
     from harness.gate import report
     from harness.gate.policy import resolve_policies
     from harness.gate.run import GateOptions, gate_ab, gate_against, parse_baseline

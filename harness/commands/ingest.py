@@ -73,8 +73,10 @@ def ingest(
         "MLflow URI (default $MLFLOW_TRACKING_URI or sqlite:///results/mlflow.db)"),
     results_dir: Path = results_option("journal root is RESULTS/runs"),
 ):
-    """Make a pytest-benchmark run a harness run: one cell per benchmark, journal, MLflow,
-    report (then gate it like any run)."""
+    """Make a pytest-benchmark run a harness run (journal, MLflow, report), then gate it.
+
+    One cell per benchmark; the run is journaled, logged and reported as `harness run` does, so
+    `harness gate` judges it like any run."""
     from harness.commands.run import finish
     from harness.protocol import params
     from harness.sweep import journal as jr, tracking

@@ -4,6 +4,7 @@ so the factories take `help`; a verb that documents nothing passes nothing."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Optional
 
@@ -31,11 +32,30 @@ class _PlainFlags:
         return params
 
 
-class Command(_PlainFlags, TyperCommand):
+def reflow(help_text: Optional[str]) -> Optional[str]:
+    """A docstring's paragraphs as one line each: typer's rich help keeps the source's line
+    breaks after the first paragraph and then wraps again, so a wrapped docstring printed as
+    ragged lines. Paragraphs that are lists or indented blocks keep their lines."""
+    if not help_text:
+        return help_text
+    paragraphs = inspect.cleandoc(help_text).split("\n\n")
+    return "\n\n".join(
+        par if any(line.startswith(("-", "*", " ", "\b")) for line in par.splitlines())
+        else " ".join(par.split("\n"))
+        for par in paragraphs)
+
+
+class _Reflowed:
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.help = reflow(self.help)
+
+
+class Command(_Reflowed, _PlainFlags, TyperCommand):
     """Every verb's click command (`app.command(cls=Command)`)."""
 
 
-class Group(_PlainFlags, TyperGroup):
+class Group(_Reflowed, _PlainFlags, TyperGroup):
     """Every command group's (`typer.Typer(cls=Group)`): its own options, --help included."""
 
 

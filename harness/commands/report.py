@@ -26,9 +26,10 @@ def report(run_id: str = typer.Argument(..., metavar="RUN", help="run id (a fold
                                                        help="judge the run against this scenario file's targets "
                                                             "instead of its own (e.g. a run made before they were written)"),
            results_dir: Path = results_option()):
-    """Write a run's HTML report (results/runs/RUN/report/index.html), print its path and
-    attach it to the run in MLflow (a report narrowed with -k is not attached: the run's
-    report there stays whole)."""
+    """Write a run's HTML report, print its path and attach it to the run in MLflow.
+
+    The report is results/runs/RUN/report/index.html. A report narrowed with -k is not attached:
+    the run's report in MLflow stays whole."""
     from harness.protocol.errors import InputError
     from harness.sweep import journal as jr
     from harness.sweep.summary import summary_table

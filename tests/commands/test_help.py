@@ -1,9 +1,11 @@
 """Every command's `--help`, from the real CLI in a process of its own: a flag reads as a flag
 (`--no-mlflow`, `--mlflow / --no-mlflow`), never as an option taking a `<bool>` value, while an
-option that does take a value keeps its metavar."""
+option that does take a value keeps its metavar; and the command's own text reads as paragraphs,
+not as the docstring's source lines wrapped a second time."""
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import pytest
@@ -30,6 +32,13 @@ def _flags(command) -> list[str]:
             for opt in p.opts + p.secondary_opts if opt.startswith("--")]
 
 
+def _prose(help_text: str | None) -> list[str]:
+    """The help's paragraphs that are prose (lists and indented blocks keep their lines), each
+    as one line of single spaces."""
+    return [" ".join(par.split()) for par in inspect.cleandoc(help_text or "").split("\n\n")
+            if not any(line.startswith(("-", "*", " ", "\b")) for line in par.splitlines())]
+
+
 def test_every_command_is_covered():
     paths = {" ".join(path) for path, _ in COMMANDS}
     assert {"", "run", "gate", "report", "baseline", "baseline mark", "hosts check"} <= paths
@@ -47,6 +56,11 @@ def test_help_shows_flags_as_flags(tmp_path, path, command):
     assert "<bool>" not in out, out
     for flag in _flags(command):
         assert flag in out, (flag, out)
+    # 200 columns hold each paragraph on one line, unless the source's line breaks survive
+    lines = {" ".join(line.split()) for line in out.splitlines()}
+    for paragraph in _prose(command.help):
+        if len(paragraph) < 180:
+            assert paragraph in lines, (paragraph, out)
 
 
 def test_options_with_values_keep_their_metavar(tmp_path):
