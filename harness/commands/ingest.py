@@ -73,7 +73,7 @@ def ingest(
         "MLflow URI (default $MLFLOW_TRACKING_URI or sqlite:///results/mlflow.db)"),
     results_dir: Path = results_option("journal root is RESULTS/runs"),
 ):
-    """Make a pytest-benchmark run a harness run (journal, MLflow, report), then gate it.
+    """Make a pytest-benchmark run a harness run: journal, MLflow, report, ready to gate.
 
     One cell per benchmark; the run is journaled, logged and reported as `harness run` does, so
     `harness gate` judges it like any run."""

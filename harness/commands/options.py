@@ -46,6 +46,8 @@ def reflow(help_text: Optional[str]) -> Optional[str]:
 
 
 class _Reflowed:
+    """Every command's and group's help, reflowed (`reflow`) once it is set."""
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.help = reflow(self.help)
