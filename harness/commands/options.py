@@ -32,17 +32,20 @@ class _PlainFlags:
         return params
 
 
+def keeps_its_lines(paragraph: str) -> bool:
+    """A list, an indented block or click's no-rewrap mark (\\b): printed line by line."""
+    return any(line.startswith(("-", "*", " ", "\b")) for line in paragraph.splitlines())
+
+
 def reflow(help_text: Optional[str]) -> Optional[str]:
     """A docstring's paragraphs as one line each: typer's rich help keeps the source's line
     breaks after the first paragraph and then wraps again, so a wrapped docstring printed as
-    ragged lines. Paragraphs that are lists or indented blocks keep their lines."""
+    ragged lines. Paragraphs that keep their lines (`keeps_its_lines`) are left as they are."""
     if not help_text:
         return help_text
     paragraphs = inspect.cleandoc(help_text).split("\n\n")
-    return "\n\n".join(
-        par if any(line.startswith(("-", "*", " ", "\b")) for line in par.splitlines())
-        else " ".join(par.split("\n"))
-        for par in paragraphs)
+    return "\n\n".join(par if keeps_its_lines(par) else " ".join(par.split("\n"))
+                       for par in paragraphs)
 
 
 class _Reflowed:

@@ -13,6 +13,7 @@ import typer
 
 from cli_process import run_cli
 from harness.cli import app
+from harness.commands.options import keeps_its_lines
 
 
 # typer builds its commands with a Click of its own (typer._click), not the `click` package, so
@@ -33,10 +34,10 @@ def _flags(command) -> list[str]:
 
 
 def _prose(help_text: str | None) -> list[str]:
-    """The help's paragraphs that are prose (lists and indented blocks keep their lines), each
-    as one line of single spaces."""
+    """The help's prose paragraphs (not lists or indented blocks), each as one line of single
+    spaces."""
     return [" ".join(par.split()) for par in inspect.cleandoc(help_text or "").split("\n\n")
-            if not any(line.startswith(("-", "*", " ", "\b")) for line in par.splitlines())]
+            if not keeps_its_lines(par)]
 
 
 def test_every_command_is_covered():
