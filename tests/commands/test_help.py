@@ -44,6 +44,11 @@ def test_every_command_is_covered():
     paths = {" ".join(path) for path, _ in COMMANDS}
     assert {"", "run", "gate", "report", "baseline", "baseline mark", "hosts check"} <= paths
     assert "--no-mlflow" in _flags(dict(COMMANDS)[("report",)])
+    # the paragraph check below reads something in every command: not skipped as a list or as
+    # too long to fit a line
+    assert keeps_its_lines("- one\n- two") and keeps_its_lines("Usage:\n  harness run")
+    assert not keeps_its_lines("a sentence\nwrapped in the source")
+    assert all(any(len(par) < 180 for par in _prose(command.help)) for _, command in COMMANDS)
 
 
 @pytest.mark.parametrize("path,command", COMMANDS, ids=[" ".join(p) or "harness" for p, _ in COMMANDS])
