@@ -74,8 +74,9 @@ def spills(stderr: str, archs: tuple[str, ...]) -> list[str]:
 
 VERIFY_ARCHS = ("90a", "120")
 # gqa_pipelined_kernel<128, 4, contiguous>: wgmma_pv's, and with the sum-checked softmax
-PIPELINED = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0EEEvNS_10AttnParamsE"
-SUMCHECK = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb1EEEvNS_10AttnParamsE"
+PIPELINED = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0ELb0EEEvNS_10AttnParamsE"
+SUMCHECK = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb1ELb0EEEvNS_10AttnParamsE"
+FIXEDREF = "_ZN3tva20gqa_pipelined_kernelILi128ELi4ELb0ELb0ELb1EEEvNS_10AttnParamsE"
 TREE_BUILD_ARCHS = ("90a", "120")
 
 
@@ -285,3 +286,25 @@ def test_the_sum_checked_softmax_has_no_max_on_its_fast_path(compiled):
         assert path.count("IMAD") <= 2 and len(path) <= 115, (len(path), path)
     for path in shortest_paths_to_vote(obj, PIPELINED):
         assert path.count("SHFL") == 4 and path.count("FMNMX") >= 30, path
+
+
+def test_the_fixed_reference_loop_has_no_max_sums_or_vote(compiled):
+    """gqa_pipelined_kernel<..., FIXEDREF> (custom_impl wgmma_fixedref): its main loop (the
+    fixed-reference pass; the exact pass is a loop of its own) takes P against the first tile's
+    max: no max tree, no shuffle, no vote and no row-sum adds, and the row sums go to the tensor
+    core as eight 64x8 products a loop iteration (four a tile, the loop runs tiles in pairs). The
+    sum-checked kernel's loop, which this check tells apart, has the adds and the vote."""
+    _, obj = compiled
+    code = sass(obj, FIXEDREF)
+    start, end = main_loop(code)
+    ops = [(ins.split()[1] if ins.startswith("@") else ins.split()[0]) for at, ins in code if start <= at <= end]
+    names = [op.split(".")[0] for op in ops]
+    # two tiles, each with its unmasked and its masked exponentials (tile_exps' two branches)
+    assert names.count("MUFU") == 128, names.count("MUFU")
+    assert not {"SHFL", "FMNMX", "VOTE", "FADD"} & set(names), sorted(set(names))
+    assert sum(op.startswith("HGMMA.64x8x16") for op in ops) == 8, [op for op in ops if op.startswith("HGMMA")]
+    code = sass(obj, SUMCHECK)
+    start, end = main_loop(code)
+    names = {(ins.split()[1] if ins.startswith("@") else ins.split()[0]).split(".")[0]
+             for at, ins in code if start <= at <= end}
+    assert {"VOTE", "FADD"} <= names, sorted(names)
