@@ -25,8 +25,8 @@ not G + 1; gqa_tail_kernel, a contiguous cache; elsewhere it is wgmma_pv), "wgmm
 (wgmma_pv whose softmax takes a tile's max only where the tile's exponentials, computed against
 the running max as it stands, sum past 2^7 in some row: bit-equal to wgmma_pv, ~40 fewer
 instructions a warp a tile; the GQA shapes wgmma_pv runs) and "wgmma_fixedref" (wgmma_pv whose
-loop takes P against the max of a split's first tile, with no max, sum or vote a tile, and the
-row sums from the tensor core; a split that overflows runs again on wgmma_pv's path: not
+loop takes P against the max of a split's first tile, with no max or vote a tile; a split that
+overflows runs again on wgmma_pv's path: not
 bit-equal to it; the GQA shapes wgmma_pv runs, cp.async copies in either build). The caller
 picks one; nothing in the environment does. On the H200 (kernels/NOTES.md, sessions 27-31)
 wgmma_tail is level with wgmma_pv at 16k-128k keys (1.04x slower at 64k) and wgmma_sumcheck

@@ -265,20 +265,6 @@ __device__ __forceinline__ void wgmma_m64n8k16_ss_ta(float (&d)[1][4], uint64_t 
 #endif
 }
 
-// d[64 x 8] += A[64 x 16] x B[16 x 8], A from registers (P, as P V takes it) and B K-major
-// through a no-swizzle descriptor: the fixed-reference kernel's row sums, P times a tile of ones.
-__device__ __forceinline__ void wgmma_m64n8k16_rs(float (&d)[1][4], const uint32_t (&a)[4], uint64_t desc) {
-#ifdef TVA_WGMMA
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
-#else
-    __trap();
-#endif
-}
-
 #endif  // TVA_EMULATE
 
 // The MN-major twin of sm90.cuh's desc_kmajor_sw128 for an operand (B of P V: V tiles stored
@@ -289,14 +275,6 @@ __host__ __device__ __forceinline__ uint64_t desc_mnmajor_sw128(uint32_t smem_by
     return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) |
            (static_cast<uint64_t>((BN * 128) >> 4) << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
            (static_cast<uint64_t>(1) << 62);
-}
-
-// A no-swizzle K-major descriptor (layout 0) whose core matrices (8 rows of 16 bytes) all start
-// at `smem_byte_addr`: leading and stride byte offsets 0. Over a 128-byte tile of ones every
-// element of every core matrix reads 1, so it stands for a B operand of ones of any shape: 128
-// bytes where a 16 x 8 tile laid out would take 256 (the pipelined kernel has 128 to spare).
-__host__ __device__ __forceinline__ uint64_t desc_repeat_core(uint32_t smem_byte_addr) {
-    return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4);
 }
 
 // The descriptor of `d`'s operand `bytes` further on (a multiple of 16): only the start-address
@@ -680,9 +658,9 @@ __device__ __forceinline__ bool sumchecked_softmax(const float (&s)[NK / 8][4], 
 // gqa_pipelined): a sum or an element of O not finite (`<` is false for NaN), or a row that the
 // first tile showed nothing with later tiles to come.
 template <int D>
-__device__ __forceinline__ bool fixed_ref_failed(const float (&o)[D / 8][4], const float (&lsum)[1][4],
+__device__ __forceinline__ bool fixed_ref_failed(const float (&o)[D / 8][4], const float (&l_run)[2],
                                                  const float (&m_run)[2], int tiles) {
-    bool failed = !(lsum[0][0] < INFINITY) || !(lsum[0][2] < INFINITY) ||
+    bool failed = !(l_run[0] < INFINITY) || !(l_run[1] < INFINITY) ||
                   (tiles > 1 && (m_run[0] == -INFINITY || m_run[1] == -INFINITY));
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt)
@@ -1147,8 +1125,6 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     const uint32_t sBar = sQ + 16 * NW * D * 2;
     auto k_bar = [&](int tile) { return sBar + 8u * static_cast<uint32_t>(tile % STAGES); };
     auto v_bar = [&](int tile) { return sBar + 8u * static_cast<uint32_t>(STAGES + tile % V_STAGES); };
-    // FIXEDREF: the row sums' tile of ones (128 bytes: desc_repeat_core) in the same slack.
-    const uint32_t sOnes = sBar;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int mblock = blockIdx.x, split = blockIdx.y;
@@ -1256,9 +1232,6 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             for (int i = 0; i < STAGES + V_STAGES; ++i) mbar_init(sBar + 8u * i, 1);
             fence_mbarrier_init();
         }
-    }
-    if constexpr (FIXEDREF) {
-        if (tid < 32) st_shared_b32(sOnes + 4 * tid, 0x3F803F80u);    // bf16 1.0, twice
     }
     // Prologue: {Q, K_0, V_0}, {K_1, V_1}, {K_2}: one commit group each, then S_0. (FIXEDREF's
     // second pass over the split runs it again, Q then in registers already.)
@@ -1400,25 +1373,25 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     };
 
     // FIXEDREF (`custom_impl: wgmma_fixedref`): the loop's tiles take P against the reference max
-    // the split's first tile set, with no max, no sums and no vote on the warp's chain: the
-    // exponentials (FFMA + MUFU a score) are the whole softmax. A stale reference costs no
+    // the split's first tile set, with no max and no vote on the warp's chain: the exponentials
+    // (FFMA + MUFU a score) and the row sums are the whole softmax. A stale reference costs no
     // precision (P and O keep their relative precision at any power of two, and exact underflow
     // only happens where the true max is higher still), only range: a score more than ~100 log2
-    // units above the first tile's max could overflow P or O. The row sums come from the tensor
-    // core (P_tile times a tile of ones, beside P_tile V_tile; the sum of the bf16 P that P V
-    // adds, so numerator and denominator agree). After the split, a non-finite O or sum, or a row
-    // the first tile showed nothing (its reference 0 may have underflowed every later score),
-    // sends the whole CTA through the split again on the exact path (online_softmax).
-    float m_fix[2] = {0.f, 0.f}, lsum[1][4];
-    const uint64_t ones_desc = desc_repeat_core(sOnes);
+    // units above the first tile's max could overflow P or O. After the split, a non-finite O or
+    // sum, or a row the first tile showed nothing (its reference 0 may have underflowed every
+    // later score), sends the whole CTA through the split again on the exact path
+    // (online_softmax). (Row sums on the tensor core instead, P times a tile of ones beside
+    // P V, measured slower: kernels/NOTES.md, session 51.)
+    float m_fix[2] = {0.f, 0.f};
     auto fixed_softmax = [&](const float (&s)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&)[2]) {
         tile_exps<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_fix, x);
+        l_run[0] += row_sum(x, 0);
+        l_run[1] += row_sum(x, 1);
         return false;
     };
     // The split's tiles: the first on the exact path (it sets m), then the loop.
     auto run_split = [&](auto fixed_c) {
         constexpr bool FIXED = decltype(fixed_c)::value;
-        if constexpr (FIXED) lsum[0][0] = lsum[0][1] = lsum[0][2] = lsum[0][3] = 0.f;
         if (n > 0) {
             float s[BN / 8][4], st[1][4], x[BN / 8][4], alpha[2];
             wgmma_fence();
@@ -1469,10 +1442,6 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             const uint64_t v_desc = desc_mnmajor_sw128(v_stage(tile));
     #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
-            if constexpr (FIXED) {    // the row sums: P_tile times ones, beside P_tile V_tile
-    #pragma unroll
-                for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n8k16_rs(lsum, pa[PA][kk], ones_desc);
-            }
             if constexpr (TAIL) issue_pv_tail(tile);
             wgmma_commit();
             // K_{tile+3} and V_{tile+2} go out while the tensor cores run: K_{tile+3} into K_tile's
@@ -1508,7 +1477,6 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             } else {
                 wgmma_wait<0>();
                 keep_live(o);
-                if constexpr (FIXED) keep_live(lsum);
             }
             if constexpr (TAIL) {     // V_{tile+2} into V_{tile-1}'s stage
                 if (tile + 2 < n) copy_tile(v_stage(tile + 2), vbase, p.v_st, tile + 2, voff, 16);
@@ -1521,13 +1489,11 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
         // inject this wait itself (advisory C7517).
         wgmma_wait<0>();
         keep_live(o);
-        if constexpr (FIXED) keep_live(lsum);
         cp_async_wait<0>();
     };
-    bool fixed_done = false;
     if constexpr (FIXEDREF) {
         run_split(std::true_type{});
-        fixed_done = !__syncthreads_or(fixed_ref_failed<D>(o, lsum, m_run, n));
+        const bool fixed_done = !__syncthreads_or(fixed_ref_failed<D>(o, l_run, m_run, n));
         if (!fixed_done) {        // every warp is past its last read of the stages (the barrier)
 #pragma unroll
             for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -1547,14 +1513,7 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
         keep_live(ot[1]);
         t_o = merge_tail_columns<D>(tail_mem, ot, t_m, t_l, tid, t_lse);
     }
-    // FIXEDREF: each thread holds its rows' whole sums (every column of P times ones); write_rows
-    // sums a quad's partials, so one lane of the quad gives them.
-    float l_out[2] = {l_run[0], l_run[1]};
-    if (fixed_done) {
-        l_out[0] = tig == 0 ? lsum[0][0] : 0.f;
-        l_out[1] = tig == 0 ? lsum[0][2] : 0.f;
-    }
-    write_rows<D>(p, o, m_run, l_out, r0, b, h, split, tig);
+    write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
     if (TAIL && t_valid) write_tail_row<D>(p, t_o, t_lse, t_row, b, h, split, tid);
 }
 

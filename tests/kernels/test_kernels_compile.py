@@ -288,23 +288,22 @@ def test_the_sum_checked_softmax_has_no_max_on_its_fast_path(compiled):
         assert path.count("SHFL") == 4 and path.count("FMNMX") >= 30, path
 
 
-def test_the_fixed_reference_loop_has_no_max_sums_or_vote(compiled):
+def test_the_fixed_reference_loop_has_no_max_or_vote(compiled):
     """gqa_pipelined_kernel<..., FIXEDREF> (custom_impl wgmma_fixedref): its main loop (the
     fixed-reference pass; the exact pass is a loop of its own) takes P against the first tile's
-    max: no max tree, no shuffle, no vote and no row-sum adds, and the row sums go to the tensor
-    core as eight 64x8 products a loop iteration (four a tile, the loop runs tiles in pairs). The
-    sum-checked kernel's loop, which this check tells apart, has the adds and the vote."""
+    max: no max tree, no shuffle and no vote, only the exponentials and the row sums' adds. The
+    sum-checked kernel's loop, which this check tells apart, has the vote."""
     _, obj = compiled
     code = sass(obj, FIXEDREF)
     start, end = main_loop(code)
-    ops = [(ins.split()[1] if ins.startswith("@") else ins.split()[0]) for at, ins in code if start <= at <= end]
-    names = [op.split(".")[0] for op in ops]
+    names = [(ins.split()[1] if ins.startswith("@") else ins.split()[0]).split(".")[0]
+             for at, ins in code if start <= at <= end]
     # two tiles, each with its unmasked and its masked exponentials (tile_exps' two branches)
     assert names.count("MUFU") == 128, names.count("MUFU")
-    assert not {"SHFL", "FMNMX", "VOTE", "FADD"} & set(names), sorted(set(names))
-    assert sum(op.startswith("HGMMA.64x8x16") for op in ops) == 8, [op for op in ops if op.startswith("HGMMA")]
+    assert not {"SHFL", "FMNMX", "VOTE"} & set(names), sorted(set(names))
+    assert names.count("FADD") >= 2 * 30, names.count("FADD")    # the two rows' 16-term sums a tile
     code = sass(obj, SUMCHECK)
     start, end = main_loop(code)
     names = {(ins.split()[1] if ins.startswith("@") else ins.split()[0]).split(".")[0]
              for at, ins in code if start <= at <= end}
-    assert {"VOTE", "FADD"} <= names, sorted(names)
+    assert "VOTE" in names, sorted(names)

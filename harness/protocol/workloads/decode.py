@@ -24,7 +24,6 @@ TREE_BUILD_IMPLS = ("triton", "cuda", "torch")   # the kernel of tree_build: gpu
 # last full row block (65 tree tokens: one a KV head's query head) as tail rows of the full blocks;
 # wgmma_sumcheck: wgmma_pv whose softmax takes a tile's max only where its exponentials' sums say
 # the max may move; wgmma_fixedref: wgmma_pv whose loop takes P against a split's first tile's max
-# and its row sums from the tensor core
 CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_sumcheck", "wgmma_fixedref")
 # P V on wgmma: head_dim 128 only
 PIPELINED_IMPLS = ("wgmma_pv", "wgmma_tail", "wgmma_sumcheck", "wgmma_fixedref")

@@ -10,7 +10,7 @@
 //   the fragment layouts of the PTX ISA: the emulator reassembles whole matrices from the
 //   lanes' registers, so a kernel that indexes them wrongly computes the wrong numbers here too.
 // - wgmma.mma_async m64n64k16 (A in registers, B through a K-major 128-byte-swizzle shared-memory
-//   descriptor; m64n8k16 also with a no-swizzle B), m64n128k16 with an MN-major B (imm-trans-b 1), m64n32k16 and m64n64k16 with both
+//   descriptor), m64n128k16 with an MN-major B (imm-trans-b 1), m64n32k16 and m64n64k16 with both
 //   operands by descriptor, m64n256k16 with both by descriptor, B MN-major, and m64n8k16 with
 //   both by descriptor, A K-major or MN-major (imm-trans-a 1), are asynchronous, as on the GPU: the issue is a barrier of the
 //   warpgroup's 128 threads that reads the A registers (and checks the descriptors agree); each
@@ -963,16 +963,10 @@ inline void griddep_launch_dependents() {}
 // Element (row r, column k), as bf16 bits, of a K-major 128-byte-swizzle operand described by
 // `desc`: rows in groups of 8, the groups SBO bytes apart, rows 128 bytes apart; the swizzle XORs
 // address bits [4, 7) with bits [7, 10) of the absolute shared address.
-// Layout 0 (no swizzle): 8 x 8 core matrices of 16-byte rows, LBO bytes apart along K and SBO
-// along the rows.
 inline uint16_t emu_desc_at(uint64_t desc, int r, int k) {
+    if ((desc >> 62) != 1) emu::die("emulated wgmma supports the 128-byte swizzle only");
     const uint32_t start = static_cast<uint32_t>(desc & 0x3FFF) << 4;
     const uint32_t sbo = static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4;
-    if ((desc >> 62) == 0) {
-        const uint32_t lbo = static_cast<uint32_t>((desc >> 16) & 0x3FFF) << 4;
-        return emu_ld16(start + (k / 8) * lbo + (r / 8) * sbo + (r % 8) * 16 + 2 * (k % 8));
-    }
-    if ((desc >> 62) != 1) emu::die("emulated wgmma supports the 128-byte swizzle and no swizzle only");
     uint32_t addr = start + (r / 8) * sbo + (r % 8) * 128 + 2 * k;
     addr ^= ((addr >> 7) & 7u) << 4;
     return emu_ld16(addr);
@@ -1045,9 +1039,7 @@ inline void emu_wgmma_issue(emu::Wgmma::Kind kind, int n, float* d, uint64_t des
                             const uint32_t* a, int accumulate) {
     const bool smem_a = kind == emu::Wgmma::kSmemA || kind == emu::Wgmma::kSmemATransB ||
                         kind == emu::Wgmma::kSmemATransA;
-    // B without swizzle: K-major with A from registers only (the row sums' tile of ones)
-    const bool plain_b = kind == emu::Wgmma::kRegA && (desc_b >> 62) == 0;
-    if ((!plain_b && (desc_b >> 62) != 1) || (smem_a && (desc_a >> 62) != 1))
+    if ((desc_b >> 62) != 1 || (smem_a && (desc_a >> 62) != 1))
         emu::die("emulated wgmma supports the 128-byte swizzle only");
     emu_wgmma_enter(smem_a ? desc_a : desc_b, smem_a ? desc_b : 0, a);
     emu::Fiber& f = emu::me();
@@ -1118,10 +1110,6 @@ inline void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t d
 // A from registers, B MN-major (imm-trans-b 1), always accumulating (the P V of the GQA kernel).
 inline void wgmma_m64n128k16_tb(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
     emu_wgmma_issue(emu::Wgmma::kRegATransB, 128, &d[0][0], 0, desc, a, 1);
-}
-// N = 8, A from registers, B K-major by a no-swizzle descriptor, always accumulating.
-inline void wgmma_m64n8k16_rs(float (&d)[1][4], const uint32_t (&a)[4], uint64_t desc) {
-    emu_wgmma_issue(emu::Wgmma::kRegA, 8, &d[0][0], 0, desc, a, 1);
 }
 inline void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b, int accumulate) {
     emu_wgmma_issue(emu::Wgmma::kSmemA, 32, &d[0][0], desc_a, desc_b, nullptr, accumulate);
