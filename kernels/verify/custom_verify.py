@@ -16,21 +16,18 @@ captured in a CUDA graph; make the first call outside the capture (it compiles a
 library). The library is compiled on first use (kernels/build.py); importing this module works
 on a host without a GPU.
 
-Six implementations (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_80), "wgmma"
+Five implementations (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_80), "wgmma"
 (S = QK^T on Hopper's warpgroup MMA, P V on mma.sync), "wgmma_pv" (both products on wgmma:
 GQA at head_dim 128, software-pipelined, gqa_pipelined_kernel; MLA, mla_pv_kernel),
 "wgmma_tail" (wgmma_pv, with the rows past the last full 64-row block carried one a CTA as tail
 rows on the full blocks' tiles where the shape allows: 65 tree tokens x G heads run G row blocks,
-not G + 1; gqa_tail_kernel, a contiguous cache; elsewhere it is wgmma_pv), "wgmma_sumcheck"
+not G + 1; gqa_tail_kernel, a contiguous cache; elsewhere it is wgmma_pv) and "wgmma_sumcheck"
 (wgmma_pv whose softmax takes a tile's max only where the tile's exponentials, computed against
 the running max as it stands, sum past 2^7 in some row: bit-equal to wgmma_pv, ~40 fewer
-instructions a warp a tile; the GQA shapes wgmma_pv runs) and "wgmma_fixedref" (wgmma_pv whose
-loop takes P against the max of a split's first tile, with no max or vote a tile; a split that
-overflows runs again on wgmma_pv's path: not
-bit-equal to it; the GQA shapes wgmma_pv runs, cp.async copies in either build). The caller
-picks one; nothing in the environment does. On the H200 (kernels/NOTES.md, sessions 27-31)
-wgmma_tail is level with wgmma_pv at 16k-128k keys (1.04x slower at 64k) and wgmma_sumcheck
-1.02-1.07x faster at 65 tree tokens (the harness's `auto` on Hopper).
+instructions a warp a tile; the GQA shapes wgmma_pv runs). The caller picks one; nothing in the
+environment does. On the H200 (kernels/NOTES.md, sessions 27-31) wgmma_tail is level with
+wgmma_pv at 16k-128k keys (1.04x slower at 64k) and wgmma_sumcheck 1.02-1.07x faster at 65 tree
+tokens (the harness's `auto` on Hopper).
 """
 
 from __future__ import annotations
@@ -116,16 +113,14 @@ def _gqa_occupancy(index: int, head_dim: int, num_warps: int, paged: bool, wgmma
         return max(1, _lib().tva_gqa_occupancy(head_dim, num_warps, int(paged), int(wgmma)))
 
 
-# wgmma_pv: S and P V on wgmma
-IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_sumcheck", "wgmma_fixedref")
+IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_sumcheck")    # wgmma_pv: S and P V on wgmma
 # tva_gqa_forward's `wgmma` (the gaps: codes of variants since removed, which it refuses)
-_IMPL_CODE = {"mma": 0, "wgmma": 1, "wgmma_pv": 2, "wgmma_tail": 3, "wgmma_sumcheck": 6, "wgmma_fixedref": 8}
-# the pipelined kernel (head_dim 128): plain, with tail rows, with the sum-checked softmax, with
-# the fixed reference max
-PIPELINED = ("wgmma_pv", "wgmma_tail", "wgmma_sumcheck", "wgmma_fixedref")
+_IMPL_CODE = {"mma": 0, "wgmma": 1, "wgmma_pv": 2, "wgmma_tail": 3, "wgmma_sumcheck": 6}
+# the pipelined kernel (head_dim 128): plain, with tail rows, with the sum-checked softmax
+PIPELINED = ("wgmma_pv", "wgmma_tail", "wgmma_sumcheck")
 TAILED = ("wgmma_tail",)                   # run the tail kernel where the shape has tail rows
 # variants of the pipelined GQA kernel alone: the MLA latent runs its own P V kernel for them
-GQA_VARIANTS = TAILED + ("wgmma_sumcheck", "wgmma_fixedref")
+GQA_VARIANTS = TAILED + ("wgmma_sumcheck",)
 # A library caller gets mma.sync (any GPU from sm_80). The harness's cells pick with their
 # custom_impl knob, whose `auto` is wgmma on Hopper: measured faster there (kernels/NOTES.md).
 DEFAULT_IMPL = "mma"
@@ -133,8 +128,7 @@ DEFAULT_IMPL = "mma"
 
 def _resolve_impl(impl: str, index: int, warps: int) -> int:
     """The variant to launch (tva_gqa_forward's `wgmma`: _IMPL_CODE): impl "mma" (any GPU),
-    "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_sumcheck" or "wgmma_fixedref" (compute capability
-    9.0, 4 or 8 warps;
+    "wgmma", "wgmma_pv", "wgmma_tail" or "wgmma_sumcheck" (compute capability 9.0, 4 or 8 warps;
     an error where it cannot run)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")

@@ -603,22 +603,23 @@ __device__ __forceinline__ bool online_softmax(const float (&s)[NK / 8][4], int 
 // first tile has set m (kernels/NOTES.md), so the exact path runs on few tiles.
 constexpr float SUMCHECK_BOUND = static_cast<float>(1 << (static_cast<int>(RESCALE_LOG2) - 1));
 
-// P = 2^(S scale - m) into x for a tile, m the rows' reference max as given (max_ref'd by the
-// caller), with the tree part and the keys past the split masked where the tile has any. P from S
-// itself where the tile has no masked key (most tiles): a masked copy of S, live beside S (which
-// the sum-checked softmax's exact path reads again), would cost a move a score.
 template <int NK>
-__device__ __forceinline__ void tile_exps(const float (&s)[NK / 8][4], int kb, int L, int k_end,
-                                          const int32_t* const (&bits_row)[2], int tig, float scale,
-                                          const float (&m_use)[2], float (&x)[NK / 8][4]) {
+__device__ __forceinline__ bool sumchecked_softmax(const float (&s)[NK / 8][4], int kb, int L, int k_end,
+                                                   const int32_t* const (&bits_row)[2], int tig, float scale,
+                                                   float (&m_run)[2], float (&l_run)[2], float (&x)[NK / 8][4],
+                                                   float (&alpha)[2]) {
+    // P from S itself where the tile has no masked key (most tiles): a masked copy of S, live
+    // beside S (which the exact path reads again), would cost a move a score.
     const auto exps = [&](const float (&from)[NK / 8][4]) {
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf)
+        for (int hf = 0; hf < 2; ++hf) {
+            const float m_use = max_ref(m_run[hf]);
 #pragma unroll
             for (int nt = 0; nt < NK / 8; ++nt) {
-                x[nt][2 * hf] = fast_exp2(fmaf(from[nt][2 * hf], scale, -m_use[hf]));
-                x[nt][2 * hf + 1] = fast_exp2(fmaf(from[nt][2 * hf + 1], scale, -m_use[hf]));
+                x[nt][2 * hf] = fast_exp2(fmaf(from[nt][2 * hf], scale, -m_use));
+                x[nt][2 * hf + 1] = fast_exp2(fmaf(from[nt][2 * hf + 1], scale, -m_use));
             }
+        }
     };
     if (kb + NK <= L) {
         exps(s);
@@ -631,15 +632,6 @@ __device__ __forceinline__ void tile_exps(const float (&s)[NK / 8][4], int kb, i
         mask_tile<NK>(masked, kb, L, k_end, bits_row, tig);
         exps(masked);
     }
-}
-
-template <int NK>
-__device__ __forceinline__ bool sumchecked_softmax(const float (&s)[NK / 8][4], int kb, int L, int k_end,
-                                                   const int32_t* const (&bits_row)[2], int tig, float scale,
-                                                   float (&m_run)[2], float (&l_run)[2], float (&x)[NK / 8][4],
-                                                   float (&alpha)[2]) {
-    const float m_use[2] = {max_ref(m_run[0]), max_ref(m_run[1])};
-    tile_exps<NK>(s, kb, L, k_end, bits_row, tig, scale, m_use, x);
     const float sum[2] = {row_sum(x, 0), row_sum(x, 1)};
     // `<=` is false for NaN: a NaN term sends the tile to the exact path too.
     const bool within = sum[0] <= SUMCHECK_BOUND && sum[1] <= SUMCHECK_BOUND && m_run[0] != -INFINITY &&
@@ -652,21 +644,6 @@ __device__ __forceinline__ bool sumchecked_softmax(const float (&s)[NK / 8][4], 
         l_run[hf] = l_run[hf] * alpha[hf] + sum[hf];    // online_softmax's update at alpha 1
     }
     return false;
-}
-
-// Whether the fixed-reference pass over a split must be run again exactly (FIXEDREF in
-// gqa_pipelined): a sum or an element of O not finite (`<` is false for NaN), or a row that the
-// first tile showed nothing with later tiles to come.
-template <int D>
-__device__ __forceinline__ bool fixed_ref_failed(const float (&o)[D / 8][4], const float (&l_run)[2],
-                                                 const float (&m_run)[2], int tiles) {
-    bool failed = !(l_run[0] < INFINITY) || !(l_run[1] < INFINITY) ||
-                  (tiles > 1 && (m_run[0] == -INFINITY || m_run[1] == -INFINITY));
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) failed = failed || !(fabsf(o[dt][e]) < INFINITY);
-    return failed;
 }
 
 // O's two rows of this thread (the C layout) times their factors.
@@ -1096,11 +1073,10 @@ __device__ __forceinline__ void copy_tile_rows(uint32_t dst, const char* base, i
     }
 }
 
-template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false, bool SUMCHECK = false, bool FIXEDREF = false>
+template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false, bool SUMCHECK = false>
 __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap,
                                               int trace_row = -1) {
     static_assert(!(TMA && PAGED), "tensor copies for a contiguous cache only");
-    static_assert(!FIXEDREF || (!TMA && !TAIL && !SUMCHECK), "the fixed reference: cp.async copies, no tail rows");
     static_assert(!TAIL || (!TMA && !PAGED && NW == 4 && D == 128), "the tail row: cp.async, contiguous, 4 warps, d 128");
     constexpr int CH = D / 8, NT = NW * 32, STAGES = GqaConfig<D>::STAGES;
     constexpr int TILE = GqaConfig<D>::TILE_BYTES;
@@ -1233,32 +1209,28 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             fence_mbarrier_init();
         }
     }
-    // Prologue: {Q, K_0, V_0}, {K_1, V_1}, {K_2}: one commit group each, then S_0. (FIXEDREF's
-    // second pass over the split runs it again, Q then in registers already.)
-    auto prologue = [&]() {
-        fetch_page(0);
+    // Prologue: {Q, K_0, V_0}, {K_1, V_1}, {K_2}: one commit group each, then S_0.
+    fetch_page(0);
 #pragma unroll
-        for (int t = 0; t < 3; ++t) {
-            if (t < n) {
-                const uint32_t offs = row_offset(t);
-                copy_tile(k_stage(t), kbase, p.k_st, t, offs, 0);
-                if (t < 2) copy_tile(v_stage(t), vbase, p.v_st, t, offs, 16);
-                else voff = offs;
-                fetch_page(t + 1);
-            }
-            cp_async_commit();
+    for (int t = 0; t < 3; ++t) {
+        if (t < n) {
+            const uint32_t offs = row_offset(t);
+            copy_tile(k_stage(t), kbase, p.k_st, t, offs, 0);
+            if (t < 2) copy_tile(v_stage(t), vbase, p.v_st, t, offs, 16);
+            else voff = offs;
+            fetch_page(t + 1);
         }
-        cp_async_wait<2>();
-        // TAIL: an empty group in V_2's place, so that every iteration's top wait counts two groups
-        // behind it, K_{j+3}'s and V_{j+2}'s (V_{j+2} goes out after the second barrier).
-        if constexpr (TAIL) cp_async_commit();
-        fence_proxy_async();
-        __syncthreads();              // TMA: the barriers are initialised before anyone waits on one
-        if constexpr (TMA) {
-            if (n > 0) mbar_wait(k_bar(0), 0);
-        }
-    };
-    prologue();
+        cp_async_commit();
+    }
+    cp_async_wait<2>();
+    // TAIL: an empty group in V_2's place, so that every iteration's top wait counts two groups
+    // behind it, K_{j+3}'s and V_{j+2}'s (V_{j+2} goes out after the second barrier).
+    if constexpr (TAIL) cp_async_commit();
+    fence_proxy_async();
+    __syncthreads();              // TMA: the barriers are initialised before anyone waits on one
+    if constexpr (TMA) {
+        if (n > 0) mbar_wait(k_bar(0), 0);
+    }
     trace::stamp(trace_row, STAMP_LANDED);
 
     uint32_t qa[D / 16][4];
@@ -1372,139 +1344,97 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             return online_softmax<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
     };
 
-    // FIXEDREF (`custom_impl: wgmma_fixedref`): the loop's tiles take P against the reference max
-    // the split's first tile set, with no max and no vote on the warp's chain: the exponentials
-    // (FFMA + MUFU a score) and the row sums are the whole softmax. A stale reference costs no
-    // precision (P and O keep their relative precision at any power of two, and exact underflow
-    // only happens where the true max is higher still), only range: a score more than ~100 log2
-    // units above the first tile's max could overflow P or O. After the split, a non-finite O or
-    // sum, or a row the first tile showed nothing (its reference 0 may have underflowed every
-    // later score), sends the whole CTA through the split again on the exact path
-    // (online_softmax). (Row sums on the tensor core instead, P times a tile of ones beside
-    // P V, measured slower: kernels/NOTES.md, session 51.)
-    float m_fix[2] = {0.f, 0.f};
-    auto fixed_softmax = [&](const float (&s)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&)[2]) {
-        tile_exps<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_fix, x);
-        l_run[0] += row_sum(x, 0);
-        l_run[1] += row_sum(x, 1);
-        return false;
-    };
-    // The split's tiles: the first on the exact path (it sets m), then the loop.
-    auto run_split = [&](auto fixed_c) {
-        constexpr bool FIXED = decltype(fixed_c)::value;
-        if (n > 0) {
-            float s[BN / 8][4], st[1][4], x[BN / 8][4], alpha[2];
-            wgmma_fence();
-            issue_s(s, st, 0);
-            wgmma_wait<0>();
-            keep_live(s);
-            // O is still zero: alpha is not needed
-            online_softmax<BN>(s, sr.begin, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
-            pack_p<BN>(x, pa[0]);
-            if constexpr (TAIL) {
-                keep_live(st);
-                tail_softmax(st, 0);
-            }
-        }
-        if constexpr (FIXED) {
-            m_fix[0] = max_ref(m_run[0]);
-            m_fix[1] = max_ref(m_run[1]);
-        }
-        // One tile. P_tile is in pa[PA] (tile's parity: the loop runs tiles in pairs, so the index is
-        // a constant); P_{tile+1} goes to the other one while P_tile V_tile may still run.
-        auto step = [&](int tile, auto pa_index) {
-            constexpr int PA = decltype(pa_index)::value;
-            const bool more = tile + 1 < n;
-            // K_{tile+1} and V_tile landed (only this iteration's group may still be in flight, and
-            // it has not been committed yet); every warp is done with K_tile.
-            if constexpr (TMA) {
-                // K_j is the (j / 3)-th copy into its stage, V_j the (j / 4)-th: that use's parity.
-                if (more) mbar_wait(k_bar(tile + 1), static_cast<uint32_t>((tile + 1) / STAGES) & 1u);
-                mbar_wait(v_bar(tile), static_cast<uint32_t>(tile / V_STAGES) & 1u);
-                // A box reads the cache's rows past the sequence (cp.async zero-fills them): their
-                // scores are masked, but P = 0 times a NaN or infinite V row is NaN, so those V rows
-                // become zeros before P V reads them (only the sequence's last tile has any).
-                const int valid = L + T - (sr.begin + tile * BN);
-                if (valid < BN) zero_rows<BN, D / 8, NT>(v_stage(tile), valid > 0 ? valid : 0, tid);
-            } else {
-                cp_async_wait<TAIL ? 2 : 1>();
-            }
-            fence_proxy_async();
-            __syncthreads();
-            if constexpr (TAIL) tail_rescale();
-
-            // S_{tile+1} then P_tile V_tile. On the last tile S is issued again on K_tile, still in
-            // its stage, and dropped: a branch between the fence and the MMAs makes ptxas serialise
-            // every wgmma of the kernel (advisory C7513).
-            float s[BN / 8][4], st[1][4];
-            wgmma_fence();            // o and pa were last written by ordinary instructions
-            issue_s(s, st, more ? tile + 1 : tile);
-            const uint64_t v_desc = desc_mnmajor_sw128(v_stage(tile));
-    #pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
-            if constexpr (TAIL) issue_pv_tail(tile);
-            wgmma_commit();
-            // K_{tile+3} and V_{tile+2} go out while the tensor cores run: K_{tile+3} into K_tile's
-            // stage (S_tile finished in the previous iteration), V_{tile+2} into V_{tile-2}'s (P_{tile-2}
-            // V_{tile-2} was retired by the previous iteration's wait_group 1), both for every warp
-            // before the barrier above. A warp's wait_group covers its own share of a warpgroup MMA,
-            // so a stage is free only after such a barrier (CUTLASS's consumers release a stage
-            // likewise). Paged: V_{tile+3} will reuse K_{tile+3}'s row offsets.
-            uint32_t offs3 = 0;
-            if (tile + 3 < n) {
-                offs3 = row_offset(tile + 3);
-                copy_tile(k_stage(tile + 3), kbase, p.k_st, tile + 3, offs3, 0);
-                fetch_page(tile + 4);
-            }
-            if (!TAIL && tile + 2 < n) copy_tile(v_stage(tile + 2), vbase, p.v_st, tile + 2, voff, 16);
-            if (tile + 3 < n) voff = offs3;
-            cp_async_commit();
-            if (more) {
-                // S_{tile+1}, and with it every older group: P_{tile-1} V_{tile-1} too. Only P_tile
-                // V_tile (TAIL: and the tail's S^T) may still run.
-                wgmma_wait<TAIL ? 2 : 1>();
-                keep_live(s);
-                if constexpr (FIXED)
-                    softmax_rescale_pack<D, BN>(s, tile + 1, fixed_softmax, o, pa[1 - PA]);
-                else
-                    softmax_rescale_pack<D, BN>(s, tile + 1, softmax, o, pa[1 - PA]);
-                if constexpr (TAIL) {
-                    wgmma_wait<1>();      // the tail's S^T_{tile+1}
-                    keep_live(st);
-                    __syncthreads();      // every warp has retired P_{tile-1} V_{tile-1} and O^T's with it
-                    tail_softmax(st, tile + 1);
-                }
-            } else {
-                wgmma_wait<0>();
-                keep_live(o);
-            }
-            if constexpr (TAIL) {     // V_{tile+2} into V_{tile-1}'s stage
-                if (tile + 2 < n) copy_tile(v_stage(tile + 2), vbase, p.v_st, tile + 2, voff, 16);
-                cp_async_commit();
-            }
-        };
-        trace::stamp(trace_row, STAMP_FIRST_TILE);
-        run_tiles(n, step);
-        // The last step waited for every product; ptxas cannot tell across the loops, and would
-        // inject this wait itself (advisory C7517).
+    if (n > 0) {
+        float s[BN / 8][4], st[1][4], x[BN / 8][4], alpha[2];
+        wgmma_fence();
+        issue_s(s, st, 0);
         wgmma_wait<0>();
-        keep_live(o);
-        cp_async_wait<0>();
-    };
-    if constexpr (FIXEDREF) {
-        run_split(std::true_type{});
-        const bool fixed_done = !__syncthreads_or(fixed_ref_failed<D>(o, l_run, m_run, n));
-        if (!fixed_done) {        // every warp is past its last read of the stages (the barrier)
-#pragma unroll
-            for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-            m_run[0] = m_run[1] = -INFINITY;
-            l_run[0] = l_run[1] = 0.f;
-            prologue();
-            run_split(std::false_type{});
+        keep_live(s);
+        // O is still zero: alpha is not needed
+        online_softmax<BN>(s, sr.begin, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
+        pack_p<BN>(x, pa[0]);
+        if constexpr (TAIL) {
+            keep_live(st);
+            tail_softmax(st, 0);
         }
-    } else {
-        run_split(std::false_type{});
     }
+    // One tile. P_tile is in pa[PA] (tile's parity: the loop runs tiles in pairs, so the index is
+    // a constant); P_{tile+1} goes to the other one while P_tile V_tile may still run.
+    auto step = [&](int tile, auto pa_index) {
+        constexpr int PA = decltype(pa_index)::value;
+        const bool more = tile + 1 < n;
+        // K_{tile+1} and V_tile landed (only this iteration's group may still be in flight, and
+        // it has not been committed yet); every warp is done with K_tile.
+        if constexpr (TMA) {
+            // K_j is the (j / 3)-th copy into its stage, V_j the (j / 4)-th: that use's parity.
+            if (more) mbar_wait(k_bar(tile + 1), static_cast<uint32_t>((tile + 1) / STAGES) & 1u);
+            mbar_wait(v_bar(tile), static_cast<uint32_t>(tile / V_STAGES) & 1u);
+            // A box reads the cache's rows past the sequence (cp.async zero-fills them): their
+            // scores are masked, but P = 0 times a NaN or infinite V row is NaN, so those V rows
+            // become zeros before P V reads them (only the sequence's last tile has any).
+            const int valid = L + T - (sr.begin + tile * BN);
+            if (valid < BN) zero_rows<BN, D / 8, NT>(v_stage(tile), valid > 0 ? valid : 0, tid);
+        } else {
+            cp_async_wait<TAIL ? 2 : 1>();
+        }
+        fence_proxy_async();
+        __syncthreads();
+        if constexpr (TAIL) tail_rescale();
+
+        // S_{tile+1} then P_tile V_tile. On the last tile S is issued again on K_tile, still in
+        // its stage, and dropped: a branch between the fence and the MMAs makes ptxas serialise
+        // every wgmma of the kernel (advisory C7513).
+        float s[BN / 8][4], st[1][4];
+        wgmma_fence();            // o and pa were last written by ordinary instructions
+        issue_s(s, st, more ? tile + 1 : tile);
+        const uint64_t v_desc = desc_mnmajor_sw128(v_stage(tile));
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
+        if constexpr (TAIL) issue_pv_tail(tile);
+        wgmma_commit();
+        // K_{tile+3} and V_{tile+2} go out while the tensor cores run: K_{tile+3} into K_tile's
+        // stage (S_tile finished in the previous iteration), V_{tile+2} into V_{tile-2}'s (P_{tile-2}
+        // V_{tile-2} was retired by the previous iteration's wait_group 1), both for every warp
+        // before the barrier above. A warp's wait_group covers its own share of a warpgroup MMA,
+        // so a stage is free only after such a barrier (CUTLASS's consumers release a stage
+        // likewise). Paged: V_{tile+3} will reuse K_{tile+3}'s row offsets.
+        uint32_t offs3 = 0;
+        if (tile + 3 < n) {
+            offs3 = row_offset(tile + 3);
+            copy_tile(k_stage(tile + 3), kbase, p.k_st, tile + 3, offs3, 0);
+            fetch_page(tile + 4);
+        }
+        if (!TAIL && tile + 2 < n) copy_tile(v_stage(tile + 2), vbase, p.v_st, tile + 2, voff, 16);
+        if (tile + 3 < n) voff = offs3;
+        cp_async_commit();
+        if (more) {
+            // S_{tile+1}, and with it every older group: P_{tile-1} V_{tile-1} too. Only P_tile
+            // V_tile (TAIL: and the tail's S^T) may still run.
+            wgmma_wait<TAIL ? 2 : 1>();
+            keep_live(s);
+            softmax_rescale_pack<D, BN>(s, tile + 1, softmax, o, pa[1 - PA]);
+            if constexpr (TAIL) {
+                wgmma_wait<1>();      // the tail's S^T_{tile+1}
+                keep_live(st);
+                __syncthreads();      // every warp has retired P_{tile-1} V_{tile-1} and O^T's with it
+                tail_softmax(st, tile + 1);
+            }
+        } else {
+            wgmma_wait<0>();
+            keep_live(o);
+        }
+        if constexpr (TAIL) {     // V_{tile+2} into V_{tile-1}'s stage
+            if (tile + 2 < n) copy_tile(v_stage(tile + 2), vbase, p.v_st, tile + 2, voff, 16);
+            cp_async_commit();
+        }
+    };
+    trace::stamp(trace_row, STAMP_FIRST_TILE);
+    run_tiles(n, step);
+    // The last step waited for every product; ptxas cannot tell across the loops, and would
+    // inject this wait itself (advisory C7517).
+    wgmma_wait<0>();
+    keep_live(o);
+    cp_async_wait<0>();
     trace::stamp(trace_row, STAMP_LOOP);
 
     float t_o = 0.f, t_lse = -INFINITY;      // TAIL: this thread's dim of the tail row, its lse
@@ -1517,13 +1447,13 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     if (TAIL && t_valid) write_tail_row<D>(p, t_o, t_lse, t_row, b, h, split, tid);
 }
 
-template <int D, int NW, bool PAGED, bool SUMCHECK = false, bool FIXEDREF = false>
+template <int D, int NW, bool PAGED, bool SUMCHECK = false>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_pipelined_kernel(const AttnParams p) {
     const int trace_row = trace::begin(TRACE_PIPELINED);
     wait_for_previous_kernel();
     trace::stamp(trace_row, STAMP_WAITED);
-    gqa_pipelined<D, NW, PAGED, false, false, SUMCHECK, FIXEDREF>(p, nullptr, nullptr, trace_row);
+    gqa_pipelined<D, NW, PAGED, false, false, SUMCHECK>(p, nullptr, nullptr, trace_row);
     trace::end(trace_row, STAMP_END);
 }
 
@@ -2108,12 +2038,10 @@ static cudaError_t prepare(Kernel kernel, int smem) {
 }
 
 // The kernel of a variant: wgmma 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (pipelined), 3
-// the pipelined kernel with tail rows, 6 the pipelined kernel with the sum-checked softmax, 8 the
-// pipelined kernel with the fixed reference max.
+// the pipelined kernel with tail rows, 6 the pipelined kernel with the sum-checked softmax.
 template <int D, int NW, bool PAGED, int WGMMA>
 constexpr auto gqa_variant() {
-    if constexpr (WGMMA == 8) return gqa_pipelined_kernel<D, NW, PAGED, false, true>;
-    else if constexpr (WGMMA == 6) return gqa_pipelined_kernel<D, NW, PAGED, true>;
+    if constexpr (WGMMA == 6) return gqa_pipelined_kernel<D, NW, PAGED, true>;
     else if constexpr (WGMMA == 3) return gqa_tail_kernel<D, NW>;
     else if constexpr (WGMMA == 2) return gqa_pipelined_kernel<D, NW, PAGED>;
     else return gqa_kernel<D, NW, PAGED, WGMMA == 1>;
@@ -2190,22 +2118,14 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
     const int m_blocks = (M + bm - 1) / bm;
     // wgmma: 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (head_dim 128 only), 3 as 2 with the
     // rows past the last full row block as tail rows where M has that shape (else as 2), 6 as 2
-    // with the sum-checked softmax, 8 as 2 with the fixed reference max (as tva_gqa_forward
-    // documents). Any other code is refused here: in the switch below, a code's sum with the warps
-    // could name another variant's case.
-    if (wgmma < 0 || (wgmma > 3 && wgmma != 6 && wgmma != 8)) return cudaErrorInvalidValue;
+    // with the sum-checked softmax (as tva_gqa_forward documents). Any other code is refused here:
+    // in the switch below, a code's sum with the warps could name another variant's case.
+    if (wgmma < 0 || (wgmma > 3 && wgmma != 6)) return cudaErrorInvalidValue;
     if (wgmma >= 2 && D != 128) return cudaErrorInvalidValue;
     if (wgmma == 3 && !PAGED && num_warps == 4 && tail_row_blocks(M, bm) > 0) {
         if constexpr (!PAGED && D == 128) return launch_gqa<D, 4, false, 3>(p, stream, tail_row_blocks(M, bm));
     }
     if (wgmma == 3) wgmma = 2;
-    if (wgmma == 8) {                    // the fixed reference: the pipelined kernel's shapes, cp.async
-        if constexpr (D == 128) {
-            if (num_warps == 4) return launch_gqa<D, 4, PAGED, 8>(p, stream, m_blocks);
-            if (num_warps == 8) return launch_gqa<D, 8, PAGED, 8>(p, stream, m_blocks);
-        }
-        return cudaErrorInvalidValue;
-    }
     if (wgmma == 6) {                    // the sum-checked softmax: the pipelined kernel's shapes
         if constexpr (D == 128) {
 #ifdef TVA_TMA
@@ -2265,7 +2185,6 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     TVA_OCC(128, 4, 0, 2) TVA_OCC(128, 8, 0, 2) TVA_OCC(128, 4, 1, 2) TVA_OCC(128, 8, 1, 2)
     TVA_OCC(128, 4, 0, 3)
     TVA_OCC(128, 4, 0, 6) TVA_OCC(128, 8, 0, 6) TVA_OCC(128, 4, 1, 6) TVA_OCC(128, 8, 1, 6)
-    TVA_OCC(128, 4, 0, 8) TVA_OCC(128, 8, 0, 8) TVA_OCC(128, 4, 1, 8) TVA_OCC(128, 8, 1, 8)
 #undef TVA_OCC_D
 #undef TVA_OCC
     return blocks;
@@ -2275,8 +2194,7 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
 // wgmma = 0: mma.sync (any GPU from sm_80); 1: S = Q K^T on Hopper's warpgroup MMA (4 or 8 warps;
 // a 9.0a build on an sm_90 GPU); 2: P V on it too; 3: as 2, with tail rows where the shape has
 // them (a contiguous cache, 4 warps); 6: as 2, with the sum-checked softmax (the tile max only
-// where P's sums say m may move); 8: as 2, with the reference max fixed by a split's first tile
-// and the row sums on the tensor core. 4, 5 and 7 were variants since removed (measured slower,
+// where P's sums say m may move). 4, 5 and 7 were variants since removed (measured slower,
 // kernels/NOTES.md sessions 26-32): they, as any other code, return cudaErrorInvalidValue.
 int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int paged, int wgmma, void* stream) {
     const AttnParams& p = *params;

@@ -350,58 +350,6 @@ def test_sumcheck_takes_the_exact_path_for_a_row_that_has_seen_nothing(emu):
     assert _run(emu, pt, [0, 0], 1, warps=4, wgmma=6, self_only=True, key_ramp=big) < 5e-3
 
 
-# The fixed reference max (wgmma 8: P against a split's first tile's max, the row sums on the
-# tensor core, the split run again exactly where that overflowed): every shape the pipelined
-# kernel runs; its copies and barriers are wgmma_pv's, so one schedule, the racy one.
-@pytest.mark.parametrize("case", list(PV_CASES))
-def test_gqa_fixedref_kernel_matches_reference(emu, case):
-    emu.emu_configure(*SCHEDULES["skewed-early-copies"])
-    pt, lengths, splits, warps = PV_CASES[case]
-    assert _run(emu, pt, lengths, splits, warps=warps, wgmma=8) < 5e-3
-
-
-FIXEDREF_RANGE_CASES = {
-    # scores growing ~13x over 300 keys: P reaches ~2^50 against the first tile's max, within
-    # range, so no second pass; a kernel that lost precision with a stale reference fails here
-    "drift-in-range": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [300, 250], 2,
-                       lambda j: 1.0 + 0.04 * j, "contiguous"),
-    # ~60x over 300 keys: P overflows to inf in the later tiles, and the split runs again
-    # exactly (without that pass the output is NaN)
-    "overflow-contiguous": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [300, 250], 2,
-                            lambda j: 1.0 + 0.2 * j, "contiguous"),
-    "overflow-paged-8warps": (_point(heads=16, kv_heads=2, T=16, d=128, layout="paged"), [300], 2,
-                              lambda j: 1.0 + 0.2 * j, "paged"),
-}
-
-
-@pytest.mark.parametrize("case", list(FIXEDREF_RANGE_CASES))
-def test_fixedref_kernel_over_a_growing_range(emu, case):
-    emu.emu_configure(*SCHEDULES["skewed"])
-    pt, lengths, splits, ramp, layout = FIXEDREF_RANGE_CASES[case]
-    warps = 8 if "8warps" in case else 4
-    if layout == "paged":            # key_ramp scales a contiguous cache's rows: scale the pool's
-        def edit(inp):               # rows by their key index through the page table instead
-            ps, table = pt.page_size, inp["page_table"]
-            for i, L in enumerate(lengths):
-                for key in range(L + pt.tokens):
-                    page, slot = int(table[i, key // ps]), key % ps
-                    row = inp["k"][page, :, slot].float() * ramp(torch.tensor(float(key)))
-                    inp["k"][page, :, slot] = row.to(torch.bfloat16)
-        assert _run(emu, pt, lengths, splits, warps=warps, wgmma=8, edit=edit) < 5e-3
-    else:
-        assert _run(emu, pt, lengths, splits, warps=warps, wgmma=8, key_ramp=ramp) < 5e-3
-
-
-def test_fixedref_runs_again_for_a_row_that_has_seen_nothing(emu):
-    """Tree token 64 sees only itself (key 64, the second tile): the first tile sets no max for
-    it, and P against a reference of 0 underflows where its score is ~-700 in log2 units (keys
-    x 500): the split must run again on the exact path, which sets the max from the score."""
-    emu.emu_configure(*SCHEDULES["lockstep"])
-    pt = _point(b=2, heads=8, kv_heads=2, T=65, d=128)
-    big = lambda j: torch.full_like(j, 500.0)
-    assert _run(emu, pt, [0, 0], 1, warps=4, wgmma=8, self_only=True, key_ramp=big) < 5e-3
-
-
 @pytest.mark.parametrize("schedule", ["lockstep", "skewed"])
 def test_wgmma_pv_rescales_when_the_max_grows(emu, schedule):
     """The pipelined kernel moves a row's reference max only when a tile's max exceeds it by
@@ -622,12 +570,12 @@ def test_every_kernel_fits_the_h200_shared_memory(emu):
     assert 200 * 1024 < emu.tva_mla_smem_bytes() <= H200_SMEM_OPTIN
 
 
-@pytest.mark.parametrize("wgmma", [4, 5, 7, 9, -1])
+@pytest.mark.parametrize("wgmma", [4, 5, 7, 8, -1])
 def test_a_code_without_a_variant_is_refused(emu, wgmma):
     """tva_gqa_forward refuses a code that names no variant (4, 5 and 7 once did, variants since
     removed) with cudaErrorInvalidValue and launches nothing, at every warp count, head dim and
-    layout: not a kernel of another code whose sum with the warps it matches (9 at 2 warps is 17,
-    the wgmma kernel at 4 warps). tva_gqa_occupancy answers 0 for it, its error value."""
+    layout: not a kernel of another code whose sum with the warps it matches (8 at 2 warps is 16,
+    the mma kernel at 4 warps). tva_gqa_occupancy answers 0 for it, its error value."""
     emu.emu_dry_run(1)
     try:
         for d in (64, 128):
@@ -656,20 +604,3 @@ def test_launch_limits_are_enforced(emu):
     finally:
         emu.emu_dry_run(0)
         emu.emu_clear_fault()
-
-
-def test_the_fixed_reference_runs_only_where_the_pipelined_kernel_does(emu):
-    """wgmma 8 (wgmma_fixedref) at head dim 64 or 2 warps is refused like any other code there,
-    launching nothing; at head dim 128 with 4 or 8 warps it launches, on either layout."""
-    emu.emu_dry_run(1)
-    try:
-        for d, warps, paged in [(64, 4, 0), (64, 8, 1), (128, 2, 0), (128, 2, 1)]:
-            p = _launch_params(1, 32, 8, 65, 4, 16 if paged else 1)
-            before = emu.emu_launch_count()
-            assert emu.tva_gqa_forward(ctypes.byref(p), d, warps, paged, 8, None) == 1, (d, warps, paged)
-            assert emu.emu_launch_count() == before
-        for warps, paged in [(4, 0), (8, 0), (4, 1), (8, 1)]:
-            p = _launch_params(1, 32, 8, 65, 4, 16 if paged else 1)
-            assert emu.tva_gqa_forward(ctypes.byref(p), 128, warps, paged, 8, None) == 0, (warps, paged)
-    finally:
-        emu.emu_dry_run(0)

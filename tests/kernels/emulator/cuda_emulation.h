@@ -745,19 +745,6 @@ inline dim3 emu_thread_idx() { return dim3(static_cast<unsigned>(emu::me().tid))
 #define blockDim (emu::current_block()->dim)
 
 inline void __syncthreads() { emu::syncthreads(); }
-// A block barrier that returns whether any thread's predicate was non-zero: each thread leaves
-// its predicate in its slot's last word between two barriers, and a third keeps the slots until
-// every thread has read them.
-inline int __syncthreads_or(int predicate) {
-    emu::Block* b = emu::current_block();
-    emu::syncthreads();
-    b->slots[emu::me().tid][15] = predicate ? 1u : 0u;
-    emu::syncthreads();
-    int any = 0;
-    for (unsigned t = 0; t < b->dim.x; ++t) any |= b->slots[t][15] != 0;
-    emu::syncthreads();
-    return any;
-}
 
 inline float __shfl_xor_sync(unsigned, float v, int mask) {
     uint32_t u;
