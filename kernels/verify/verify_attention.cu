@@ -170,25 +170,6 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t
 #endif
 }
 
-// d[64 x 32] (+)= A[64 x 16] x B[16 x 32], A in registers as for wgmma_m64n64k16: S of a 32-key
-// tile (custom_impl wgmma_k32).
-__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc,
-                                                int accumulate) {
-#ifdef TVA_WGMMA
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-        "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
-          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-#else
-    __trap();
-#endif
-}
-
 // d[64 x 32] (+)= A[64 x 16] x B[16 x 32], both operands through shared-memory descriptors.
 __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b,
                                                    int accumulate) {
@@ -288,12 +269,11 @@ __device__ __forceinline__ void wgmma_m64n8k16_ss_ta(float (&d)[1][4], uint64_t 
 
 // The MN-major twin of sm90.cuh's desc_kmajor_sw128 for an operand (B of P V: V tiles stored
 // as K tiles are, 64-column blocks of 128-byte rows, one row per key): the leading byte offset
-// is the stride between 64-column blocks along N (ROWS keys x 128 bytes), the stride byte offset
+// is the stride between 64-column blocks along N (BN rows x 128 bytes), the stride byte offset
 // the stride between groups of 8 rows along K (1024 bytes).
-template <int ROWS = BN>
 __host__ __device__ __forceinline__ uint64_t desc_mnmajor_sw128(uint32_t smem_byte_addr) {
     return static_cast<uint64_t>((smem_byte_addr & 0x3FFFF) >> 4) |
-           (static_cast<uint64_t>((ROWS * 128) >> 4) << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
+           (static_cast<uint64_t>((BN * 128) >> 4) << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
            (static_cast<uint64_t>(1) << 62);
 }
 
@@ -339,19 +319,17 @@ __device__ __forceinline__ int read_length(const AttnParams& p, int b) {
                            : static_cast<const int32_t*>(p.lengths)[b];
 }
 
-// Keys [k_begin, k_end) of this split: chunks of ceil(n / splits) keys rounded up to whole tiles
-// of TK keys.
+// Keys [k_begin, k_end) of this split: chunks of ceil(n / splits) keys rounded up to whole tiles.
 struct SplitRange {
     int begin, end, tiles;
 };
-template <int TK = BN>
 __device__ __forceinline__ SplitRange split_range(int n_keys, int splits, int split) {
     int chunk = (n_keys + splits - 1) / splits;
-    chunk = (chunk + TK - 1) / TK * TK;
+    chunk = (chunk + BN - 1) / BN * BN;
     SplitRange s;
     s.begin = split * chunk;
     s.end = min(n_keys, s.begin + chunk);
-    s.tiles = s.end > s.begin ? (s.end - s.begin + TK - 1) / TK : 0;
+    s.tiles = s.end > s.begin ? (s.end - s.begin + BN - 1) / BN : 0;
     return s;
 }
 
@@ -775,10 +753,9 @@ struct GqaConfig {
 };
 
 // WG: S = Q K^T with wgmma (K tiles stored as 64-column blocks, 1024-byte aligned: +1 KB slack).
-// BK: keys a K or V tile.
-template <int D, int NW, bool WG, int BK = BN>
+template <int D, int NW, bool WG>
 constexpr int gqa_smem_bytes() {
-    return 16 * NW * D * 2 + GqaConfig<D>::STAGES * 2 * BK * D * 2 + (WG ? 1024 : 0);
+    return 16 * NW * D * 2 + GqaConfig<D>::STAGES * 2 * GqaConfig<D>::TILE_BYTES + (WG ? 1024 : 0);
 }
 
 template <int D, int NW, bool PAGED, bool WG>
@@ -1074,21 +1051,21 @@ __device__ __forceinline__ void write_tail_row(const AttnParams& p, float o, flo
     }
 }
 
-// A contiguous cache's K or V tile of keys kb .. kb + TK - 1 by cp.async into its swizzled stage
+// A contiguous cache's K or V tile of keys kb .. kb + BN - 1 by cp.async into its swizzled stage
 // (dst: the stage plus this thread's offset): 16-byte column `lc` of rows lrow0, lrow0 + RS, ...
 // Rows past the split's end are zero-filled (their scores are masked, so P is 0 there).
-template <int RS, int TK = BN>
+template <int RS>
 __device__ __forceinline__ void copy_tile_rows(uint32_t dst, const char* base, int64_t st, int kb, const SplitRange& sr,
                                                int lrow0, int lc) {
-    if (kb + TK <= sr.end) {    // a whole tile (all but a split's last): no predicates
+    if (kb + BN <= sr.end) {    // a whole tile (all but a split's last): no predicates
         const char* src = base + static_cast<int64_t>(kb + lrow0) * st * 2 + lc * 16;
         const int64_t step = static_cast<int64_t>(RS) * st * 2;
 #pragma unroll
-        for (int i = 0; i < TK / RS; ++i) cp_async16(dst + i * RS * 128, src + i * step, true);
+        for (int i = 0; i < BN / RS; ++i) cp_async16(dst + i * RS * 128, src + i * step, true);
         return;
     }
 #pragma unroll
-    for (int i = 0; i < TK / RS; ++i) {
+    for (int i = 0; i < BN / RS; ++i) {
         const int key = kb + lrow0 + i * RS;
         const bool ok = key < sr.end;
         const int64_t off = static_cast<int64_t>(ok ? key : sr.begin) * st;
@@ -1096,20 +1073,16 @@ __device__ __forceinline__ void copy_tile_rows(uint32_t dst, const char* base, i
     }
 }
 
-template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false, bool SUMCHECK = false, int BK = BN>
+template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false, bool SUMCHECK = false>
 __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap,
                                               int trace_row = -1) {
     static_assert(!(TMA && PAGED), "tensor copies for a contiguous cache only");
     static_assert(!TAIL || (!TMA && !PAGED && NW == 4 && D == 128), "the tail row: cp.async, contiguous, 4 warps, d 128");
     constexpr int CH = D / 8, NT = NW * 32, STAGES = GqaConfig<D>::STAGES;
-    constexpr int TILE = BK * D * 2;
+    constexpr int TILE = GqaConfig<D>::TILE_BYTES;
     constexpr int BM = 16 * NW;
     static_assert(NW % 4 == 0, "wgmma needs whole warpgroups");
     static_assert(STAGES == 3, "the rings below load K three tiles and V two tiles ahead");
-    // BK 32 (custom_impl wgmma_k32): half the registers for S and P and a quarter of the shared
-    // memory, so that three CTAs fit a multiprocessor (gqa_min_ctas); the tail row's softmax
-    // gives each warp 16 keys of a 64-key tile.
-    static_assert(BK == 64 || (BK == 32 && !TAIL), "64-key tiles, or 32 without the tail row");
     // V has a fourth stage: the Q tile's shared memory, free once every warp has its Q fragments
     // in registers (before the loop). V_{j+2} then goes into V_{j-2}'s stage, free at iteration
     // j's first barrier, so no second barrier a tile and no copy between S's wait and the softmax.
@@ -1134,7 +1107,7 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     const int b = blockIdx.z / p.heads_kv, h = blockIdx.z % p.heads_kv;
     const int T = p.tokens, G = p.heads_q / p.heads_kv, M = G * T;
     const int L = read_length(p, b);
-    const SplitRange sr = split_range<BK>(L + T, p.num_splits, split);
+    const SplitRange sr = split_range(L + T, p.num_splits, split);
     const int n = sr.tiles;
     // TAIL: this CTA's tail row, if M has one for it
     const int t_row = M / BM * BM + mblock;
@@ -1160,9 +1133,9 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     // 64-column block lc / 8, chunk (lc % 8) ^ (row % 8); RS is a multiple of 8, so the swizzled
     // chunk is the same for all of a thread's rows.
     constexpr int RS = NT / CH;
-    static_assert(NT % CH == 0 && BK % RS == 0 && RS % 8 == 0, "tile copy layout");
+    static_assert(NT % CH == 0 && BN % RS == 0 && RS % 8 == 0, "tile copy layout");
     const int lc = tid % CH, lrow0 = tid / CH;
-    const uint32_t dst0 = (lc >> 3) * (BK * 128) + lrow0 * 128 + (((lc & 7) ^ (lrow0 & 7)) << 4);
+    const uint32_t dst0 = (lc >> 3) * (BN * 128) + lrow0 * 128 + (((lc & 7) ^ (lrow0 & 7)) << 4);
     // Paged: a thread copies 8 rows of every K and V tile, and working out a row's address (its
     // page-table entry, a modulo, two 64-bit multiply-adds, the selects past the split's end) per
     // row doubled the kernel's instructions (ncu at 65 tree tokens, 65536 keys: 120.0 M warp
@@ -1175,7 +1148,7 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     // is a 32-bit count of 16-byte chunks from the head's first row (rows are 16-byte aligned; the
     // Python side refuses a pool past 2^31 chunks, 32 GiB): one shuffle a row, not two, and no
     // 64-bit arithmetic or predicate in the copy.
-    constexpr int WROWS = 2 * (BK / RS);              // rows a warp copies a tile
+    constexpr int WROWS = 2 * (BN / RS);              // rows a warp copies a tile
     static_assert(NT / CH == RS && 32 / CH == 2 && WROWS <= 16, "two rows a warp's 32 lanes, 16 offsets a kind");
     const IntDiv page_size(static_cast<uint32_t>(p.page_size));
     const int pj = lane % WROWS;
@@ -1185,13 +1158,13 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     uint32_t voff = 0;         // this lane's offset in the next V tile (its K tile's, kept)
     auto fetch_page = [&](int tile) {
         if constexpr (PAGED) {
-            const int key = sr.begin + tile * BK + prow, kk = key < sr.end ? key : sr.begin;
+            const int key = sr.begin + tile * BN + prow, kk = key < sr.end ? key : sr.begin;
             page = __ldg(p.page_table + b * p.pt_sb + page_size.div(kk));
         }
     };
     auto row_offset = [&](int tile) -> uint32_t {    // of this lane's row, `page` fetched for `tile`
         if constexpr (!PAGED) return 0;
-        const int key = sr.begin + tile * BK + prow, kk = key < sr.end ? key : sr.begin;
+        const int key = sr.begin + tile * BN + prow, kk = key < sr.end ? key : sr.begin;
         return static_cast<uint32_t>((static_cast<int64_t>(page) * (pv ? p.v_sb : p.k_sb) +
                                       static_cast<int64_t>(page_size.mod(kk)) * (pv ? p.v_st : p.k_st)) >> 3);
     };
@@ -1204,8 +1177,8 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
                 mbar_arrive_expect_tx(bar, TILE);
 #pragma unroll
                 for (int c = 0; c < D / 64; ++c) {
-                    const int32_t at[4] = {64 * c, sr.begin + tile * BK, h, b};
-                    tma_load(stage + c * (BK * 128), first ? vmap : kmap, at, bar);
+                    const int32_t at[4] = {64 * c, sr.begin + tile * BN, h, b};
+                    tma_load(stage + c * (BN * 128), first ? vmap : kmap, at, bar);
                 }
             }
             return;
@@ -1217,12 +1190,12 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             // tiles, so only the sequence's last tile has such rows, and the tree mask sets their
             // scores to -inf (key >= k_end): P is 0 there and their V is never added.
 #pragma unroll
-            for (int i = 0; i < BK / RS; ++i) {
+            for (int i = 0; i < BN / RS; ++i) {
                 const uint32_t chunk = __shfl_sync(0xFFFFFFFFu, offs, first + (lane >> 4) + 2 * i) + lc;
                 cp_async16(dst + i * RS * 128, base + static_cast<uint64_t>(chunk) * 16, true);
             }
         } else {
-            copy_tile_rows<RS, BK>(dst, base, st, sr.begin + tile * BK, sr, lrow0, lc);
+            copy_tile_rows<RS>(dst, base, st, sr.begin + tile * BN, sr, lrow0, lc);
         }
     };
 
@@ -1273,7 +1246,7 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-    uint32_t pa[2][BK / 16][4];
+    uint32_t pa[2][BN / 16][4];
 
     // TAIL: O^T's d rows 0-63 and 64-127 (columns 2 tig, 2 tig + 1: the warps 2 tig and 2 tig + 1
     // whose keys fed them), this warp's running max of its keys' scores of the tail row and this
@@ -1290,20 +1263,17 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     // iteration's wgmma and ptxas serialises them (C7513).
     // TAIL: then the tail row's S^T = K_tile Q_tail^T, a group of its own: the main rows'
     // softmax waits for S alone, as without the tail, and the tail's runs after it.
-    auto issue_s = [&](float (&s)[BK / 8][4], float (&st)[1][4], int tile) {
+    auto issue_s = [&](float (&s)[BN / 8][4], float (&st)[1][4], int tile) {
         const uint64_t k_desc = desc_kmajor_sw128(k_stage(tile));
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const uint64_t kd = desc_advance(k_desc, (kk >> 2) * (BK * 128) + (kk & 3) * 32);
-            if constexpr (BK == 64) wgmma_m64n64k16(s, qa[kk], kd, kk > 0);
-            else wgmma_m64n32k16(s, qa[kk], kd, kk > 0);
-        }
+        for (int kk = 0; kk < D / 16; ++kk)
+            wgmma_m64n64k16(s, qa[kk], desc_advance(k_desc, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
         wgmma_commit();
         if constexpr (TAIL) {
             const uint64_t q_desc = desc_kmajor_sw128(sTail + tail::Q);
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk)
-                wgmma_m64n8k16_ss(st, desc_advance(k_desc, (kk >> 2) * (BK * 128) + (kk & 3) * 32),
+                wgmma_m64n8k16_ss(st, desc_advance(k_desc, (kk >> 2) * (BN * 128) + (kk & 3) * 32),
                                   desc_advance(q_desc, (kk >> 2) * 1024 + (kk & 3) * 32), kk > 0);
             wgmma_commit();
         }
@@ -1312,19 +1282,19 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     auto issue_pv_tail = [&](int tile) {
         const uint64_t p_desc = desc_kmajor_sw128(sTail + tail::PT + (tile & 1) * 1024);
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk)
+        for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
             for (int mb = 0; mb < 2; ++mb)
-                wgmma_m64n8k16_ss_ta(ot[mb], desc_advance(desc_mnmajor_sw128<BK>(v_stage(tile) + mb * (BK * 128)), kk * 16 * 128),
+                wgmma_m64n8k16_ss_ta(ot[mb], desc_advance(desc_mnmajor_sw128(v_stage(tile) + mb * (BN * 128)), kk * 16 * 128),
                                      desc_advance(p_desc, kk * 32));
     };
     // TAIL: this warp's softmax of its 16 keys of the tile for the tail row (the main rows' lazy
     // rescale, per warp): P^T's column `warp` at those keys into the tile's buffer, and the factor
     // the column's O^T must take before this tile's product into shared memory.
     auto tail_softmax = [&](const float (&st)[1][4], int tile) {
-        const int kb = sr.begin + tile * BK, key = kb + 16 * warp + gid;
+        const int kb = sr.begin + tile * BN, key = kb + 16 * warp + gid;
         float x0 = t_own ? st[0][0] : -INFINITY, x1 = t_own ? st[0][2] : -INFINITY;
-        if (kb + BK > L) {
+        if (kb + BN > L) {
             if (!key_visible(t_bits, key, L, sr.end)) x0 = -INFINITY;
             if (!key_visible(t_bits, key + 8, L, sr.end)) x1 = -INFINITY;
         }
@@ -1367,22 +1337,22 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     };
     // SUMCHECK: the loop's tiles through sumchecked_softmax (the first tile, before the loop,
     // always takes the exact path: m is -inf there).
-    auto softmax = [&](const float (&s)[BK / 8][4], int tile, float (&x)[BK / 8][4], float (&alpha)[2]) {
+    auto softmax = [&](const float (&s)[BN / 8][4], int tile, float (&x)[BN / 8][4], float (&alpha)[2]) {
         if constexpr (SUMCHECK)
-            return sumchecked_softmax<BK>(s, sr.begin + tile * BK, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
+            return sumchecked_softmax<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
         else
-            return online_softmax<BK>(s, sr.begin + tile * BK, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
+            return online_softmax<BN>(s, sr.begin + tile * BN, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
     };
 
     if (n > 0) {
-        float s[BK / 8][4], st[1][4], x[BK / 8][4], alpha[2];
+        float s[BN / 8][4], st[1][4], x[BN / 8][4], alpha[2];
         wgmma_fence();
         issue_s(s, st, 0);
         wgmma_wait<0>();
         keep_live(s);
         // O is still zero: alpha is not needed
-        online_softmax<BK>(s, sr.begin, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
-        pack_p<BK>(x, pa[0]);
+        online_softmax<BN>(s, sr.begin, L, sr.end, bits_row, tig, scale, m_run, l_run, x, alpha);
+        pack_p<BN>(x, pa[0]);
         if constexpr (TAIL) {
             keep_live(st);
             tail_softmax(st, 0);
@@ -1402,8 +1372,8 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             // A box reads the cache's rows past the sequence (cp.async zero-fills them): their
             // scores are masked, but P = 0 times a NaN or infinite V row is NaN, so those V rows
             // become zeros before P V reads them (only the sequence's last tile has any).
-            const int valid = L + T - (sr.begin + tile * BK);
-            if (valid < BK) zero_rows<BK, D / 8, NT>(v_stage(tile), valid > 0 ? valid : 0, tid);
+            const int valid = L + T - (sr.begin + tile * BN);
+            if (valid < BN) zero_rows<BN, D / 8, NT>(v_stage(tile), valid > 0 ? valid : 0, tid);
         } else {
             cp_async_wait<TAIL ? 2 : 1>();
         }
@@ -1414,12 +1384,12 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
         // S_{tile+1} then P_tile V_tile. On the last tile S is issued again on K_tile, still in
         // its stage, and dropped: a branch between the fence and the MMAs makes ptxas serialise
         // every wgmma of the kernel (advisory C7513).
-        float s[BK / 8][4], st[1][4];
+        float s[BN / 8][4], st[1][4];
         wgmma_fence();            // o and pa were last written by ordinary instructions
         issue_s(s, st, more ? tile + 1 : tile);
-        const uint64_t v_desc = desc_mnmajor_sw128<BK>(v_stage(tile));
+        const uint64_t v_desc = desc_mnmajor_sw128(v_stage(tile));
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
+        for (int kk = 0; kk < BN / 16; ++kk) wgmma_m64n128k16_tb(o, pa[PA][kk], desc_advance(v_desc, kk * 16 * 128));
         if constexpr (TAIL) issue_pv_tail(tile);
         wgmma_commit();
         // K_{tile+3} and V_{tile+2} go out while the tensor cores run: K_{tile+3} into K_tile's
@@ -1442,7 +1412,7 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             // V_tile (TAIL: and the tail's S^T) may still run.
             wgmma_wait<TAIL ? 2 : 1>();
             keep_live(s);
-            softmax_rescale_pack<D, BK>(s, tile + 1, softmax, o, pa[1 - PA]);
+            softmax_rescale_pack<D, BN>(s, tile + 1, softmax, o, pa[1 - PA]);
             if constexpr (TAIL) {
                 wgmma_wait<1>();      // the tail's S^T_{tile+1}
                 keep_live(st);
@@ -1477,18 +1447,13 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     if (TAIL && t_valid) write_tail_row<D>(p, t_o, t_lse, t_row, b, h, split, tid);
 }
 
-// CTAs a multiprocessor the pipelined kernel is built for (ptxas holds it to their registers):
-// with 32-key tiles three fit (<= 168 registers a thread, 65 KB of shared memory a CTA).
-template <int BK>
-constexpr int gqa_min_ctas() { return BK == 32 ? 3 : 1; }
-
-template <int D, int NW, bool PAGED, bool SUMCHECK = false, int BK = BN>
-__global__ void __launch_bounds__(NW * 32, gqa_min_ctas<BK>())
+template <int D, int NW, bool PAGED, bool SUMCHECK = false>
+__global__ void __launch_bounds__(NW * 32, 1)
 gqa_pipelined_kernel(const AttnParams p) {
     const int trace_row = trace::begin(TRACE_PIPELINED);
     wait_for_previous_kernel();
     trace::stamp(trace_row, STAMP_WAITED);
-    gqa_pipelined<D, NW, PAGED, false, false, SUMCHECK, BK>(p, nullptr, nullptr, trace_row);
+    gqa_pipelined<D, NW, PAGED, false, false, SUMCHECK>(p, nullptr, nullptr, trace_row);
     trace::end(trace_row, STAMP_END);
 }
 
@@ -1506,13 +1471,13 @@ struct GqaTmaParams {
     AttnParams p;
 };
 
-template <int D, int NW, bool SUMCHECK = false, int BK = BN>
-__global__ void __launch_bounds__(NW * 32, gqa_min_ctas<BK>())
+template <int D, int NW, bool SUMCHECK = false>
+__global__ void __launch_bounds__(NW * 32, 1)
 gqa_tma_kernel(const __grid_constant__ GqaTmaParams a) {
     const int trace_row = trace::begin(TRACE_PIPELINED);
     wait_for_previous_kernel();
     trace::stamp(trace_row, STAMP_WAITED);
-    gqa_pipelined<D, NW, false, true, false, SUMCHECK, BK>(a.p, &a.k, &a.v, trace_row);
+    gqa_pipelined<D, NW, false, true, false, SUMCHECK>(a.p, &a.k, &a.v, trace_row);
     trace::end(trace_row, STAMP_END);
 }
 
@@ -2072,16 +2037,11 @@ static cudaError_t prepare(Kernel kernel, int smem) {
     return err;
 }
 
-// Keys a K or V tile of a variant's kernel: 32 for wgmma_k32 (code 9), else 64.
-constexpr int gqa_tile_keys(int wgmma) { return wgmma == 9 ? 32 : BN; }
-
 // The kernel of a variant: wgmma 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (pipelined), 3
-// the pipelined kernel with tail rows, 6 the pipelined kernel with the sum-checked softmax, 9 as
-// 6 on 32-key tiles.
+// the pipelined kernel with tail rows, 6 the pipelined kernel with the sum-checked softmax.
 template <int D, int NW, bool PAGED, int WGMMA>
 constexpr auto gqa_variant() {
-    if constexpr (WGMMA == 9) return gqa_pipelined_kernel<D, NW, PAGED, true, 32>;
-    else if constexpr (WGMMA == 6) return gqa_pipelined_kernel<D, NW, PAGED, true>;
+    if constexpr (WGMMA == 6) return gqa_pipelined_kernel<D, NW, PAGED, true>;
     else if constexpr (WGMMA == 3) return gqa_tail_kernel<D, NW>;
     else if constexpr (WGMMA == 2) return gqa_pipelined_kernel<D, NW, PAGED>;
     else return gqa_kernel<D, NW, PAGED, WGMMA == 1>;
@@ -2095,7 +2055,7 @@ constexpr auto mla_variant() {
 
 template <int D, int NW, bool PAGED, int WGMMA>
 static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_blocks) {
-    constexpr int smem = gqa_smem_bytes<D, NW, WGMMA != 0, gqa_tile_keys(WGMMA)>();
+    constexpr int smem = gqa_smem_bytes<D, NW, WGMMA != 0>();
     auto kernel = gqa_variant<D, NW, PAGED, WGMMA>();
     cudaError_t err = prepare(kernel, smem);
     if (err != cudaSuccess) return err;
@@ -2106,31 +2066,31 @@ static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_bl
 
 #ifdef TVA_TMA
 // A contiguous cache [b, heads, rows, D] (any strides, 16-byte multiples) as boxes of 64
-// columns by `rows` rows (a tile's keys), 128-byte swizzled: the layout the wgmma descriptors
-// read. Rows past `kv_rows` read as zeros.
+// columns by BN rows, 128-byte swizzled: the layout the wgmma descriptors read. Rows past
+// `kv_rows` read as zeros.
 static bool encode_cache_map(CUtensorMap* map, const void* base, const AttnParams& p, int64_t sb, int64_t sh,
-                             int64_t st, int d, int rows) {
+                             int64_t st, int d) {
     const EncodeTiled encode = encode_tiled();
     if (encode == nullptr) return false;
     const cuuint64_t dims[4] = {static_cast<cuuint64_t>(d), static_cast<cuuint64_t>(p.kv_rows),
                                 static_cast<cuuint64_t>(p.heads_kv), static_cast<cuuint64_t>(p.batch)};
     const cuuint64_t strides[3] = {static_cast<cuuint64_t>(st * 2), static_cast<cuuint64_t>(sh * 2),
                                    static_cast<cuuint64_t>(sb * 2)};
-    const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(rows), 1, 1}, unit[4] = {1, 1, 1, 1};
+    const cuuint32_t box[4] = {64, BN, 1, 1}, unit[4] = {1, 1, 1, 1};
     return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims, strides, box, unit,
                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, int NW, int BK = BN, typename Kernel>
+template <int D, int NW, typename Kernel>
 static cudaError_t launch_gqa_tma(Kernel kernel, const AttnParams& p, cudaStream_t stream, int m_blocks) {
-    constexpr int smem = gqa_smem_bytes<D, NW, true, BK>();
+    constexpr int smem = gqa_smem_bytes<D, NW, true>();
     cudaError_t err = prepare(kernel, smem);
     if (err != cudaSuccess) return err;
     GqaTmaParams a;
     a.p = p;
-    if (!encode_cache_map(&a.k, p.k, p, p.k_sb, p.k_sh, p.k_st, D, BK) ||
-        !encode_cache_map(&a.v, p.v, p, p.v_sb, p.v_sh, p.v_st, D, BK))
+    if (!encode_cache_map(&a.k, p.k, p, p.k_sb, p.k_sh, p.k_st, D) ||
+        !encode_cache_map(&a.v, p.v, p, p.v_sb, p.v_sh, p.v_st, D))
         return cudaErrorInvalidValue;
     dim3 grid(m_blocks, static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.batch * p.heads_kv));
     TVA_LAUNCH(kernel, grid, NW * 32, smem, stream, a);
@@ -2158,10 +2118,9 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
     const int m_blocks = (M + bm - 1) / bm;
     // wgmma: 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (head_dim 128 only), 3 as 2 with the
     // rows past the last full row block as tail rows where M has that shape (else as 2), 6 as 2
-    // with the sum-checked softmax, 9 as 6 on 32-key tiles (as tva_gqa_forward documents). Any
-    // other code is refused here: in the switch below, a code's sum with the warps could name
-    // another variant's case.
-    if (wgmma < 0 || (wgmma > 3 && wgmma != 6 && wgmma != 9)) return cudaErrorInvalidValue;
+    // with the sum-checked softmax (as tva_gqa_forward documents). Any other code is refused here:
+    // in the switch below, a code's sum with the warps could name another variant's case.
+    if (wgmma < 0 || (wgmma > 3 && wgmma != 6)) return cudaErrorInvalidValue;
     if (wgmma >= 2 && D != 128) return cudaErrorInvalidValue;
     if (wgmma == 3 && !PAGED && num_warps == 4 && tail_row_blocks(M, bm) > 0) {
         if constexpr (!PAGED && D == 128) return launch_gqa<D, 4, false, 3>(p, stream, tail_row_blocks(M, bm));
@@ -2174,16 +2133,6 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
 #endif
             if (num_warps == 4) return launch_gqa<D, 4, PAGED, 6>(p, stream, m_blocks);
             if (num_warps == 8) return launch_gqa<D, 8, PAGED, 6>(p, stream, m_blocks);
-        }
-        return cudaErrorInvalidValue;
-    }
-    if (wgmma == 9) {                    // 32-key tiles, three CTAs a multiprocessor: 4 warps
-        if constexpr (D == 128) {
-#ifdef TVA_TMA
-            if (!PAGED && num_warps == 4)
-                return launch_gqa_tma<D, 4, 32>(gqa_tma_kernel<D, 4, true, 32>, p, stream, m_blocks);
-#endif
-            if (num_warps == 4) return launch_gqa<D, 4, PAGED, 9>(p, stream, m_blocks);
         }
         return cudaErrorInvalidValue;
     }
@@ -2212,7 +2161,7 @@ extern "C" {
 // Shared-memory bytes the GQA kernel needs (for occupancy planning on the Python side).
 int tva_gqa_smem_bytes(int head_dim, int num_warps, int wgmma) {
     const int q = 16 * num_warps * head_dim * 2;
-    return q + 3 * 2 * tva::gqa_tile_keys(wgmma) * head_dim * 2 + (wgmma ? 1024 : 0);
+    return q + 3 * 2 * tva::BN * head_dim * 2 + (wgmma ? 1024 : 0);
 }
 
 int tva_mla_smem_bytes() { return tva::mla::SMEM; }
@@ -2236,7 +2185,6 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     TVA_OCC(128, 4, 0, 2) TVA_OCC(128, 8, 0, 2) TVA_OCC(128, 4, 1, 2) TVA_OCC(128, 8, 1, 2)
     TVA_OCC(128, 4, 0, 3)
     TVA_OCC(128, 4, 0, 6) TVA_OCC(128, 8, 0, 6) TVA_OCC(128, 4, 1, 6) TVA_OCC(128, 8, 1, 6)
-    TVA_OCC(128, 4, 0, 9) TVA_OCC(128, 4, 1, 9)
 #undef TVA_OCC_D
 #undef TVA_OCC
     return blocks;
@@ -2246,9 +2194,8 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
 // wgmma = 0: mma.sync (any GPU from sm_80); 1: S = Q K^T on Hopper's warpgroup MMA (4 or 8 warps;
 // a 9.0a build on an sm_90 GPU); 2: P V on it too; 3: as 2, with tail rows where the shape has
 // them (a contiguous cache, 4 warps); 6: as 2, with the sum-checked softmax (the tile max only
-// where P's sums say m may move); 9: as 6 on 32-key tiles, three CTAs a multiprocessor (4 warps).
-// 4, 5, 7 and 8 were variants since removed (measured slower, kernels/NOTES.md sessions 26-32
-// and 51): they, as any other code, return cudaErrorInvalidValue.
+// where P's sums say m may move). 4, 5 and 7 were variants since removed (measured slower,
+// kernels/NOTES.md sessions 26-32): they, as any other code, return cudaErrorInvalidValue.
 int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int paged, int wgmma, void* stream) {
     const AttnParams& p = *params;
     cudaStream_t s = static_cast<cudaStream_t>(stream);

@@ -350,60 +350,6 @@ def test_sumcheck_takes_the_exact_path_for_a_row_that_has_seen_nothing(emu):
     assert _run(emu, pt, [0, 0], 1, warps=4, wgmma=6, self_only=True, key_ramp=big) < 5e-3
 
 
-# wgmma_k32 (wgmma 9: the sum-checked pipelined kernel on 32-key tiles, 4 warps): every 4-warp
-# shape of the pipelined kernel, contiguous (NaN past each sequence) and paged. Its ring is
-# wgmma_pv's at twice the tiles a split, so the steady state comes twice as soon; two schedules,
-# the racy one among them.
-K32_CASES = {c: v for c, v in PV_CASES.items() if v[3] == 4}
-
-
-@pytest.mark.parametrize("schedule", ["lockstep", "skewed-early-copies"])
-@pytest.mark.parametrize("case", list(K32_CASES))
-def test_gqa_k32_kernel_matches_reference(emu, case, schedule):
-    emu.emu_configure(*SCHEDULES[schedule])
-    pt, lengths, splits, warps = K32_CASES[case]
-    nan_tail = 37 if pt.layout == "contiguous" else 0
-    assert _run(emu, pt, lengths, splits, warps=warps, wgmma=9, nan_tail=nan_tail) < 5e-3
-
-
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
-@pytest.mark.parametrize("case", list(TMA_CASES))
-def test_gqa_k32_tma_kernel_matches_reference(emu_tma, case, schedule):
-    """wgmma_k32 in the tensor-copy build: boxes of 32 rows, the barriers' phases over a ring
-    that turns twice as often; NaN past each sequence, which the boxes read."""
-    emu_tma.emu_configure(*SCHEDULES[schedule])
-    pt, lengths, splits, warps = TMA_CASES[case]
-    assert _run(emu_tma, pt, lengths, splits, warps=warps, wgmma=9, nan_tail=37) < 5e-3
-
-
-@pytest.mark.parametrize("case", ["T65-growing-keys", "paged-growing-keys"])
-def test_k32_rescales_when_the_max_grows(emu, case):
-    """Keys growing along the sequence: the sum-checked softmax's exact path and O's rescale on
-    32-key tiles (a tile's max moves at other keys than on 64-key tiles: not bit-equal to
-    wgmma_sumcheck, within the float64 check's tolerance)."""
-    emu.emu_configure(*SCHEDULES["skewed"])
-    pt, lengths, splits, warps, extra = SUMCHECK_EQUAL_CASES[case]
-    assert _run(emu, pt, lengths, splits, warps=warps, wgmma=9, **extra) < 5e-3
-
-
-def test_k32_runs_four_warps_alone(emu):
-    """wgmma_k32 is built for 4 warps (three CTAs a multiprocessor): 8 warps are refused by the
-    library and by the Python side, not run as another variant."""
-    emu.emu_dry_run(1)
-    try:
-        p = _launch_params(1, 32, 8, 65, 4, 1)
-        emu.emu_clear_fault()
-        before = emu.emu_launch_count()
-        assert emu.tva_gqa_forward(ctypes.byref(p), 128, 8, 0, 9, None) == 1
-        assert emu.emu_launch_count() == before
-        assert emu.tva_gqa_forward(ctypes.byref(p), 64, 4, 0, 9, None) == 1
-        assert emu.tva_gqa_smem_bytes(128, 4, 9) == 16384 + 6 * 32 * 256 + 1024    # 66560: three fit
-    finally:
-        emu.emu_dry_run(0)
-        emu.emu_clear_fault()
-    assert cv.plan_warps(260, "wgmma_k32") == 4
-
-
 @pytest.mark.parametrize("schedule", ["lockstep", "skewed"])
 def test_wgmma_pv_rescales_when_the_max_grows(emu, schedule):
     """The pipelined kernel moves a row's reference max only when a tile's max exceeds it by

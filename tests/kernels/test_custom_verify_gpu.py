@@ -139,7 +139,7 @@ def test_wgmma_tail_equals_wgmma_pv_closely_and_replays_in_a_graph(hopper):
     _replays_equal(lambda out: cv.tree_verify_attention(*args, impl="wgmma_tail", out=out), b)
 
 
-@pytest.mark.parametrize("impl", ["wgmma_tail", "wgmma_sumcheck", "wgmma_k32"])
+@pytest.mark.parametrize("impl", ["wgmma_tail", "wgmma_sumcheck"])
 def test_a_gqa_variant_runs_the_mla_latent_as_wgmma_pv(impl, hopper):
     """The MLA latent has no kernel of the GQA kernel's variants: they run its wgmma_pv kernel,
     not a launch error."""
@@ -186,39 +186,10 @@ def test_wgmma_sumcheck_equals_wgmma_pv_and_replays_in_a_graph(keys, hopper):
     _replays_equal(lambda out: call(impl="wgmma_sumcheck", out=out), b)
 
 
-@pytest.mark.parametrize("keys", ["growing", "paged"])
-def test_wgmma_k32_over_growing_keys_and_replays_in_a_graph(keys, hopper):
-    """32-key tiles (impl wgmma_k32): keys growing along the sequence (the exact path and O's
-    rescale) and a paged cache, within the float64 check's tolerance of wgmma_sumcheck (the
-    reference max moves at other keys on other tiles), and a captured call replays equal; the
-    library holds three of its CTAs a multiprocessor."""
-    from harness.kernels.verify import custom_verify as cv
-
-    pt = point(b=2, T=65, layout="paged" if keys == "paged" else "contiguous")
-    inp = kw.make_inputs(pt, [9000, 3000], 5, DEV, torch.bfloat16)
-    if keys == "growing":
-        ramp = 1.0 + 3.0 * torch.arange(inp["k"].shape[2], device=DEV) / inp["k"].shape[2]
-        inp["k"] = (inp["k"].float() * ramp[:, None]).to(torch.bfloat16)
-        call = functools.partial(cv.tree_verify_attention, inp["q"], inp["k"], inp["v"], inp["lengths"],
-                                 inp["bits"])
-    else:
-        call = functools.partial(cv.tree_verify_attention_paged, inp["q"], inp["k"], inp["v"], inp["page_table"],
-                                 inp["lengths"], inp["bits"])
-    a = call(impl="wgmma_sumcheck")
-    b = call(impl="wgmma_k32")
-    assert ref.relative_error(b, a.double()) < 5e-3
-    _replays_equal(lambda out: call(impl="wgmma_k32", out=out), b)
-    assert cv._gqa_occupancy(DEV.index or 0, 128, 4, keys == "paged", 9) == 3
-    with pytest.raises(ValueError, match="runs 4 warps"):
-        call(impl="wgmma_k32", num_warps=8)
-
-
 # The pipelined kernel's variants, each over its shapes: NaN past each sequence on a contiguous
 # cache (a row reading past its keys, a tail row's included, would carry it), 8 warps where the
 # case says so, and any split count.
-# wgmma_k32: the sum-checked softmax's 4-warp shapes.
-K32_CASES = {c: v for c, v in SUMCHECK_CASES.items() if not c.endswith("8warps")}
-VARIANT_CASES = {"wgmma_tail": TAIL_CASES, "wgmma_sumcheck": SUMCHECK_CASES, "wgmma_k32": K32_CASES}
+VARIANT_CASES = {"wgmma_tail": TAIL_CASES, "wgmma_sumcheck": SUMCHECK_CASES}
 
 
 @pytest.mark.parametrize("impl,case", [(impl, c) for impl, cases in VARIANT_CASES.items() for c in cases])

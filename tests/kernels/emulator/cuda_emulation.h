@@ -9,7 +9,7 @@
 // - ldmatrix (.x4, plain and .trans), mma.sync.m16n8k16.row.col bf16->fp32 and shfl.xor follow
 //   the fragment layouts of the PTX ISA: the emulator reassembles whole matrices from the
 //   lanes' registers, so a kernel that indexes them wrongly computes the wrong numbers here too.
-// - wgmma.mma_async m64n64k16 and m64n32k16 (A in registers, B through a K-major 128-byte-swizzle shared-memory
+// - wgmma.mma_async m64n64k16 (A in registers, B through a K-major 128-byte-swizzle shared-memory
 //   descriptor), m64n128k16 with an MN-major B (imm-trans-b 1), m64n32k16 and m64n64k16 with both
 //   operands by descriptor, m64n256k16 with both by descriptor, B MN-major, and m64n8k16 with
 //   both by descriptor, A K-major or MN-major (imm-trans-a 1), are asynchronous, as on the GPU: the issue is a barrier of the
@@ -1095,9 +1095,6 @@ inline void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t d
     emu_wgmma_issue(emu::Wgmma::kRegA, 64, &d[0][0], 0, desc, a, accumulate);
 }
 // A from registers, B MN-major (imm-trans-b 1), always accumulating (the P V of the GQA kernel).
-inline void wgmma_m64n32k16(float (&d)[4][4], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
-    emu_wgmma_issue(emu::Wgmma::kRegA, 32, &d[0][0], 0, desc, a, accumulate);
-}
 inline void wgmma_m64n128k16_tb(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
     emu_wgmma_issue(emu::Wgmma::kRegATransB, 128, &d[0][0], 0, desc, a, 1);
 }
