@@ -638,10 +638,10 @@ def test_every_kernel_fits_the_h200_shared_memory(emu):
     assert 200 * 1024 < emu.tva_mla_smem_bytes() <= H200_SMEM_OPTIN
 
 
-@pytest.mark.parametrize("wgmma", [4, 5, 7, 8, -1])
+@pytest.mark.parametrize("wgmma", [4, 5, 7, 8, 9, 11, -1])
 def test_a_code_without_a_variant_is_refused(emu, wgmma):
-    """tva_gqa_forward refuses a code that names no variant (4, 5 and 7 once did, variants since
-    removed) with cudaErrorInvalidValue and launches nothing, at every warp count, head dim and
+    """tva_gqa_forward refuses a code that names no variant (4, 5, 7, 8 and 9 once did, variants
+    since removed) with cudaErrorInvalidValue and launches nothing, at every warp count, head dim and
     layout: not a kernel of another code whose sum with the warps it matches (8 at 2 warps is 16,
     the mma kernel at 4 warps). tva_gqa_occupancy answers 0 for it, its error value."""
     emu.emu_dry_run(1)
