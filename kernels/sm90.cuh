@@ -203,15 +203,11 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 #endif
 }
 
-// Thread block clusters (sm_90): this block's rank in its cluster; the cluster barrier (every
-// thread of the cluster that has not exited arrives, release, then waits, acquire); an arrival on
-// the mbarrier at `bar` of block `rank` (release at cluster scope), and a wait on one's own
-// barrier whose arrivals come from other blocks (acquire at cluster scope).
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
+// Thread block clusters (sm_90): the cluster barrier (every thread of the cluster that has not
+// exited arrives, release, then waits, acquire); an arrival on the mbarrier at `bar` of block
+// `rank` (release at cluster scope), and a wait on one's own barrier whose arrivals come from
+// other blocks (acquire at cluster scope). (A cluster along the whole grid x, as the verify's
+// multicast kernel launches it, has its rank in blockIdx.x.)
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
