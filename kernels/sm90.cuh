@@ -19,32 +19,22 @@
 // one before it on the stream finishes; each kernel waits for it (griddepcontrol.wait) before it
 // touches what that kernel wrote. Elsewhere, or with `pdl` false, a plain launch. The launch's
 // error is the runtime's last error.
-// `cluster` > 1: thread block clusters of that many blocks along x (sm_90+).
 template <typename Kernel, typename Params>
 static void pdl_launch(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const Params& p,
-                       bool pdl = true, unsigned cluster = 1) {
+                       bool pdl = true) {
     int device = 0, major = 0;
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaLaunchAttribute attrs[2];
-    unsigned n = 0;
-    if (pdl && major >= 9) {
-        attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attrs[n++].val.programmaticStreamSerializationAllowed = 1;
-    }
-    if (cluster > 1) {
-        attrs[n].id = cudaLaunchAttributeClusterDimension;
-        attrs[n].val.clusterDim.x = cluster;
-        attrs[n].val.clusterDim.y = 1;
-        attrs[n++].val.clusterDim.z = 1;
-    }
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cfg.attrs = attrs;
-    cfg.numAttrs = n;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl && major >= 9 ? 1 : 0;
     cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
@@ -135,22 +125,6 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, c
 #endif
 }
 
-// The 4-d box of tma_load into shared memory at `dst` of every block of the cluster in `mask`
-// (bit r: rank r), each block's barrier at `bar` completing the box's bytes: one read of L2 for
-// the cluster's blocks that all use the box. sm_90a only (ptxas advises against the multicast
-// elsewhere, sm_120 included; its kernel runs on Hopper alone).
-__device__ __forceinline__ void tma_load_multicast(uint32_t dst, const CUtensorMap* map, const int32_t (&c)[4],
-                                                   uint32_t bar, uint16_t mask) {
-#ifdef TVA_WGMMA
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n" ::"r"(dst), "l"(map), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]),
-        "r"(bar), "h"(mask) : "memory");
-#else
-    __trap();
-#endif
-}
-
 // `bytes` (a multiple of 16) from global `src` into shared memory at `dst`, both 16-byte aligned,
 // completing as many of the barrier's expected transaction bytes (cp.async.bulk, no tensor map).
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
@@ -201,26 +175,6 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
 #endif
-}
-
-// Thread block clusters (sm_90): the cluster barrier (every thread of the cluster that has not
-// exited arrives, release, then waits, acquire); an arrival on the mbarrier at `bar` of block
-// `rank` (release at cluster scope), and a wait on one's own barrier whose arrivals come from
-// other blocks (acquire at cluster scope). (A cluster along the whole grid x, as the verify's
-// multicast kernel launches it, has its rank in blockIdx.x.)
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
-    asm volatile(
-        "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(bar), "r"(rank) : "memory");
-}
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nTVA_WAIT_CLUSTER:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra TVA_WAIT_CLUSTER;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
 
 // A barrier of `threads` threads under id 1-15 (0 is __syncthreads); an arrival that does not

@@ -16,19 +16,15 @@ captured in a CUDA graph; make the first call outside the capture (it compiles a
 library). The library is compiled on first use (kernels/build.py); importing this module works
 on a host without a GPU.
 
-Six implementations (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_80), "wgmma"
+Five implementations (`impl=`, default "mma"): "mma" (mma.sync, any GPU from sm_80), "wgmma"
 (S = QK^T on Hopper's warpgroup MMA, P V on mma.sync), "wgmma_pv" (both products on wgmma:
 GQA at head_dim 128, software-pipelined, gqa_pipelined_kernel; MLA, mla_pv_kernel),
 "wgmma_tail" (wgmma_pv, with the rows past the last full 64-row block carried one a CTA as tail
 rows on the full blocks' tiles where the shape allows: 65 tree tokens x G heads run G row blocks,
-not G + 1; gqa_tail_kernel, a contiguous cache; elsewhere it is wgmma_pv), "wgmma_sumcheck"
+not G + 1; gqa_tail_kernel, a contiguous cache; elsewhere it is wgmma_pv) and "wgmma_sumcheck"
 (wgmma_pv whose softmax takes a tile's max only where the tile's exponentials, computed against
 the running max as it stands, sum past 2^7 in some row: bit-equal to wgmma_pv, ~40 fewer
-instructions a warp a tile; the GQA shapes wgmma_pv runs) and "wgmma_mcast" (wgmma_sumcheck with
-the 2-8 row blocks of a split one thread block cluster, whose K and V tiles the first block
-copies once for all of them by multicast tensor copies: one read of L2 a tile, not one a row
-block; bit-equal to wgmma_sumcheck; 4 warps; on a paged cache, or a shape with one row block or
-more than 8, it runs wgmma_sumcheck). The caller picks one; nothing in the
+instructions a warp a tile; the GQA shapes wgmma_pv runs). The caller picks one; nothing in the
 environment does. On the H200 (kernels/NOTES.md, sessions 27-31) wgmma_tail is level with
 wgmma_pv at 16k-128k keys (1.04x slower at 64k) and wgmma_sumcheck 1.02-1.07x faster at 65 tree
 tokens (the harness's `auto` on Hopper).
@@ -117,18 +113,14 @@ def _gqa_occupancy(index: int, head_dim: int, num_warps: int, paged: bool, wgmma
         return max(1, _lib().tva_gqa_occupancy(head_dim, num_warps, int(paged), int(wgmma)))
 
 
-# wgmma_pv: S and P V on wgmma
-IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_sumcheck", "wgmma_mcast")
+IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_sumcheck")    # wgmma_pv: S and P V on wgmma
 # tva_gqa_forward's `wgmma` (the gaps: codes of variants since removed, which it refuses)
-_IMPL_CODE = {"mma": 0, "wgmma": 1, "wgmma_pv": 2, "wgmma_tail": 3, "wgmma_sumcheck": 6, "wgmma_mcast": 10}
-# the pipelined kernel (head_dim 128): plain, with tail rows, with the sum-checked softmax, and
-# that with multicast copies
-PIPELINED = ("wgmma_pv", "wgmma_tail", "wgmma_sumcheck", "wgmma_mcast")
+_IMPL_CODE = {"mma": 0, "wgmma": 1, "wgmma_pv": 2, "wgmma_tail": 3, "wgmma_sumcheck": 6}
+# the pipelined kernel (head_dim 128): plain, with tail rows, with the sum-checked softmax
+PIPELINED = ("wgmma_pv", "wgmma_tail", "wgmma_sumcheck")
 TAILED = ("wgmma_tail",)                   # run the tail kernel where the shape has tail rows
 # variants of the pipelined GQA kernel alone: the MLA latent runs its own P V kernel for them
-GQA_VARIANTS = TAILED + ("wgmma_sumcheck", "wgmma_mcast")
-# variants built for 4 warps a CTA only
-FOUR_WARPS = ("wgmma_mcast",)
+GQA_VARIANTS = TAILED + ("wgmma_sumcheck",)
 # A library caller gets mma.sync (any GPU from sm_80). The harness's cells pick with their
 # custom_impl knob, whose `auto` is wgmma on Hopper: measured faster there (kernels/NOTES.md).
 DEFAULT_IMPL = "mma"
@@ -136,8 +128,8 @@ DEFAULT_IMPL = "mma"
 
 def _resolve_impl(impl: str, index: int, warps: int) -> int:
     """The variant to launch (tva_gqa_forward's `wgmma`: _IMPL_CODE): impl "mma" (any GPU),
-    "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_sumcheck" or "wgmma_mcast" (compute capability 9.0,
-    4 or 8 warps, wgmma_mcast 4 only; an error where it cannot run)."""
+    "wgmma", "wgmma_pv", "wgmma_tail" or "wgmma_sumcheck" (compute capability 9.0, 4 or 8 warps;
+    an error where it cannot run)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "mma":
@@ -146,8 +138,6 @@ def _resolve_impl(impl: str, index: int, warps: int) -> int:
         raise ValueError(f"impl '{impl}' needs a Hopper GPU (compute capability 9.0)")
     if warps not in (4, 8):
         raise ValueError(f"impl '{impl}' needs 4 or 8 warps per CTA (whole warpgroups), got {warps}")
-    if impl in FOUR_WARPS and warps != 4:
-        raise ValueError(f"impl '{impl}' runs 4 warps per CTA, got {warps}")
     return _IMPL_CODE[impl]
 
 
@@ -409,8 +399,8 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, len
     strides: a view of a larger cache is fine), Hq / Hkv a power of two; lengths [b] int32/int64
     on the device with lengths[b] + T <= S (not checked: that would sync); tree_bits
     [b, T, ceil(T/32)] int32. Returns [b, Hq, T, d] bfloat16. `num_splits` and `num_warps`
-    override the plan; `impl` "mma" (the default), "wgmma", "wgmma_pv", "wgmma_tail",
-    "wgmma_sumcheck" or "wgmma_mcast" (Hopper only, see _resolve_impl).
+    override the plan; `impl` "mma" (the default), "wgmma", "wgmma_pv", "wgmma_tail" or
+    "wgmma_sumcheck" (Hopper only, see _resolve_impl).
     """
     if k.dim() != 4 or k.shape[0] != q.shape[0]:
         raise ValueError(f"k must be [b, Hkv, S, d] with b = {q.shape[0]}, got {tuple(k.shape)}")

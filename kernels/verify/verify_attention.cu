@@ -38,16 +38,12 @@
 #include "cuda_emulation.h"
 #define TVA_DYNAMIC_SMEM(name) uint8_t* name = emu::shared_memory()
 #define TVA_LAUNCH(kernel, grid, block, smem, stream, p) emu::launch(kernel, grid, block, smem, p)
-#define TVA_LAUNCH_CLUSTER(kernel, grid, block, smem, stream, p, cluster) \
-    emu::launch(kernel, grid, block, smem, p, cluster)
 #else
 #include <cuda.h>               // CUtensorMap (the tensor copies of gqa_tma_kernel)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #define TVA_DYNAMIC_SMEM(name) extern __shared__ __align__(128) uint8_t name[]
 #define TVA_LAUNCH(kernel, grid, block, smem, stream, p) pdl_launch(kernel, grid, block, smem, stream, p)
-#define TVA_LAUNCH_CLUSTER(kernel, grid, block, smem, stream, p, cluster) \
-    pdl_launch(kernel, grid, block, smem, stream, p, true, cluster)
 #endif
 #include <stdint.h>
 #include <string.h>
@@ -1077,18 +1073,10 @@ __device__ __forceinline__ void copy_tile_rows(uint32_t dst, const char* base, i
     }
 }
 
-// MCAST (custom_impl wgmma_mcast): the row blocks of a (split, sequence, KV head), which all
-// stream the same K and V tiles, are one thread block cluster along x (rank = row block), and
-// rank 0 copies each tile once by a multicast tensor copy into every block's stage (one read of
-// L2 a tile instead of one a row block). Every block still expects the tile's bytes on its own
-// barrier; a stage is copied again only once every block has released it, each block's thread 0
-// arriving on rank 0's `empty` barrier of the stage after the block's barrier of the iteration
-// that frees it (the same point where the single-CTA kernel copies into it).
-template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false, bool SUMCHECK = false, bool MCAST = false>
+template <int D, int NW, bool PAGED, bool TMA, bool TAIL = false, bool SUMCHECK = false>
 __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtensorMap* kmap, const CUtensorMap* vmap,
                                               int trace_row = -1) {
     static_assert(!(TMA && PAGED), "tensor copies for a contiguous cache only");
-    static_assert(!MCAST || (TMA && !TAIL), "the multicast copies are tensor copies");
     static_assert(!TAIL || (!TMA && !PAGED && NW == 4 && D == 128), "the tail row: cp.async, contiguous, 4 warps, d 128");
     constexpr int CH = D / 8, NT = NW * 32, STAGES = GqaConfig<D>::STAGES;
     constexpr int TILE = GqaConfig<D>::TILE_BYTES;
@@ -1110,12 +1098,9 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     uint8_t* const tail_mem = smem + (sTail - smem_addr(smem));
     // TMA: the stages' mbarriers, K's three then V's four, past the Q tile (in the alignment
     // slack: at least 128 bytes there, since the window starts 128-byte aligned).
-    // MCAST: then the stages' `empty` barriers (used on rank 0): 14 barriers, 112 bytes.
     const uint32_t sBar = sQ + 16 * NW * D * 2;
     auto k_bar = [&](int tile) { return sBar + 8u * static_cast<uint32_t>(tile % STAGES); };
     auto v_bar = [&](int tile) { return sBar + 8u * static_cast<uint32_t>(STAGES + tile % V_STAGES); };
-    auto k_empty = [&](int tile) { return k_bar(tile) + 8u * (STAGES + V_STAGES); };
-    auto v_empty = [&](int tile) { return v_bar(tile) + 8u * (STAGES + V_STAGES); };
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int mblock = blockIdx.x, split = blockIdx.y;
@@ -1124,7 +1109,6 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     const int L = read_length(p, b);
     const SplitRange sr = split_range(L + T, p.num_splits, split);
     const int n = sr.tiles;
-    const int m_blocks = (M + BM - 1) / BM;     // MCAST: the cluster's blocks (the grid's x)
     // TAIL: this CTA's tail row, if M has one for it
     const int t_row = M / BM * BM + mblock;
     const bool t_valid = TAIL && t_row < M;
@@ -1191,24 +1175,10 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
             if (tid == 0) {
                 const uint32_t bar = first ? v_bar(tile) : k_bar(tile);
                 mbar_arrive_expect_tx(bar, TILE);
-                if constexpr (MCAST) {
-                    if (mblock != 0) return;     // rank 0 copies for the cluster
-                    // K_j (j >= 3) reuses K_{j-3}'s stage, V_j (j >= 2) V_{j-4}'s or, for V_2
-                    // and V_3, a stage no copy has used yet (V_3's: the Q tile, read into
-                    // registers before the loop): every block has released it at the barrier of
-                    // iteration j - 3 (K) or j - 2 (V), the stage's (j - 3) / 3-th or (j - 2) /
-                    // 4-th release.
-                    if (first && tile >= 2) mbar_wait_cluster(v_empty(tile), static_cast<uint32_t>((tile - 2) / V_STAGES) & 1u);
-                    if (!first && tile >= STAGES) mbar_wait_cluster(k_empty(tile), static_cast<uint32_t>((tile - STAGES) / STAGES) & 1u);
-                }
 #pragma unroll
                 for (int c = 0; c < D / 64; ++c) {
                     const int32_t at[4] = {64 * c, sr.begin + tile * BN, h, b};
-                    if constexpr (MCAST)
-                        tma_load_multicast(stage + c * (BN * 128), first ? vmap : kmap, at, bar,
-                                           static_cast<uint16_t>((1u << m_blocks) - 1));
-                    else
-                        tma_load(stage + c * (BN * 128), first ? vmap : kmap, at, bar);
+                    tma_load(stage + c * (BN * 128), first ? vmap : kmap, at, bar);
                 }
             }
             return;
@@ -1236,14 +1206,8 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
         if (tid == 0) {
 #pragma unroll
             for (int i = 0; i < STAGES + V_STAGES; ++i) mbar_init(sBar + 8u * i, 1);
-            if constexpr (MCAST) {    // a release from each block of the cluster
-#pragma unroll
-                for (int i = 0; i < STAGES + V_STAGES; ++i) mbar_init(sBar + 8u * (STAGES + V_STAGES + i), m_blocks);
-            }
             fence_mbarrier_init();
         }
-        // MCAST: every block's barriers initialised before rank 0's first copy lands in it
-        if constexpr (MCAST) cluster_sync();
     }
     // Prologue: {Q, K_0, V_0}, {K_1, V_1}, {K_2}: one commit group each, then S_0.
     fetch_page(0);
@@ -1416,14 +1380,6 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
         fence_proxy_async();
         __syncthreads();
         if constexpr (TAIL) tail_rescale();
-        // MCAST: this block is done with K_tile's stage and V_{tile-2}'s (below, the stages of
-        // K_{tile+3} and V_{tile+2}): released to rank 0, which copies into them for the cluster.
-        if constexpr (MCAST) {
-            if (tid == 0) {
-                if (tile + 3 < n) mbar_arrive_cluster(k_empty(tile), 0);
-                if (tile + 2 < n) mbar_arrive_cluster(v_empty(tile + 2), 0);
-            }
-        }
 
         // S_{tile+1} then P_tile V_tile. On the last tile S is issued again on K_tile, still in
         // its stage, and dropped: a branch between the fence and the MMAs makes ptxas serialise
@@ -1489,9 +1445,6 @@ __device__ __forceinline__ void gqa_pipelined(const AttnParams& p, const CUtenso
     }
     write_rows<D>(p, o, m_run, l_run, r0, b, h, split, tig);
     if (TAIL && t_valid) write_tail_row<D>(p, t_o, t_lse, t_row, b, h, split, tid);
-    // MCAST: no block leaves while rank 0's copies into it or its releases to rank 0 may be in
-    // flight
-    if constexpr (MCAST) cluster_sync();
 }
 
 template <int D, int NW, bool PAGED, bool SUMCHECK = false>
@@ -1518,13 +1471,13 @@ struct GqaTmaParams {
     AttnParams p;
 };
 
-template <int D, int NW, bool SUMCHECK = false, bool MCAST = false>
+template <int D, int NW, bool SUMCHECK = false>
 __global__ void __launch_bounds__(NW * 32, 1)
 gqa_tma_kernel(const __grid_constant__ GqaTmaParams a) {
     const int trace_row = trace::begin(TRACE_PIPELINED);
     wait_for_previous_kernel();
     trace::stamp(trace_row, STAMP_WAITED);
-    gqa_pipelined<D, NW, false, true, false, SUMCHECK, MCAST>(a.p, &a.k, &a.v, trace_row);
+    gqa_pipelined<D, NW, false, true, false, SUMCHECK>(a.p, &a.k, &a.v, trace_row);
     trace::end(trace_row, STAMP_END);
 }
 
@@ -2111,10 +2064,10 @@ static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_bl
     return launch_status(stream);
 }
 
+#ifdef TVA_TMA
 // A contiguous cache [b, heads, rows, D] (any strides, 16-byte multiples) as boxes of 64
 // columns by BN rows, 128-byte swizzled: the layout the wgmma descriptors read. Rows past
-// `kv_rows` read as zeros. (The tensor-copy build's wgmma_pv and wgmma_sumcheck, and
-// wgmma_mcast in every build.)
+// `kv_rows` read as zeros.
 static bool encode_cache_map(CUtensorMap* map, const void* base, const AttnParams& p, int64_t sb, int64_t sh,
                              int64_t st, int d) {
     const EncodeTiled encode = encode_tiled();
@@ -2129,10 +2082,8 @@ static bool encode_cache_map(CUtensorMap* map, const void* base, const AttnParam
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// `cluster` > 1: clusters of that many row blocks (wgmma_mcast: all of a split's, m_blocks).
 template <int D, int NW, typename Kernel>
-static cudaError_t launch_gqa_tma(Kernel kernel, const AttnParams& p, cudaStream_t stream, int m_blocks,
-                                  unsigned cluster = 1) {
+static cudaError_t launch_gqa_tma(Kernel kernel, const AttnParams& p, cudaStream_t stream, int m_blocks) {
     constexpr int smem = gqa_smem_bytes<D, NW, true>();
     cudaError_t err = prepare(kernel, smem);
     if (err != cudaSuccess) return err;
@@ -2142,14 +2093,11 @@ static cudaError_t launch_gqa_tma(Kernel kernel, const AttnParams& p, cudaStream
         !encode_cache_map(&a.v, p.v, p, p.v_sb, p.v_sh, p.v_st, D))
         return cudaErrorInvalidValue;
     dim3 grid(m_blocks, static_cast<unsigned>(p.num_splits), static_cast<unsigned>(p.batch * p.heads_kv));
-    if (cluster > 1) TVA_LAUNCH_CLUSTER(kernel, grid, NW * 32, smem, stream, a, cluster);
-    else TVA_LAUNCH(kernel, grid, NW * 32, smem, stream, a);
+    TVA_LAUNCH(kernel, grid, NW * 32, smem, stream, a);
     return launch_status(stream);
 }
 
-// Row blocks wgmma_mcast clusters: all of a split's, where there are 2 to 8 (the portable
-// cluster size); elsewhere it runs as wgmma_sumcheck.
-constexpr int MCAST_MAX_CLUSTER = 8;
+#endif  // TVA_TMA
 
 template <int D>
 static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
@@ -2170,24 +2118,14 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
     const int m_blocks = (M + bm - 1) / bm;
     // wgmma: 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (head_dim 128 only), 3 as 2 with the
     // rows past the last full row block as tail rows where M has that shape (else as 2), 6 as 2
-    // with the sum-checked softmax, 10 as 6 with a split's row blocks one cluster fed by
-    // multicast tensor copies (as tva_gqa_forward documents). Any other code is refused here: in
-    // the switch below, a code's sum with the warps could name another variant's case.
-    if (wgmma < 0 || (wgmma > 3 && wgmma != 6 && wgmma != 10)) return cudaErrorInvalidValue;
+    // with the sum-checked softmax (as tva_gqa_forward documents). Any other code is refused here:
+    // in the switch below, a code's sum with the warps could name another variant's case.
+    if (wgmma < 0 || (wgmma > 3 && wgmma != 6)) return cudaErrorInvalidValue;
     if (wgmma >= 2 && D != 128) return cudaErrorInvalidValue;
     if (wgmma == 3 && !PAGED && num_warps == 4 && tail_row_blocks(M, bm) > 0) {
         if constexpr (!PAGED && D == 128) return launch_gqa<D, 4, false, 3>(p, stream, tail_row_blocks(M, bm));
     }
     if (wgmma == 3) wgmma = 2;
-    if (wgmma == 10) {                   // the multicast kernel: 4 warps, a contiguous cache
-        if (num_warps != 4) return cudaErrorInvalidValue;
-        if constexpr (!PAGED && D == 128) {
-            if (m_blocks >= 2 && m_blocks <= MCAST_MAX_CLUSTER)
-                return launch_gqa_tma<D, 4>(gqa_tma_kernel<D, 4, true, true>, p, stream, m_blocks,
-                                            static_cast<unsigned>(m_blocks));
-        }
-        wgmma = 6;
-    }
     if (wgmma == 6) {                    // the sum-checked softmax: the pipelined kernel's shapes
         if constexpr (D == 128) {
 #ifdef TVA_TMA
@@ -2232,7 +2170,6 @@ int tva_mla_smem_bytes() { return tva::mla::SMEM; }
 // included). wgmma 3: the tail kernel's where it may run, else the plain pipelined kernel's.
 int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     if (wgmma == 3 && (paged || num_warps != 4 || head_dim != 128)) wgmma = 2;
-    if (wgmma == 10 && num_warps == 4) wgmma = 6;     // the multicast kernel: the same budgets
     int blocks = 0;
     const int smem = tva_gqa_smem_bytes(head_dim, num_warps, wgmma);
 #define TVA_OCC(D, NW, P, W)                                                                     \
@@ -2257,10 +2194,8 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
 // wgmma = 0: mma.sync (any GPU from sm_80); 1: S = Q K^T on Hopper's warpgroup MMA (4 or 8 warps;
 // a 9.0a build on an sm_90 GPU); 2: P V on it too; 3: as 2, with tail rows where the shape has
 // them (a contiguous cache, 4 warps); 6: as 2, with the sum-checked softmax (the tile max only
-// where P's sums say m may move); 10: as 6, a split's 2-8 row blocks one cluster whose K and V
-// tiles rank 0 copies once for all by multicast tensor copies (4 warps; a contiguous cache,
-// else as 6). 4, 5, 7, 8 and 9 were variants since removed (measured slower, kernels/NOTES.md
-// sessions 26-32, 51 and 52): they, as any other code, return cudaErrorInvalidValue.
+// where P's sums say m may move). 4, 5 and 7 were variants since removed (measured slower,
+// kernels/NOTES.md sessions 26-32): they, as any other code, return cudaErrorInvalidValue.
 int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int paged, int wgmma, void* stream) {
     const AttnParams& p = *params;
     cudaStream_t s = static_cast<cudaStream_t>(stream);

@@ -350,74 +350,6 @@ def test_sumcheck_takes_the_exact_path_for_a_row_that_has_seen_nothing(emu):
     assert _run(emu, pt, [0, 0], 1, warps=4, wgmma=6, self_only=True, key_ramp=big) < 5e-3
 
 
-# wgmma_mcast (wgmma 10: the sum-checked kernel with a split's row blocks one cluster, rank 0
-# copying each K and V tile into every block by multicast tensor copies): 2-5 row blocks a
-# cluster (G T = 130, 256, 260 rows), splits long enough to turn both rings many times, splits
-# with no tile, an empty prefix, one split writing the output itself; NaN past each sequence,
-# which the boxes read. Shapes it does not cluster run wgmma_sumcheck: one row block, more than
-# eight (G 8 x 65: nine), a paged cache.
-MCAST_CASES = {
-    "g4-T65-5-blocks": (_point(b=2, heads=8, kv_heads=2, T=65, d=128), [300, 97], 3),
-    "g2-T65-3-blocks-long-split": (_point(heads=2, kv_heads=1, T=65, d=128), [1300], 1),
-    "g4-T64-4-blocks-long-splits": (_point(b=2, heads=4, kv_heads=1, T=64, d=128), [900, 500], 2),
-    "g4-T65-more-splits-than-tiles": (_point(heads=4, kv_heads=1, T=65, d=128), [60], 9),
-    "g4-T65-empty-prefix": (_point(heads=4, kv_heads=1, T=65, d=128), [0], 1),
-    "g8-T65-9-blocks-unclustered": (_point(heads=8, kv_heads=1, T=65, d=128), [200], 2),
-    "g4-T16-1-block-unclustered": (_point(heads=4, kv_heads=1, T=16, d=128), [300], 2),
-    "paged-g4-T65-unclustered": (_point(b=2, heads=8, kv_heads=2, T=65, d=128, layout="paged"), [300, 97], 2),
-}
-
-
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
-@pytest.mark.parametrize("case", list(MCAST_CASES))
-def test_mcast_kernel_equals_the_sum_checked_kernel(emu, case, schedule):
-    """The same tiles through the same softmax, only copied once for the cluster: bit-equal to
-    wgmma_sumcheck (the split partials and their merge included), and within the float64
-    check."""
-    emu.emu_configure(*SCHEDULES[schedule])
-    pt, lengths, splits = MCAST_CASES[case]
-    nan_tail = 37 if pt.layout == "contiguous" else 0
-    outs = {}
-    for wgmma in (6, 10):
-        err = _run(emu, pt, lengths, splits, warps=4, wgmma=wgmma, nan_tail=nan_tail,
-                   outputs=outs.setdefault(wgmma, []))
-        assert err < 5e-3, wgmma
-    assert torch.equal(outs[6][0], outs[10][0])
-
-
-@pytest.mark.parametrize("slow", [0, 2])
-@pytest.mark.parametrize("case", ["g4-T65-5-blocks", "g4-T64-4-blocks-long-splits"])
-def test_mcast_kernel_with_a_lagging_block(emu, case, slow):
-    """One block of every cluster runs one round in 48 (all its warps) with copies landing at
-    issue: rank 0 (slow 0) lags the blocks it feeds, or the others race ahead of rank 2 (slow
-    2), whose stages rank 0 must not refill before it has released them; a copy into a stage
-    still read changes an operand under the reader (the emulator poisons it)."""
-    emu.emu_configure(1, 777)
-    emu.emu_slow_rank(slow, 48, 1)
-    try:
-        pt, lengths, splits = MCAST_CASES[case]
-        assert _run(emu, pt, lengths, splits, warps=4, wgmma=10, nan_tail=37) < 5e-3
-    finally:
-        emu.emu_slow_rank(0, 0, 1)
-        emu.emu_configure(0, 0)
-
-
-def test_mcast_kernel_runs_four_warps_alone(emu):
-    """wgmma_mcast is built for 4 warps: 8 are refused by the library (and by the Python side's
-    _resolve_impl), not run as another variant."""
-    emu.emu_dry_run(1)
-    try:
-        p = _launch_params(1, 32, 8, 65, 4, 1)
-        emu.emu_clear_fault()
-        before = emu.emu_launch_count()
-        assert emu.tva_gqa_forward(ctypes.byref(p), 128, 8, 0, 10, None) == 1
-        assert emu.emu_launch_count() == before
-        assert emu.tva_gqa_occupancy(128, 4, 0, 10) == emu.tva_gqa_occupancy(128, 4, 0, 6) > 0
-    finally:
-        emu.emu_dry_run(0)
-        emu.emu_clear_fault()
-
-
 @pytest.mark.parametrize("schedule", ["lockstep", "skewed"])
 def test_wgmma_pv_rescales_when_the_max_grows(emu, schedule):
     """The pipelined kernel moves a row's reference max only when a tile's max exceeds it by
@@ -638,12 +570,12 @@ def test_every_kernel_fits_the_h200_shared_memory(emu):
     assert 200 * 1024 < emu.tva_mla_smem_bytes() <= H200_SMEM_OPTIN
 
 
-@pytest.mark.parametrize("wgmma", [4, 5, 7, 8, 9, 11, -1])
+@pytest.mark.parametrize("wgmma", [4, 5, 7, 8, 9, 10, 11, -1])
 def test_a_code_without_a_variant_is_refused(emu, wgmma):
-    """tva_gqa_forward refuses a code that names no variant (4, 5, 7, 8 and 9 once did, variants
-    since removed) with cudaErrorInvalidValue and launches nothing, at every warp count, head dim and
-    layout: not a kernel of another code whose sum with the warps it matches (8 at 2 warps is 16,
-    the mma kernel at 4 warps). tva_gqa_occupancy answers 0 for it, its error value."""
+    """tva_gqa_forward refuses a code that names no variant (4, 5, 7, 8, 9 and 10 once did,
+    variants since removed) with cudaErrorInvalidValue and launches nothing, at every warp count,
+    head dim and layout: not a kernel of another code whose sum with the warps it matches (8 at 2
+    warps is 16, the mma kernel at 4 warps). tva_gqa_occupancy answers 0 for it, its error value."""
     emu.emu_dry_run(1)
     try:
         for d in (64, 128):

@@ -139,7 +139,7 @@ def test_wgmma_tail_equals_wgmma_pv_closely_and_replays_in_a_graph(hopper):
     _replays_equal(lambda out: cv.tree_verify_attention(*args, impl="wgmma_tail", out=out), b)
 
 
-@pytest.mark.parametrize("impl", ["wgmma_tail", "wgmma_sumcheck", "wgmma_mcast"])
+@pytest.mark.parametrize("impl", ["wgmma_tail", "wgmma_sumcheck"])
 def test_a_gqa_variant_runs_the_mla_latent_as_wgmma_pv(impl, hopper):
     """The MLA latent has no kernel of the GQA kernel's variants: they run its wgmma_pv kernel,
     not a launch error."""
@@ -186,34 +186,10 @@ def test_wgmma_sumcheck_equals_wgmma_pv_and_replays_in_a_graph(keys, hopper):
     _replays_equal(lambda out: call(impl="wgmma_sumcheck", out=out), b)
 
 
-@pytest.mark.parametrize("keys", ["random", "growing"])
-def test_wgmma_mcast_equals_wgmma_sumcheck_and_replays_in_a_graph(keys, hopper):
-    """A split's five row blocks as one cluster, each tile copied once for all of them
-    (impl wgmma_mcast): bit-equal to wgmma_sumcheck, random keys and keys growing along the
-    sequence, and a captured call (the cluster launch inside the graph) replays equal."""
-    from harness.kernels.verify import custom_verify as cv
-
-    pt = point(b=2, T=65)
-    inp = kw.make_inputs(pt, [9000, 3000], 5, DEV, torch.bfloat16)
-    if keys == "growing":
-        ramp = 1.0 + 3.0 * torch.arange(inp["k"].shape[2], device=DEV) / inp["k"].shape[2]
-        inp["k"] = (inp["k"].float() * ramp[:, None]).to(torch.bfloat16)
-    call = functools.partial(cv.tree_verify_attention, inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"])
-    a = call(impl="wgmma_sumcheck")
-    b = call(impl="wgmma_mcast")
-    assert torch.equal(a, b)
-    _replays_equal(lambda out: call(impl="wgmma_mcast", out=out), b)
-    with pytest.raises(ValueError, match="runs 4 warps"):
-        call(impl="wgmma_mcast", num_warps=8)
-
-
 # The pipelined kernel's variants, each over its shapes: NaN past each sequence on a contiguous
 # cache (a row reading past its keys, a tail row's included, would carry it), 8 warps where the
 # case says so, and any split count.
-# wgmma_mcast: the sum-checked softmax's 4-warp shapes (clustered where a split has 2-8 row
-# blocks: G 4 and 1 x 65 tokens, 64 tokens; the others run wgmma_sumcheck).
-MCAST_CASES = {c: v for c, v in SUMCHECK_CASES.items() if not c.endswith("8warps")}
-VARIANT_CASES = {"wgmma_tail": TAIL_CASES, "wgmma_sumcheck": SUMCHECK_CASES, "wgmma_mcast": MCAST_CASES}
+VARIANT_CASES = {"wgmma_tail": TAIL_CASES, "wgmma_sumcheck": SUMCHECK_CASES}
 
 
 @pytest.mark.parametrize("impl,case", [(impl, c) for impl, cases in VARIANT_CASES.items() for c in cases])

@@ -1283,21 +1283,19 @@ inline void mbar_wait_cluster(uint32_t bar, uint32_t parity) { mbar_wait(bar, pa
 // after another, elements outside the tensor as zeros; with the 128-byte swizzle each 16-byte
 // chunk lands at address bits [4, 7) XOR [7, 10) of its absolute shared address (the layout
 // wgmma's 128-byte-swizzle descriptors read). Read at issue, landing later (land_copies).
-namespace emu {
-// The copy of tma_load's box: read now (zeros outside the tensor), its 16-byte chunks placed at
-// their swizzled addresses, landing at `dst` of the block whose list it joins.
-inline BulkCopy tensor_box(uint32_t dst, const CUtensorMap* map, const int32_t* coords, uint32_t bar) {
-    TensorMap t;
+inline void tma_load(uint32_t dst, const CUtensorMap* map, const int32_t* coords, uint32_t bar) {
+    emu::TensorMap t;
     std::memcpy(&t, map, sizeof t);
-    if (dst % 128) misaligned("cp.async.bulk.tensor: shared address not 128-byte aligned");
+    if (dst % 128) emu::misaligned("cp.async.bulk.tensor: shared address not 128-byte aligned");
     if (t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B && dst % 1024)
-        misaligned("cp.async.bulk.tensor: 128-byte swizzle needs a 1024-byte aligned destination");
+        emu::misaligned("cp.async.bulk.tensor: 128-byte swizzle needs a 1024-byte aligned destination");
+    emu::mbarrier_at(bar);
     uint64_t n = t.elem;
     for (uint32_t i = 0; i < t.rank; ++i) n *= t.box[i];
-    smem_at(dst, static_cast<uint32_t>(n));
+    emu::smem_at(dst, static_cast<uint32_t>(n));
     if (t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B && n % 128)
-        die("cp.async.bulk.tensor: a 128-byte-swizzled box must be whole 128-byte rows");
-    BulkCopy c;
+        emu::die("cp.async.bulk.tensor: a 128-byte-swizzled box must be whole 128-byte rows");
+    emu::BulkCopy c;
     c.dst = dst, c.bar = bar;
     c.bytes.assign(n, 0);
     std::vector<uint8_t> flat(n, 0);
@@ -1320,40 +1318,11 @@ inline BulkCopy tensor_box(uint32_t dst, const CUtensorMap* map, const int32_t* 
         if (t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B) a ^= ((a >> 7) & 7u) << 4;
         std::memcpy(&c.bytes[a - dst], &flat[o], 16);
     }
-    return c;
-}
-// A copy into block `to`'s shared memory, on its barrier `bar` (which must exist there by now):
-// queued, or landed at once under TVA_EMU_EARLY.
-inline void queue_copy(Block* to, BulkCopy c) {
-    Block* self = current_block();
-    current_block() = to;
-    const uint32_t bar = c.bar;
-    mbarrier_at(bar);
-    to->bulk_copies.push_back(std::move(c));
-    if (!late_copies()) {            // TVA_EMU_EARLY: landed at issue
-        land_copies(bar);
-        complete_phase_if_done(mbarrier_at(bar));
+    emu::current_block()->bulk_copies.push_back(std::move(c));
+    if (!emu::late_copies()) {            // TVA_EMU_EARLY: landed at issue
+        emu::land_copies(bar);
+        emu::complete_phase_if_done(emu::mbarrier_at(bar));
     }
-    current_block() = self;
-}
-}  // namespace emu
-
-inline void tma_load(uint32_t dst, const CUtensorMap* map, const int32_t* coords, uint32_t bar) {
-    emu::queue_copy(emu::current_block(), emu::tensor_box(dst, map, coords, bar));
-}
-
-// cp.async.bulk.tensor.4d ... .multicast::cluster: tma_load's box into the same place of shared
-// memory of every block of the cluster in `mask` (bit r: rank r), completing the bytes of each
-// one's barrier at `bar`; that barrier must have been initialised there before the issue (a
-// cluster barrier after the initialisation, on the GPU).
-inline void tma_load_multicast(uint32_t dst, const CUtensorMap* map, const int32_t (&coords)[4], uint32_t bar,
-                               uint16_t mask) {
-    const auto& blocks = emu::current_block()->cluster->blocks;
-    if (mask == 0 || (mask >> blocks.size()))
-        emu::die("cp.async.bulk.tensor multicast: a mask naming no block or a rank outside the cluster");
-    const emu::BulkCopy c = emu::tensor_box(dst, map, coords, bar);
-    for (size_t r = 0; r < blocks.size(); ++r)
-        if ((mask >> r) & 1u) emu::queue_copy(blocks[r], c);
 }
 
 // cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes: `bytes` contiguous bytes
