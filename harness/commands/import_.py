@@ -14,6 +14,10 @@ what a run derives across cells (speedup_vs_ar, speedup_vs_peer) is derived. The
 one scenario at one commit; a cell with results in two of them takes the one that ran (ok over
 failed), and two that both ran is an error: which one the run holds would be a silent choice.
 
+A batch exported at another commit than this checkout's may name what this one no longer
+knows (a variant since removed) or cells whose ids have changed since (a knob since added):
+the complaint then names the batch's commit, whose harness imports it.
+
 Exit codes as `harness run`: 0 every cell ok and logged, 1 some failed or missing (or the
 upload failed), 2 a DIR that is not a batch, or batches that are not one run.
 """
@@ -53,10 +57,14 @@ def import_(
         unique = list({d.resolve(): d for d in batch_dirs}.values())    # a DIR named twice: once
         batches = [(d, _read_batch(d)) for d in unique]
         _same_run(batches)
-        first_dir, first = batches[0]
-        sc = parse_scenario(first["scenario_text"], f"{first_dir}/batch.json (scenario)")
     except InputError as e:
         raise fail_input(e)
+    first_dir, first = batches[0]
+    other_commit = _other_commit(first)
+    try:
+        sc = parse_scenario(first["scenario_text"], f"{first_dir}/batch.json (scenario)")
+    except InputError as e:
+        raise fail_input(InputError(e.path, e.line, e.column, e.message + other_commit))
     cells = sc.cells()
     selected = set()
     for _, batch in batches:
@@ -75,7 +83,7 @@ def import_(
             result, why = _read_result(path, wanted)
             if why:
                 err.print(f"[yellow]warning:[/] {escape(str(path))}: {escape(why)}; its cell counts "
-                          f"as missing", highlight=False)
+                          f"as missing{escape(other_commit)}", highlight=False)
                 continue
             try:
                 found[path.stem] = _one_result(found.get(path.stem), (path, result))
@@ -115,6 +123,23 @@ def import_(
     finish(journal, uri, SweepOutcome(results=results),
            f"harness import {where} (a new run), or harness run "
            f"{journal.path / jr.SCENARIO_FILE} --resume {journal.run_id}")
+
+
+def _other_commit(batch: dict) -> str:
+    """What to add to a complaint about the batch's scenario or cells when it was exported at
+    another commit than this checkout's: they may be valid only there (a knob value since
+    removed, a knob since added, which changes every cell's id). Empty otherwise."""
+    from harness.sweep import gitinfo
+
+    sha = batch.get("git_sha")
+    if not isinstance(sha, str) or not sha or sha == "unknown":
+        return ""
+    here = gitinfo.git_info()["sha"]
+    if here == sha:
+        return ""
+    here = "no commit" if here == "unknown" else here[:10]
+    return (f" (the batch was exported at {sha[:10]} and this checkout is at {here}: import it "
+            f"with that commit's harness, e.g. from `git worktree add DIR {sha[:10]}`)")
 
 
 def _same_run(batches: list[tuple[Path, dict]]) -> None:

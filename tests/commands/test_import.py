@@ -129,3 +129,43 @@ def test_of_two_results_for_a_cell_the_one_that_ran_is_kept():
     assert _one_result(failed, (Path("c/cells/c1.json"), {"status": "failed"})) == failed
     with pytest.raises(InputError, match="ran in two batches"):
         _one_result(ok, (Path("c/cells/c1.json"), {"status": "ok"}))
+
+
+def test_a_batch_from_another_commit_names_the_commit_that_imports_it(fresh_store, tmp_path):
+    """A batch exported at a commit where its scenario was valid (a value since removed) or its
+    cells had other ids (a knob since added, which changes every id): the line says at which
+    commit it was exported and how to import it there. A batch of no known commit gets the
+    plain line, with nothing about commits."""
+    batch = tmp_path / "batch"
+    (batch / "cells").mkdir(parents=True)
+
+    def header(sha: str, text: str) -> None:
+        (batch / "batch.json").write_text(json.dumps({"scenario": "batch", "scenario_text": text,
+                                                      "git_sha": sha}))
+
+    def import_batch() -> subprocess.CompletedProcess:
+        return sh("-m", "harness.cli", "import", str(batch), "--tracking-uri", fresh_store(tmp_path),
+                  cwd=tmp_path)
+
+    removed = SCENARIO.replace("[noop]", "[noop_since_removed]")
+    header("ab" * 20, removed)
+    out = import_batch()
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    line = out.stderr.strip()
+    assert "\n" not in line and line.startswith(f"error: {batch}/batch.json (scenario):3:")
+    assert line.endswith("(the batch was exported at ababababab and this checkout is at no commit: "
+                         "import it with that commit's harness, e.g. from `git worktree add DIR "
+                         "ababababab`)"), line
+    header("unknown", removed)
+    plain = import_batch()
+    assert plain.returncode == 2 and f"{batch}/batch.json (scenario):3:" in plain.stderr
+    assert "exported at" not in plain.stderr
+
+    # A result whose cell id this checkout does not make from the batch's scenario.
+    (batch / "cells" / "abcdef012345.json").write_text(json.dumps(
+        {"cell": {"workload": "noop", "seed": 1}, "cell_id": "abcdef012345", "status": "ok"}))
+    header("ab" * 20, SCENARIO)
+    missing = import_batch()
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    assert ("abcdef012345.json: not a cell of the batch's scenario; its cell counts as missing "
+            "(the batch was exported at ababababab") in " ".join(missing.stderr.split())
