@@ -30,18 +30,23 @@ def _no_gpu_reason() -> str | None:
     return None
 
 
-# The files that take longest on a two-CPU CI machine (tens of seconds each: real workflows,
-# a serving engine, nvcc, browsers), collected first: `make test` hands whole files to its
-# workers in collection order (pytest-xdist, --dist loadfile), so one of these collected late
-# ran alone at the end of the suite (~600 s with it there).
+# The files that take longest on a two-CPU CI machine (tens of seconds each: a serving engine,
+# the kernels' emulation and nvcc, the Triton interpreter, real workflows, browsers, sshd and
+# Slurm), longest first: `make test` hands whole files to its workers in collection order
+# (pytest-xdist, --dist loadfile), so one of these collected late ran alone at the end of the
+# suite (~600 s with it there). Seconds a file, `pytest --durations=0` on two CPUs, session 54.
 SLOW_FILES = (
-    "tests/ci/test_nightly_workflow_runs.py",
-    "tests/service/test_service_engine.py",
-    "tests/kernels/test_kernels_compile.py",
-    "tests/ci/test_pr_workflow_runs.py",
-    "tests/kernels/test_custom_kernel_emulated.py",
-    "tests/hosts/test_slurm.py",
-    "tests/dashboards/test_mlflow_ui.py",
+    "tests/service/test_service_engine.py",             # 105
+    "tests/kernels/test_custom_kernel_emulated.py",     # 95
+    "tests/kernels/test_triton_topk.py",                # 91
+    "tests/ci/test_nightly_workflow_runs.py",           # 85
+    "tests/kernels/test_kernels_compile.py",            # 75
+    "tests/dashboards/test_report.py",                  # 65
+    "tests/hosts/test_slurm.py",                        # 55
+    "tests/hosts/test_ssh.py",                          # 45
+    "tests/commands/test_compare.py",                   # 38
+    "tests/dashboards/test_mlflow_ui.py",               # 34
+    "tests/ci/test_pr_workflow_runs.py",                # 32
 )
 
 
