@@ -60,11 +60,10 @@ def import_(
     except InputError as e:
         raise fail_input(e)
     first_dir, first = batches[0]
-    other_commit = _other_commit(first)
     try:
         sc = parse_scenario(first["scenario_text"], f"{first_dir}/batch.json (scenario)")
     except InputError as e:
-        raise fail_input(InputError(e.path, e.line, e.column, e.message + other_commit))
+        raise fail_input(InputError(e.path, e.line, e.column, e.message + _other_commit(first)))
     cells = sc.cells()
     selected = set()
     for _, batch in batches:
@@ -78,10 +77,13 @@ def import_(
     wanted = {params.cell_id(c): c for c in cells}
 
     found: dict[str, tuple[Path, dict]] = {}
+    other_commit = None           # asked of git once, and only when a result is set aside
     for batch_dir, _ in batches:
         for path in sorted((batch_dir / "cells").glob("*.json")):
             result, why = _read_result(path, wanted)
             if why:
+                if other_commit is None:
+                    other_commit = _other_commit(first)
                 err.print(f"[yellow]warning:[/] {escape(str(path))}: {escape(why)}; its cell counts "
                           f"as missing{escape(other_commit)}", highlight=False)
                 continue
@@ -134,7 +136,7 @@ def _other_commit(batch: dict) -> str:
     sha = batch.get("git_sha")
     if not isinstance(sha, str) or not sha or sha == "unknown":
         return ""
-    here = gitinfo.git_info()["sha"]
+    here = gitinfo.head_sha()
     if here == sha:
         return ""
     here = "no commit" if here == "unknown" else here[:10]

@@ -14,12 +14,17 @@ def _git(*args: str, cwd: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def head_sha(cwd: str | Path = ".") -> str:
+    """The commit checked out at `cwd`, or "unknown" outside a git checkout."""
+    return _git("rev-parse", "HEAD", cwd=Path(cwd)) or "unknown"
+
+
 def git_info(cwd: str | Path = ".") -> dict:
     """sha, branch and whether the tree had uncommitted changes (a dirty run is not a
     faithful measurement of its sha, so it says so)."""
     cwd = Path(cwd)
-    sha = _git("rev-parse", "HEAD", cwd=cwd)
+    sha = head_sha(cwd)
     status = _git("status", "--porcelain", "--untracked-files=no", cwd=cwd)
-    return {"sha": sha or "unknown",
+    return {"sha": sha,
             "branch": _git("rev-parse", "--abbrev-ref", "HEAD", cwd=cwd) or "unknown",
             "dirty": bool(status) if status is not None else None}
