@@ -35,8 +35,8 @@ NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
 DEBUG_FLAGS = ("-DTVA_DEBUG",)
 # HARNESS_KERNEL_TMA=1: a build (its own cache entry) whose pipelined GQA verify on a contiguous
 # cache (custom_impl wgmma_pv and wgmma_sumcheck) feeds its K and V tiles by tensor copies (TMA)
-# instead of cp.async, to A/B against the default build in one process or device call
-# (kernels/NOTES.md, "Tensor copies").
+# instead of cp.async, and so does MLA's wgmma_pv (mla_tma_kernel), to A/B against the default
+# build in one process or device call (kernels/NOTES.md, "Tensor copies", session 56).
 TMA_FLAGS = ("-DTVA_TMA",)
 # HARNESS_KERNEL_TRACE=1: a build (its own cache entry) whose verify kernels stamp each CTA's
 # start, wait, phases and end (kernels/trace.cuh), for kernels/verify/anatomy.py. The stamps are

@@ -23,7 +23,8 @@
 //     for keys (512 latent + 64 rope) whose first 512 are the values; 64 rows per CTA over 8
 //     warps, S split by keys across warp pairs, P shared through shared memory, each warp owning
 //     64 of the 512 value columns (mla_pv_kernel, both products on wgmma: S on one warpgroup
-//     while the other copies, each owning 256 value columns of P V).
+//     while the other copies, each owning 256 value columns of P V; mla_tma_kernel in the
+//     -DTVA_TMA build: the same with its tiles by tensor copies).
 //
 // No torch headers: this file is plain CUDA C++ with extern "C" launchers, loaded through ctypes
 // (kernels/verify/custom_verify.py) and compiled in CI with nvcc alone. Launchers never synchronise
@@ -1756,18 +1757,26 @@ mla_kernel(const AttnParams p) {
 // mla_kernel's P V was 128 mma.sync a warp a tile with their ldmatrix loads of P and V, and its
 // S two m64n32k16 halves whose row maxima met through shared memory behind a barrier. The
 // reference max moves lazily (RESCALE_LOG2, as the GQA pipelined kernel's).
-template <bool PAGED>
-__global__ void __launch_bounds__(mla::NT, 1)
-mla_pv_kernel(const AttnParams p) {
-    wait_for_previous_kernel();
+//
+// TMA (a contiguous cache; the -DTVA_TMA build, kernels/build.py's HARNESS_KERNEL_TMA): the
+// copying warpgroup's first thread copies each tile as nine 64-column boxes through `kvmap`,
+// waited for on the stage's mbarrier, instead of 36 cp.async a thread of that warpgroup (their
+// issue slots are the same multiprocessor's as the softmax's). Keys past the split's end, which
+// cp.async zero-fills, are zeroed after the box lands: their scores are masked, but P = 0 times a
+// NaN value read past the sequence would still be NaN.
+template <bool PAGED, bool TMA>
+__device__ __forceinline__ void mla_pv(const AttnParams& p, const CUtensorMap* kvmap) {
     using namespace mla;
     static_assert(NW == 8 && DV == 512, "two warpgroups, 256 value columns each");
+    static_assert(!(TMA && PAGED), "tensor copies for a contiguous cache only");
     TVA_DYNAMIC_SMEM(smem);
     const uint32_t sQ = (smem_addr(smem) + 1023u) & ~1023u;     // Q, KV and P tiles: 1024-byte aligned
     const uint32_t sKV = sQ + Q_BYTES;
     const uint32_t sP = sKV + STAGES * TILE;
     float* red_alpha = reinterpret_cast<float*>(smem + (sP + P_BYTES - smem_addr(smem)));   // [BM]
     float* red_sum = red_alpha + 2 * BM;                                                     // [BM]
+    const uint32_t sBar = sP + P_BYTES + 3 * BM * 4;       // TMA: a stage's mbarrier each, past red_sum
+    static_assert(3 * BM * 4 + 8 * STAGES <= RED_BYTES, "the mbarriers fit the reduction area");
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int gid = lane >> 2, tig = lane & 3;
@@ -1779,13 +1788,35 @@ mla_pv_kernel(const AttnParams p) {
     const int n = sr.tiles;
 
     // Q by every warp; the tiles by the second warpgroup, one tile ahead. Every thread commits a
-    // group each time (the first warpgroup's are empty), so the waits count alike.
+    // group each time (the first warpgroup's are empty), so the waits count alike. TMA: thread
+    // NT / 2 initialises the barriers and issues every copy, so its program order suffices.
     mla_copy_q(p, sQ, b, mblock, M, warp, lane);
     auto load_tile = [&](int tile) {
-        if (wg == 1) mla_copy_tile<PAGED, 4>(p, b, sr, tile, sKV + (tile % STAGES) * TILE, wr, lane);
+        const uint32_t stage = sKV + (tile % STAGES) * TILE;
+        if constexpr (TMA) {
+            if (tid == NT / 2) {
+                const uint32_t bar = sBar + 8u * (tile % STAGES);
+                mbar_arrive_expect_tx(bar, TILE);
+#pragma unroll
+                for (int c = 0; c < DK / 64; ++c) {
+                    const int32_t at[4] = {64 * c, sr.begin + tile * BN, 0, b};
+                    tma_load(stage + c * (BN * 128), kvmap, at, bar);
+                }
+            }
+        } else if (wg == 1) {
+            mla_copy_tile<PAGED, 4>(p, b, sr, tile, stage, wr, lane);
+        }
     };
+    if constexpr (TMA) {
+        if (tid == NT / 2) {
+#pragma unroll
+            for (int i = 0; i < STAGES; ++i) mbar_init(sBar + 8u * i, 1);
+            fence_mbarrier_init();
+        }
+    }
     if (n > 0) load_tile(0);
     cp_async_commit();
+    if constexpr (TMA) __syncthreads();        // the barriers are initialised before anyone waits on one
 
     const float scale = static_cast<float>(p.sm_scale) * LOG2E;
     const int32_t* bits_row[2];
@@ -1798,12 +1829,17 @@ mla_pv_kernel(const AttnParams p) {
     const uint64_t p_desc = desc_kmajor_sw128(sP);
 
     for (int tile = 0; tile < n; ++tile) {
+        const uint32_t kv_s = sKV + (tile % STAGES) * TILE;
+        if constexpr (TMA) {                   // the tile is its stage's (tile / STAGES)-th copy
+            mbar_wait(sBar + 8u * (tile % STAGES), static_cast<uint32_t>(tile / STAGES) & 1u);
+            const int valid = sr.end - (sr.begin + tile * BN);     // only a sequence's last tile has fewer
+            if (valid < BN) zero_rows<BN, CH, NT>(kv_s, valid > 0 ? valid : 0, tid);
+        }
         cp_async_wait<0>();
         fence_proxy_async();
         __syncthreads();                       // (A) tile landed; the other stage, P and alphas free
         if (tile + 1 < n) load_tile(tile + 1);
         cp_async_commit();
-        const uint32_t kv_s = sKV + (tile % STAGES) * TILE;
 
         if (wg == 0) {
             float s[BN / 8][4];
@@ -1910,6 +1946,25 @@ mla_pv_kernel(const AttnParams p) {
             if (wg == 0 && tig == 0) p.ws_lse[wrow] = row_lse(m_run[hf], l);
         }
     }
+}
+
+template <bool PAGED>
+__global__ void __launch_bounds__(mla::NT, 1)
+mla_pv_kernel(const AttnParams p) {
+    wait_for_previous_kernel();
+    mla_pv<PAGED, false>(p, nullptr);
+}
+
+// The tensor map first: a CUtensorMap is 128-byte aligned.
+struct MlaTmaParams {
+    CUtensorMap kv;
+    AttnParams p;
+};
+
+__global__ void __launch_bounds__(mla::NT, 1)
+mla_tma_kernel(const __grid_constant__ MlaTmaParams a) {
+    wait_for_previous_kernel();
+    mla_pv<false, true>(a.p, &a.kv);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -2097,6 +2152,17 @@ static cudaError_t launch_gqa_tma(Kernel kernel, const AttnParams& p, cudaStream
     return launch_status(stream);
 }
 
+// The MLA latent cache [b, 1, rows, 576] as nine boxes a tile (mla_tma_kernel).
+static cudaError_t launch_mla_tma(const AttnParams& p, cudaStream_t stream, dim3 grid) {
+    cudaError_t err = prepare(mla_tma_kernel, mla::SMEM);
+    if (err != cudaSuccess) return err;
+    MlaTmaParams a;
+    a.p = p;
+    if (!encode_cache_map(&a.kv, p.k, p, p.k_sb, p.k_sh, p.k_st, mla::DK)) return cudaErrorInvalidValue;
+    TVA_LAUNCH(mla_tma_kernel, grid, mla::NT, mla::SMEM, stream, a);
+    return launch_status(stream);
+}
+
 #endif  // TVA_TMA
 
 template <int D>
@@ -2228,6 +2294,13 @@ int tva_mla_forward(const AttnParams* params, int paged, int wgmma, void* stream
         if (err == cudaSuccess) TVA_LAUNCH(kernel, grid, tva::mla::NT, tva::mla::SMEM, s, p);    \
     }
     err = cudaErrorInvalidValue;
+#ifdef TVA_TMA
+    if (paged == 0 && wgmma == 2) {            // the tensor-copy build: P V on wgmma by tensor copies
+        err = tva::launch_mla_tma(p, s, grid);
+        if (err == cudaSuccess) err = tva::launch_combine<tva::mla::DV>(p, s);
+        return static_cast<int>(err);
+    }
+#endif
     TVA_MLA(0, 0) TVA_MLA(0, 1) TVA_MLA(0, 2) TVA_MLA(1, 0) TVA_MLA(1, 1) TVA_MLA(1, 2)
 #undef TVA_MLA
     if (err == cudaSuccess) err = launch_status(s);

@@ -289,6 +289,35 @@ def test_gqa_tma_kernel_matches_reference(emu_tma, case, schedule):
     assert _run(emu_tma, pt, lengths, splits, warps=warps, wgmma=2, nan_tail=37) < 5e-3
 
 
+# MLA in the tensor-copy build: the contiguous cases, and splits of which some hold no tile.
+MLA_TMA_CASES = {c: v for c, v in MLA_CASES.items() if v[0].layout == "contiguous"} | {
+    "mla-b2-empty-prefix-9splits": (_point("mla", b=2, heads=4, T=5, d=576), [0, 200], 9),
+}
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("case", list(MLA_TMA_CASES))
+def test_mla_tma_kernel_equals_the_cp_async_kernel(emu, emu_tma, case, schedule):
+    """mla_tma_kernel (the tensor-copy build's wgmma_pv for MLA) is bit-equal to mla_pv_kernel,
+    each stage's barrier through its phases (seven tiles in one split), on a cache running 37 rows
+    past the longest sequence with NaN past each one: the boxes read those rows, and the V rows
+    must not pass them on."""
+    pt, lengths, splits = MLA_TMA_CASES[case]
+    outs = []
+    for lib in (emu, emu_tma):
+        lib.emu_configure(*SCHEDULES[schedule])
+        assert _run(lib, pt, lengths, splits, wgmma=2, nan_tail=37, outputs=outs) < 5e-3
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("schedule", ["lockstep", "skewed-early-copies"])
+def test_mla_tma_kernel_rescales_when_the_max_grows(emu_tma, schedule):
+    """As test_mla_wgmma_pv_rescales_when_the_max_grows, in the tensor-copy build."""
+    emu_tma.emu_configure(*SCHEDULES[schedule])
+    pt = _point("mla", heads=4, T=5, d=576)
+    assert _run(emu_tma, pt, [400], 1, wgmma=2, nan_tail=37, key_ramp=lambda j: 1.0 + 0.04 * j) < 5e-3
+
+
 @pytest.mark.parametrize("case", ["T65-random", "T65-growing-keys"])
 def test_sumcheck_tma_kernel_equals_the_pipelined_tma_kernel(emu_tma, case):
     """The sum-checked softmax in the tensor-copy build (gqa_tma_kernel<..., SUMCHECK>): bit-equal

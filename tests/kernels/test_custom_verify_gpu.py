@@ -324,6 +324,22 @@ def test_the_tensor_copy_build_matches_the_reference(case, monkeypatch):
     assert check(pt, lengths, impl="wgmma_pv", nan_tail=37) < TOL
 
 
+@pytest.mark.parametrize("case", ["mla-H8-T16", "mla-H64-T16-b2", "mla-long"])
+def test_the_tensor_copy_build_runs_mla_by_tensor_copies(case, monkeypatch, hopper):
+    """HARNESS_KERNEL_TMA=1 runs MLA's wgmma_pv as mla_tma_kernel (nine boxes a tile): within the
+    float64 check with NaN past each sequence, and bit-equal to the cp.async kernel."""
+    from harness.kernels.verify import custom_verify as cv
+
+    pt, lengths = CASES[case]
+    assert check(pt, lengths, impl="wgmma_pv", nan_tail=37) < TOL
+    inp = kw.make_inputs(pt, lengths, 1, DEV, torch.bfloat16)
+    call = functools.partial(cv.mla_tree_verify_attention, inp["q"], inp["k"], inp["lengths"], inp["bits"],
+                             impl="wgmma_pv")
+    plain = call()
+    monkeypatch.setenv("HARNESS_KERNEL_TMA", "1")
+    assert torch.equal(plain, call())
+
+
 def test_the_trace_build_stamps_every_cta_of_a_call(monkeypatch, hopper):
     """HARNESS_KERNEL_TRACE=1 (kernels/trace.cuh): one call at 65 tree tokens over 4096 keys
     leaves a row for each CTA of the split kernel and of its combine, their stamps in order, and

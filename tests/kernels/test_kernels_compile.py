@@ -106,11 +106,11 @@ def test_tree_build_compiles_for_sm90a_and_sm120_without_spills(tmp_path):
 
 
 def test_the_tensor_copy_build_compiles_without_spills_or_serialised_wgmma(tmp_path):
-    """HARNESS_KERNEL_TMA's build (gqa_tma_kernel, with and without the sum-checked softmax),
-    kernels/build.py, on Hopper."""
+    """HARNESS_KERNEL_TMA's build (gqa_tma_kernel, with and without the sum-checked softmax, and
+    MLA's mla_tma_kernel), kernels/build.py, on Hopper."""
     proc, out = nvcc_compile(tmp_path, SOURCE, ("90a",), threads=2, flags=build.TMA_FLAGS)
     assert_compiled_cleanly(proc, out, ("90a",))
-    for kernel in ("gqa_tma_kernelILi128ELi4ELb0E", "gqa_tma_kernelILi128ELi4ELb1E"):
+    for kernel in ("gqa_tma_kernelILi128ELi4ELb0E", "gqa_tma_kernelILi128ELi4ELb1E", "mla_tma_kernel"):
         assert kernel in proc.stderr, kernel
     assert not [ln for ln in proc.stderr.splitlines() if "(C75" in ln]
     found = spills(proc.stderr, ("90a",))
