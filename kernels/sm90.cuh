@@ -125,6 +125,14 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, c
 #endif
 }
 
+// A tensor map's 128-byte descriptor fetched ahead of its first copy (first thing in a kernel,
+// as CUTLASS does): otherwise the first box waits for that fetch.
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+#endif
+}
+
 // `bytes` (a multiple of 16) from global `src` into shared memory at `dst`, both 16-byte aligned,
 // completing as many of the barrier's expected transaction bytes (cp.async.bulk, no tensor map).
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {

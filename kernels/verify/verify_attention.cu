@@ -1963,6 +1963,7 @@ struct MlaTmaParams {
 
 __global__ void __launch_bounds__(mla::NT, 1)
 mla_tma_kernel(const __grid_constant__ MlaTmaParams a) {
+    if (threadIdx.x == mla::NT / 2) prefetch_tensormap(&a.kv);    // the copying thread's, under the wait
     wait_for_previous_kernel();
     mla_pv<false, true>(a.p, &a.kv);
 }

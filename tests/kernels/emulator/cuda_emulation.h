@@ -1283,6 +1283,9 @@ inline void mbar_wait_cluster(uint32_t bar, uint32_t parity) { mbar_wait(bar, pa
 // after another, elements outside the tensor as zeros; with the 128-byte swizzle each 16-byte
 // chunk lands at address bits [4, 7) XOR [7, 10) of its absolute shared address (the layout
 // wgmma's 128-byte-swizzle descriptors read). Read at issue, landing later (land_copies).
+// prefetch.tensormap: a hint; nothing to model.
+inline void prefetch_tensormap(const CUtensorMap*) {}
+
 inline void tma_load(uint32_t dst, const CUtensorMap* map, const int32_t* coords, uint32_t bar) {
     emu::TensorMap t;
     std::memcpy(&t, map, sizeof t);
