@@ -113,11 +113,15 @@ def _gqa_occupancy(index: int, head_dim: int, num_warps: int, paged: bool, wgmma
         return max(1, _lib().tva_gqa_occupancy(head_dim, num_warps, int(paged), int(wgmma)))
 
 
-IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_sumcheck")    # wgmma_pv: S and P V on wgmma
-# tva_gqa_forward's `wgmma` (the gaps: codes of variants since removed, which it refuses)
-_IMPL_CODE = {"mma": 0, "wgmma": 1, "wgmma_pv": 2, "wgmma_tail": 3, "wgmma_sumcheck": 6}
-# the pipelined kernel (head_dim 128): plain, with tail rows, with the sum-checked softmax
-PIPELINED = ("wgmma_pv", "wgmma_tail", "wgmma_sumcheck")
+# wgmma_pv: S and P V on wgmma; wgmma_tma: wgmma_pv with its tiles by tensor copies (TMA) where
+# the cache is contiguous (GQA: 4 warps), else wgmma_pv
+IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_sumcheck", "wgmma_tma")
+# tva_gqa_forward's and tva_mla_forward's `wgmma` (the gaps: codes of variants since removed,
+# which they refuse)
+_IMPL_CODE = {"mma": 0, "wgmma": 1, "wgmma_pv": 2, "wgmma_tail": 3, "wgmma_sumcheck": 6, "wgmma_tma": 12}
+# the pipelined kernel (head_dim 128): plain, with tail rows, with the sum-checked softmax, by
+# tensor copies
+PIPELINED = ("wgmma_pv", "wgmma_tail", "wgmma_sumcheck", "wgmma_tma")
 TAILED = ("wgmma_tail",)                   # run the tail kernel where the shape has tail rows
 # variants of the pipelined GQA kernel alone: the MLA latent runs its own P V kernel for them
 GQA_VARIANTS = TAILED + ("wgmma_sumcheck",)
@@ -128,8 +132,8 @@ DEFAULT_IMPL = "mma"
 
 def _resolve_impl(impl: str, index: int, warps: int) -> int:
     """The variant to launch (tva_gqa_forward's `wgmma`: _IMPL_CODE): impl "mma" (any GPU),
-    "wgmma", "wgmma_pv", "wgmma_tail" or "wgmma_sumcheck" (compute capability 9.0, 4 or 8 warps;
-    an error where it cannot run)."""
+    "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_sumcheck" or "wgmma_tma" (compute capability 9.0,
+    4 or 8 warps; an error where it cannot run)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "mma":

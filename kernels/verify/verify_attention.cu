@@ -23,8 +23,8 @@
 //     for keys (512 latent + 64 rope) whose first 512 are the values; 64 rows per CTA over 8
 //     warps, S split by keys across warp pairs, P shared through shared memory, each warp owning
 //     64 of the 512 value columns (mla_pv_kernel, both products on wgmma: S on one warpgroup
-//     while the other copies, each owning 256 value columns of P V; mla_tma_kernel in the
-//     -DTVA_TMA build: the same with its tiles by tensor copies).
+//     while the other copies, each owning 256 value columns of P V; mla_tma_kernel, impl
+//     wgmma_tma: the same with its tiles by tensor copies).
 //
 // No torch headers: this file is plain CUDA C++ with extern "C" launchers, loaded through ctypes
 // (kernels/verify/custom_verify.py) and compiled in CI with nvcc alone. Launchers never synchronise
@@ -963,10 +963,10 @@ gqa_kernel(const AttnParams p) {
 // (64-column blocks of 128-byte rows, 128-byte swizzle) and read as an MN-major B operand; P goes
 // from the S accumulators to the A registers of P V.
 
-// TMA (a contiguous cache only; built with -DTVA_TMA, kernels/build.py's HARNESS_KERNEL_TMA): K
-// and V tiles come as tensor copies, two 64-column boxes a tile issued by thread 0 and waited for
-// on an mbarrier per stage, instead of 16 cp.async a thread a tile; the rest of the schedule is
-// the same. `kmap` / `vmap`: the cache as [b, heads, rows, D] boxes of 64 x BN (gqa_tma_kernel).
+// TMA (a contiguous cache only; impl wgmma_tma, or wgmma_pv / wgmma_sumcheck in the -DTVA_TMA
+// build, kernels/build.py's HARNESS_KERNEL_TMA): K and V tiles come as tensor copies, two
+// 64-column boxes a tile issued by thread 0 and waited for on an mbarrier per stage, instead of
+// 16 cp.async a thread a tile; the rest of the schedule is the same. `kmap` / `vmap`: the cache as [b, heads, rows, D] boxes of 64 x BN (gqa_tma_kernel).
 //
 // TAIL (gqa_tail_kernel; a contiguous cache, 4 warps): M = nb BM + rem rows with 0 < rem <= nb
 // (65 tree tokens x G heads: nb = G, rem = G) run as nb row blocks, not nb + 1: CTA i also
@@ -1758,7 +1758,7 @@ mla_kernel(const AttnParams p) {
 // S two m64n32k16 halves whose row maxima met through shared memory behind a barrier. The
 // reference max moves lazily (RESCALE_LOG2, as the GQA pipelined kernel's).
 //
-// TMA (a contiguous cache; the -DTVA_TMA build, kernels/build.py's HARNESS_KERNEL_TMA): the
+// TMA (a contiguous cache; impl wgmma_tma, or wgmma_pv in the -DTVA_TMA build): the
 // copying warpgroup's first thread copies each tile as nine 64-column boxes through `kvmap`,
 // waited for on the stage's mbarrier, instead of 36 cp.async a thread of that warpgroup (their
 // issue slots are the same multiprocessor's as the softmax's). Keys past the split's end, which
@@ -2120,7 +2120,8 @@ static cudaError_t launch_gqa(const AttnParams& p, cudaStream_t stream, int m_bl
     return launch_status(stream);
 }
 
-#ifdef TVA_TMA
+// The tensor-copy launchers, in every build (custom_impl wgmma_tma; the -DTVA_TMA build also
+// sends wgmma_pv and wgmma_sumcheck through them).
 // A contiguous cache [b, heads, rows, D] (any strides, 16-byte multiples) as boxes of 64
 // columns by BN rows, 128-byte swizzled: the layout the wgmma descriptors read. Rows past
 // `kv_rows` read as zeros.
@@ -2164,8 +2165,6 @@ static cudaError_t launch_mla_tma(const AttnParams& p, cudaStream_t stream, dim3
     return launch_status(stream);
 }
 
-#endif  // TVA_TMA
-
 template <int D>
 static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
     if (p.num_splits == 1) return cudaSuccess;
@@ -2185,10 +2184,17 @@ static cudaError_t dispatch_warps(const AttnParams& p, int num_warps, int wgmma,
     const int m_blocks = (M + bm - 1) / bm;
     // wgmma: 0 mma.sync, 1 S on wgmma, 2 S and P V on wgmma (head_dim 128 only), 3 as 2 with the
     // rows past the last full row block as tail rows where M has that shape (else as 2), 6 as 2
-    // with the sum-checked softmax (as tva_gqa_forward documents). Any other code is refused here:
-    // in the switch below, a code's sum with the warps could name another variant's case.
-    if (wgmma < 0 || (wgmma > 3 && wgmma != 6)) return cudaErrorInvalidValue;
+    // with the sum-checked softmax, 12 as 2 with the tiles by tensor copies (as tva_gqa_forward
+    // documents). Any other code is refused here: in the switch below, a code's sum with the warps
+    // could name another variant's case.
+    if (wgmma < 0 || (wgmma > 3 && wgmma != 6 && wgmma != 12)) return cudaErrorInvalidValue;
     if (wgmma >= 2 && D != 128) return cudaErrorInvalidValue;
+    if (wgmma == 12) {                   // tensor copies: a contiguous cache and 4 warps, else as 2
+        if constexpr (!PAGED && D == 128) {
+            if (num_warps == 4) return launch_gqa_tma<D, 4>(gqa_tma_kernel<D, 4>, p, stream, m_blocks);
+        }
+        wgmma = 2;
+    }
     if (wgmma == 3 && !PAGED && num_warps == 4 && tail_row_blocks(M, bm) > 0) {
         if constexpr (!PAGED && D == 128) return launch_gqa<D, 4, false, 3>(p, stream, tail_row_blocks(M, bm));
     }
@@ -2237,6 +2243,7 @@ int tva_mla_smem_bytes() { return tva::mla::SMEM; }
 // included). wgmma 3: the tail kernel's where it may run, else the plain pipelined kernel's.
 int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
     if (wgmma == 3 && (paged || num_warps != 4 || head_dim != 128)) wgmma = 2;
+    if (wgmma == 12) wgmma = 2;          // the tensor-copy kernel: the pipelined kernel's memory
     int blocks = 0;
     const int smem = tva_gqa_smem_bytes(head_dim, num_warps, wgmma);
 #define TVA_OCC(D, NW, P, W)                                                                     \
@@ -2261,8 +2268,10 @@ int tva_gqa_occupancy(int head_dim, int num_warps, int paged, int wgmma) {
 // wgmma = 0: mma.sync (any GPU from sm_80); 1: S = Q K^T on Hopper's warpgroup MMA (4 or 8 warps;
 // a 9.0a build on an sm_90 GPU); 2: P V on it too; 3: as 2, with tail rows where the shape has
 // them (a contiguous cache, 4 warps); 6: as 2, with the sum-checked softmax (the tile max only
-// where P's sums say m may move). 4, 5 and 7 were variants since removed (measured slower,
-// kernels/NOTES.md sessions 26-32): they, as any other code, return cudaErrorInvalidValue.
+// where P's sums say m may move); 12: as 2, its K and V tiles by tensor copies (a contiguous
+// cache, 4 warps; else as 2). 4, 5 and 7 were variants since removed (measured slower,
+// kernels/NOTES.md sessions 26-32; 8, 9 and 10 likewise, later): they, as any other code,
+// return cudaErrorInvalidValue.
 int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int paged, int wgmma, void* stream) {
     const AttnParams& p = *params;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -2281,7 +2290,8 @@ int tva_gqa_forward(const AttnParams* params, int head_dim, int num_warps, int p
     return static_cast<int>(err);
 }
 
-// wgmma = 1: S = Q K^T on Hopper's warpgroup MMA (a 9.0a build on an sm_90 GPU); 2: P V on it too.
+// wgmma = 1: S = Q K^T on Hopper's warpgroup MMA (a 9.0a build on an sm_90 GPU); 2: P V on it too;
+// 12: as 2, its tiles by tensor copies (mla_tma_kernel; a paged cache: as 2).
 int tva_mla_forward(const AttnParams* params, int paged, int wgmma, void* stream) {
     const AttnParams& p = *params;
     cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -2296,12 +2306,16 @@ int tva_mla_forward(const AttnParams* params, int paged, int wgmma, void* stream
     }
     err = cudaErrorInvalidValue;
 #ifdef TVA_TMA
-    if (paged == 0 && wgmma == 2) {            // the tensor-copy build: P V on wgmma by tensor copies
+    const bool tma = wgmma == 2 || wgmma == 12;   // the tensor-copy build sends wgmma_pv there too
+#else
+    const bool tma = wgmma == 12;
+#endif
+    if (wgmma == 12) wgmma = 2;
+    if (tma && paged == 0) {
         err = tva::launch_mla_tma(p, s, grid);
         if (err == cudaSuccess) err = tva::launch_combine<tva::mla::DV>(p, s);
         return static_cast<int>(err);
     }
-#endif
     TVA_MLA(0, 0) TVA_MLA(0, 1) TVA_MLA(0, 2) TVA_MLA(1, 0) TVA_MLA(1, 1) TVA_MLA(1, 2)
 #undef TVA_MLA
     if (err == cudaSuccess) err = launch_status(s);

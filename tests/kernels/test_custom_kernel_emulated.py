@@ -297,25 +297,49 @@ MLA_TMA_CASES = {c: v for c, v in MLA_CASES.items() if v[0].layout == "contiguou
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("case", list(MLA_TMA_CASES))
-def test_mla_tma_kernel_equals_the_cp_async_kernel(emu, emu_tma, case, schedule):
-    """mla_tma_kernel (the tensor-copy build's wgmma_pv for MLA) is bit-equal to mla_pv_kernel,
-    each stage's barrier through its phases (seven tiles in one split), on a cache running 37 rows
+def test_mla_tma_kernel_equals_the_cp_async_kernel(emu, case, schedule):
+    """mla_tma_kernel (impl wgmma_tma, code 12) is bit-equal to mla_pv_kernel (wgmma_pv), each
+    stage's barrier through its phases (seven tiles in one split), on a cache running 37 rows
     past the longest sequence with NaN past each one: the boxes read those rows, and the V rows
     must not pass them on."""
     pt, lengths, splits = MLA_TMA_CASES[case]
     outs = []
-    for lib in (emu, emu_tma):
-        lib.emu_configure(*SCHEDULES[schedule])
-        assert _run(lib, pt, lengths, splits, wgmma=2, nan_tail=37, outputs=outs) < 5e-3
+    emu.emu_configure(*SCHEDULES[schedule])
+    for code in (2, 12):
+        assert _run(emu, pt, lengths, splits, wgmma=code, nan_tail=37, outputs=outs) < 5e-3
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("case", ["mla-long-split", "mla-b2-empty-prefix-9splits"])
+def test_the_tensor_copy_build_runs_mla_wgmma_pv_by_tensor_copies(emu, emu_tma, case):
+    """-DTVA_TMA sends wgmma_pv (code 2) to mla_tma_kernel too: bit-equal to wgmma_tma in the
+    default build, with NaN past each sequence (mla_pv_kernel zero-fills those rows itself)."""
+    pt, lengths, splits = MLA_TMA_CASES[case]
+    outs = []
+    for lib, code in ((emu, 12), (emu_tma, 2)):
+        lib.emu_configure(*SCHEDULES["skewed-early-copies"])
+        _run(lib, pt, lengths, splits, wgmma=code, nan_tail=37, outputs=outs)
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("case", list(TMA_CASES))
+def test_gqa_wgmma_tma_is_the_tensor_copy_builds_pipelined_kernel(emu, emu_tma, case):
+    """impl wgmma_tma (code 12) in the default build runs gqa_tma_kernel: bit-equal to the
+    -DTVA_TMA build's wgmma_pv, NaN past each sequence."""
+    pt, lengths, splits, warps = TMA_CASES[case]
+    outs = []
+    for lib, code in ((emu, 12), (emu_tma, 2)):
+        lib.emu_configure(*SCHEDULES["skewed"])
+        assert _run(lib, pt, lengths, splits, warps=warps, wgmma=code, nan_tail=37, outputs=outs) < 5e-3
     assert torch.equal(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("schedule", ["lockstep", "skewed-early-copies"])
-def test_mla_tma_kernel_rescales_when_the_max_grows(emu_tma, schedule):
-    """As test_mla_wgmma_pv_rescales_when_the_max_grows, in the tensor-copy build."""
-    emu_tma.emu_configure(*SCHEDULES[schedule])
+def test_mla_tma_kernel_rescales_when_the_max_grows(emu, schedule):
+    """As test_mla_wgmma_pv_rescales_when_the_max_grows, for wgmma_tma."""
+    emu.emu_configure(*SCHEDULES[schedule])
     pt = _point("mla", heads=4, T=5, d=576)
-    assert _run(emu_tma, pt, [400], 1, wgmma=2, nan_tail=37, key_ramp=lambda j: 1.0 + 0.04 * j) < 5e-3
+    assert _run(emu, pt, [400], 1, wgmma=12, nan_tail=37, key_ramp=lambda j: 1.0 + 0.04 * j) < 5e-3
 
 
 @pytest.mark.parametrize("case", ["T65-random", "T65-growing-keys"])

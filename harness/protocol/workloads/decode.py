@@ -23,10 +23,10 @@ TREE_BUILD_IMPLS = ("triton", "cuda", "torch")   # the kernel of tree_build: gpu
 # the custom verify kernel: QK^T (and P V) on wgmma; wgmma_tail: wgmma_pv with the rows past the
 # last full row block (65 tree tokens: one a KV head's query head) as tail rows of the full blocks;
 # wgmma_sumcheck: wgmma_pv whose softmax takes a tile's max only where its exponentials' sums say
-# the max may move
-CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_sumcheck")
+# the max may move; wgmma_tma: wgmma_pv with its tiles by tensor copies where the cache is contiguous
+CUSTOM_IMPLS = ("mma", "wgmma", "wgmma_pv", "wgmma_tail", "wgmma_sumcheck", "wgmma_tma")
 # P V on wgmma: head_dim 128 only
-PIPELINED_IMPLS = ("wgmma_pv", "wgmma_tail", "wgmma_sumcheck")
+PIPELINED_IMPLS = ("wgmma_pv", "wgmma_tail", "wgmma_sumcheck", "wgmma_tma")
 LINEAR_IMPLS = ("torch", "triton", "wgmma")  # the forward's weight GEMMs at decode's few rows
 ACCEPT_IMPLS = ("torch", "triton")          # the accept's argmax, path and bookkeeping (accept: gpu)
 # the library under the GEMMs that go to torch; cublaslt_tuned: cuBLASLt with each shape's
