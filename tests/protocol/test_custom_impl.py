@@ -154,3 +154,18 @@ def test_the_protocols_variant_names_are_the_kernels():
 
     assert decode.CUSTOM_IMPLS == cv.IMPLS
     assert decode.PIPELINED_IMPLS == cv.PIPELINED
+
+
+def test_tma_ab_times_each_shape_by_both_copy_paths():
+    """scenarios/tma-ab.yaml: every shape it times runs once with wgmma_pv and once with
+    wgmma_tma, so `--across custom_impl=wgmma_pv:wgmma_tma` pairs them all."""
+    from pathlib import Path
+    from harness.sweep.scenario import load_scenario
+
+    cells = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "tma-ab.yaml").cells()
+    shapes: dict = {}
+    for c in cells:
+        key = (c["attention"], c["tree_tokens"], c["context_length"])
+        shapes.setdefault(key, []).append(c["custom_impl"])
+    assert {k[0] for k in shapes} == {"mla", "gqa"}
+    assert all(sorted(v) == ["wgmma_pv", "wgmma_tma"] for v in shapes.values()), shapes
