@@ -303,11 +303,14 @@ def test_mla_tma_kernel_equals_the_cp_async_kernel(emu, case, schedule):
     past the longest sequence with NaN past each one: the boxes read those rows, and the V rows
     must not pass them on."""
     pt, lengths, splits = MLA_TMA_CASES[case]
-    outs = []
+    outs, copies = [], []
     emu.emu_configure(*SCHEDULES[schedule])
     for code in (2, 12):
+        before = emu.emu_tensor_copy_count()
         assert _run(emu, pt, lengths, splits, wgmma=code, nan_tail=37, outputs=outs) < 5e-3
+        copies.append(emu.emu_tensor_copy_count() - before)
     assert torch.equal(outs[0], outs[1])
+    assert copies[0] == 0 and copies[1] > 0 and copies[1] % 9 == 0     # nine boxes a tile, by code 12 alone
 
 
 @pytest.mark.parametrize("case", ["mla-long-split", "mla-b2-empty-prefix-9splits"])
@@ -325,13 +328,16 @@ def test_the_tensor_copy_build_runs_mla_wgmma_pv_by_tensor_copies(emu, emu_tma, 
 @pytest.mark.parametrize("case", list(TMA_CASES))
 def test_gqa_wgmma_tma_is_the_tensor_copy_builds_pipelined_kernel(emu, emu_tma, case):
     """impl wgmma_tma (code 12) in the default build runs gqa_tma_kernel: bit-equal to the
-    -DTVA_TMA build's wgmma_pv, NaN past each sequence."""
+    -DTVA_TMA build's wgmma_pv and to the default build's (cp.async), NaN past each sequence."""
     pt, lengths, splits, warps = TMA_CASES[case]
-    outs = []
-    for lib, code in ((emu, 12), (emu_tma, 2)):
+    outs, copies = [], []
+    for lib, code in ((emu, 12), (emu_tma, 2), (emu, 2)):
         lib.emu_configure(*SCHEDULES["skewed"])
+        before = lib.emu_tensor_copy_count()
         assert _run(lib, pt, lengths, splits, warps=warps, wgmma=code, nan_tail=37, outputs=outs) < 5e-3
-    assert torch.equal(outs[0], outs[1])
+        copies.append(lib.emu_tensor_copy_count() - before)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    assert copies[0] == copies[1] > 0 and copies[2] == 0
 
 
 @pytest.mark.parametrize("schedule", ["lockstep", "skewed-early-copies"])

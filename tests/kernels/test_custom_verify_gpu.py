@@ -340,6 +340,32 @@ def test_the_tensor_copy_build_runs_mla_by_tensor_copies(case, monkeypatch, hopp
     assert torch.equal(plain, call())
 
 
+@pytest.mark.parametrize("case", ["mla-H8-T16", "mla-H64-T16-b2", "mla-long", "d128-g4-T65", "d128-g4-T64-b2",
+                                  "mla-H16-T65-paged16", "paged16-d128-g4-T65-b2"])
+def test_wgmma_tma_matches_the_reference_and_wgmma_pv(case, hopper):
+    """custom_impl wgmma_tma in the default build (mla_tma_kernel, gqa_tma_kernel; a paged cache
+    runs wgmma_pv's kernel): within the float64 check with NaN past each sequence of a contiguous
+    cache, and bit-equal to wgmma_pv."""
+    from harness.kernels.verify import custom_verify as cv
+
+    pt, lengths = CASES[case]
+    if pt.layout == "contiguous":
+        assert check(pt, lengths, impl="wgmma_tma", nan_tail=37) < TOL
+    else:
+        assert check(pt, lengths, impl="wgmma_tma") < TOL
+    inp = kw.make_inputs(pt, lengths, 2, DEV, torch.bfloat16)
+    table = inp.get("page_table")
+    if pt.mla:
+        call = functools.partial(cv.mla_tree_verify_attention, inp["q"], inp["k"], inp["lengths"], inp["bits"],
+                                 page_table=table)
+    elif table is not None:
+        call = functools.partial(cv.tree_verify_attention_paged, inp["q"], inp["k"], inp["v"], table,
+                                 inp["lengths"], inp["bits"])
+    else:
+        call = functools.partial(cv.tree_verify_attention, inp["q"], inp["k"], inp["v"], inp["lengths"], inp["bits"])
+    assert torch.equal(call(impl="wgmma_pv"), call(impl="wgmma_tma"))
+
+
 def test_the_trace_build_stamps_every_cta_of_a_call(monkeypatch, hopper):
     """HARNESS_KERNEL_TRACE=1 (kernels/trace.cuh): one call at 65 tree tokens over 4096 keys
     leaves a row for each CTA of the split kernel and of its combine, their stamps in order, and

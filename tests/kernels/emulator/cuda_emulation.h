@@ -192,6 +192,10 @@ inline long& launches() {     // launches that passed validation
     static long n = 0;
     return n;
 }
+inline long& tensor_copies() {     // boxes issued through a tensor map (tma_load)
+    static long n = 0;
+    return n;
+}
 }  // namespace emu
 template <typename K>
 inline cudaError_t cudaFuncSetAttribute(K kernel, cudaFuncAttribute attribute, int value) {
@@ -1289,6 +1293,7 @@ inline void prefetch_tensormap(const CUtensorMap*) {}
 inline void tma_load(uint32_t dst, const CUtensorMap* map, const int32_t* coords, uint32_t bar) {
     emu::TensorMap t;
     std::memcpy(&t, map, sizeof t);
+    ++emu::tensor_copies();
     if (dst % 128) emu::misaligned("cp.async.bulk.tensor: shared address not 128-byte aligned");
     if (t.swizzle == CU_TENSOR_MAP_SWIZZLE_128B && dst % 1024)
         emu::misaligned("cp.async.bulk.tensor: 128-byte swizzle needs a 1024-byte aligned destination");
@@ -1420,6 +1425,7 @@ extern "C" void emu_dry_run(int dry) { emu::dry_run() = dry != 0; }
 // block of a group meeting at a counter arrives last follows the order).
 extern "C" void emu_reverse_blocks(int reverse) { emu::reverse_blocks() = reverse != 0; }
 extern "C" long emu_launch_count() { return emu::launches(); }
+extern "C" long emu_tensor_copy_count() { return emu::tensor_copies(); }
 
 // -fsanitize=alignment reports (the UBSan ABI of GCC and Clang): a typed load or store through a
 // pointer not aligned for its type. Recorded as a misaligned-address fault with the source line.

@@ -39,6 +39,7 @@ def emulated_library(source: str | Path, out_dir: Path, defines: tuple[str, ...]
     lib.emu_dry_run.argtypes = [ctypes.c_int]
     lib.emu_dry_run.restype = None
     lib.emu_launch_count.restype = ctypes.c_long
+    lib.emu_tensor_copy_count.restype = ctypes.c_long
     lib.emu_skew_bits.argtypes = [ctypes.c_int]
     lib.emu_slow_rank.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_int]
     return lib
