@@ -966,7 +966,8 @@ gqa_kernel(const AttnParams p) {
 // TMA (a contiguous cache only; impl wgmma_tma, or wgmma_pv / wgmma_sumcheck in the -DTVA_TMA
 // build, kernels/build.py's HARNESS_KERNEL_TMA): K and V tiles come as tensor copies, two
 // 64-column boxes a tile issued by thread 0 and waited for on an mbarrier per stage, instead of
-// 16 cp.async a thread a tile; the rest of the schedule is the same. `kmap` / `vmap`: the cache as [b, heads, rows, D] boxes of 64 x BN (gqa_tma_kernel).
+// 16 cp.async a thread a tile; the rest of the schedule is the same. `kmap` / `vmap`: the cache
+// as [b, heads, rows, D] boxes of 64 x BN (gqa_tma_kernel).
 //
 // TAIL (gqa_tail_kernel; a contiguous cache, 4 warps): M = nb BM + rem rows with 0 < rem <= nb
 // (65 tree tokens x G heads: nb = G, rem = G) run as nb row blocks, not nb + 1: CTA i also
