@@ -321,7 +321,9 @@ def test_the_tensor_copy_build_runs_mla_wgmma_pv_by_tensor_copies(emu, emu_tma, 
     outs = []
     for lib, code in ((emu, 12), (emu_tma, 2)):
         lib.emu_configure(*SCHEDULES["skewed-early-copies"])
+        before = lib.emu_tensor_copy_count()
         _run(lib, pt, lengths, splits, wgmma=code, nan_tail=37, outputs=outs)
+        assert lib.emu_tensor_copy_count() > before, code      # by boxes, not cp.async
     assert torch.equal(outs[0], outs[1])
 
 
