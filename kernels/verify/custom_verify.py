@@ -208,12 +208,13 @@ def gqa_slots(m_blocks: int, occupancy: int, sms: int, per_row_pages: bool = Fal
     return sms if m_blocks == 1 and not per_row_pages else occupancy * sms
 
 
-def _splits(requested, ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int) -> int:
+def _splits(requested, ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int,
+            shared_keys: int = 0) -> int:
     if requested is not None:
         if not 1 <= int(requested) <= MAX_REQUESTED_SPLITS:
             raise ValueError(f"num_splits must be in [1, {MAX_REQUESTED_SPLITS}], got {requested}")
         return int(requested)
-    return best_splits(ctas_per_split, slots, max_keys, overhead_keys)
+    return best_splits(ctas_per_split, slots, max_keys, overhead_keys, shared_keys=shared_keys)
 
 
 def split_tiles(max_keys: int, splits: int) -> int:
@@ -222,16 +223,28 @@ def split_tiles(max_keys: int, splits: int) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def best_splits(ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int, cap: int = MAX_SPLITS) -> int:
+def best_splits(ctas_per_split: int, slots: int, max_keys: int, overhead_keys: int,
+                cap: int = MAX_SPLITS, shared_keys: int = 0) -> int:
     """Split count (at most `cap`) with the shortest modelled time: waves of CTAs (`slots` run at
     once) times the keys one CTA streams (its chunk, whole tiles) plus a fixed cost per CTA in
-    keys (start-up latency, and writing and re-reading its partial output). Wave quantisation
-    matters: 144 CTAs on 132 SMs take two waves, 128 take one."""
+    keys (start-up latency, and writing and re-reading its partial output), plus `shared_keys`
+    for every CTA of the call: a cost the CTAs do not pay side by side but one after another
+    (their partials, where they all land in L2 at once and the combine reads every one back).
+    Wave quantisation matters: 144 CTAs on 132 SMs take two waves, 128 take one."""
     def cost(s: int) -> int:
         chunk = split_tiles(max_keys, s) * TILE_KEYS
-        return math.ceil(s * ctas_per_split / slots) * (chunk + overhead_keys)
+        return (math.ceil(s * ctas_per_split / slots) * (chunk + overhead_keys)
+                + s * ctas_per_split * shared_keys)
     top = max(1, min(cap, math.ceil(max_keys / TILE_KEYS)))
     return min(range(1, top + 1), key=lambda s: (cost(s), s))
+
+
+# MLA's partial rows (64 x 512 fp32, 128 KB a CTA) land in L2 together as the splits end, and the
+# combine reads every one back. scenarios/mla-splits.yaml on an H100 (26 cells, 4k-128k keys,
+# 12-65 splits; kernels/NOTES.md "Session 57") fits 3.4 µs + 1.97 µs a tile a CTA streams + 0.31
+# µs a split whatever the length: ~5 keys of a CTA's streaming for each CTA. One tile stands for
+# a CTA's start-up, as for GQA.
+MLA_SHARED_KEYS = 5
 
 
 def _overhead_keys(rows: int, dv: int, key_bytes: int) -> int:
@@ -247,8 +260,8 @@ def plan(q: torch.Tensor, heads_kv: int, max_keys: int, paged: bool, mla: bool =
     index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     if mla:
         m_blocks = math.ceil(hq * T / 64)
-        splits = _splits(num_splits, b * m_blocks, _sm_count(index), max_keys,
-                         _overhead_keys(64, MLA_DV, MLA_DK * 2))
+        splits = _splits(num_splits, b * m_blocks, _sm_count(index), max_keys, TILE_KEYS,
+                         shared_keys=MLA_SHARED_KEYS)
         mla_impl = "wgmma_pv" if impl in GQA_VARIANTS else impl   # MLA: mla_pv_kernel for those
         return dict(num_warps=8, m_blocks=m_blocks, num_splits=splits, dv=MLA_DV,
                     wgmma=_resolve_impl(mla_impl, index, 8))

@@ -1971,8 +1971,8 @@ mla_tma_kernel(const __grid_constant__ MlaTmaParams a) {
 
 // ------------------------------------------------------------------------------------------
 // Combine: out[row] = sum_s 2^(lse_s - m) O_s / sum_s 2^(lse_s - m). One warp per output row
-// and slice of up to 128 columns (a 512-wide MLA row is four warps' work), COMBINE_ROWS such
-// warps a CTA, lane l taking the slice's columns 2 (l + 32 i). A warp loads a chunk of up to
+// and slice of COLS columns (up to 128; a 512-wide MLA row is four warps' work, or eight: see
+// launch_combine), COMBINE_ROWS such warps a CTA, lane l taking the slice's columns 2 (l + 32 i). A warp loads a chunk of up to
 // CHUNK splits at once (every lane the chunk's lse values, one broadcast transaction each, and its
 // share of their partial rows), then folds the chunk into its running max, sum and accumulator
 // (an online softmax over chunks): up to CHUNK splits cost one round trip to L2, with no shared
@@ -1993,13 +1993,13 @@ constexpr int COMBINE_ROWS = 4;
 template <int DV>
 constexpr int COMBINE_COLS = DV < 128 ? DV : 128;
 
-template <int DV, int CHUNK>
+template <int DV, int COLS, int CHUNK>
 __global__ void __launch_bounds__(COMBINE_ROWS * 32)
 combine_kernel(const AttnParams p) {
     const int trace_row = trace::begin(TRACE_COMBINE);
     wait_for_previous_kernel();
     trace::stamp(trace_row, STAMP_WAITED);
-    constexpr int COLS = COMBINE_COLS<DV>, SLICES = DV / COLS;
+    constexpr int SLICES = DV / COLS;
     static_assert(COLS % 64 == 0 && DV % COLS == 0, "a float2 per lane per 64 columns");
     constexpr int V = COLS / 64;                   // float2 per lane and split: columns 2 (lane + 32 i)
     static_assert(CHUNK * V <= 32, "splits in flight: at most 32 float2 a lane");
@@ -2166,15 +2166,32 @@ static cudaError_t launch_mla_tma(const AttnParams& p, cudaStream_t stream, dim3
     return launch_status(stream);
 }
 
+template <int D, int COLS>
+static void launch_combine_cols(const AttnParams& p, cudaStream_t stream) {
+    const int64_t warps = p.batch * p.heads_q * p.tokens * (D / COLS);
+    const auto ctas = static_cast<unsigned>((warps + COMBINE_ROWS - 1) / COMBINE_ROWS);
+    constexpr int MAX_CHUNK = 32 / (COLS / 64);
+    if (p.num_splits <= 4) TVA_LAUNCH((combine_kernel<D, COLS, 4>), dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
+    else if (p.num_splits <= 8) TVA_LAUNCH((combine_kernel<D, COLS, 8>), dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
+    else TVA_LAUNCH((combine_kernel<D, COLS, MAX_CHUNK>), dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
+}
+
+// Rows wider than 128 columns (MLA's 512) at more than COMBINE_NARROW_SPLITS splits take
+// 64-column slices: twice the warps, each with a chunk of 32 splits in flight. Measured on an
+// H100 (MLA, 16 tree tokens, 8 heads; kernels/NOTES.md "Session 57"): at 57 and 65 splits the
+// narrow slices were 1.5-3 µs faster at every context from 4k to 128k keys, at 43 and fewer
+// 0.7-3.5 µs slower.
+constexpr int COMBINE_NARROW_SPLITS = 48;
+
 template <int D>
 static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
     if (p.num_splits == 1) return cudaSuccess;
-    const int64_t warps = p.batch * p.heads_q * p.tokens * (D / COMBINE_COLS<D>);
-    const auto ctas = static_cast<unsigned>((warps + COMBINE_ROWS - 1) / COMBINE_ROWS);
-    constexpr int MAX_CHUNK = 32 / (COMBINE_COLS<D> / 64);
-    if (p.num_splits <= 4) TVA_LAUNCH((combine_kernel<D, 4>), dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
-    else if (p.num_splits <= 8) TVA_LAUNCH((combine_kernel<D, 8>), dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
-    else TVA_LAUNCH((combine_kernel<D, MAX_CHUNK>), dim3(ctas), COMBINE_ROWS * 32, 0, stream, p);
+    if constexpr (D > 128) {
+        if (p.num_splits > COMBINE_NARROW_SPLITS) launch_combine_cols<D, 64>(p, stream);
+        else launch_combine_cols<D, COMBINE_COLS<D>>(p, stream);
+    } else {
+        launch_combine_cols<D, COMBINE_COLS<D>>(p, stream);
+    }
     return launch_status(stream);
 }
 

@@ -438,6 +438,16 @@ def test_mla_kernel_matches_reference(emu, case, schedule, wgmma):
     assert _run(emu, pt, lengths, splits, wgmma=wgmma) < 5e-3
 
 
+@pytest.mark.parametrize("splits", [48, 57])
+def test_mla_combine_on_either_slice_width(emu, splits):
+    """More than COMBINE_NARROW_SPLITS (48) splits of a 512-wide row take the combine's 64-column
+    slices (eight warps a row, a chunk of 32 splits), 48 the 128-column ones: both against the
+    reference, with splits of one tile, of part of one and empty ones (b 2, one sequence empty)."""
+    emu.emu_configure(0, 0)
+    pt = _point("mla", b=2, heads=2, T=5, d=576)
+    assert _run(emu, pt, [300, 0], splits, wgmma=2) < 5e-3
+
+
 @pytest.mark.parametrize("schedule", ["lockstep", "skewed"])
 def test_mla_wgmma_pv_rescales_when_the_max_grows(emu, schedule):
     """mla_pv_kernel's lazy rescale, as the GQA one's: keys scaled up along the sequence make
@@ -530,6 +540,13 @@ def test_splits_avoid_a_partial_second_wave():
     assert cv.gqa_slots(1, 2, 132, per_row_pages=True) == 264
     assert cv.best_splits(8, cv.gqa_slots(1, 2, 132), 16400, 192) == 16
     assert cv.best_splits(40, cv.gqa_slots(5, 2, 132), 65601, 192) == 13
+    # A cost every CTA adds to the whole call (MLA's partials) takes fewer splits where a split
+    # holds few tiles: 43 for two row blocks over 16400 keys (six tiles a CTA, one wave of 86)
+    # where the per-wave model filled the wave with 65 (four tiles); from 65536 keys the loop
+    # outweighs it and 65 stay.
+    assert cv.best_splits(2, 132, 16400, 64, shared_keys=0) == 65
+    assert cv.best_splits(2, 132, 16400, 64, shared_keys=5) == 43
+    assert cv.best_splits(2, 132, 65552, 64, shared_keys=5) == 65
     # Tiny contexts never split below one tile per split.
     assert cv.best_splits(8, 264, 100, 192) <= 2
     assert cv.best_splits(1, 1, 10**6, 64) == 1
@@ -563,7 +580,7 @@ def _h200_splits(lib, b, hq, hkv, T, d, max_keys, mla=False, wgmma=False, paged=
     """cv.plan's split count with the H200's SM count (plan itself asks the GPU)."""
     if mla:
         m_blocks = math.ceil(hq * T / 64)
-        return 8, cv.best_splits(b * m_blocks, H200_SMS, max_keys, cv._overhead_keys(64, cv.MLA_DV, cv.MLA_DK * 2))
+        return 8, cv.best_splits(b * m_blocks, H200_SMS, max_keys, cv.TILE_KEYS, shared_keys=cv.MLA_SHARED_KEYS)
     impl = {code: name for name, code in cv._IMPL_CODE.items()}[int(wgmma)]
     warps = cv.plan_warps(hq // hkv * T, impl)   # as custom_verify.plan picks
     m_blocks = cv.row_blocks(hq // hkv * T, warps, impl, paged)

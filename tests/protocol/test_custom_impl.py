@@ -31,7 +31,7 @@ def test_auto_is_wgmma_on_hopper_only(on_cuda, capability, expected):
 def test_the_pv_wgmma_only_where_the_head_dim_is_128_or_mla(cell, expected):
     cell = decode_cell(verify_mode="custom", **cell)
     assert params.resolve_kernels(cell, True, (9, 0))["custom_impl"] == expected
-    assert params.custom_auto("hopper", 576, mla=True) == "wgmma_pv"
+    assert params.custom_auto("hopper", 576, mla=True) == "wgmma_tma"
     assert params.custom_auto("hopper", 64) == "wgmma"
     assert params.custom_auto("cuda", 128) == "mma"
 

@@ -139,7 +139,10 @@ def custom_auto(device: str, head_dim: int | None, mla: bool = False) -> str:
     """What custom_impl `auto` runs on a device class for a head dim (None: not known here)."""
     impl = AUTO_KERNELS[device]["custom_impl"]
     if impl in PIPELINED_IMPLS and mla:
-        return "wgmma_pv"     # the latent's own P V kernel: the GQA kernel's variants are not its
+        # The latent's own P V kernel, its tiles by tensor copies (contiguous caches; a paged one
+        # runs it by cp.async): 1.09-1.12x faster than by cp.async from 32k keys on an H100,
+        # level to 1.15x at 16k (kernels/NOTES.md, session 57). The GQA variants are not its.
+        return "wgmma_tma"
     if impl in PIPELINED_IMPLS and head_dim != 128:
         return "wgmma"        # the GQA P V wgmma is checked at head_dim 128 only
     return impl
