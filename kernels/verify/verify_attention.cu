@@ -2179,8 +2179,8 @@ static void launch_combine_cols(const AttnParams& p, cudaStream_t stream) {
 // Rows wider than 128 columns (MLA's 512) at more than COMBINE_NARROW_SPLITS splits take
 // 64-column slices: twice the warps, each with a chunk of 32 splits in flight. Measured on an
 // H100 (MLA, 16 tree tokens, 8 heads; kernels/NOTES.md "Session 57"): at 57 and 65 splits the
-// narrow slices were 1.5-3 µs faster at every context from 4k to 128k keys, at 43 and fewer
-// 0.7-3.5 µs slower.
+// narrow slices were 1.3-6.4 µs faster at every context from 4k to 128k keys, at 43 and fewer
+// up to 3.5 µs slower.
 constexpr int COMBINE_NARROW_SPLITS = 48;
 
 template <int D>
