@@ -1972,19 +1972,20 @@ mla_tma_kernel(const __grid_constant__ MlaTmaParams a) {
 // ------------------------------------------------------------------------------------------
 // Combine: out[row] = sum_s 2^(lse_s - m) O_s / sum_s 2^(lse_s - m). One warp per output row
 // and slice of COLS columns (up to 128; a 512-wide MLA row is four warps' work, or eight: see
-// launch_combine), COMBINE_ROWS such warps a CTA, lane l taking the slice's columns 2 (l + 32 i). A warp loads a chunk of up to
-// CHUNK splits at once (every lane the chunk's lse values, one broadcast transaction each, and its
-// share of their partial rows), then folds the chunk into its running max, sum and accumulator
-// (an online softmax over chunks): up to CHUNK splits cost one round trip to L2, with no shared
-// memory and no barrier. CHUNK is 4 or 8 where the launch has that few splits, else 32 float2 a
-// lane's worth (16 splits; 32 at head_dim 64): the chunk's loads and folds are unrolled, so every slot past the splits still costs its
+// launch_combine), COMBINE_ROWS such warps a CTA, lane l taking the slice's columns 2 (l + 32 i).
+// A warp loads a chunk of up to CHUNK splits at once (every lane the chunk's lse values, one
+// broadcast transaction each, and its share of their partial rows), then folds the chunk into its
+// running max, sum and accumulator (an online softmax over chunks): up to CHUNK splits cost one
+// round trip to L2, with no shared memory and no barrier. CHUNK is 4 or 8 where the launch has
+// that few splits, else 32 float2 a lane's worth (16 splits on 128-column slices, 32 on 64): the
+// chunk's loads and folds are unrolled, so every slot past the splits still costs its
 // instructions on every row (at 6 splits a chunk of 32 made the combine ~3 us slower on the
 // H200, kernels/NOTES.md "Split-KV partials in bf16"). Tried before (kernels/NOTES.md): four
 // warps a row meeting through shared memory (6-8 us under ncu for 8-13 MB of partials, the
-// kernel this replaced),
-// and one warp a row with four splits in flight and the weights broadcast by shuffle (slower).
-// A whole 512-wide row a warp had four splits in flight and 128 warps for MLA's 128 rows: the
-// MLA verify took 116 us at 65536 keys (65 splits, 17 MB of partials), its main kernel 63 of them.
+// kernel this replaced), and one warp a row with four splits in flight and the weights
+// broadcast by shuffle (slower). A whole 512-wide row a warp had four splits in flight and 128
+// warps for MLA's 128 rows: the MLA verify took 116 us at 65536 keys (65 splits, 17 MB of
+// partials), its main kernel 63 of them.
 // ------------------------------------------------------------------------------------------
 
 constexpr int COMBINE_ROWS = 4;
