@@ -94,8 +94,8 @@ IMPL_DEFAULTS = {p.name: p.default for p in IMPL_PARAMS}
 # the float64 check there); mma.sync on other GPUs. The GQA kernel with the sum-checked softmax
 # (wgmma_sumcheck: bit-equal to wgmma_pv; 1.02-1.07x faster at 65 tree tokens over 4k-64k keys,
 # level at 16, the loop at 64k 2-3 % more tokens/s and level at 4k; H100 and H200,
-# kernels/NOTES.md, session 31); the MLA latent runs its own P V kernel (wgmma_pv), which has no
-# variants.
+# kernels/NOTES.md, session 31); the MLA latent runs its own P V kernel with its tiles by tensor
+# copies (wgmma_tma; see custom_auto).
 # The skinny linear kernel on Hopper: graph-captured plain decoding of Qwen3-8B 2.1-2.8 % more
 # tokens/s at 4k-64k (442 -> 370 kernels a step), gpu/full 0.4 % shorter steps at 4k, level at
 # 64k (H200, results/h200/README.md, session 12); not measured on other GPUs.
