@@ -2183,16 +2183,14 @@ static void launch_combine_cols(const AttnParams& p, cudaStream_t stream) {
 // narrow slices were 1.3-6.4 µs faster at every context from 4k to 128k keys, at 43 and fewer
 // up to 3.5 µs slower.
 constexpr int COMBINE_NARROW_SPLITS = 48;
+template <int DV>
+constexpr int COMBINE_NARROW_COLS = DV > 128 ? 64 : COMBINE_COLS<DV>;   // narrower rows: unchanged
 
 template <int D>
 static cudaError_t launch_combine(const AttnParams& p, cudaStream_t stream) {
     if (p.num_splits == 1) return cudaSuccess;
-    if constexpr (D > 128) {
-        if (p.num_splits > COMBINE_NARROW_SPLITS) launch_combine_cols<D, 64>(p, stream);
-        else launch_combine_cols<D, COMBINE_COLS<D>>(p, stream);
-    } else {
-        launch_combine_cols<D, COMBINE_COLS<D>>(p, stream);
-    }
+    if (p.num_splits > COMBINE_NARROW_SPLITS) launch_combine_cols<D, COMBINE_NARROW_COLS<D>>(p, stream);
+    else launch_combine_cols<D, COMBINE_COLS<D>>(p, stream);
     return launch_status(stream);
 }
 
